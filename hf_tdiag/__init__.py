@@ -1,0 +1,55 @@
+"""hf-tdiag: white-box transformers (CRATE) and transformer diagnostics for the Hugging Face ecosystem.
+
+Importing this package registers the ``crate`` model type with ``AutoConfig``,
+``AutoModel``, ``AutoModelForImageClassification`` and ``AutoImageProcessor``.
+Heavier capabilities (measures, metrics, training) are imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+__version__ = "0.1.0"
+
+from .models.crate import register_crate as _register_crate  # noqa: E402
+
+_register_crate()
+
+# public name -> "module:attribute", resolved on first access
+_LAZY = {
+    "CrateConfig": "hf_tdiag.models.crate:CrateConfig",
+    "CrateModel": "hf_tdiag.models.crate:CrateModel",
+    "CrateForImageClassification": "hf_tdiag.models.crate:CrateForImageClassification",
+    "CrateImageProcessor": "hf_tdiag.models.crate:CrateImageProcessor",
+    "convert_official_crate": "hf_tdiag.models.crate.convert_official:convert_official_crate",
+    "layer_srr": "hf_tdiag.probes.srr:layer_srr",
+    "spectrum_bounds": "hf_tdiag.probes.spectrum:spectrum_bounds",
+    "concept_fidelity": "hf_tdiag.probes.concept_fidelity:concept_fidelity",
+    "attention_svm_diagnostic": "hf_tdiag.probes.attention_svm:attention_svm_diagnostic",
+}
+
+
+def metric_path(name: str) -> str:
+    """Local path of a bundled ``evaluate`` module, for ``evaluate.load(metric_path(name))``."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics", name)
+    script = os.path.join(here, f"{name}.py")
+    if not os.path.isfile(script):
+        available = sorted(
+            d for d in os.listdir(os.path.dirname(here)) if os.path.isfile(os.path.join(os.path.dirname(here), d, f"{d}.py"))
+        )
+        raise ValueError(f"metric_path: unknown metric {name!r}; available: {available}")
+    return here
+
+
+def __getattr__(name: str):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'hf_tdiag' has no attribute {name!r}")
+    module_name, attr = target.split(":")
+    value = getattr(importlib.import_module(module_name), attr)
+    globals()[name] = value
+    return value
+
+
+__all__ = ["__version__", "metric_path", *_LAZY]

@@ -1,0 +1,1 @@
+"""Model families shipped by hf-tdiag."""

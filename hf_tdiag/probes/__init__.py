@@ -1,0 +1,1 @@
+"""Getting tensors out of Hugging Face models: one adapter per architecture family."""

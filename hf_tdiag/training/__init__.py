@@ -1,0 +1,1 @@
+"""Pieces of the Accelerate trainer for CRATE models."""
