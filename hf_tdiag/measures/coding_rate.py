@@ -1,0 +1,200 @@
+"""Coding rates and sparse rate reduction (Yu et al. 2023; Hu, Zou & Xu 2024).
+
+Token matrices are ``Z`` of shape ``(..., N, d)`` (N tokens of dimension d, the
+layout Transformers uses); subspaces are ``U`` of shape ``(K, d, p)`` (K heads
+of dimension p). Every function returns one value per sample, shape
+``Z.shape[:-2]``, in float64. Log-determinants are taken on the smaller side
+of each Gram matrix (``logdet(I_n + c A Aᵀ) = logdet(I_m + c AᵀA)``) through a
+Cholesky factorisation of the symmetric positive definite ``I + c·Gram``,
+batched over samples and heads; all of it is differentiable except
+``sparsity`` (a count, whose gradient is zero).
+
+``head_projections`` and ``compression_rate_from_projections`` split ``Rᶜ`` into
+its two costs so a caller can reuse head projections ``U_kᵀZ`` it already has
+(e.g. the ones a CRATE forward pass computes), and ``srr_terms`` computes the
+four terms of one state with each shared cost paid once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict
+
+import torch
+
+__all__ = [
+    "logdet_identity_plus_gram",
+    "head_projections",
+    "coding_rate",
+    "compression_rate",
+    "compression_rate_from_projections",
+    "sparsity",
+    "sparse_rate_reduction",
+    "srr_terms",
+]
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+# ---------------------------------------------------------------------------
+# validation helpers
+# ---------------------------------------------------------------------------
+
+
+def _check_tensor(x, name: str, min_ndim: int, what: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor {what}, got {type(x).__name__}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name}: expected a floating tensor (float16/bfloat16/float32/float64), got dtype {x.dtype}")
+    if x.ndim < min_ndim:
+        raise ValueError(f"{name}: expected {what}, got shape {tuple(x.shape)}")
+    if any(s == 0 for s in x.shape[-2:]):
+        raise ValueError(f"{name}: expected non-empty trailing dimensions {what}, got shape {tuple(x.shape)}")
+    if not bool(torch.isfinite(x.detach()).all()):
+        raise ValueError(f"{name}: contains NaN or inf values (shape {tuple(x.shape)})")
+
+
+def _check_eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps: expected a finite positive number, got {eps!r}")
+    return float(eps)
+
+
+def _check_lam(lam) -> float:
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam):
+        raise ValueError(f"lam: expected a finite number, got {lam!r}")
+    return float(lam)
+
+
+def _check_z(Z) -> None:
+    _check_tensor(Z, "Z", 2, "of shape (..., N, d)")
+
+
+def _check_u(U, d: int) -> None:
+    _check_tensor(U, "U", 3, "of shape (K, d, p)")
+    if U.ndim != 3:
+        raise ValueError(f"U: expected shape (K, d, p), got shape {tuple(U.shape)}")
+    if U.shape[0] == 0:
+        raise ValueError("U: expected at least one subspace (K >= 1), got K = 0")
+    if U.shape[1] != d:
+        raise ValueError(f"U: expected shape (K, d={d}, p) to match Z's last dimension, got shape {tuple(U.shape)}")
+
+
+# ---------------------------------------------------------------------------
+# the one log-determinant
+# ---------------------------------------------------------------------------
+
+
+def logdet_identity_plus_gram(A: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
+    """``logdet(I + scale·AᵀA)`` for ``A`` of shape (..., n, m), on the smaller Gram side, float64, via Cholesky."""
+    A = A.to(torch.float64)
+    n, m = A.shape[-2], A.shape[-1]
+    gram = A.transpose(-2, -1) @ A if n >= m else A @ A.transpose(-2, -1)
+    k = gram.shape[-1]
+    eye = torch.eye(k, dtype=torch.float64, device=A.device)
+    mat = eye + scale * gram
+    L, info = torch.linalg.cholesky_ex(mat)
+    if bool((info != 0).any()):
+        # I + c·Gram is SPD in exact arithmetic; fall back to an eigen-decomposition if round-off broke it.
+        evals = torch.linalg.eigvalsh(mat)
+        return torch.log(evals.clamp_min(torch.finfo(torch.float64).tiny)).sum(-1)
+    return 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+
+
+# ---------------------------------------------------------------------------
+# public measures
+# ---------------------------------------------------------------------------
+
+
+def _projections(Z: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    K, d, p = U.shape
+    U_cat = U.to(device=Z.device, dtype=torch.float64).permute(1, 0, 2).reshape(d, K * p)
+    return (Z.to(torch.float64) @ U_cat).unflatten(-1, (K, p)).movedim(-2, -3)  # (..., K, N, p)
+
+
+def _coding_rate(Z: torch.Tensor, eps: float) -> torch.Tensor:
+    N, d = Z.shape[-2], Z.shape[-1]
+    return 0.5 * logdet_identity_plus_gram(Z, d / (N * eps**2))
+
+
+def _compression_rate(A: torch.Tensor, eps: float) -> torch.Tensor:
+    N, p = A.shape[-2], A.shape[-1]
+    return 0.5 * logdet_identity_plus_gram(A, p / (N * eps**2)).sum(-1)
+
+
+def _sparsity(Z: torch.Tensor) -> torch.Tensor:
+    N, d = Z.shape[-2], Z.shape[-1]
+    return (Z.detach() != 0).sum(dim=(-2, -1), dtype=torch.float64) / (d * N)
+
+
+def head_projections(Z: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """Per-head projections ``A_k = Z U_k`` (the paper's ``U_kᵀZ``), shape (..., K, N, p), float64, one matmul."""
+    _check_z(Z)
+    _check_u(U, Z.shape[-1])
+    return _projections(Z, U)
+
+
+def coding_rate(Z: torch.Tensor, eps: float = 0.1) -> torch.Tensor:
+    """``R(Z) = ½ logdet(I + d/(Nε²) ZᵀZ)`` per sample."""
+    eps = _check_eps(eps)
+    _check_z(Z)
+    return _coding_rate(Z, eps)
+
+
+def compression_rate_from_projections(A: torch.Tensor, eps: float = 0.1) -> torch.Tensor:
+    """``Rᶜ = Σ_k ½ logdet(I + p/(Nε²) A_kᵀA_k)`` from head projections ``A`` of shape (..., K, N, p)."""
+    eps = _check_eps(eps)
+    _check_tensor(A, "A", 3, "of shape (..., K, N, p)")
+    return _compression_rate(A, eps)
+
+
+def compression_rate(Z: torch.Tensor, U: torch.Tensor, eps: float = 0.1) -> torch.Tensor:
+    """``Rᶜ(Z; U) = Σ_k ½ logdet(I + p/(Nε²) (U_kᵀZ)ᵀ(U_kᵀZ))`` per sample."""
+    eps = _check_eps(eps)
+    return _compression_rate(head_projections(Z, U), eps)
+
+
+def sparsity(Z: torch.Tensor) -> torch.Tensor:
+    """``sparsity(Z) = ‖Z‖₀ / (dN)`` per sample (a count: its gradient is zero)."""
+    _check_z(Z)
+    return _sparsity(Z)
+
+
+def sparse_rate_reduction(Z: torch.Tensor, U: torch.Tensor, eps: float = 0.1, lam: float = 1.0) -> torch.Tensor:
+    """``SRR(Z; U) = Rᶜ(Z; U) − R(Z) + λ·sparsity(Z)`` per sample (lower is better)."""
+    return srr_terms(Z, U, eps=eps, lam=lam)["srr"]
+
+
+def srr_terms(
+    Z: torch.Tensor,
+    U: torch.Tensor | None = None,
+    *,
+    projections: torch.Tensor | None = None,
+    eps: float = 0.1,
+    lam: float = 1.0,
+) -> Dict[str, torch.Tensor]:
+    """All four terms of one state: ``{"R", "Rc", "sparsity", "srr"}`` with ``srr = Rc − R + λ·sparsity``.
+
+    Pass either ``U`` (K, d, p) or precomputed ``projections`` (..., K, N, p)
+    equal to :func:`head_projections` ``(Z, U)`` (e.g. reused from a forward pass).
+    """
+    eps = _check_eps(eps)
+    lam = _check_lam(lam)
+    _check_z(Z)
+    if (U is None) == (projections is None):
+        raise ValueError("srr_terms: pass exactly one of U (K, d, p) or projections (..., K, N, p)")
+    if projections is None:
+        _check_u(U, Z.shape[-1])
+        projections = _projections(Z, U)
+    else:
+        _check_tensor(projections, "projections", 3, "of shape (..., K, N, p)")
+        batch = tuple(Z.shape[:-2])
+        if tuple(projections.shape[:-3]) != batch or projections.shape[-2] != Z.shape[-2]:
+            raise ValueError(
+                f"projections: expected shape {batch + ('K', Z.shape[-2], 'p')} to match Z of shape "
+                f"{tuple(Z.shape)}, got {tuple(projections.shape)}"
+            )
+    R = _coding_rate(Z, eps)
+    Rc = _compression_rate(projections, eps)
+    sp = _sparsity(Z)
+    return {"R": R, "Rc": Rc, "sparsity": sp, "srr": Rc - R + lam * sp}

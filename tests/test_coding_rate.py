@@ -1,0 +1,245 @@
+"""Coding rates / SRR measures against naive references, identities and hand-worked values."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hf_tdiag.measures import (
+    coding_rate,
+    compression_rate,
+    compression_rate_from_projections,
+    head_projections,
+    logdet_identity_plus_gram,
+    sparse_rate_reduction,
+    sparsity,
+    srr_terms,
+)
+
+
+# ---------------------------------------------------------------------------
+# naive references: explicit loops, token-side (N x N) log-determinants, numpy
+# ---------------------------------------------------------------------------
+
+
+def _token_side_logdet(A: np.ndarray, c: float) -> float:
+    n = A.shape[0]
+    sign, val = np.linalg.slogdet(np.eye(n) + c * A @ A.T)
+    assert sign > 0
+    return val
+
+
+def naive_R(Z: np.ndarray, eps: float) -> np.ndarray:
+    *batch, N, d = Z.shape
+    flat = Z.reshape(-1, N, d)
+    out = [0.5 * _token_side_logdet(flat[i], d / (N * eps**2)) for i in range(flat.shape[0])]
+    return np.array(out).reshape(batch)
+
+
+def naive_Rc(Z: np.ndarray, U: np.ndarray, eps: float) -> np.ndarray:
+    *batch, N, d = Z.shape
+    K, _, p = U.shape
+    flat = Z.reshape(-1, N, d)
+    out = []
+    for i in range(flat.shape[0]):
+        total = 0.0
+        for k in range(K):
+            total += 0.5 * _token_side_logdet(flat[i] @ U[k], p / (N * eps**2))
+        out.append(total)
+    return np.array(out).reshape(batch)
+
+
+def naive_sparsity(Z: np.ndarray) -> np.ndarray:
+    *batch, N, d = Z.shape
+    flat = Z.reshape(-1, N, d)
+    out = []
+    for i in range(flat.shape[0]):
+        nnz = 0
+        for t in range(N):
+            for j in range(d):
+                nnz += flat[i, t, j] != 0
+        out.append(nnz / (d * N))
+    return np.array(out).reshape(batch)
+
+
+CASES = [
+    # (batch, N, d, K, p)
+    ((3,), 5, 12, 3, 4),  # N < d, N > p, pK = d
+    ((2,), 20, 8, 2, 3),  # N > d, p < d, pK < d
+    ((2, 2), 7, 6, 4, 2),  # several batch dims, pK > d (overlapping subspaces)
+    ((1,), 9, 9, 1, 9),  # N = d = p
+]
+
+
+@pytest.mark.parametrize("batch,N,d,K,p", CASES)
+@pytest.mark.parametrize("eps", [0.1, 0.5])
+def test_against_naive_reference(batch, N, d, K, p, eps):
+    Z = torch.randn(*batch, N, d, dtype=torch.float64)
+    Z[Z.abs() < 0.3] = 0.0  # some exact zeros for the sparsity term
+    U = torch.randn(K, d, p, dtype=torch.float64) / math.sqrt(d)
+    Zn, Un = Z.numpy(), U.numpy()
+    R_ref, Rc_ref, sp_ref = naive_R(Zn, eps), naive_Rc(Zn, Un, eps), naive_sparsity(Zn)
+
+    R = coding_rate(Z, eps=eps)
+    Rc = compression_rate(Z, U, eps=eps)
+    sp = sparsity(Z)
+    assert R.shape == Z.shape[:-2] and Rc.shape == Z.shape[:-2] and sp.shape == Z.shape[:-2]
+    assert R.dtype == torch.float64
+    np.testing.assert_allclose(R.numpy(), R_ref, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(Rc.numpy(), Rc_ref, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(sp.numpy(), sp_ref, rtol=0, atol=1e-15)
+    for lam in (0.0, 1.0, 2.5):
+        np.testing.assert_allclose(
+            sparse_rate_reduction(Z, U, eps=eps, lam=lam).numpy(), Rc_ref - R_ref + lam * sp_ref, rtol=1e-10, atol=1e-9
+        )
+
+
+@pytest.mark.parametrize("n,m", [(4, 9), (9, 4), (6, 6)])
+def test_gram_side_identity(n, m):
+    A = torch.randn(2, n, m, dtype=torch.float64)
+    c = 3.7
+    token_side = torch.logdet(torch.eye(n, dtype=torch.float64) + c * A @ A.transpose(-1, -2))
+    feature_side = torch.logdet(torch.eye(m, dtype=torch.float64) + c * A.transpose(-1, -2) @ A)
+    ours = logdet_identity_plus_gram(A, c)
+    torch.testing.assert_close(token_side, feature_side, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ours, token_side, rtol=1e-10, atol=1e-10)
+    # transposing A leaves the value unchanged
+    torch.testing.assert_close(logdet_identity_plus_gram(A.transpose(-1, -2), c), ours, rtol=1e-10, atol=1e-10)
+
+
+def test_hand_worked_rank_one_and_zero():
+    # Z = x yᵀ has ZᵀZ = ‖x‖² y yᵀ, so R = ½ log(1 + d/(Nε²) ‖x‖²‖y‖²)
+    x = torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64)  # N = 3
+    y = torch.tensor([0.5, 0.0, -1.0, 2.0], dtype=torch.float64)  # d = 4
+    Z = torch.outer(x, y)
+    eps = 0.5
+    expected = 0.5 * math.log(1 + 4 / (3 * eps**2) * 5.0 * 5.25)
+    assert coding_rate(Z, eps=eps).item() == pytest.approx(expected, rel=1e-12)
+    # sparsity: x has one zero (row of 4 zeros), y one zero (column of 3 zeros) -> 2*3 = 6 nonzeros of 12
+    assert sparsity(Z).item() == pytest.approx(6 / 12)
+    # one head: U = e_1 (d x 1) -> A = 0.5 x, Rc = ½ log(1 + 1/(Nε²) 0.25 ‖x‖²)
+    U = torch.zeros(1, 4, 1, dtype=torch.float64)
+    U[0, 0, 0] = 1.0
+    assert compression_rate(Z, U, eps=eps).item() == pytest.approx(0.5 * math.log(1 + 1 / (3 * eps**2) * 0.25 * 5), rel=1e-12)
+    # zero matrix: rates are 0, sparsity 0
+    Z0 = torch.zeros(2, 5, 4)
+    assert torch.equal(coding_rate(Z0), torch.zeros(2, dtype=torch.float64))
+    assert torch.equal(compression_rate(Z0, U.float()), torch.zeros(2, dtype=torch.float64))
+    assert torch.equal(sparsity(Z0), torch.zeros(2, dtype=torch.float64))
+
+
+def test_rank_deficient_inputs_are_finite_and_match_reference():
+    # rank-2 Z with N > d and N < d, and repeated tokens
+    B = torch.randn(2, 40, 2, dtype=torch.float64) @ torch.randn(2, 2, 10, dtype=torch.float64)
+    U = torch.linalg.qr(torch.randn(10, 10, dtype=torch.float64))[0].reshape(10, 5, 2).permute(1, 0, 2)
+    for Z in (B, B[:, :3], B[:, :1].expand(2, 30, 10)):
+        np.testing.assert_allclose(coding_rate(Z).numpy(), naive_R(Z.numpy(), 0.1), rtol=1e-9)
+        np.testing.assert_allclose(compression_rate(Z, U).numpy(), naive_Rc(Z.numpy(), U.numpy(), 0.1), rtol=1e-9)
+
+
+def test_projection_variant_and_terms_agree():
+    Z = torch.randn(4, 11, 12, dtype=torch.float64)
+    U = torch.randn(3, 12, 4, dtype=torch.float64)
+    A = head_projections(Z, U)
+    assert A.shape == (4, 3, 11, 4)
+    for k in range(3):
+        torch.testing.assert_close(A[:, k], Z @ U[k])
+    torch.testing.assert_close(compression_rate_from_projections(A), compression_rate(Z, U))
+    t1 = srr_terms(Z, U, lam=0.7)
+    t2 = srr_terms(Z, projections=A, lam=0.7)
+    for key in ("R", "Rc", "sparsity", "srr"):
+        torch.testing.assert_close(t1[key], t2[key])
+    torch.testing.assert_close(t1["srr"], t1["Rc"] - t1["R"] + 0.7 * t1["sparsity"])
+
+
+@pytest.mark.parametrize("N,d", [(4, 6), (7, 3)])
+def test_gradcheck(N, d):
+    Z = torch.randn(2, N, d, dtype=torch.float64, requires_grad=True)
+    U = torch.randn(2, d, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda z: coding_rate(z, eps=0.5), (Z,))
+    assert torch.autograd.gradcheck(lambda z, u: compression_rate(z, u, eps=0.5), (Z, U))
+    assert torch.autograd.gradcheck(lambda z, u: sparse_rate_reduction(z, u, eps=0.5, lam=1.0), (Z, U))
+    A = head_projections(Z.detach(), U.detach()).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a: compression_rate_from_projections(a, eps=0.5), (A,))
+
+
+def test_gradient_flows_to_low_precision_leaf_and_sparsity_has_none():
+    Z = torch.randn(2, 5, 8, dtype=torch.float32, requires_grad=True)
+    U = torch.randn(2, 8, 4, dtype=torch.float32, requires_grad=True)
+    sparse_rate_reduction(Z, U).sum().backward()
+    assert Z.grad is not None and Z.grad.dtype == torch.float32 and torch.isfinite(Z.grad).all()
+    assert U.grad is not None and U.grad.abs().sum() > 0
+    assert not sparsity(Z).requires_grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_low_precision_inputs(dtype):
+    Z = torch.randn(3, 10, 16).to(dtype)
+    U = torch.randn(4, 16, 4).to(dtype)
+    exact = sparse_rate_reduction(Z.double(), U.double())
+    out = sparse_rate_reduction(Z, U)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, exact, rtol=1e-12, atol=1e-10)  # same values, promoted before any arithmetic
+
+
+def test_errors_name_the_argument():
+    Z = torch.randn(2, 5, 6)
+    U = torch.randn(2, 6, 3)
+    with pytest.raises(ValueError, match="Z: contains NaN"):
+        coding_rate(torch.full((2, 5, 6), float("nan")))
+    bad = Z.clone()
+    bad[0, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match="Z: contains NaN or inf"):
+        sparse_rate_reduction(bad, U)
+    with pytest.raises(ValueError, match=r"U: expected shape \(K, d=6, p\)"):
+        compression_rate(Z, torch.randn(2, 5, 3))
+    with pytest.raises(ValueError, match="U: expected"):
+        compression_rate(Z, torch.randn(6, 3))
+    with pytest.raises(ValueError, match="Z: expected"):
+        coding_rate(torch.randn(6))
+    with pytest.raises(TypeError, match="Z: expected a floating tensor"):
+        coding_rate(torch.ones(2, 3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="Z: expected a torch.Tensor"):
+        coding_rate(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="eps"):
+        coding_rate(Z, eps=0.0)
+    with pytest.raises(ValueError, match="lam"):
+        sparse_rate_reduction(Z, U, lam=float("nan"))
+    with pytest.raises(ValueError, match="projections"):
+        srr_terms(Z, projections=torch.randn(2, 2, 4, 3))
+    with pytest.raises(ValueError, match="exactly one"):
+        srr_terms(Z)
+
+
+# ---------------------------------------------------------------------------
+# Hu, Zou & Xu (2024), Figure 1: CRATE-C's MSSA step raises Rᶜ, CRATE-N's lowers it
+# ---------------------------------------------------------------------------
+
+
+def _mssa(Z: torch.Tensor, U: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """Z (N, d), U (K, d, p), output (d, K*p): output @ concat_k[ softmax(A_k A_kᵀ/√p) A_k ]."""
+    K, d, p = U.shape
+    heads = []
+    for k in range(K):
+        A = Z @ U[k]
+        heads.append(torch.softmax(A @ A.T / math.sqrt(p), dim=-1) @ A)
+    return torch.cat(heads, dim=-1) @ output.T
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_crate_c_step_raises_compression_term_crate_n_lowers_it(seed):
+    g = torch.Generator().manual_seed(seed)
+    d, K, p, N, eta = 16, 4, 4, 24, 0.5
+    Q = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0]
+    U = Q.reshape(d, K, p).permute(1, 0, 2).contiguous()  # orthonormal blocks U_k (d x p)
+    U_cat = U.permute(1, 0, 2).reshape(d, K * p)  # [U_1 ... U_K]
+    # tokens near a union of subspaces: each token lives mostly in one U_k
+    labels = torch.randint(0, K, (N,), generator=g)
+    Z = torch.stack([U[labels[i]] @ torch.randn(p, generator=g, dtype=torch.float64) for i in range(N)])
+    Z = Z + 0.05 * torch.randn(N, d, generator=g, dtype=torch.float64)
+    before = compression_rate(Z, U).item()
+    after_c = compression_rate(Z + eta * _mssa(Z, U, U_cat), U).item()  # CRATE-C: output matrix U
+    after_n = compression_rate(Z + eta * _mssa(Z, U, -U_cat), U).item()  # CRATE-N: output matrix -U
+    assert after_c > before + 1e-3
+    assert after_n < before - 1e-3
