@@ -243,3 +243,30 @@ def test_crate_c_step_raises_compression_term_crate_n_lowers_it(seed):
     after_n = compression_rate(Z + eta * _mssa(Z, U, -U_cat), U).item()  # CRATE-N: output matrix -U
     assert after_c > before + 1e-3
     assert after_n < before - 1e-3
+
+
+def test_token_mask_equals_measuring_only_the_kept_tokens():
+    Z = torch.randn(3, 9, 6, dtype=torch.float64)
+    Z[Z.abs() < 0.4] = 0.0
+    U = torch.randn(2, 6, 2, dtype=torch.float64)
+    lengths = [9, 4, 2]  # padded batch: sample i keeps its first lengths[i] tokens
+    mask = torch.zeros(3, 9, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = True
+    Zpad = Z.clone()
+    Zpad[~mask] = 123.0  # padding content must not matter
+    terms = srr_terms(Zpad, U, token_mask=mask, lam=0.3)
+    for i, n in enumerate(lengths):
+        Zi = Z[i, :n].numpy()
+        assert terms["R"][i].item() == pytest.approx(naive_R(Zi[None], 0.1)[0], rel=1e-10)
+        assert terms["Rc"][i].item() == pytest.approx(naive_Rc(Zi[None], U.numpy(), 0.1)[0], rel=1e-10)
+        assert terms["sparsity"][i].item() == pytest.approx(naive_sparsity(Zi[None])[0], rel=1e-12)
+    torch.testing.assert_close(compression_rate(Zpad, U, token_mask=mask), terms["Rc"])
+    torch.testing.assert_close(coding_rate(Zpad, token_mask=mask.long()), terms["R"])
+    torch.testing.assert_close(
+        compression_rate_from_projections(head_projections(Zpad, U), token_mask=mask), terms["Rc"]
+    )
+    with pytest.raises(ValueError, match="token_mask: expected shape"):
+        coding_rate(Z, token_mask=mask[:, :3])
+    with pytest.raises(ValueError, match="at least one"):
+        coding_rate(Z, token_mask=torch.zeros(3, 9))

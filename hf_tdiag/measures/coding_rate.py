@@ -106,25 +106,55 @@ def logdet_identity_plus_gram(A: torch.Tensor, scale: float | torch.Tensor) -> t
 # ---------------------------------------------------------------------------
 
 
+def _check_mask(token_mask, Z: torch.Tensor):
+    """Validate a (..., N) token mask; return it as float64 on Z's device (or None)."""
+    if token_mask is None:
+        return None
+    if not isinstance(token_mask, torch.Tensor):
+        raise TypeError(f"token_mask: expected a torch.Tensor of shape {tuple(Z.shape[:-1])}, got {type(token_mask).__name__}")
+    if tuple(token_mask.shape) != tuple(Z.shape[:-1]):
+        raise ValueError(f"token_mask: expected shape {tuple(Z.shape[:-1])} (Z's leading dims and N), got {tuple(token_mask.shape)}")
+    if token_mask.dtype != torch.bool and not bool(((token_mask == 0) | (token_mask == 1)).all()):
+        raise ValueError("token_mask: expected booleans or 0/1 values")
+    mask = token_mask.to(device=Z.device, dtype=torch.float64)
+    if bool((mask.sum(-1) == 0).any()):
+        raise ValueError("token_mask: every sample needs at least one unmasked token")
+    return mask
+
+
+def _num_tokens(Z: torch.Tensor, mask) -> torch.Tensor | int:
+    """N per sample: the mask's count, shape (..., 1, 1), or the plain int N."""
+    return Z.shape[-2] if mask is None else mask.sum(-1)[..., None, None]
+
+
 def _projections(Z: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
     K, d, p = U.shape
     U_cat = U.to(device=Z.device, dtype=torch.float64).permute(1, 0, 2).reshape(d, K * p)
     return (Z.to(torch.float64) @ U_cat).unflatten(-1, (K, p)).movedim(-2, -3)  # (..., K, N, p)
 
 
-def _coding_rate(Z: torch.Tensor, eps: float) -> torch.Tensor:
-    N, d = Z.shape[-2], Z.shape[-1]
-    return 0.5 * logdet_identity_plus_gram(Z, d / (N * eps**2))
+def _coding_rate(Z: torch.Tensor, eps: float, mask=None) -> torch.Tensor:
+    d = Z.shape[-1]
+    if mask is not None:
+        Z = Z.to(torch.float64) * mask[..., None]  # masked tokens add nothing to the Gram
+    return 0.5 * logdet_identity_plus_gram(Z, d / (_num_tokens(Z, mask) * eps**2))
 
 
-def _compression_rate(A: torch.Tensor, eps: float) -> torch.Tensor:
-    N, p = A.shape[-2], A.shape[-1]
-    return 0.5 * logdet_identity_plus_gram(A, p / (N * eps**2)).sum(-1)
+def _compression_rate(A: torch.Tensor, eps: float, mask=None) -> torch.Tensor:
+    p = A.shape[-1]
+    if mask is None:
+        scale = p / (A.shape[-2] * eps**2)
+    else:
+        A = A.to(torch.float64) * mask[..., None, :, None]
+        scale = p / (mask.sum(-1)[..., None, None, None] * eps**2)
+    return 0.5 * logdet_identity_plus_gram(A, scale).sum(-1)
 
 
-def _sparsity(Z: torch.Tensor) -> torch.Tensor:
-    N, d = Z.shape[-2], Z.shape[-1]
-    return (Z.detach() != 0).sum(dim=(-2, -1), dtype=torch.float64) / (d * N)
+def _sparsity(Z: torch.Tensor, mask=None) -> torch.Tensor:
+    nonzero = Z.detach() != 0
+    if mask is None:
+        return nonzero.sum(dim=(-2, -1), dtype=torch.float64) / (Z.shape[-1] * Z.shape[-2])
+    return (nonzero & mask.bool()[..., None]).sum(dim=(-2, -1), dtype=torch.float64) / (Z.shape[-1] * mask.sum(-1))
 
 
 def head_projections(Z: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
@@ -134,35 +164,45 @@ def head_projections(Z: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
     return _projections(Z, U)
 
 
-def coding_rate(Z: torch.Tensor, eps: float = 0.1) -> torch.Tensor:
-    """``R(Z) = ½ logdet(I + d/(Nε²) ZᵀZ)`` per sample."""
+def coding_rate(Z: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``R(Z) = ½ logdet(I + d/(Nε²) ZᵀZ)`` per sample (``token_mask`` (..., N): only those tokens, N = their count)."""
     eps = _check_eps(eps)
     _check_z(Z)
-    return _coding_rate(Z, eps)
+    return _coding_rate(Z, eps, _check_mask(token_mask, Z))
 
 
-def compression_rate_from_projections(A: torch.Tensor, eps: float = 0.1) -> torch.Tensor:
+def compression_rate_from_projections(
+    A: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """``Rᶜ = Σ_k ½ logdet(I + p/(Nε²) A_kᵀA_k)`` from head projections ``A`` of shape (..., K, N, p)."""
     eps = _check_eps(eps)
     _check_tensor(A, "A", 3, "of shape (..., K, N, p)")
-    return _compression_rate(A, eps)
+    mask = None
+    if token_mask is not None:
+        mask = _check_mask(token_mask, A.select(-3, 0))
+    return _compression_rate(A, eps, mask)
 
 
-def compression_rate(Z: torch.Tensor, U: torch.Tensor, eps: float = 0.1) -> torch.Tensor:
+def compression_rate(
+    Z: torch.Tensor, U: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """``Rᶜ(Z; U) = Σ_k ½ logdet(I + p/(Nε²) (U_kᵀZ)ᵀ(U_kᵀZ))`` per sample."""
     eps = _check_eps(eps)
-    return _compression_rate(head_projections(Z, U), eps)
+    A = head_projections(Z, U)
+    return _compression_rate(A, eps, _check_mask(token_mask, Z))
 
 
-def sparsity(Z: torch.Tensor) -> torch.Tensor:
+def sparsity(Z: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
     """``sparsity(Z) = ‖Z‖₀ / (dN)`` per sample (a count: its gradient is zero)."""
     _check_z(Z)
-    return _sparsity(Z)
+    return _sparsity(Z, _check_mask(token_mask, Z))
 
 
-def sparse_rate_reduction(Z: torch.Tensor, U: torch.Tensor, eps: float = 0.1, lam: float = 1.0) -> torch.Tensor:
+def sparse_rate_reduction(
+    Z: torch.Tensor, U: torch.Tensor, eps: float = 0.1, lam: float = 1.0, token_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """``SRR(Z; U) = Rᶜ(Z; U) − R(Z) + λ·sparsity(Z)`` per sample (lower is better)."""
-    return srr_terms(Z, U, eps=eps, lam=lam)["srr"]
+    return srr_terms(Z, U, eps=eps, lam=lam, token_mask=token_mask)["srr"]
 
 
 def srr_terms(
@@ -172,15 +212,18 @@ def srr_terms(
     projections: torch.Tensor | None = None,
     eps: float = 0.1,
     lam: float = 1.0,
+    token_mask: torch.Tensor | None = None,
 ) -> Dict[str, torch.Tensor]:
     """All four terms of one state: ``{"R", "Rc", "sparsity", "srr"}`` with ``srr = Rc − R + λ·sparsity``.
 
     Pass either ``U`` (K, d, p) or precomputed ``projections`` (..., K, N, p)
     equal to :func:`head_projections` ``(Z, U)`` (e.g. reused from a forward pass).
+    ``token_mask`` (..., N) restricts every term to the unmasked tokens (N = their count per sample).
     """
     eps = _check_eps(eps)
     lam = _check_lam(lam)
     _check_z(Z)
+    mask = _check_mask(token_mask, Z)
     if (U is None) == (projections is None):
         raise ValueError("srr_terms: pass exactly one of U (K, d, p) or projections (..., K, N, p)")
     if projections is None:
@@ -194,7 +237,7 @@ def srr_terms(
                 f"projections: expected shape {batch + ('K', Z.shape[-2], 'p')} to match Z of shape "
                 f"{tuple(Z.shape)}, got {tuple(projections.shape)}"
             )
-    R = _coding_rate(Z, eps)
-    Rc = _compression_rate(projections, eps)
-    sp = _sparsity(Z)
+    R = _coding_rate(Z, eps, mask)
+    Rc = _compression_rate(projections, eps, mask)
+    sp = _sparsity(Z, mask)
     return {"R": R, "Rc": Rc, "sparsity": sp, "srr": Rc - R + lam * sp}
