@@ -1,0 +1,83 @@
+"""``hf-tdiag convert-official CKPT --preset crate-small --output DIR``: official CRATE checkpoint -> Transformers folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "convert-official",
+        help="convert a checkpoint of the official CRATE code into a Transformers model folder",
+        description=(
+            "Read a state_dict saved by the official CRATE code (.pth/.pt via torch.load(weights_only=True), or "
+            ".safetensors), map it onto CrateForImageClassification and write a folder loadable with "
+            "AutoModelForImageClassification (also with trust_remote_code=True where hf_tdiag is not installed)."
+        ),
+    )
+    p.add_argument("checkpoint", metavar="CKPT", help="path to the official checkpoint")
+    p.add_argument("--preset", required=True, help="architecture preset, e.g. crate-tiny, crate-small, crate-base")
+    p.add_argument("--output", required=True, help="output folder")
+    p.add_argument("--variant", default="crate", help="output-matrix variant the checkpoint was trained with")
+    p.add_argument("--pooling", default="cls", choices=["cls", "mean"], help="token pooling of the checkpoint")
+    p.add_argument("--image-size", type=int, default=None, help="override the preset's image size")
+    p.add_argument("--labels", default=None, help="optional JSON file: list of class names, or {index: name}")
+    p.set_defaults(func=run)
+
+
+def _load_checkpoint(path: str):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint: no such file {path!r}")
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _read_labels(path: str | None, num_labels: int) -> dict[int, str] | None:
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    if isinstance(data, list):
+        labels = {i: str(v) for i, v in enumerate(data)}
+    elif isinstance(data, dict):
+        labels = {int(k): str(v) for k, v in data.items()}
+    else:
+        raise ValueError(f"--labels: expected a JSON list or object, got {type(data).__name__}")
+    if sorted(labels) != list(range(num_labels)):
+        raise ValueError(f"--labels: expected names for classes 0..{num_labels - 1}, got {len(labels)} entries")
+    return labels
+
+
+def run(args: argparse.Namespace) -> int:
+    from hf_tdiag.models.crate import CrateConfig, CrateImageProcessor
+    from hf_tdiag.models.crate.convert_official import convert_official_crate, unwrap_official_state_dict
+
+    sd = unwrap_official_state_dict(_load_checkpoint(args.checkpoint))
+    head = sd.get("mlp_head.1.weight")
+    if head is None:
+        raise ValueError("checkpoint is missing key 'mlp_head.1.weight' (classifier weight)")
+    overrides = dict(variant=args.variant, pooling=args.pooling, num_labels=int(head.shape[0]))
+    if args.image_size is not None:
+        overrides["image_size"] = args.image_size
+    config = CrateConfig.from_preset(args.preset, **overrides)
+    labels = _read_labels(args.labels, config.num_labels)
+    if labels is not None:
+        config.id2label = labels
+        config.label2id = {v: k for k, v in labels.items()}
+    model = convert_official_crate(sd, config)
+    os.makedirs(args.output, exist_ok=True)
+    model.save_pretrained(args.output)
+    CrateImageProcessor.for_config(config).save_pretrained(args.output)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(
+        f"converted {args.checkpoint} -> {args.output}: {args.preset} ({config.variant}, {config.num_hidden_layers} "
+        f"layers, d={config.hidden_size}, {config.num_labels} classes, {n_params / 1e6:.2f}M parameters)"
+    )
+    return 0
