@@ -1,0 +1,145 @@
+"""Figures the report and the Space draw themselves (everything else comes from the capability ``viz*`` modules).
+
+Only the attention-map overlays live here: the CLS token's attention over the patch grid, drawn on top of the input
+image, per head of one layer and as a per-layer mean over heads. Plus helpers to turn matplotlib figures into PNG
+bytes / base64 for the self-contained HTML report.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+
+import numpy as np
+import torch
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+
+def figure_to_png(fig: Figure, dpi: int = 110) -> bytes:
+    """PNG bytes of ``fig`` (the figure is closed afterwards)."""
+    if not isinstance(fig, Figure):
+        raise TypeError(f"fig: expected a matplotlib Figure, got {type(fig).__name__}")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def png_to_data_uri(png: bytes) -> str:
+    """``data:image/png;base64,...`` URI of PNG bytes."""
+    if not png.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise ValueError("png: expected PNG bytes (missing PNG signature)")
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def cls_attention_grid(attentions: torch.Tensor, grid: tuple[int, int]) -> np.ndarray:
+    """CLS-query attention to the patch tokens: ``(L, K, N, N) -> (L, K, gh, gw)``.
+
+    The patch tokens are the last ``gh*gw`` tokens (CLS and any distillation/register tokens come first).
+    """
+    if not isinstance(attentions, torch.Tensor) or attentions.dim() != 4 or attentions.shape[-1] != attentions.shape[-2]:
+        shape = tuple(attentions.shape) if isinstance(attentions, torch.Tensor) else type(attentions).__name__
+        raise ValueError(f"attentions: expected a tensor (layers, heads, N, N), got {shape}")
+    gh, gw = int(grid[0]), int(grid[1])
+    n = attentions.shape[-1]
+    prefix = n - gh * gw
+    if prefix < 1:
+        raise ValueError(f"grid: {gh}x{gw} patches need at least {gh * gw + 1} tokens (CLS first), attentions have {n}")
+    maps = attentions[:, :, 0, prefix:].detach().to(torch.float64).cpu().numpy()
+    if not np.isfinite(maps).all():
+        raise ValueError("attentions: contain NaN or inf")
+    return maps.reshape(maps.shape[0], maps.shape[1], gh, gw)
+
+
+def _image_array(image) -> np.ndarray:
+    arr = np.asarray(image, dtype=np.float64)
+    if arr.ndim == 3 and arr.shape[-1] == 1:
+        arr = arr[..., 0]
+    if arr.ndim not in (2, 3):
+        raise ValueError(f"image: expected an (H, W) or (H, W, C) image, got shape {arr.shape}")
+    lo, hi = float(arr.min()), float(arr.max())
+    return (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
+
+
+def _overlay(ax, image: np.ndarray, amap: np.ndarray, title: str) -> None:
+    h, w = image.shape[:2]
+    ax.imshow(image, cmap="gray" if image.ndim == 2 else None, extent=(0, w, h, 0), interpolation="nearest")
+    ax.imshow(amap, cmap="inferno", alpha=0.55, extent=(0, w, h, 0), interpolation="nearest")
+    ax.set_title(title, fontsize=8)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def attention_heads_figure(image, attentions: torch.Tensor, grid: tuple[int, int], layer: int) -> Figure:
+    """CLS attention of every head of ``layer`` over ``image`` (attentions ``(L, K, N, N)`` of one input)."""
+    maps = cls_attention_grid(attentions, grid)
+    if not 0 <= layer < maps.shape[0]:
+        raise ValueError(f"layer: expected 0 <= layer < {maps.shape[0]}, got {layer}")
+    img = _image_array(image)
+    heads = maps.shape[1]
+    cols = min(heads, 6)
+    rows = math.ceil(heads / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.0 * rows + 0.3), squeeze=False)
+    for k in range(rows * cols):
+        ax = axes[k // cols][k % cols]
+        if k < heads:
+            _overlay(ax, img, maps[layer, k], f"head {k}")
+        else:
+            ax.axis("off")
+    fig.suptitle(f"CLS attention over the image, layer {layer}", fontsize=10)
+    return fig
+
+
+def attention_layers_figure(image, attentions: torch.Tensor, grid: tuple[int, int]) -> Figure:
+    """Mean over heads of the CLS attention, one panel per layer (attentions ``(L, K, N, N)`` of one input)."""
+    maps = cls_attention_grid(attentions, grid).mean(axis=1)
+    img = _image_array(image)
+    layers = maps.shape[0]
+    cols = min(layers, 6)
+    rows = math.ceil(layers / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.0 * rows + 0.3), squeeze=False)
+    for i in range(rows * cols):
+        ax = axes[i // cols][i % cols]
+        if i < layers:
+            _overlay(ax, img, maps[i], f"layer {i}")
+        else:
+            ax.axis("off")
+    fig.suptitle("CLS attention (mean over heads) per layer", fontsize=10)
+    return fig
+
+
+def predictions_figure(images: list, labels: list[str], probs: list[float], truths: list[str] | None = None) -> Figure:
+    """Small gallery of inputs with the predicted label and its probability (and the true label if known)."""
+    n = len(images)
+    if n == 0 or len(labels) != n or len(probs) != n:
+        raise ValueError(f"images/labels/probs: expected equal non-zero lengths, got {n}, {len(labels)}, {len(probs)}")
+    cols = min(n, 8)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(1.5 * cols, 1.7 * rows), squeeze=False)
+    for i in range(rows * cols):
+        ax = axes[i // cols][i % cols]
+        ax.axis("off")
+        if i < n:
+            img = _image_array(images[i])
+            ax.imshow(img, cmap="gray" if img.ndim == 2 else None, interpolation="nearest")
+            title = f"{labels[i]} ({probs[i]:.2f})"
+            if truths is not None:
+                title += f"\ntrue {truths[i]}"
+            ax.set_title(title, fontsize=7)
+    return fig
+
+
+__all__ = [
+    "attention_heads_figure",
+    "attention_layers_figure",
+    "cls_attention_grid",
+    "figure_to_png",
+    "png_to_data_uri",
+    "predictions_figure",
+]

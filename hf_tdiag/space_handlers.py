@@ -1,0 +1,231 @@
+"""Handlers behind the Gradio Space (``space/app.py`` only lays out components and wires these).
+
+Every handler takes plain Python values (model spec string, image file path, numbers) and returns plain values
+(label dicts, matplotlib figures, markdown, tables), so tests call them directly. Bad input never escapes as a
+traceback: :func:`user_errors` turns it into ``gr.Error`` with a message naming what was wrong.
+
+Model specs: ``""`` or ``"default"`` is the small CRATE trained on the digits data (see
+:mod:`hf_tdiag.default_model`), ``"default:crate-c"`` etc. the same recipe for another variant; anything else is a
+local folder written by ``save_pretrained`` or a Hub id, loaded with ``trust_remote_code=False``.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import logging
+import os
+import threading
+from collections import OrderedDict
+
+import gradio as gr
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from hf_tdiag.report import figures
+from hf_tdiag.report.loading import LoadedModel, load_model, pixel_values_for
+
+logger = logging.getLogger(__name__)
+
+MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_IMAGE_BYTES = 25 * 1024 * 1024
+DEFAULT_SPEC = "default"
+_MODEL_CACHE_SIZE = 6
+
+_cache_lock = threading.Lock()
+_model_cache: OrderedDict[str, LoadedModel] = OrderedDict()
+
+
+class UserInputError(ValueError):
+    """Bad input from the person using the Space (shown to them verbatim)."""
+
+
+def user_errors(fn):
+    """Run ``fn``; turn bad-input errors into ``gr.Error`` with an escaped message, and anything else into a
+    short ``gr.Error`` too (logged with its traceback) so the server keeps running."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except (ValueError, TypeError, FileNotFoundError, UnidentifiedImageError) as err:
+            raise gr.Error(html.escape(str(err)), title="Invalid input", print_exception=False) from None
+        except torch.OutOfMemoryError:
+            raise gr.Error("out of memory: try a smaller model or fewer/smaller images", print_exception=False) from None
+        except Exception as err:  # noqa: BLE001 - the Space must survive anything a user can trigger
+            logger.exception("handler %s failed", fn.__name__)
+            raise gr.Error(html.escape(f"{type(err).__name__}: {err}"), title="Internal error") from None
+
+    return wrapper
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def open_image(path, *, max_pixels: int = MAX_IMAGE_PIXELS, max_bytes: int = MAX_IMAGE_BYTES) -> Image.Image:
+    """Open an uploaded image file with size checks before decoding; UserInputError for anything unusable."""
+    if path is None or (isinstance(path, str) and not path.strip()):
+        raise UserInputError("image: no image given; upload an image or pick a digits example")
+    if isinstance(path, Image.Image):
+        image = path
+    else:
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise UserInputError(f"image: file not found: {os.path.basename(path)!r}")
+        size = os.path.getsize(path)
+        if size > max_bytes:
+            raise UserInputError(f"image: file is {size / 2**20:.1f} MiB; the limit is {max_bytes / 2**20:.0f} MiB")
+        try:
+            image = Image.open(path)  # reads the header only
+        except (UnidentifiedImageError, OSError, Image.DecompressionBombError):
+            raise UserInputError(
+                f"image: {os.path.basename(path)!r} is not an image file Pillow can read (PNG, JPEG, WebP, BMP, GIF…)"
+            ) from None
+    width, height = image.size
+    if width * height > max_pixels:
+        raise UserInputError(
+            f"image: {width}x{height} pixels is too large; the limit is {max_pixels:,} pixels (e.g. 4096x4096)"
+        )
+    if width < 1 or height < 1:
+        raise UserInputError(f"image: expected a non-empty image, got {width}x{height}")
+    try:
+        image.load()
+    except (OSError, ValueError) as err:
+        raise UserInputError(f"image: the file is damaged or truncated ({err})") from None
+    return image
+
+
+class CheckedImage(gr.Image):
+    """``gr.Image`` whose server-side decoding errors (non-image uploads) become a clear ``gr.Error``."""
+
+    is_template = True  # render with the Image component in the browser
+
+    def preprocess(self, payload):
+        try:
+            return super().preprocess(payload)
+        except gr.Error:
+            raise
+        except Exception:  # noqa: BLE001 - Pillow raises several types for non-images
+            name = getattr(payload, "orig_name", None) or "the uploaded file"
+            raise gr.Error(
+                html.escape(f"image: {name!r} is not an image file Pillow can read (PNG, JPEG, WebP, BMP, GIF…)"),
+                title="Invalid input",
+                print_exception=False,
+            ) from None
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def _is_default(spec: str) -> bool:
+    return spec == "" or spec == DEFAULT_SPEC or spec.startswith(DEFAULT_SPEC + ":")
+
+
+def resolve_spec(spec) -> str:
+    """Normalise a model spec typed in the UI ('' -> 'default')."""
+    if spec is None:
+        return DEFAULT_SPEC
+    if not isinstance(spec, str):
+        raise UserInputError(f"model: expected a folder path or Hub id (text), got {type(spec).__name__}")
+    spec = spec.strip()
+    return DEFAULT_SPEC if spec == "" else spec
+
+
+def get_model(spec) -> LoadedModel:
+    """Load (or reuse) the model named by ``spec``; trust_remote_code is always False for typed ids."""
+    spec = resolve_spec(spec)
+    with _cache_lock:
+        if spec in _model_cache:
+            _model_cache.move_to_end(spec)
+            return _model_cache[spec]
+    if _is_default(spec):
+        from hf_tdiag import default_model
+
+        variant = spec.split(":", 1)[1] if ":" in spec else "crate"
+        loaded = load_model(str(default_model.ensure_default_model(variant=variant)))
+    else:
+        loaded = load_model(spec)
+    with _cache_lock:
+        _model_cache[spec] = loaded
+        while len(_model_cache) > _MODEL_CACHE_SIZE:
+            _model_cache.popitem(last=False)
+    return loaded
+
+
+def _require_image_classifier(loaded: LoadedModel, tab: str) -> None:
+    if loaded.modality != "image" or not loaded.is_classifier:
+        raise UserInputError(
+            f"model: the {tab} tab needs an image-classification model (CRATE, ViT, DeiT…); "
+            f"{loaded.source!r} is a {loaded.model_type or type(loaded.model).__name__} "
+            f"{'text' if loaded.modality == 'text' else 'vision'} model without an image classifier"
+        )
+
+
+def _grid(loaded: LoadedModel, pixel_values: torch.Tensor) -> tuple[int, int]:
+    patch = loaded.config.patch_size
+    ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    return pixel_values.shape[-2] // ph, pixel_values.shape[-1] // pw
+
+
+def model_summary(spec) -> str:
+    """Markdown describing the loaded model (family, size, labels)."""
+    loaded = get_model(spec)
+    from hf_tdiag.probes.architecture import describe
+
+    arch = describe(loaded.model)
+    params = sum(p.numel() for p in loaded.model.parameters())
+    variant = getattr(loaded.config, "variant", None)
+    lines = [
+        f"**{html.escape(str(loaded.source))}** — `{loaded.model_type}`"
+        + (f" variant `{variant}`" if variant else "")
+        + f", {arch.num_layers} layers, {arch.num_heads} heads × {arch.head_dim}, width {arch.hidden_size}, "
+        f"{params / 1e6:.2f} M parameters, {loaded.modality} input"
+    ]
+    if loaded.is_classifier:
+        lines.append(f"{loaded.config.num_labels} classes")
+    return "; ".join(lines)
+
+
+# ----------------------------------------------------------------------------- CRATE tab
+
+
+@torch.no_grad()
+def classify(loaded: LoadedModel, image: Image.Image):
+    """Forward one image with attention maps: (label->probability dict, attentions (L,K,N,N), pixel_values)."""
+    pixel_values = pixel_values_for([image], loaded)
+    device = next(loaded.model.parameters()).device
+    out = loaded.model(pixel_values=pixel_values.to(device), output_attentions=True)
+    probs = out.logits.float().softmax(-1)[0].cpu()
+    id2label = loaded.config.id2label
+    labels = {str(id2label.get(i, i)): float(p) for i, p in enumerate(probs.tolist())}
+    if not out.attentions or out.attentions[0] is None:
+        raise UserInputError(f"model: {loaded.source!r} returned no attention maps (needs an eager attention path)")
+    attentions = torch.stack([a[0] for a in out.attentions]).float().cpu()
+    return labels, attentions, pixel_values[0]
+
+
+def _display_image(pixel_values: torch.Tensor) -> np.ndarray:
+    arr = pixel_values.detach().float().cpu().numpy()
+    return arr[0] if arr.shape[0] == 1 else np.transpose(arr, (1, 2, 0))
+
+
+@user_errors
+def crate_tab(spec, image_path, layer, progress=gr.Progress(track_tqdm=True)):
+    """CRATE tab: prediction, attention maps of every head of ``layer``, per-layer mean attention."""
+    loaded = get_model(spec)
+    _require_image_classifier(loaded, "CRATE")
+    image = open_image(image_path)
+    num_layers = int(loaded.config.num_hidden_layers)
+    layer = int(layer if layer is not None else num_layers - 1)
+    if not 0 <= layer < num_layers:
+        gr.Warning(f"layer {layer} does not exist in a {num_layers}-layer model; showing the last layer")
+        layer = num_layers - 1
+    labels, attentions, pixel_values = classify(loaded, image)
+    grid = _grid(loaded, pixel_values.unsqueeze(0))
+    shown = _display_image(pixel_values)
+    heads_fig = figures.attention_heads_figure(shown, attentions, grid, layer)
+    layers_fig = figures.attention_layers_figure(shown, attentions, grid)
+    return labels, heads_fig, layers_fig
