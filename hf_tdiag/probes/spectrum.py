@@ -1,0 +1,350 @@
+"""``hf_tdiag.spectrum_bounds``: spectrum-adaptive Schatten and Edelman bound proxies of an encoder.
+
+Wires the weight probe (:mod:`hf_tdiag.probes.bert_weights`) to the math in
+:mod:`hf_tdiag.measures.schatten`. Per layer ℓ and head h (row-vector
+orientation, PyTorch weights ``(out, in)``):
+
+* ``QK = W_Q,hᵀ W_K,h`` (N×N), ``Ṽ = W_V,hᵀ (W_O)ᵀ[rows of head h]`` (N×N),
+  ``M_in`` = FFN input weightᵀ (N×I), ``M_out`` = FFN output weightᵀ (I×N).
+  No 1/√d_h, no LayerNorm, biases, embeddings or pooler.
+* Per-head spectra come from the d_h×d_h QR core (exact: the products have rank ≤ d_h),
+  batched over heads; all math in float64 on the weights' device.
+
+CRATE: Q = K = V = U_k (the shared ``attention.qkv`` rows of head k), W_O =
+``attention.output_matrix()``. A CRATE block has no MLP; its ISTA step
+``ReLU(z + η Dᵀ(z − D z) − ηλ)`` is parameterised by the dictionary ``D``
+(``ista.weight``, read like an ``nn.Linear`` weight), so ``Dᵀ`` plays M_in and is
+reported with type ``"ista"``, and M_out is the identity: ``‖M_out‖₂ = 1`` in
+every factor, and, not being learned, it adds no term to ``B_ours`` and no
+``‖M_out‖_{2,1}`` term to ξ_ℓ. L_φ is left as given (ISTA's ReLU is 1-Lipschitz;
+pass ``L_phi=1.0`` for that reading).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..measures import schatten as S
+from .bert_weights import EncoderWeights, encoder_weights
+
+MATRIX_TYPES = ("qk", "v", "m_in", "ista", "m_out")
+
+
+@dataclass
+class MatrixRecord:
+    """One analysed matrix (row-vector orientation) and its place in the bound."""
+
+    layer: int
+    head: int | None
+    type: str
+    shape: tuple[int, int]
+    rank: int
+    spectral_norm: float
+    frobenius_norm: float
+    nuclear_norm: float
+    norm_2_1: float
+    stable_rank: float
+    gamma: float
+    alpha: float
+    p_opt: float
+    min_contribution: float
+    singular_values: np.ndarray  # kept (nonzero) singular values, descending
+    contributions: np.ndarray  # c(W, p) on the report's p grid
+
+    def to_dict(self, include_spectra: bool = True) -> dict[str, Any]:
+        d = {
+            "layer": self.layer,
+            "head": self.head,
+            "type": self.type,
+            "shape": list(self.shape),
+            "rank": self.rank,
+            "spectral_norm": self.spectral_norm,
+            "frobenius_norm": self.frobenius_norm,
+            "nuclear_norm": self.nuclear_norm,
+            "norm_2_1": self.norm_2_1,
+            "stable_rank": self.stable_rank,
+            "gamma": self.gamma,
+            "alpha": self.alpha,
+            "p_opt": self.p_opt,
+            "min_contribution": self.min_contribution,
+        }
+        if include_spectra:
+            d["singular_values"] = self.singular_values.tolist()
+            d["contributions"] = self.contributions.tolist()
+        return d
+
+
+@dataclass
+class SpectrumBoundReport:
+    """Result of :func:`spectrum_bounds`. ``ours`` = B_ours, ``edelman`` = B_Edelman."""
+
+    model: str
+    model_type: str
+    family: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    intermediate_size: int
+    L_phi: float
+    rank_tol: float
+    p_grid: np.ndarray
+    ours: float
+    edelman: float
+    alpha: np.ndarray  # (L,) propagation factors α_ℓ
+    xi: np.ndarray  # (L,) Edelman layer terms ξ_ℓ
+    matrices: list[MatrixRecord] = field(default_factory=list)
+
+    @property
+    def contribution_curves(self) -> np.ndarray:
+        """c(W, p) for every matrix (rows, in ``matrices`` order) on ``p_grid`` (columns)."""
+        return np.stack([m.contributions for m in self.matrices])
+
+    def by_type(self, matrix_type: str) -> list[MatrixRecord]:
+        """The records of one type (``"qk"``, ``"v"``, ``"m_in"``, ``"ista"``, ``"m_out"``)."""
+        if matrix_type not in MATRIX_TYPES:
+            raise ValueError(f"matrix_type: expected one of {MATRIX_TYPES}, got {matrix_type!r}")
+        return [m for m in self.matrices if m.type == matrix_type]
+
+    def summary(self) -> dict[str, Any]:
+        """The headline numbers as a flat dict (one table row)."""
+        return {
+            "model": self.model,
+            "model_type": self.model_type,
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_heads,
+            "ours": self.ours,
+            "edelman": self.edelman,
+            "num_matrices": len(self.matrices),
+            "mean_p_opt": float(np.mean([m.p_opt for m in self.matrices])),
+        }
+
+    def to_dict(self, include_spectra: bool = True) -> dict[str, Any]:
+        """JSON-ready dict; ``include_spectra=False`` drops per-matrix singular values and curves."""
+        return {
+            "model": self.model,
+            "model_type": self.model_type,
+            "family": self.family,
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "L_phi": self.L_phi,
+            "rank_tol": self.rank_tol,
+            "p_grid": self.p_grid.tolist(),
+            "ours": self.ours,
+            "edelman": self.edelman,
+            "alpha": self.alpha.tolist(),
+            "xi": self.xi.tolist(),
+            "matrices": [m.to_dict(include_spectra) for m in self.matrices],
+        }
+
+    def to_json(self, path: str | os.PathLike | None = None, include_spectra: bool = True, indent: int | None = None) -> str:
+        """Serialise :meth:`to_dict`; also write it to ``path`` when given."""
+        text = json.dumps(self.to_dict(include_spectra), indent=indent)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        return text
+
+
+def _resolve(model_or_path, load_kwargs) -> tuple[torch.nn.Module, str]:
+    if isinstance(model_or_path, torch.nn.Module):
+        cfg = getattr(model_or_path, "config", None)
+        name = getattr(cfg, "name_or_path", "") or type(model_or_path).__name__
+        return model_or_path, str(name)
+    if isinstance(model_or_path, (str, os.PathLike)):
+        from transformers import AutoModel
+
+        import hf_tdiag  # noqa: F401  (registers the crate model type)
+
+        name = os.fspath(model_or_path)
+        try:
+            model = AutoModel.from_pretrained(name, **load_kwargs)
+        except OSError as err:
+            raise ValueError(f"model_or_path: could not load {name!r} as a local folder or Hub id ({err})") from None
+        return model, name
+    raise TypeError(
+        f"model_or_path: expected a Transformers model (torch.nn.Module), a local folder or a Hub id, "
+        f"got {type(model_or_path).__name__}"
+    )
+
+
+def _layer_spectra(w: EncoderWeights, layer: int, svd_method: str) -> dict[str, torch.Tensor]:
+    f64 = torch.float64
+    q = w.heads(layer, "query").to(f64)
+    k = w.heads(layer, "key").to(f64)
+    v = w.heads(layer, "value").to(f64)
+    o = w.heads(layer, "attn_output").to(f64)
+    for role, t in (("query", q), ("key", k), ("value", v), ("attn_output", o)):
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"model: layer {layer} {role} ({w.layers[layer].names.get(role)}) contains NaN or inf")
+    out = {}
+    out["qk_sigma"], out["qk_cols"] = S.low_rank_product_spectrum(q.mT, k)  # QK_h = W_Q,hᵀ W_K,h
+    out["v_sigma"], out["v_cols"] = S.low_rank_product_spectrum(v.mT, o)  # Ṽ_h = W_V,hᵀ (W_O)ᵀ[h]
+    lw = w.layers[layer]
+    m_in = lw.ffn_in.to(f64).mT  # row-vector orientation
+    out["in_sigma"] = S.singular_values(m_in, method=svd_method)
+    out["in_cols"] = torch.linalg.vector_norm(m_in, dim=-2)
+    if lw.ffn_out is not None:
+        m_out = lw.ffn_out.to(f64).mT
+        out["out_sigma"] = S.singular_values(m_out, method=svd_method)
+        out["out_cols"] = torch.linalg.vector_norm(m_out, dim=-2)
+    return out
+
+
+def spectrum_bounds(
+    model_or_path,
+    L_phi: float = S.DEFAULT_L_PHI,
+    p_grid_m: int | None = None,
+    rank_tol: float = S.DEFAULT_RANK_TOL,
+    *,
+    svd_method: str = "auto",
+    progress: bool = False,
+    **load_kwargs,
+) -> SpectrumBoundReport:
+    """Spectrum-adaptive Schatten proxy B_ours = Σ_W min_p c(W, p) + √L and Edelman's proxy of an encoder.
+
+    Args:
+        model_or_path: a Transformers model (BERT-like, ViT-like or CRATE), a local folder or a Hub id
+            (loaded with ``AutoModel.from_pretrained(model_or_path, **load_kwargs)``).
+        L_phi: Lipschitz constant of the FFN activation (1.13 for GELU).
+        p_grid_m: grid resolution m of p ∈ {0, 1/m, …, 2}; default ⌈L + ln N⌉.
+        rank_tol: singular values ≤ rank_tol · min(rows, cols) · max(σ₁, 1) are exact zeros.
+        svd_method: ``"auto"`` (Gram eigenvalues for well-conditioned FFN matrices, else SVD) or ``"svd"``.
+        progress: show a progress bar over layers.
+    """
+    if isinstance(L_phi, bool) or not isinstance(L_phi, (int, float)) or not (L_phi > 0 and math.isfinite(L_phi)):
+        raise ValueError(f"L_phi: expected a positive finite number, got {L_phi!r}")
+    rank_tol = S._check_tol(rank_tol)
+    if svd_method not in ("auto", "svd"):
+        raise ValueError(f"svd_method: expected 'auto' or 'svd', got {svd_method!r}")
+    model, name = _resolve(model_or_path, load_kwargs)
+    w = encoder_weights(model)
+    L, N, H = w.num_layers, w.hidden_size, w.num_heads
+    ps = S.p_grid(L, N, p_grid_m)
+
+    with torch.no_grad():
+        per_layer = [
+            _layer_spectra(w, i, svd_method)
+            for i in tqdm(range(L), desc="spectra", disable=not progress, leave=False)
+        ]
+
+    def stack(key):
+        return torch.stack([d[key] for d in per_layer])
+
+    qk_sigma, v_sigma, in_sigma = stack("qk_sigma"), stack("v_sigma"), stack("in_sigma")
+    qk_cols, v_cols, in_cols = stack("qk_cols"), stack("v_cols"), stack("in_cols")
+    has_out = w.layers[0].ffn_out is not None
+    dev = qk_sigma.device
+    full = {"qk": N, "v": N, "in": min(N, w.intermediate_size)}
+
+    qk_norm, v_norm, in_norm = S.spectral_norm(qk_sigma), S.spectral_norm(v_sigma), S.spectral_norm(in_sigma)
+    if has_out:
+        out_sigma, out_cols = stack("out_sigma"), stack("out_cols")
+        out_norm = S.spectral_norm(out_sigma)
+        out_21 = out_cols.sum(-1)
+    else:  # identity M_out (CRATE): norm 1, no (2,1) term
+        out_norm = torch.ones(L, dtype=torch.float64, device=dev)
+        out_21 = torch.zeros(L, dtype=torch.float64, device=dev)
+
+    alpha = S.propagation_factors(in_norm, out_norm, v_norm, qk_norm, L_phi)
+    gamma = S.type_factors(in_norm, out_norm, v_norm)
+    ps_dev = ps.to(dev)
+
+    groups = [
+        ("qk", qk_sigma, qk_cols, gamma["qk"], alpha[:, None], full["qk"]),
+        ("v", v_sigma, v_cols, gamma["v"][:, None].expand(L, H), alpha[:, None], full["v"]),
+        (w.ffn_in_type, in_sigma, in_cols, gamma["m_in"], alpha, full["in"]),
+    ]
+    if has_out:
+        groups.append(("m_out", out_sigma, out_cols, gamma["m_out"], alpha, full["in"]))
+
+    stats = {}
+    all_mins = []
+    for typ, sigma, cols, g, a, n_full in groups:
+        powers = S.schatten_powers(sigma, ps_dev, n_full, rank_tol)
+        curves = S.contributions(powers, ps_dev, g, a, L, N)
+        best, p_opt = S.optimal_contribution(curves, ps_dev)
+        clean = S.clean_spectrum(sigma, n_full, rank_tol)
+        top = S.spectral_norm(clean)
+        fro2 = powers[..., -1] if float(ps[-1]) == 2.0 else S.schatten_power(sigma, 2.0, n_full, rank_tol)
+        stats[typ] = {
+            "sigma": clean.cpu().numpy(),
+            "rank": (clean > 0).sum(-1).cpu().numpy(),
+            "spectral": top.cpu().numpy(),
+            "fro": fro2.sqrt().cpu().numpy(),
+            "nuc": clean.sum(-1).cpu().numpy(),
+            "n21": cols.sum(-1).cpu().numpy(),
+            "srank": S.stable_rank(sigma, n_full, rank_tol).cpu().numpy(),
+            "gamma": torch.broadcast_to(g, best.shape).cpu().numpy(),
+            "alpha": torch.broadcast_to(a, best.shape).cpu().numpy(),
+            "p_opt": p_opt.cpu().numpy(),
+            "best": best.cpu().numpy(),
+            "curves": curves.cpu().numpy(),
+        }
+        all_mins.append(best.reshape(-1))
+    ours = float(S.spectrum_adaptive_bound(torch.cat(all_mins), L))
+    xi = S.edelman_layer_terms(in_norm, out_norm, v_norm, qk_cols.sum(-1), v_cols.sum(-1), in_cols.sum(-1), out_21)
+    edelman = float(S.edelman_bound(alpha, xi))
+
+    shapes = {"qk": (N, N), "v": (N, N), w.ffn_in_type: (N, w.intermediate_size), "m_out": (w.intermediate_size, N)}
+    records: list[MatrixRecord] = []
+    for layer in range(L):
+        for typ, *_ in groups:
+            st = stats[typ]
+            heads = range(H) if typ in ("qk", "v") else [None]
+            for h in heads:
+                idx = (layer, h) if h is not None else (layer,)
+                sig = st["sigma"][idx]
+                records.append(
+                    MatrixRecord(
+                        layer=layer,
+                        head=h,
+                        type=typ,
+                        shape=shapes[typ],
+                        rank=int(st["rank"][idx]),
+                        spectral_norm=float(st["spectral"][idx]),
+                        frobenius_norm=float(st["fro"][idx]),
+                        nuclear_norm=float(st["nuc"][idx]),
+                        norm_2_1=float(st["n21"][idx]),
+                        stable_rank=float(st["srank"][idx]),
+                        gamma=float(st["gamma"][idx]),
+                        alpha=float(st["alpha"][idx]),
+                        p_opt=float(st["p_opt"][idx]),
+                        min_contribution=float(st["best"][idx]),
+                        singular_values=sig[sig > 0].copy(),
+                        contributions=st["curves"][idx].copy(),
+                    )
+                )
+    return SpectrumBoundReport(
+        model=name,
+        model_type=w.model_type,
+        family=w.family,
+        num_layers=L,
+        hidden_size=N,
+        num_heads=H,
+        head_dim=w.head_dim,
+        intermediate_size=w.intermediate_size,
+        L_phi=float(L_phi),
+        rank_tol=rank_tol,
+        p_grid=ps.numpy(),
+        ours=ours,
+        edelman=edelman,
+        alpha=alpha.cpu().numpy(),
+        xi=xi.cpu().numpy(),
+        matrices=records,
+    )
+
+
+__all__ = ["MATRIX_TYPES", "MatrixRecord", "SpectrumBoundReport", "spectrum_bounds"]

@@ -1,0 +1,157 @@
+"""Brute-force dense reference for both bound proxies, and agreement of hf_tdiag.spectrum_bounds with it.
+
+``dense_reference`` forms every N×N / N×4N matrix explicitly from a BERT state dict
+(hard-coded BERT parameter names, independent of the probe's discovery) and takes a plain
+numpy SVD of each; it is also imported by ``benchmarks/bench_schatten.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertModel
+
+import hf_tdiag
+
+
+def dense_reference(state_dict, num_layers, num_heads, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, prefix=None):
+    """B_ours, B_Edelman and per-matrix min contributions with one numpy SVD per explicit matrix."""
+    sd = {k: v.detach().cpu().numpy().astype(np.float64) for k, v in state_dict.items()}
+    if prefix is None:
+        prefix = "encoder.layer" if "encoder.layer.0.attention.self.query.weight" in sd else "bert.encoder.layer"
+    W = lambda i, name: sd[f"{prefix}.{i}.{name}.weight"]  # noqa: E731
+    N = W(0, "attention.self.query").shape[1]
+    dh = W(0, "attention.self.query").shape[0] // num_heads
+    L = num_layers
+    m = math.ceil(L + math.log(N)) if p_grid_m is None else p_grid_m
+    ps = [k / m for k in range(2 * m + 1)]
+
+    def svd(x):
+        s = np.linalg.svd(x, compute_uv=False)
+        tau = rank_tol * len(s) * max(s[0], 1.0)
+        return s, s[s > tau]
+
+    def col21(x):
+        return float(np.sqrt((x**2).sum(axis=0)).sum())
+
+    layers = []
+    for i in range(L):
+        wq, wk, wv = W(i, "attention.self.query"), W(i, "attention.self.key"), W(i, "attention.self.value")
+        wo = W(i, "attention.output.dense")
+        qk, vt = [], []
+        for h in range(num_heads):
+            rows = slice(h * dh, (h + 1) * dh)
+            qk.append(wq[rows].T @ wk[rows])
+            vt.append(wv[rows].T @ wo.T[rows])
+        m_in = W(i, "intermediate.dense").T
+        m_out = W(i, "output.dense").T
+        layers.append({"qk": qk, "v": vt, "m_in": m_in, "m_out": m_out})
+
+    spec = [
+        {
+            "qk": [svd(x) for x in ly["qk"]],
+            "v": [svd(x) for x in ly["v"]],
+            "m_in": svd(ly["m_in"]),
+            "m_out": svd(ly["m_out"]),
+        }
+        for ly in layers
+    ]
+    nrm = lambda sv: sv[0][0]  # noqa: E731
+    alpha = []
+    for i in range(L):
+        a = 1.0
+        for k in range(i + 1, L):
+            s = sum(nrm(spec[k]["v"][h]) * (1 + 4 * nrm(spec[k]["qk"][h])) for h in range(num_heads))
+            a *= L_phi * nrm(spec[k]["m_in"]) * nrm(spec[k]["m_out"]) * s
+        alpha.append(a)
+
+    def c(kept, p, gamma, a):
+        sp = float(len(kept)) if p == 0 else float(np.sum(kept**p))
+        scale = 1.0 if p == 0 else (gamma * a * L) ** (p / (p + 2))
+        return sp ** (1 / (p + 2)) * scale * N ** ((p + 1) / (p + 2))
+
+    mins = []
+    for i in range(L):
+        sp = spec[i]
+        fin, fout = nrm(sp["m_in"]), nrm(sp["m_out"])
+        for h in range(num_heads):
+            g = 2 * nrm(sp["v"][h]) * fout * fin
+            mins.append(min(c(sp["qk"][h][1], p, g, alpha[i]) for p in ps))
+        for h in range(num_heads):
+            mins.append(min(c(sp["v"][h][1], p, fout * fin, alpha[i]) for p in ps))
+        mins.append(min(c(sp["m_in"][1], p, fout, alpha[i]) for p in ps))
+        mins.append(min(c(sp["m_out"][1], p, 1.0, alpha[i]) for p in ps))
+    ours = sum(mins) + math.sqrt(L)
+
+    total = 0.0
+    for i in range(L):
+        sp, ly = spec[i], layers[i]
+        fin, fout = nrm(sp["m_in"]), nrm(sp["m_out"])
+        xi = 0.0
+        for h in range(num_heads):
+            xi += (fout * fin * nrm(sp["v"][h]) * col21(ly["qk"][h])) ** (2 / 3)
+            xi += (fout * fin * col21(ly["v"][h])) ** (2 / 3)
+        xi += (fout * col21(ly["m_in"])) ** (2 / 3) + col21(ly["m_out"]) ** (2 / 3)
+        total += alpha[i] ** (2 / 3) * xi
+    edelman = (1 + total) ** 1.5
+    return {"ours": ours, "edelman": edelman, "mins": np.array(mins), "alpha": np.array(alpha)}
+
+
+def _tiny_bert(L, H, A, vocab=64, seed=0, std=None):
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=vocab,
+        hidden_size=H,
+        num_hidden_layers=L,
+        num_attention_heads=A,
+        intermediate_size=4 * H,
+        max_position_embeddings=32,
+    )
+    if std is not None:
+        cfg.initializer_range = std
+    return BertModel(cfg).eval()
+
+
+@pytest.mark.parametrize("L,H,A,std", [(2, 128, 2, None), (4, 256, 4, None), (2, 128, 2, 0.2)])
+def test_fast_path_matches_dense_reference_on_saved_miniature_shapes(tmp_path, L, H, A, std):
+    model = _tiny_bert(L, H, A, std=std)
+    folder = tmp_path / f"bert_uncased_L-{L}_H-{H}_A-{A}"
+    model.save_pretrained(folder)
+    rep = hf_tdiag.spectrum_bounds(str(folder))  # the same path a Hub id takes
+    reloaded = BertModel.from_pretrained(folder)
+    ref = dense_reference(reloaded.state_dict(), L, A)
+    assert rep.num_layers == L and rep.hidden_size == H and rep.num_heads == A
+    assert rep.ours == pytest.approx(ref["ours"], rel=1e-9)
+    assert rep.edelman == pytest.approx(ref["edelman"], rel=1e-9)
+    np.testing.assert_allclose([m.min_contribution for m in rep.matrices], ref["mins"], rtol=1e-9)
+    np.testing.assert_allclose(rep.alpha, ref["alpha"], rtol=1e-9)
+    # the in-memory model object gives the same numbers as its saved folder
+    direct = hf_tdiag.spectrum_bounds(model)
+    assert direct.ours == pytest.approx(rep.ours, rel=1e-12)
+    assert direct.edelman == pytest.approx(rep.edelman, rel=1e-12)
+
+
+def test_dense_reference_agrees_on_low_rank_and_zero_heads():
+    """Rank-deficient heads (zeroed query rows, rank-1 value rows, a zero FFN matrix) still agree exactly."""
+    L, H, A = 2, 128, 2
+    model = _tiny_bert(L, H, A, seed=3)
+    dh = H // A
+    with torch.no_grad():
+        layer0 = model.encoder.layer[0]
+        layer0.attention.self.query.weight[:dh] = 0.0  # QK of head 0 is the zero matrix
+        layer0.attention.self.value.weight[dh : 2 * dh] = torch.outer(torch.randn(dh), torch.randn(H))  # Ṽ rank 1
+        layer1 = model.encoder.layer[1]
+        layer1.attention.self.key.weight[dh : dh + 10] = 0.0  # QK of head 1 has rank ≤ dh - 10
+    rep = hf_tdiag.spectrum_bounds(model)
+    ref = dense_reference(model.state_dict(), L, A)
+    assert rep.ours == pytest.approx(ref["ours"], rel=1e-9)
+    assert rep.edelman == pytest.approx(ref["edelman"], rel=1e-9)
+    np.testing.assert_allclose([m.min_contribution for m in rep.matrices], ref["mins"], rtol=1e-9, atol=0)
+    ranks = {(m.layer, m.head, m.type): m.rank for m in rep.matrices}
+    assert ranks[(0, 0, "qk")] == 0
+    assert ranks[(0, 1, "v")] == 1
+    assert ranks[(1, 1, "qk")] == dh - 10
+    assert ranks[(0, 1, "qk")] == dh
