@@ -119,11 +119,17 @@ def convert_official_crate(state_dict: Mapping, config: CrateConfig | str) -> Cr
     model = CrateForImageClassification(config)
     target = model.state_dict()
 
+    n_layers = _count_layers(sd)
+    layer_hint = (
+        f" (the checkpoint has {n_layers} layers, the config {config.num_hidden_layers})"
+        if n_layers != config.num_hidden_layers
+        else ""
+    )
     missing = [k for k in key_map if k not in sd]
     if missing:
         raise ValueError(
             f"state_dict is missing {len(missing)} key(s) for a {config.num_hidden_layers}-layer {config.variant!r} "
-            f"model, e.g. {missing[:5]}"
+            f"model, e.g. {missing[:5]}{layer_hint}"
         )
     ignored_prefixes = ()
     if config.variant not in ("crate", "crate-fix"):
@@ -136,13 +142,7 @@ def convert_official_crate(state_dict: Mapping, config: CrateConfig | str) -> Cr
                 raise ValueError(f"state_dict[{key!r}] is non-zero but variant 'crate-fix' has no output bias")
         unexpected = [k for k in unexpected if k not in bias_keys]
     if unexpected:
-        n_layers = _count_layers(sd)
-        hint = (
-            f" (the checkpoint has {n_layers} layers, the config {config.num_hidden_layers})"
-            if n_layers != config.num_hidden_layers
-            else ""
-        )
-        raise ValueError(f"state_dict has {len(unexpected)} unexpected key(s), e.g. {unexpected[:5]}{hint}")
+        raise ValueError(f"state_dict has {len(unexpected)} unexpected key(s), e.g. {unexpected[:5]}{layer_hint}")
 
     converted = {}
     for src, dst in key_map.items():
