@@ -98,25 +98,6 @@ def open_image(path, *, max_pixels: int = MAX_IMAGE_PIXELS, max_bytes: int = MAX
     return image
 
 
-class CheckedImage(gr.Image):
-    """``gr.Image`` whose server-side decoding errors (non-image uploads) become a clear ``gr.Error``."""
-
-    is_template = True  # render with the Image component in the browser
-
-    def preprocess(self, payload):
-        try:
-            return super().preprocess(payload)
-        except gr.Error:
-            raise
-        except Exception:  # noqa: BLE001 - Pillow raises several types for non-images
-            name = getattr(payload, "orig_name", None) or "the uploaded file"
-            raise gr.Error(
-                html.escape(f"image: {name!r} is not an image file Pillow can read (PNG, JPEG, WebP, BMP, GIF…)"),
-                title="Invalid input",
-                print_exception=False,
-            ) from None
-
-
 # ----------------------------------------------------------------------------- models
 
 

@@ -1,0 +1,389 @@
+"""``build_report``: every diagnostic that applies to a model, on one self-contained HTML page plus a JSON file.
+
+Sections (each one wires a public API of hf_tdiag to its figures; no math here):
+
+* ``summary``   — architecture, predictions on the inputs (accuracy when labels are known);
+* ``srr``       — per-layer sparse rate reduction (:func:`hf_tdiag.layer_srr`), vision and text models;
+* ``schatten``  — spectrum-adaptive vs Edelman bound proxies (:func:`hf_tdiag.spectrum_bounds`), any encoder;
+* ``concepts``  — Semi-NMF concepts, δ_rec/δ_gram, empirical KL vs the bound (:func:`hf_tdiag.concept_fidelity`),
+  image classifiers;
+* ``attention`` — attention maps over the image and the attention-as-SVM head diagnostic
+  (:func:`hf_tdiag.attention_svm_diagnostic`).
+
+A section that does not apply (e.g. concepts for a text model) is listed as *skipped* with the reason; a section
+that fails is listed as *error* with the message (and ``Report.errors`` is non-empty) while the others still run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+import hf_tdiag
+
+from . import figures as F
+from .html import Figure, Section, Table, dumps, render_html, to_jsonable
+from .loading import LoadedModel, load_model, pixel_values_for
+
+logger = logging.getLogger(__name__)
+
+SECTION_ORDER = ("summary", "srr", "schatten", "concepts", "attention")
+
+
+@dataclass
+class ReportInputs:
+    """The inputs every section shares: model inputs, optional labels, and images for display."""
+
+    batch: Any  # pixel_values tensor (images) or a tokenizer's dict batch (texts)
+    labels: torch.Tensor | None = None
+    images: list | None = None  # PIL images, same order as batch (vision models)
+    description: str = ""
+
+    @property
+    def num_samples(self) -> int:
+        if isinstance(self.batch, torch.Tensor):
+            return int(self.batch.shape[0])
+        return int(next(v for v in self.batch.values() if isinstance(v, torch.Tensor)).shape[0])
+
+
+@dataclass
+class ReportOptions:
+    """Settings of every section (shown in the report and saved in the JSON)."""
+
+    srr_source: str = "query"
+    srr_eps: float = 0.1
+    srr_lam: float = 1.0
+    concept_layer: int | None = None  # default: middle layer
+    n_concepts: int = 4
+    attention_layer: int | None = None  # default: last layer
+    attention_head: int = 0
+    max_svm_samples: int = 16
+    L_phi: float = 1.13
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Report:
+    """A built report: sections plus metadata; :meth:`save` writes ``report.html`` and ``report.json``."""
+
+    title: str
+    model: str
+    settings: dict
+    sections: list[Section] = field(default_factory=list)
+    created: str = ""
+
+    @property
+    def errors(self) -> dict[str, str]:
+        return {s.key: s.note for s in self.sections if s.status == "error"}
+
+    def section(self, key: str) -> Section:
+        for s in self.sections:
+            if s.key == key:
+                return s
+        raise KeyError(f"section: no section {key!r}; sections are {[s.key for s in self.sections]}")
+
+    def to_dict(self) -> dict:
+        return {
+            "title": self.title,
+            "model": self.model,
+            "created": self.created,
+            "hf_tdiag_version": hf_tdiag.__version__,
+            "settings": to_jsonable(self.settings),
+            "sections": {s.key: s.to_dict() for s in self.sections},
+        }
+
+    def to_html(self, json_name: str = "report.json") -> str:
+        subtitle = f"hf-tdiag {hf_tdiag.__version__} · {self.created} · {self.model}"
+        return render_html(self.title, subtitle, self.sections, self.settings, json_name=json_name)
+
+    def save(self, path: str | os.PathLike) -> tuple[Path, Path]:
+        """Write the HTML page to ``path`` and the numbers to the same name with ``.json``; return both paths."""
+        html_path = Path(path)
+        if html_path.suffix.lower() not in (".html", ".htm"):
+            raise ValueError(f"path: expected a file name ending in .html, got {str(path)!r}")
+        json_path = html_path.with_suffix(".json")
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(dumps(self.to_dict()), encoding="utf-8")
+        html_path.write_text(self.to_html(json_name=json_path.name), encoding="utf-8")
+        return html_path, json_path
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+def _png(fig) -> bytes:
+    return F.figure_to_png(fig)
+
+
+def _skip(key: str, title: str, reason: str) -> Section:
+    return Section(key, title, status="skipped", note=reason)
+
+
+def _arch(loaded: LoadedModel):
+    from hf_tdiag.probes.architecture import describe
+
+    return describe(loaded.model)
+
+
+@torch.no_grad()
+def _forward(loaded: LoadedModel, inputs: ReportInputs, output_attentions: bool = False, batch_size: int = 64):
+    """Logits (and optionally the first sample's attentions) over the inputs, batch by batch."""
+    from hf_tdiag.probes.token_states import forward_kwargs, model_device
+
+    device = model_device(loaded.model)
+    n = inputs.num_samples
+    logits, first_attn = [], None
+    for start in range(0, n, batch_size):
+        if isinstance(inputs.batch, torch.Tensor):
+            chunk = inputs.batch[start : start + batch_size]
+        else:
+            chunk = {k: v[start : start + batch_size] for k, v in inputs.batch.items() if isinstance(v, torch.Tensor)}
+        kwargs = {k: v.to(device) for k, v in forward_kwargs(loaded.model, chunk).items()}
+        out = loaded.model(**kwargs, output_attentions=output_attentions and start == 0)
+        if getattr(out, "logits", None) is not None:
+            logits.append(out.logits.float().cpu())
+        if output_attentions and start == 0 and out.attentions:
+            first_attn = torch.stack([a[0] for a in out.attentions]).float().cpu()
+    return (torch.cat(logits) if logits else None), first_attn
+
+
+def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
+    arch = _arch(loaded)
+    params = sum(p.numel() for p in loaded.model.parameters())
+    cfg = loaded.config
+    rows = [
+        ["source", str(loaded.source)],
+        ["model type", loaded.model_type],
+        ["family", arch.family],
+        ["variant", getattr(cfg, "variant", "—") if arch.family == "crate" else "—"],
+        ["layers", arch.num_layers],
+        ["heads × head dim", f"{arch.num_heads} × {arch.head_dim}"],
+        ["hidden size", arch.hidden_size],
+        ["parameters", params],
+        ["input", loaded.modality],
+    ]
+    numbers: dict[str, Any] = {
+        "model_type": loaded.model_type,
+        "family": arch.family,
+        "num_layers": arch.num_layers,
+        "num_heads": arch.num_heads,
+        "head_dim": arch.head_dim,
+        "hidden_size": arch.hidden_size,
+        "num_parameters": params,
+    }
+    section = Section("summary", "Model and predictions", tables=[Table("Architecture", ["property", "value"], rows)])
+    if inputs is None:
+        section.summary = "No inputs were given: only weight-based diagnostics apply."
+        section.numbers = numbers
+        return section
+    numbers["num_inputs"] = inputs.num_samples
+    section.summary = f"Inputs: {inputs.description} ({inputs.num_samples} samples)."
+    logits, _ = _forward(loaded, inputs)
+    if logits is not None and loaded.is_classifier:
+        probs = logits.softmax(-1)
+        conf, pred = probs.max(-1)
+        id2label = cfg.id2label
+        numbers["predictions"] = pred.tolist()
+        numbers["confidence"] = conf.tolist()
+        if inputs.labels is not None:
+            acc = float((pred == inputs.labels).float().mean())
+            numbers["accuracy"] = acc
+            section.summary += f" Top-1 accuracy on them: {acc:.1%}."
+        if inputs.images:
+            k = min(16, len(inputs.images))
+            truths = [str(id2label.get(int(t), int(t))) for t in inputs.labels[:k]] if inputs.labels is not None else None
+            fig = F.predictions_figure(
+                inputs.images[:k], [str(id2label.get(int(p), int(p))) for p in pred[:k]], conf[:k].tolist(), truths
+            )
+            section.figures.append(Figure("Predicted label (probability) of the first inputs", _png(fig)))
+    section.numbers = numbers
+    return section
+
+
+def section_srr(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
+    title = "Sparse rate reduction per layer"
+    if inputs is None:
+        return _skip("srr", title, "needs inputs (images or texts): SRR measures the token representations")
+    report = hf_tdiag.layer_srr(
+        loaded.model, inputs.batch, source=options.srr_source, eps=options.srr_eps, lam=options.srr_lam, progress=False
+    )
+    columns = ["layer"] + [f"{t} mean" for t in ("R", "Rc", "sparsity", "srr")]
+    tables = []
+    for state in report.states:
+        rows = [[i] + [report.mean[state][t][i] for t in ("R", "Rc", "sparsity", "srr")] for i in report.layers]
+        tables.append(Table(f"State {state}", columns, rows))
+    section = Section(
+        "srr",
+        title,
+        summary=(
+            f"R(Z) = ½ logdet(I + d/(Nε²) ZᵀZ), Rᶜ(Z; U) = Σ_k ½ logdet(I + p/(Nε²) (U_kᵀZ)ᵀ(U_kᵀZ)), "
+            f"SRR = Rᶜ − R + λ‖Z‖₀/(dN) (lower is better), measured on {report.num_samples} samples "
+            f"with ε = {options.srr_eps}, λ = {options.srr_lam}"
+            + ("" if loaded.model_type == "crate" else f", U from the {options.srr_source} projections")
+            + "."
+        ),
+        tables=tables,
+        numbers=report.to_dict(),
+    )
+    return section
+
+
+def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
+    report = hf_tdiag.spectrum_bounds(loaded.model, L_phi=options.L_phi)
+    rows = [
+        [m.layer, "—" if m.head is None else m.head, m.type, m.rank, m.spectral_norm, m.stable_rank, m.p_opt,
+         m.min_contribution]
+        for m in report.matrices
+    ]
+    section = Section(
+        "schatten",
+        "Generalization-bound proxies (spectrum-adaptive Schatten vs Edelman)",
+        summary=(
+            f"Spectrum-adaptive proxy B_ours = {report.ours:.6g}; Edelman et al. proxy B_Edelman = "
+            f"{report.edelman:.6g} (ratio {report.edelman / report.ours:.3g}×), from the weights alone "
+            f"({len(report.matrices)} matrices, L_φ = {report.L_phi})."
+        ),
+        tables=[
+            Table(
+                "Per-matrix spectra and optimal p",
+                ["layer", "head", "type", "rank", "‖W‖₂", "stable rank", "p_opt", "min_p c(W,p)"],
+                rows,
+            )
+        ],
+        numbers=report.to_dict(include_spectra=False),
+    )
+    return section
+
+
+def section_attention(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
+    title = "Attention maps and attention-as-SVM"
+    if inputs is None:
+        return _skip("attention", title, "needs inputs: attention maps are computed on the inputs")
+    arch = _arch(loaded)
+    layer = arch.num_layers - 1 if options.attention_layer is None else int(options.attention_layer)
+    if not 0 <= layer < arch.num_layers:
+        raise ValueError(f"attention_layer: expected 0 <= layer < {arch.num_layers}, got {layer}")
+    section = Section("attention", title)
+    _, attn = _forward(loaded, ReportInputs(inputs.batch[:1] if isinstance(inputs.batch, torch.Tensor) else
+                                            {k: v[:1] for k, v in inputs.batch.items()}), output_attentions=True)
+    if attn is not None and loaded.modality == "image":
+        pv = inputs.batch[0]
+        patch = loaded.config.patch_size
+        ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
+        grid = (pv.shape[-2] // ph, pv.shape[-1] // pw)
+        shown = pv[0].numpy() if pv.shape[0] == 1 else pv.permute(1, 2, 0).numpy()
+        section.figures.append(
+            Figure("CLS attention, mean over heads, per layer (first input)", _png(F.attention_layers_figure(shown, attn, grid)))
+        )
+        section.figures.append(
+            Figure(f"CLS attention of each head of layer {layer} (first input)",
+                   _png(F.attention_heads_figure(shown, attn, grid, layer)))
+        )
+        section.numbers["cls_attention_first_input"] = F.cls_attention_grid(attn, grid)
+    return section
+
+
+SectionFn = Callable[[LoadedModel, "ReportInputs | None", ReportOptions], Section]
+SECTIONS: dict[str, SectionFn] = {
+    "summary": section_summary,
+    "srr": section_srr,
+    "schatten": section_schatten,
+    "attention": section_attention,
+}
+_TITLES = {
+    "summary": "Model and predictions",
+    "srr": "Sparse rate reduction per layer",
+    "schatten": "Generalization-bound proxies (spectrum-adaptive Schatten vs Edelman)",
+    "concepts": "Concept fidelity",
+    "attention": "Attention maps and attention-as-SVM",
+}
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def build_report(
+    model,
+    inputs: ReportInputs | None = None,
+    *,
+    images: list | None = None,
+    labels=None,
+    sections: tuple[str, ...] | list[str] | None = None,
+    options: ReportOptions | None = None,
+    title: str | None = None,
+    progress: bool = True,
+) -> Report:
+    """Run every section that applies to ``model`` (object, local folder or Hub id; ``trust_remote_code=False``).
+
+    Inputs come either as a prepared :class:`ReportInputs` or as ``images`` (PIL images, with optional ``labels``)
+    which are run through the model's image processor. ``sections`` selects a subset of
+    ``("summary", "srr", "schatten", "concepts", "attention")``.
+    """
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    options = options or ReportOptions()
+    if not isinstance(options, ReportOptions):
+        raise TypeError(f"options: expected a ReportOptions, got {type(options).__name__}")
+    if inputs is None and images is not None:
+        inputs = images_to_inputs(loaded, images, labels)
+    if inputs is not None and not isinstance(inputs, ReportInputs):
+        raise TypeError(f"inputs: expected a ReportInputs (or pass images=...), got {type(inputs).__name__}")
+    keys = list(SECTION_ORDER if sections is None else sections)
+    unknown = [k for k in keys if k not in SECTION_ORDER]
+    if unknown:
+        raise ValueError(f"sections: unknown {unknown}; expected a subset of {list(SECTION_ORDER)}")
+    settings = {"model": str(loaded.source), **options.to_dict()}
+    if inputs is not None:
+        settings["inputs"] = f"{inputs.description} ({inputs.num_samples} samples)"
+    settings["device"] = str(next(loaded.model.parameters()).device)
+    settings["platform"] = f"{platform.platform()} · torch {torch.__version__}"
+    report = Report(
+        title=title or f"hf-tdiag report: {os.path.basename(str(loaded.source).rstrip('/')) or loaded.source}",
+        model=str(loaded.source),
+        settings=settings,
+        created=_dt.datetime.now().isoformat(timespec="seconds"),
+    )
+    bar = tqdm(keys, desc="report", unit="section", disable=not progress)
+    for key in bar:
+        bar.set_postfix_str(key)
+        fn = SECTIONS.get(key)
+        start = time.perf_counter()
+        if fn is None:
+            section = _skip(key, _TITLES[key], "not available in this installation")
+        else:
+            try:
+                section = fn(loaded, inputs, options)
+            except (ValueError, TypeError) as err:
+                section = Section(key, _TITLES[key], status="error", note=f"{type(err).__name__}: {err}")
+            except Exception as err:  # noqa: BLE001 - one failing diagnostic must not lose the others
+                logger.exception("report section %s failed", key)
+                section = Section(key, _TITLES[key], status="error", note=f"{type(err).__name__}: {err}")
+        section.numbers.setdefault("seconds", round(time.perf_counter() - start, 3))
+        report.sections.append(section)
+    return report
+
+
+def images_to_inputs(loaded: LoadedModel, images: list, labels=None, description: str = "images") -> ReportInputs:
+    """Run PIL images through the model's processor; ``labels`` (ints) are kept for accuracy."""
+    if loaded.modality != "image":
+        raise ValueError(f"images: {loaded.source!r} is a text model; images cannot be fed to it")
+    pixel_values = pixel_values_for(list(images), loaded)
+    label_tensor = None
+    if labels is not None:
+        label_tensor = torch.as_tensor(list(labels), dtype=torch.long)
+        if label_tensor.shape != (pixel_values.shape[0],):
+            raise ValueError(f"labels: expected {pixel_values.shape[0]} labels, got shape {tuple(label_tensor.shape)}")
+    return ReportInputs(pixel_values, label_tensor, list(images), description)
+
+
+__all__ = ["Report", "ReportInputs", "ReportOptions", "SECTIONS", "SECTION_ORDER", "build_report", "images_to_inputs"]
