@@ -1,0 +1,109 @@
+"""``hf-tdiag study``: does SRR predict generalization? Train a grid of CRATE variants and rank the measures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _parse_assignment(text: str, what: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise ValueError(f"{what}: expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    if not key:
+        raise ValueError(f"{what}: expected KEY=VALUE with a non-empty key, got {text!r}")
+    return key, value
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from hf_tdiag.study import GRIDS
+
+    p.add_argument("--grid", default="digits", choices=sorted(GRIDS), help="which grid to run (default: digits)")
+    p.add_argument("--output_dir", default=None, help="study folder holding the run cache and tables (default: runs/study_<grid>)")
+    p.add_argument("--jobs", type=int, default=1, help="trainings run at once, in separate processes")
+    p.add_argument(
+        "--axis", action="append", default=[], metavar="NAME=V1,V2",
+        help="replace (or add) a grid axis, values JSON-parsed, e.g. --axis learning_rate=1e-3,3e-3",
+    )
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a fixed trainer setting, value JSON-parsed, e.g. --set max_train_steps=500",
+    )
+    p.add_argument("--limit", type=int, default=None, help="train at most this many new runs, then summarize")
+    p.add_argument("--train_fn", default=None, help="alternative trainer as module:function (see hf_tdiag.study.run_study)")
+    p.add_argument("--keep_models", action="store_true", help="keep each run's trained model folder")
+    p.add_argument("--no_plot", action="store_true", help="skip the scatter plots")
+    p.add_argument("--summarize_only", action="store_true", help="only rebuild the table from the cached runs")
+    p.add_argument("--max_examples", type=int, default=None, help="training examples used by the measures (default 512)")
+    return p
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "study",
+        help="SRR-vs-generalization correlation study (Hu, Zou & Xu 2024): train a grid, rank measures by Kendall tau / Psi",
+        description=(
+            "Train every run of a hyperparameter grid over CRATE variants to the stop criterion, record the "
+            "generalization gap, compute SRR and norm/margin/sharpness baselines on the training data, and write "
+            "Kendall's tau and the granulated Psi per measure (table.json/.csv/.md) plus scatter plots. Each "
+            "finished run is cached as JSON: a killed study continues where it stopped."
+        ),
+    )
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def build_grid(args: argparse.Namespace):
+    import copy
+
+    from hf_tdiag.study import GRIDS, StudyGrid
+
+    base = GRIDS[args.grid]
+    axes = copy.deepcopy(base.axes)
+    fixed = copy.deepcopy(base.fixed)
+    for text in args.axis:
+        key, values = _parse_assignment(text, "--axis")
+        axes[key] = [_value(v) for v in values.split(",") if v != ""]
+        fixed.pop(key, None)
+    for text in args.set:
+        key, value = _parse_assignment(text, "--set")
+        if key in axes:
+            raise ValueError(f"--set: {key!r} is a grid axis; change it with --axis")
+        fixed[key] = _value(value)
+    return StudyGrid(name=base.name, axes=axes, fixed=fixed, description=base.description)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hf_tdiag.study import MeasureSettings, load_records, run_key, run_study, summarize
+
+    grid = build_grid(args)
+    out = args.output_dir or f"runs/study_{args.grid}"
+    settings = MeasureSettings()
+    if args.max_examples is not None:
+        settings.max_examples = args.max_examples
+    if args.summarize_only:
+        keys = {run_key(hp, grid.fixed, settings) for hp in grid.runs()}
+        records = [r for r in load_records(out) if r["key"] in keys]
+        summary = summarize(grid, records, out, settings=settings, plot=not args.no_plot)
+    else:
+        summary = run_study(
+            grid, out, jobs=args.jobs, settings=settings, train_fn=args.train_fn, limit=args.limit,
+            keep_models=args.keep_models, plot=not args.no_plot,
+        )
+    print(f"study {grid.name}: {summary['n_runs']}/{summary['n_expected']} runs finished "
+          f"({summary['cached']} from the cache), {summary['reached_stop']} reached the target training loss")
+    for f in summary["failures"]:
+        print(f"  failed: {f['hparams']}: {f['error']}", file=sys.stderr)
+    if summary["markdown"]:
+        print(summary["markdown"])
+    for kind, path in summary.get("paths", {}).items():
+        print(f"{kind}: {path}")
+    return 0 if not summary["failures"] else 1
