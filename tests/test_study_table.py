@@ -1,0 +1,136 @@
+"""Study plumbing that does not train: grids, run keys, atomic cache files, the tau/Psi table, the CLI grid options."""
+
+import argparse
+import json
+import os
+
+import numpy as np
+import pytest
+
+from hf_tdiag.measures.correlation import granulated_kendall, kendall_tau
+from hf_tdiag.study import (
+    GRIDS,
+    MeasureSettings,
+    StudyGrid,
+    correlation_table,
+    load_records,
+    run_key,
+    summarize,
+    write_json_atomic,
+)
+
+
+def test_grid_runs_are_the_cartesian_product():
+    grid = StudyGrid("g", axes={"a": [1, 2], "b": ["x", "y", "z"]}, fixed={"c": 0})
+    runs = grid.runs()
+    assert len(runs) == 6 and len({json.dumps(r, sort_keys=True) for r in runs}) == 6
+    assert {(r["a"], r["b"]) for r in runs} == {(a, b) for a in (1, 2) for b in "xyz"}
+    with pytest.raises(ValueError, match="also grid axes"):
+        StudyGrid("g", axes={"a": [1]}, fixed={"a": 2})
+    with pytest.raises(ValueError, match="distinct"):
+        StudyGrid("g", axes={"a": [1, 1]})
+    digits = GRIDS["digits"]
+    assert set(digits.axes) == {"variant", "per_device_train_batch_size", "learning_rate", "weight_decay"}
+    assert digits.axes["variant"] == ["crate", "crate-c", "crate-n", "crate-t"]
+
+
+def test_run_key_depends_on_every_setting():
+    s = MeasureSettings()
+    k = run_key({"a": 1, "b": 2}, {"c": 3}, s)
+    assert k == run_key({"b": 2, "a": 1}, {"c": 3}, MeasureSettings())  # order-free, stable
+    assert k != run_key({"a": 1, "b": 3}, {"c": 3}, s)
+    assert k != run_key({"a": 1, "b": 2}, {"c": 4}, s)
+    assert k != run_key({"a": 1, "b": 2}, {"c": 3}, MeasureSettings(sharpness_rho=0.1))
+
+
+def test_write_json_atomic_never_leaves_a_partial_file(tmp_path, monkeypatch):
+    path = tmp_path / "runs" / "k.json"
+    write_json_atomic(str(path), {"v": 1})
+    assert json.loads(path.read_text()) == {"v": 1}
+
+    def broken_dump(obj, f, **kw):
+        f.write('{"v": 2, "trunc')
+        raise KeyboardInterrupt  # a kill in the middle of writing
+
+    monkeypatch.setattr(json, "dump", broken_dump)
+    with pytest.raises(KeyboardInterrupt):
+        write_json_atomic(str(path), {"v": 2})
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) == {"v": 1}
+    assert os.listdir(path.parent) == ["k.json"]
+    with pytest.raises(ValueError):  # NaN never reaches the cache
+        write_json_atomic(str(path), {"v": float("nan")})
+    assert json.loads(path.read_text()) == {"v": 1}
+
+
+def _records(seed=0):
+    rng = np.random.default_rng(seed)
+    grid = StudyGrid("g", axes={"variant": ["crate", "crate-c"], "lr": [1, 2, 3], "wd": [0.0, 0.1]})
+    recs = []
+    for hp in grid.runs():
+        gap = float(rng.normal())
+        recs.append(
+            {
+                "key": run_key(hp, grid.fixed, MeasureSettings()),
+                "hparams": hp,
+                "train": {"generalization_gap": gap, "reached_target_loss": True},
+                "measures": {
+                    "srr_mean": gap + 0.3 * float(rng.normal()),
+                    "l2_norm": float(rng.normal()),
+                    "inverse_margin": None if hp["lr"] == 3 else float(rng.normal()),
+                },
+            }
+        )
+    return grid, recs
+
+
+def test_correlation_table_matches_direct_computation():
+    grid, recs = _records()
+    rows = {r["measure"]: r for r in correlation_table(recs, measures=["srr_mean", "l2_norm", "inverse_margin"], axes=list(grid.axes))}
+    gap = [r["train"]["generalization_gap"] for r in recs]
+    for m in ("srr_mean", "l2_norm"):
+        mv = [r["measures"][m] for r in recs]
+        assert rows[m]["tau"] == pytest.approx(kendall_tau(mv, gap))
+        g = granulated_kendall(mv, gap, [r["hparams"] for r in recs])
+        assert rows[m]["psi"] == pytest.approx(g.psi)
+        assert rows[m]["psi_per_axis"] == pytest.approx(g.per_axis)
+        assert rows[m]["n_runs"] == 12
+    # a measure undefined on some runs is ranked on the others only
+    used = [r for r in recs if r["measures"]["inverse_margin"] is not None]
+    assert rows["inverse_margin"]["n_runs"] == len(used) == 8
+    assert rows["inverse_margin"]["tau"] == pytest.approx(
+        kendall_tau([r["measures"]["inverse_margin"] for r in used], [r["train"]["generalization_gap"] for r in used])
+    )
+    assert rows["srr_mean"]["tau"] > 0.4  # built to correlate
+
+
+def test_summarize_writes_tables_plot_and_reloads(tmp_path):
+    grid, recs = _records(1)
+    for r in recs:
+        write_json_atomic(str(tmp_path / "runs" / f"{r['key']}.json"), r)
+    (tmp_path / "runs" / "garbage.json").write_text("{not json")
+    loaded = load_records(str(tmp_path))
+    assert len(loaded) == len(recs)  # the unreadable file is ignored
+    summary = summarize(grid, loaded, str(tmp_path), plot=True)
+    assert summary["complete"] and summary["n_runs"] == 12
+    for kind in ("json", "csv", "markdown", "plot", "runs_csv"):
+        assert os.path.getsize(summary["paths"][kind]) > 0
+    table = json.loads((tmp_path / "table.json").read_text())
+    assert [r["measure"] for r in table["table"]][:3] == ["srr_mean", "srr_last", "l2_norm"]
+    md = (tmp_path / "table.md").read_text()
+    assert "| srr_mean |" in md and "ψ variant" in md
+
+
+def test_cli_grid_overrides():
+    from hf_tdiag.commands.study import add_arguments, build_grid
+
+    p = add_arguments(argparse.ArgumentParser())
+    args = p.parse_args(["--grid", "tiny", "--axis", "learning_rate=0.01,0.02,0.03", "--set", "max_train_steps=7", "--set", "preset=crate-digits"])
+    grid = build_grid(args)
+    assert grid.axes["learning_rate"] == [0.01, 0.02, 0.03]
+    assert grid.fixed["max_train_steps"] == 7 and grid.fixed["preset"] == "crate-digits"
+    assert len(grid.runs()) == 2 * 3
+    with pytest.raises(ValueError, match="grid axis"):
+        build_grid(p.parse_args(["--grid", "tiny", "--set", "variant=crate"]))
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        build_grid(p.parse_args(["--grid", "tiny", "--set", "oops"]))
