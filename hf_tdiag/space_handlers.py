@@ -21,24 +21,18 @@ from collections import OrderedDict
 import gradio as gr
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError  # noqa: F401
 
 from hf_tdiag.report import figures
-from hf_tdiag.report.loading import LoadedModel, load_model, pixel_values_for
+from hf_tdiag.report.loading import LoadedModel, UserInputError, load_model, open_image, pixel_values_for
 
 logger = logging.getLogger(__name__)
 
-MAX_IMAGE_PIXELS = 4096 * 4096
-MAX_IMAGE_BYTES = 25 * 1024 * 1024
 DEFAULT_SPEC = "default"
 _MODEL_CACHE_SIZE = 6
 
 _cache_lock = threading.Lock()
 _model_cache: OrderedDict[str, LoadedModel] = OrderedDict()
-
-
-class UserInputError(ValueError):
-    """Bad input from the person using the Space (shown to them verbatim)."""
 
 
 def user_errors(fn):
@@ -63,39 +57,6 @@ def user_errors(fn):
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
-def open_image(path, *, max_pixels: int = MAX_IMAGE_PIXELS, max_bytes: int = MAX_IMAGE_BYTES) -> Image.Image:
-    """Open an uploaded image file with size checks before decoding; UserInputError for anything unusable."""
-    if path is None or (isinstance(path, str) and not path.strip()):
-        raise UserInputError("image: no image given; upload an image or pick a digits example")
-    if isinstance(path, Image.Image):
-        image = path
-    else:
-        path = os.fspath(path)
-        if not os.path.isfile(path):
-            raise UserInputError(f"image: file not found: {os.path.basename(path)!r}")
-        size = os.path.getsize(path)
-        if size > max_bytes:
-            raise UserInputError(f"image: file is {size / 2**20:.1f} MiB; the limit is {max_bytes / 2**20:.0f} MiB")
-        try:
-            image = Image.open(path)  # reads the header only
-        except (UnidentifiedImageError, OSError, Image.DecompressionBombError):
-            raise UserInputError(
-                f"image: {os.path.basename(path)!r} is not an image file Pillow can read (PNG, JPEG, WebP, BMP, GIF…)"
-            ) from None
-    width, height = image.size
-    if width * height > max_pixels:
-        raise UserInputError(
-            f"image: {width}x{height} pixels is too large; the limit is {max_pixels:,} pixels (e.g. 4096x4096)"
-        )
-    if width < 1 or height < 1:
-        raise UserInputError(f"image: expected a non-empty image, got {width}x{height}")
-    try:
-        image.load()
-    except (OSError, ValueError) as err:
-        raise UserInputError(f"image: the file is damaged or truncated ({err})") from None
-    return image
 
 
 # ----------------------------------------------------------------------------- models
@@ -151,6 +112,7 @@ def _grid(loaded: LoadedModel, pixel_values: torch.Tensor) -> tuple[int, int]:
     return pixel_values.shape[-2] // ph, pixel_values.shape[-1] // pw
 
 
+@user_errors
 def model_summary(spec) -> str:
     """Markdown describing the loaded model (family, size, labels)."""
     loaded = get_model(spec)
@@ -200,7 +162,9 @@ def crate_tab(spec, image_path, layer, progress=gr.Progress(track_tqdm=True)):
     _require_image_classifier(loaded, "CRATE")
     image = open_image(image_path)
     num_layers = int(loaded.config.num_hidden_layers)
-    layer = int(layer if layer is not None else num_layers - 1)
+    layer = int(layer if layer is not None else -1)
+    if layer < 0:
+        layer += num_layers
     if not 0 <= layer < num_layers:
         gr.Warning(f"layer {layer} does not exist in a {num_layers}-layer model; showing the last layer")
         layer = num_layers - 1
@@ -210,3 +174,20 @@ def crate_tab(spec, image_path, layer, progress=gr.Progress(track_tqdm=True)):
     heads_fig = figures.attention_heads_figure(shown, attentions, grid, layer)
     layers_fig = figures.attention_layers_figure(shown, attentions, grid)
     return labels, heads_fig, layers_fig
+
+
+@user_errors
+def digits_example(index) -> Image.Image:
+    """A digits image (PIL, mode L) from the held-out split the default model was not trained on."""
+    from hf_tdiag.default_model import digits_test_images
+
+    images, labels = digits_test_images()
+    if index is None:
+        index = 0
+    try:
+        index = int(index)
+    except (TypeError, ValueError):
+        raise UserInputError(f"example: expected an integer index, got {index!r}") from None
+    if not 0 <= index < len(images):
+        raise UserInputError(f"example: expected an index between 0 and {len(images) - 1}, got {index}")
+    return images[index]

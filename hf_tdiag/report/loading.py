@@ -12,9 +12,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch import nn
 
 import hf_tdiag  # noqa: F401  (registers CRATE with the Auto classes)
+
+
+MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_IMAGE_BYTES = 25 * 1024 * 1024
+
+
+class UserInputError(ValueError):
+    """Bad input from a person (shown to them verbatim)."""
 
 
 @dataclass
@@ -168,4 +177,37 @@ def pixel_values_for(images: list, loaded: LoadedModel) -> torch.Tensor:
     return pixel_values
 
 
-__all__ = ["LoadedModel", "load_model", "pixel_values_for"]
+def open_image(path, *, max_pixels: int = MAX_IMAGE_PIXELS, max_bytes: int = MAX_IMAGE_BYTES) -> Image.Image:
+    """Open an uploaded image file with size checks before decoding; UserInputError for anything unusable."""
+    if path is None or (isinstance(path, str) and not path.strip()):
+        raise UserInputError("image: no image given; upload an image or pick a digits example")
+    if isinstance(path, Image.Image):
+        image = path
+    else:
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise UserInputError(f"image: file not found: {os.path.basename(path)!r}")
+        size = os.path.getsize(path)
+        if size > max_bytes:
+            raise UserInputError(f"image: file is {size / 2**20:.1f} MiB; the limit is {max_bytes / 2**20:.0f} MiB")
+        try:
+            image = Image.open(path)  # reads the header only
+        except (UnidentifiedImageError, OSError, Image.DecompressionBombError):
+            raise UserInputError(
+                f"image: {os.path.basename(path)!r} is not an image file Pillow can read (PNG, JPEG, WebP, BMP, GIF…)"
+            ) from None
+    width, height = image.size
+    if width * height > max_pixels:
+        raise UserInputError(
+            f"image: {width}x{height} pixels is too large; the limit is {max_pixels:,} pixels (e.g. 4096x4096)"
+        )
+    if width < 1 or height < 1:
+        raise UserInputError(f"image: expected a non-empty image, got {width}x{height}")
+    try:
+        image.load()
+    except (OSError, ValueError) as err:
+        raise UserInputError(f"image: the file is damaged or truncated ({err})") from None
+    return image
+
+
+__all__ = ["LoadedModel", "UserInputError", "load_model", "open_image", "pixel_values_for"]

@@ -1,0 +1,93 @@
+"""The Gradio 6 Blocks of the hf-tdiag Space. Layout and wiring only; the work is in :mod:`hf_tdiag.space_handlers`.
+
+``build_demo()`` returns the Blocks (tests launch it on localhost); ``space/app.py`` builds and launches it.
+"""
+
+from __future__ import annotations
+
+import html
+import types
+
+import gradio as gr
+
+from hf_tdiag import space_handlers as H
+
+MAX_FILE_SIZE = "25mb"
+
+INTRO = """# hf-tdiag — white-box transformers and transformer diagnostics
+Pick a model (empty = a small **CRATE** trained on scikit-learn's 8×8 digits, trained on first start and cached;
+or a local folder written by `save_pretrained`, or a Hub id — loaded with `trust_remote_code=False`), then explore:
+attention maps and per-layer sparse rate reduction (**CRATE**), generalization-bound proxies (**Bounds**),
+Semi-NMF concepts and their fidelity (**Concepts**), and attention as a max-margin SVM (**Attention as SVM**)."""
+
+
+def _guard_image_input(component: gr.Image) -> gr.Image:
+    """Make a non-image upload raise a clear ``gr.Error`` instead of Pillow's exception (instance-level wrap:
+    subclassing a Gradio component would make Gradio write a ``.pyi`` stub next to this module)."""
+    original = component.preprocess
+
+    def preprocess(self, payload):
+        try:
+            return original(payload)
+        except gr.Error:
+            raise
+        except Exception:  # noqa: BLE001 - Pillow raises several exception types for non-images
+            name = getattr(payload, "orig_name", None) or "the uploaded file"
+            raise gr.Error(
+                html.escape(f"image: {name!r} is not an image file Pillow can read (PNG, JPEG, WebP, BMP, GIF…)"),
+                title="Invalid input",
+                print_exception=False,
+            ) from None
+
+    component.preprocess = types.MethodType(preprocess, component)
+    return component
+
+
+def _image_input(label: str, elem_id: str) -> gr.Image:
+    return _guard_image_input(
+        gr.Image(label=label, type="filepath", format="png", image_mode=None, sources=["upload", "clipboard"],
+                 elem_id=elem_id, height=260)
+    )
+
+
+def build_demo(default_model: str = "") -> gr.Blocks:
+    """The Space's Blocks. ``default_model`` pre-fills the model box ('' = the digits CRATE)."""
+    with gr.Blocks(title="hf-tdiag: white-box transformers and diagnostics") as demo:
+        gr.Markdown(INTRO)
+        with gr.Row():
+            model_box = gr.Textbox(
+                label="Model (empty = default digits CRATE; local folder or Hub id)",
+                value=default_model,
+                placeholder="e.g. ./runs/main/model or google/vit-base-patch16-224",
+                scale=4,
+                elem_id="model-box",
+            )
+            load_btn = gr.Button("Load model", scale=1, elem_id="load-model")
+        model_info = gr.Markdown(elem_id="model-info")
+        load_btn.click(H.model_summary, inputs=model_box, outputs=model_info, api_name="model_summary")
+
+        with gr.Tabs():
+            with gr.Tab("CRATE", id="crate"):
+                with gr.Row():
+                    with gr.Column(scale=1):
+                        image = _image_input("Image (upload, or use a digits example)", "crate-image")
+                        with gr.Row():
+                            example_index = gr.Number(value=0, precision=0, minimum=0, label="Digits test example #")
+                            example_btn = gr.Button("Use digits example", elem_id="crate-example")
+                        layer = gr.Number(value=-1, precision=0, label="Layer for per-head maps (-1 = last)")
+                        run_btn = gr.Button("Run", variant="primary", elem_id="crate-run")
+                    with gr.Column(scale=2):
+                        prediction = gr.Label(num_top_classes=3, label="Prediction", elem_id="crate-prediction")
+                        heads_plot = gr.Plot(label="Attention per head", format="png", elem_id="crate-heads")
+                        layers_plot = gr.Plot(label="Attention per layer", format="png", elem_id="crate-layers")
+                example_btn.click(H.digits_example, inputs=example_index, outputs=image, api_name="digits_example")
+                run_btn.click(
+                    H.crate_tab,
+                    inputs=[model_box, image, layer],
+                    outputs=[prediction, heads_plot, layers_plot],
+                    api_name="crate",
+                )
+    return demo
+
+
+__all__ = ["build_demo", "MAX_FILE_SIZE"]
