@@ -1,0 +1,181 @@
+"""The Space served on localhost: driven with gradio_client, and end to end in a real headless Chromium.
+
+Chromium is Debian's ``chromium`` package (``apt-get install -y chromium``; ``.ci/run`` installs it), driven by
+Playwright through ``executable_path``. Screenshots go to ``tmp/artifacts/`` at the repository root.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcessor
+from hf_tdiag import space_handlers as H
+
+CHROMIUM = os.environ.get("HF_TDIAG_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[1] / "tmp" / "artifacts"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def crate_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = CrateConfig.from_preset("crate-digits", num_labels=10, id2label={i: f"digit {i}" for i in range(10)})
+    path = tmp_path_factory.mktemp("app_crate")
+    CrateForImageClassification(cfg).save_pretrained(path)
+    CrateImageProcessor.for_config(cfg).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def app_url(crate_dir):
+    from hf_tdiag.space_app import MAX_FILE_SIZE, build_demo
+
+    demo = build_demo(default_model=crate_dir)
+    port = _free_port()
+    demo.queue().launch(
+        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, max_file_size=MAX_FILE_SIZE
+    )
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+@pytest.fixture()
+def digit_png(tmp_path):
+    from sklearn.datasets import load_digits
+
+    arr = np.clip(load_digits().images[7] * 16, 0, 255).astype(np.uint8)
+    path = tmp_path / "digit.png"
+    Image.fromarray(arr, mode="L").save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert os.path.isfile(CHROMIUM), f"Chromium not found at {CHROMIUM}: apt-get install -y chromium"
+    profile = tempfile.mkdtemp(prefix="hf_tdiag_chromium_")
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 1000}
+        )
+        try:
+            yield context
+        finally:
+            context.close()
+            shutil.rmtree(profile, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- gradio_client
+
+
+def test_client_drives_crate_tab(app_url, crate_dir, digit_png):
+    from gradio_client import Client, handle_file
+
+    client = Client(app_url, verbose=False)
+    endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert {"/crate", "/model_summary", "/digits_example"} <= set(endpoints)
+
+    label, heads, layers = client.predict(crate_dir, handle_file(digit_png), -1, api_name="/crate")
+    direct, _, _ = H.crate_tab(crate_dir, digit_png, -1)
+    top = max(direct, key=direct.get)
+    assert label["label"] == top
+    assert {c["label"]: c["confidence"] for c in label["confidences"]}[top] == pytest.approx(direct[top], rel=1e-5)
+    for plot in (heads, layers):
+        assert plot["type"] == "matplotlib" and plot["plot"].startswith("data:image/png;base64,")
+
+    summary = client.predict(crate_dir, api_name="/model_summary")
+    assert "`crate`" in summary and "10 classes" in summary
+
+
+def test_client_bad_inputs_get_clear_messages(app_url, crate_dir, tmp_path):
+    from gradio_client import Client, handle_file
+    from gradio_client.exceptions import AppError
+
+    client = Client(app_url, verbose=False)
+    text_file = tmp_path / "not_an_image.png"
+    text_file.write_text("hello")
+    with pytest.raises(AppError) as excinfo:
+        client.predict(crate_dir, handle_file(str(text_file)), 0, api_name="/crate")
+    assert "is not an image file" in html.unescape(str(excinfo.value))
+
+    big = tmp_path / "huge.png"
+    Image.new("1", (5000, 5000)).save(big)
+    with pytest.raises(AppError) as excinfo:
+        client.predict(crate_dir, handle_file(str(big)), 0, api_name="/crate")
+    assert "too large" in html.unescape(str(excinfo.value))
+
+    with pytest.raises(AppError) as excinfo:
+        client.predict("nobody/no-such-model", api_name="/model_summary")
+    assert "neither a local model folder" in html.unescape(str(excinfo.value))
+    # the server survived all of that
+    assert "`crate`" in client.predict(crate_dir, api_name="/model_summary")
+
+
+# ----------------------------------------------------------------------------- real browser
+
+
+def test_browser_crate_tab_end_to_end(app_url, browser, digit_png):
+    from playwright.sync_api import expect
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page()
+    try:
+        page.goto(app_url)
+        page.locator("#crate-image input[type=file]").set_input_files(digit_png)
+        expect(page.locator("#crate-image img")).to_be_visible(timeout=30_000)  # upload preview rendered
+        page.locator("#crate-run").click()
+        expect(page.locator("#crate-prediction")).to_contain_text(re.compile(r"digit \d"), timeout=60_000)
+        for plot in ("#crate-heads img", "#crate-layers img"):
+            img = page.locator(plot)
+            expect(img).to_be_visible(timeout=60_000)
+            assert img.evaluate("e => e.complete && e.naturalWidth") > 100
+        page.screenshot(path=str(ARTIFACTS / "space_crate_tab.png"), full_page=True)
+    finally:
+        page.close()
+    assert (ARTIFACTS / "space_crate_tab.png").stat().st_size > 10_000
+
+
+def test_browser_shows_error_for_non_image(app_url, browser, tmp_path):
+    from playwright.sync_api import expect
+
+    bad = tmp_path / "fake.png"
+    bad.write_text("definitely not a PNG")
+    page = browser.new_page()
+    try:
+        page.goto(app_url)
+        page.locator("#crate-image input[type=file]").set_input_files(str(bad))
+        page.locator("#crate-run").click()
+        expect(page.get_by_text(re.compile("is not an image file"))).to_be_visible(timeout=30_000)
+        page.wait_for_timeout(600)  # let the toast finish fading in
+        page.screenshot(path=str(ARTIFACTS / "space_bad_input.png"))
+    finally:
+        page.close()

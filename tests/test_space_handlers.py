@@ -1,0 +1,147 @@
+"""Space handlers called directly (no server): results against direct model calls, clear errors for bad input."""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+import numpy as np
+import pytest
+import torch
+from matplotlib.figure import Figure
+from PIL import Image
+
+from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcessor
+from hf_tdiag import space_handlers as H
+
+
+@pytest.fixture(scope="module")
+def crate_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = CrateConfig.from_preset("crate-digits", num_labels=10, id2label={i: f"digit {i}" for i in range(10)})
+    path = tmp_path_factory.mktemp("space_crate")
+    CrateForImageClassification(cfg).save_pretrained(path)
+    CrateImageProcessor.for_config(cfg).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory):
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    path = tmp_path_factory.mktemp("space_bert")
+    BertModel(cfg).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture()
+def digit_png(tmp_path):
+    from sklearn.datasets import load_digits
+
+    arr = np.clip(load_digits().images[5] * 16, 0, 255).astype(np.uint8)
+    path = tmp_path / "digit.png"
+    Image.fromarray(arr, mode="L").save(path)
+    return str(path)
+
+
+def _message(excinfo) -> str:
+    return html.unescape(excinfo.value.message)
+
+
+def test_crate_tab_prediction_matches_direct_forward(crate_dir, digit_png):
+    labels, heads_fig, layers_fig = H.crate_tab(crate_dir, digit_png, -1)
+    model = CrateForImageClassification.from_pretrained(crate_dir).eval()
+    pv = CrateImageProcessor.from_pretrained(crate_dir)(images=Image.open(digit_png), return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        probs = model(pixel_values=pv).logits.softmax(-1)[0]
+    assert list(labels) == [f"digit {i}" for i in range(10)]
+    np.testing.assert_allclose([labels[f"digit {i}"] for i in range(10)], probs.numpy(), rtol=1e-5)
+    assert isinstance(heads_fig, Figure) and isinstance(layers_fig, Figure)
+    # one panel per head of the chosen layer / per layer, each holding the image and the attention overlay
+    assert sum(1 for ax in heads_fig.axes if len(ax.images) == 2) == model.config.num_attention_heads
+    assert sum(1 for ax in layers_fig.axes if len(ax.images) == 2) == model.config.num_hidden_layers
+    assert "layer 3" in heads_fig._suptitle.get_text()
+
+
+def test_crate_tab_accepts_rgb_upload_and_warns_on_bad_layer(crate_dir, tmp_path):
+    rgb = tmp_path / "rgb.jpg"
+    Image.new("RGB", (40, 30), (10, 200, 30)).save(rgb)
+    with pytest.warns(UserWarning, match="does not exist"):
+        labels, heads_fig, _ = H.crate_tab(crate_dir, str(rgb), 17)
+    assert sum(labels.values()) == pytest.approx(1.0, abs=1e-5)
+    assert "layer 3" in heads_fig._suptitle.get_text()
+
+
+def test_non_image_file_gives_clear_error(crate_dir, tmp_path):
+    bad = tmp_path / "notes.png"
+    bad.write_text("this is text")
+    with pytest.raises(gr.Error) as excinfo:
+        H.crate_tab(crate_dir, str(bad), 0)
+    assert "not an image file" in _message(excinfo) and "notes.png" in _message(excinfo)
+
+
+def test_huge_image_gives_clear_error(crate_dir, tmp_path):
+    big = tmp_path / "big.png"
+    Image.new("1", (6000, 6000)).save(big)
+    with pytest.raises(gr.Error) as excinfo:
+        H.crate_tab(crate_dir, str(big), 0)
+    assert "too large" in _message(excinfo) and "6000x6000" in _message(excinfo)
+
+
+def test_missing_image_gives_clear_error(crate_dir):
+    with pytest.raises(gr.Error) as excinfo:
+        H.crate_tab(crate_dir, None, 0)
+    assert "no image given" in _message(excinfo)
+
+
+def test_wrong_model_type_gives_clear_error(bert_dir, digit_png):
+    with pytest.raises(gr.Error) as excinfo:
+        H.crate_tab(bert_dir, digit_png, 0)
+    msg = _message(excinfo)
+    assert "image-classification model" in msg and "bert" in msg
+
+
+def test_unknown_ids_and_paths_give_clear_errors(digit_png, tmp_path):
+    with pytest.raises(gr.Error) as excinfo:
+        H.crate_tab("someone/does-not-exist", digit_png, 0)  # Hub is offline in tests (HF_HUB_OFFLINE=1)
+    assert "neither a local model folder nor a model id reachable on the Hub" in _message(excinfo)
+    with pytest.raises(gr.Error) as excinfo:
+        H.model_summary(str(tmp_path / "no" / "such" / "folder"))
+    assert "not an existing folder" in _message(excinfo)
+    with pytest.raises(gr.Error) as excinfo:
+        H.model_summary(digit_png)
+    assert "expected a model folder" in _message(excinfo)
+
+
+def test_unexpected_exceptions_become_short_errors():
+    @H.user_errors
+    def boom():
+        raise RuntimeError("<kaboom>")
+
+    with pytest.raises(gr.Error) as excinfo:
+        boom()
+    assert excinfo.value.message == "RuntimeError: &lt;kaboom&gt;"  # escaped: gr.Error messages render as HTML
+
+
+def test_model_summary_describes_the_model(crate_dir, bert_dir):
+    text = H.model_summary(crate_dir)
+    assert "`crate`" in text and "4 layers" in text and "4 heads × 16" in text and "10 classes" in text
+    text = H.model_summary(bert_dir)
+    assert "`bert`" in text and "1 layers" in text and "text input" in text
+
+
+def test_model_cache_reuses_loaded_models(crate_dir):
+    assert H.get_model(crate_dir) is H.get_model(" " + crate_dir + " ")
+
+
+def test_digits_example_returns_held_out_digit():
+    from hf_tdiag.default_model import digits_test_images
+
+    images, labels = digits_test_images()
+    image = H.digits_example(2)
+    assert image.size == (8, 8) and image.mode == "L"
+    assert np.array_equal(np.asarray(image), np.asarray(images[2]))
+    with pytest.raises(gr.Error) as excinfo:
+        H.digits_example(len(images))
+    assert "between 0 and" in _message(excinfo)
