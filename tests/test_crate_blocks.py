@@ -291,3 +291,33 @@ def test_bad_inputs_raise():
         model(torch.randn(3, 8, 8))
     with pytest.raises(TypeError, match="pixel_values"):
         model([[0.0]])
+
+
+@pytest.mark.parametrize("variant", ["crate", "crate-c", "crate-fix"])
+def test_block_gradients_match_reference(variant):
+    """The fused ISTA / SDPA path backpropagates like the plain formula."""
+    cfg = _tiny(variant, ista_step_size=0.25, ista_lambda=0.2)
+    layer = _randomize(CrateModel(cfg)).double().encoder.layer[0].train()
+    tokens = torch.randn(2, 6, cfg.hidden_size, dtype=torch.float64, requires_grad=True)
+    g_out, g_mid = torch.randn(2, 6, cfg.hidden_size, dtype=torch.float64), torch.randn(2, 6, cfg.hidden_size, dtype=torch.float64)
+    params = [tokens, layer.ista.weight, layer.attention.qkv.weight, layer.layernorm_after.weight]
+    out, mid, _ = layer(tokens)
+    grads = torch.autograd.grad((out * g_out).sum() + (mid * g_mid).sum(), params)
+    ref_loss = 0
+    for b in range(2):
+        Z_half, Z_plus = _reference_block(layer, tokens[b].T, cfg)
+        ref_loss = ref_loss + (Z_plus.T * g_out[b]).sum() + (Z_half.T * g_mid[b]).sum()
+    ref_grads = torch.autograd.grad(ref_loss, params)
+    for name, a, b in zip(["tokens", "D", "qkv", "ln2"], grads, ref_grads):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_autocast_bf16_close_to_fp32():
+    cfg = _tiny()
+    model = _randomize(CrateForImageClassification(cfg)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    ref = model(x).logits
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(x).logits
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), ref, rtol=0.05, atol=0.05)

@@ -143,7 +143,7 @@ class CrateEmbeddings(nn.Module):
             tokens = tokens + self.interpolate_pos_encoding(height, width)
         else:
             tokens = tokens + self.position_embeddings
-        return self.dropout(tokens)
+        return self.dropout(tokens) if self.dropout.p > 0 else tokens
 
 
 class CrateMSSA(nn.Module):
@@ -213,7 +213,9 @@ class CrateMSSA(nn.Module):
             probs = None
             heads = F.scaled_dot_product_attention(w, w, w, dropout_p=dropout, scale=self.scaling)
         heads = heads.transpose(1, 2).reshape(batch, tokens, self.num_heads * self.head_dim)
-        out = self.dropout(self._project_out(heads))
+        out = self._project_out(heads)
+        if self.dropout.p > 0:
+            out = self.dropout(out)
         return out, (probs if output_attentions else None)
 
 
@@ -227,9 +229,18 @@ class CrateISTA(nn.Module):
         self.lambd = float(config.ista_lambda)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # row-vector form of the official code: x + eta * (x D - (x D^T) D) - eta * lambda
-        residual = hidden_states - F.linear(hidden_states, self.weight)
-        return F.relu(hidden_states + self.step_size * (residual @ self.weight) - self.step_size * self.lambd)
+        # row-vector form of the official code, x + eta * (x D - (x D^T) D) - eta * lambda
+        # = x + eta * (x - x D^T) D - eta * lambda, as two fused matmul-adds
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        weight = self.weight
+        if torch.is_autocast_enabled(x.device.type):
+            dtype = torch.get_autocast_dtype(x.device.type)
+            x, weight = x.to(dtype), weight.to(dtype)
+        residual = torch.addmm(x, x, weight.t(), alpha=-1.0)
+        out = torch.addmm(x, residual, weight, alpha=self.step_size)
+        out = out.sub_(self.step_size * self.lambd).relu_()  # addmm does not keep its output for backward
+        return out.view(shape)
 
 
 class CrateLayer(GradientCheckpointingLayer):
