@@ -143,3 +143,18 @@ def test_image_processor_auto_and_math(tmp_path):
     px = gray(Image.fromarray(img, mode="L"), return_tensors="pt").pixel_values
     assert px.shape == (1, 1, 8, 8)
     torch.testing.assert_close(px[0, 0], (torch.from_numpy(img).float() / 255.0 - 0.5) / 0.5, rtol=1e-5, atol=1e-5)
+
+
+def test_finetune_reload_with_new_head_and_tuple_outputs(tmp_path):
+    model = CrateForImageClassification(_config()).eval()
+    model.save_pretrained(tmp_path)
+    new = AutoModelForImageClassification.from_pretrained(tmp_path, num_labels=3, ignore_mismatched_sizes=True).eval()
+    assert new.classifier.out_features == 3
+    # the encoder is carried over unchanged
+    for (n1, t1), (n2, t2) in zip(model.crate.state_dict().items(), new.crate.state_dict().items()):
+        assert n1 == n2 and torch.equal(t1, t2), n1
+    x = torch.randn(2, 1, 8, 8)
+    tup = new(x, labels=torch.tensor([0, 2]), output_mid_hidden_states=True, return_dict=False)
+    loss, logits, mids = tup
+    assert logits.shape == (2, 3) and len(mids) == 4
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(logits, torch.tensor([0, 2])))
