@@ -1,0 +1,310 @@
+"""Command-line arguments of the CRATE trainer, in the style of Transformers' ``*_no_trainer`` examples.
+
+``build_parser()`` is shared by ``recipes/train_crate.py`` and ``hf-tdiag train``;
+``make_args()`` turns an argv list, a namespace or keyword arguments into one
+validated ``argparse.Namespace`` so the trainer can also be called in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any, Mapping, Sequence
+
+OPTIMIZERS = ("adamw", "lion")
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+)
+AUGMENTATIONS = ("auto", "none", "pad_crop", "random_resized_crop")
+MIXED_PRECISION = ("no", "fp16", "bf16")
+DIGITS = "digits"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add every trainer flag to ``parser`` (used by the recipe and by the ``hf-tdiag train`` sub-command)."""
+    data = parser.add_argument_group("data")
+    data.add_argument(
+        "--dataset_name",
+        type=str,
+        default=None,
+        help="Hub image-classification dataset (e.g. cifar10) or a local dataset folder/script for "
+        "datasets.load_dataset. Without any dataset flag the trainer uses scikit-learn's 8x8 digits.",
+    )
+    data.add_argument("--dataset_config_name", type=str, default=None, help="Config name of --dataset_name.")
+    data.add_argument("--dataset_path", type=str, default=None, help="A DatasetDict written with save_to_disk.")
+    data.add_argument("--train_dir", type=str, default=None, help="Local image folder (class sub-folders) to train on.")
+    data.add_argument("--validation_dir", type=str, default=None, help="Local image folder to evaluate on.")
+    data.add_argument(
+        "--train_val_split",
+        type=float,
+        default=0.15,
+        help="Fraction of the training split held out for evaluation when the data has no validation/test split.",
+    )
+    data.add_argument("--image_column_name", type=str, default=None, help="Image column (default: image/img).")
+    data.add_argument("--label_column_name", type=str, default=None, help="Label column (default: label/labels).")
+    data.add_argument("--max_train_samples", type=int, default=None, help="Truncate the training set (debugging).")
+    data.add_argument("--max_eval_samples", type=int, default=None, help="Truncate the evaluation set (debugging).")
+    data.add_argument(
+        "--augmentation",
+        choices=AUGMENTATIONS,
+        default="auto",
+        help="Training augmentation: auto = none for digits, pad_crop for images <= 64 px, "
+        "random_resized_crop otherwise.",
+    )
+    data.add_argument(
+        "--hflip",
+        type=float,
+        default=None,
+        help="Horizontal flip probability (default 0.5 for natural images, 0 for digits).",
+    )
+    data.add_argument("--dataloader_num_workers", type=int, default=0)
+
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--preset",
+        type=str,
+        default=None,
+        help="CrateConfig preset (crate-tiny|small|base|large|32|digits); default crate-digits for the "
+        "digits data, crate-32 for images <= 32 px, crate-tiny otherwise.",
+    )
+    model.add_argument(
+        "--variant",
+        choices=("crate", "crate-c", "crate-n", "crate-t", "crate-fix", "crate-identity"),
+        default=None,
+        help="Output matrix of MSSA (default: the checkpoint's, or crate).",
+    )
+    model.add_argument("--model_name_or_path", type=str, default=None, help="Fine-tune an existing CRATE checkpoint.")
+    model.add_argument("--trust_remote_code", action="store_true")
+    model.add_argument(
+        "--ignore_mismatched_sizes",
+        action="store_true",
+        help="Re-initialise the classifier when fine-tuning on a different number of labels.",
+    )
+    model.add_argument("--image_size", type=int, default=None, help="Override the preset's image size.")
+    model.add_argument("--patch_size", type=int, default=None, help="Override the preset's patch size.")
+    model.add_argument("--hidden_size", type=int, default=None, help="Override the preset's width d.")
+    model.add_argument("--num_hidden_layers", type=int, default=None, help="Override the preset's depth L.")
+    model.add_argument("--num_attention_heads", type=int, default=None, help="Override the preset's heads K.")
+    model.add_argument("--pooling", choices=("cls", "mean"), default=None, help="Override the pooling.")
+    model.add_argument("--hidden_dropout_prob", type=float, default=None)
+
+    opt = parser.add_argument_group("optimisation")
+    opt.add_argument("--output_dir", type=str, required=True, help="Where to save the model, results and checkpoints.")
+    opt.add_argument("--num_train_epochs", type=int, default=None, help="Epochs (default 60 on digits, else 3).")
+    opt.add_argument("--max_train_steps", type=int, default=None, help="Optimizer steps; overrides the epochs.")
+    opt.add_argument("--per_device_train_batch_size", type=int, default=64)
+    opt.add_argument("--per_device_eval_batch_size", type=int, default=256)
+    opt.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    opt.add_argument("--learning_rate", type=float, default=None, help="Peak learning rate (default 2e-3 AdamW, 2e-4 Lion).")
+    opt.add_argument("--weight_decay", type=float, default=0.05)
+    opt.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    opt.add_argument("--adam_beta1", type=float, default=0.9)
+    opt.add_argument("--adam_beta2", type=float, default=0.999, help="beta2 (Lion: default 0.99 when left at 0.999).")
+    opt.add_argument("--lr_scheduler_type", choices=SCHEDULERS, default="cosine")
+    opt.add_argument("--num_warmup_steps", type=int, default=None, help="Warmup steps (default: --warmup_ratio).")
+    opt.add_argument("--warmup_ratio", type=float, default=0.05)
+    opt.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping (0 disables).")
+    opt.add_argument("--label_smoothing", type=float, default=0.0)
+    opt.add_argument("--seed", type=int, default=42)
+    opt.add_argument("--mixed_precision", choices=MIXED_PRECISION, default=None, help="Default: from accelerate config.")
+
+    reg = parser.add_argument_group("sparse rate reduction")
+    reg.add_argument("--srr_weight", type=float, default=0.0, help="beta: add beta * SRR(Z^l; U^l) of the batch to the loss.")
+    reg.add_argument(
+        "--srr_layer",
+        type=str,
+        default="random",
+        help="Layer(s) the SRR regulariser acts on: an index, 'last', 'random' (a new layer every step) or 'all'.",
+    )
+    reg.add_argument("--srr_eps", type=float, default=0.1, help="epsilon of the coding rates.")
+    reg.add_argument("--srr_lambda", type=float, default=1.0, help="lambda of the sparsity term.")
+    reg.add_argument(
+        "--stop_at_train_loss",
+        type=float,
+        default=None,
+        help="Stop once an epoch's mean training cross-entropy reaches this value (or the step budget ends).",
+    )
+    reg.add_argument(
+        "--layer_srr_samples",
+        type=int,
+        default=256,
+        help="Validation images used for the per-layer SRR report of the trained model (0 disables it).",
+    )
+
+    ckpt = parser.add_argument_group("checkpointing and logging")
+    ckpt.add_argument(
+        "--checkpointing_steps",
+        type=str,
+        default=None,
+        help="Save the training state every N optimizer steps (and at each epoch end), or 'epoch'.",
+    )
+    ckpt.add_argument("--checkpoints_total_limit", type=int, default=2, help="Keep the last K checkpoints.")
+    ckpt.add_argument("--resume_from_checkpoint", type=str, default=None, help="A checkpoint folder or 'latest'.")
+    ckpt.add_argument("--with_tracking", action="store_true", help="Log metrics with Accelerate trackers.")
+    ckpt.add_argument(
+        "--report_to",
+        type=str,
+        default="jsonl",
+        help="Tracker(s): jsonl (built in, offline), tensorboard, wandb, ..., or all.",
+    )
+    ckpt.add_argument("--logging_steps", type=int, default=10)
+    ckpt.add_argument("--disable_tqdm", action="store_true")
+
+    hub = parser.add_argument_group("hub")
+    hub.add_argument("--push_to_hub", action="store_true")
+    hub.add_argument("--hub_model_id", type=str, default=None, help="Repo id (default: the output folder's name).")
+    hub.add_argument("--hub_token", type=str, default=None)
+    hub.add_argument("--hub_private_repo", action="store_true")
+    return parser
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """Parser with all trainer flags."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Train a CRATE image classifier with Accelerate (default data: scikit-learn's 8x8 digits).",
+    )
+    return add_arguments(parser)
+
+
+def _defaults() -> dict[str, Any]:
+    parser = build_parser()
+    return {a.dest: a.default for a in parser._actions if a.dest != "help"}
+
+
+def is_digits(args: argparse.Namespace) -> bool:
+    """True when no dataset flag was given (the embedded digits data is used)."""
+    return not (args.dataset_name or args.dataset_path or args.train_dir)
+
+
+def make_args(args_or_kwargs: argparse.Namespace | Mapping[str, Any] | Sequence[str] | None = None, **kwargs) -> argparse.Namespace:
+    """A validated namespace from an argv list, a namespace, a mapping and/or keyword arguments."""
+    if isinstance(args_or_kwargs, argparse.Namespace):
+        values = {**_defaults(), **vars(args_or_kwargs)}
+    elif isinstance(args_or_kwargs, Mapping):
+        values = {**_defaults(), **dict(args_or_kwargs)}
+    elif isinstance(args_or_kwargs, (list, tuple)):
+        values = vars(build_parser().parse_args(list(args_or_kwargs)))
+    elif args_or_kwargs is None:
+        values = _defaults()
+    else:
+        raise TypeError(
+            "args_or_kwargs: expected an argparse.Namespace, a mapping of flag names to values or a list of "
+            f"command-line strings, got {type(args_or_kwargs).__name__}"
+        )
+    unknown = sorted(set(kwargs) - set(_defaults()) - {"func", "command"})
+    if unknown:
+        raise TypeError(f"train: unknown argument(s) {unknown}; see `hf-tdiag train --help`")
+    values.update(kwargs)
+    unknown = sorted(set(values) - set(_defaults()) - {"func", "command"})
+    if unknown:
+        raise TypeError(f"train: unknown argument(s) {unknown}; see `hf-tdiag train --help`")
+    args = argparse.Namespace(**values)
+    validate_args(args)
+    return args
+
+
+def _positive_int(args, name, allow_none=True):
+    value = getattr(args, name)
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+
+
+def _finite(args, name, low=None, high=None, allow_none=True):
+    value = getattr(args, name)
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite number, got {value!r}")
+    if low is not None and value < low:
+        raise ValueError(f"{name}: expected a value >= {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{name}: expected a value <= {high}, got {value!r}")
+
+
+def parse_srr_layer(spec: str | int) -> str | int:
+    """``'last'``, ``'random'``, ``'all'`` or an int layer index (negative counts from the end)."""
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return spec
+    if isinstance(spec, str):
+        if spec in ("last", "random", "all"):
+            return spec
+        try:
+            return int(spec)
+        except ValueError:
+            pass
+    raise ValueError(f"srr_layer: expected an integer index, 'last', 'random' or 'all', got {spec!r}")
+
+
+def validate_args(args: argparse.Namespace) -> None:
+    """Raise ValueError/TypeError naming the argument for inconsistent or out-of-range values."""
+    if not args.output_dir or not isinstance(args.output_dir, str):
+        raise ValueError(f"output_dir: expected a folder path, got {args.output_dir!r}")
+    sources = [n for n in ("dataset_name", "dataset_path", "train_dir") if getattr(args, n)]
+    if len(sources) > 1:
+        raise ValueError(f"dataset: pass only one of --dataset_name, --dataset_path, --train_dir, got {sources}")
+    if args.validation_dir and not args.train_dir:
+        raise ValueError("validation_dir: needs --train_dir")
+    for name in (
+        "num_train_epochs",
+        "max_train_steps",
+        "per_device_train_batch_size",
+        "per_device_eval_batch_size",
+        "gradient_accumulation_steps",
+        "max_train_samples",
+        "max_eval_samples",
+        "checkpoints_total_limit",
+        "logging_steps",
+        "image_size",
+        "patch_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+    ):
+        _positive_int(args, name)
+    _finite(args, "learning_rate", low=0.0)
+    _finite(args, "weight_decay", low=0.0)
+    _finite(args, "label_smoothing", low=0.0, high=1.0)
+    _finite(args, "warmup_ratio", low=0.0, high=1.0)
+    _finite(args, "train_val_split", low=0.0, high=1.0)
+    _finite(args, "max_grad_norm", low=0.0)
+    _finite(args, "srr_weight", low=0.0)
+    _finite(args, "srr_eps", low=1e-12)
+    _finite(args, "srr_lambda")
+    _finite(args, "stop_at_train_loss", low=0.0)
+    _finite(args, "hflip", low=0.0, high=1.0)
+    _finite(args, "hidden_dropout_prob", low=0.0, high=0.999)
+    if args.num_warmup_steps is not None and (not isinstance(args.num_warmup_steps, int) or args.num_warmup_steps < 0):
+        raise ValueError(f"num_warmup_steps: expected a non-negative integer, got {args.num_warmup_steps!r}")
+    if not isinstance(args.layer_srr_samples, int) or args.layer_srr_samples < 0:
+        raise ValueError(f"layer_srr_samples: expected a non-negative integer, got {args.layer_srr_samples!r}")
+    if not isinstance(args.dataloader_num_workers, int) or args.dataloader_num_workers < 0:
+        raise ValueError(f"dataloader_num_workers: expected a non-negative integer, got {args.dataloader_num_workers!r}")
+    if args.optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer: expected one of {list(OPTIMIZERS)}, got {args.optimizer!r}")
+    if args.lr_scheduler_type not in SCHEDULERS:
+        raise ValueError(f"lr_scheduler_type: expected one of {list(SCHEDULERS)}, got {args.lr_scheduler_type!r}")
+    if args.augmentation not in AUGMENTATIONS:
+        raise ValueError(f"augmentation: expected one of {list(AUGMENTATIONS)}, got {args.augmentation!r}")
+    if args.mixed_precision is not None and args.mixed_precision not in MIXED_PRECISION:
+        raise ValueError(f"mixed_precision: expected one of {list(MIXED_PRECISION)}, got {args.mixed_precision!r}")
+    args.srr_layer = parse_srr_layer(args.srr_layer)
+    cs = args.checkpointing_steps
+    if cs is not None:
+        if isinstance(cs, int) and not isinstance(cs, bool):
+            cs = str(cs)
+        if not isinstance(cs, str) or not (cs == "epoch" or (cs.isdigit() and int(cs) > 0)):
+            raise ValueError(f"checkpointing_steps: expected a positive integer or 'epoch', got {args.checkpointing_steps!r}")
+        args.checkpointing_steps = cs
+    if args.preset is not None and args.model_name_or_path is not None:
+        raise ValueError("preset: pass either --preset (train from scratch) or --model_name_or_path (fine-tune), not both")
+
+
+__all__ = ["build_parser", "add_arguments", "make_args", "validate_args", "is_digits", "parse_srr_layer"]

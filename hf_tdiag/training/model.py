@@ -1,0 +1,80 @@
+"""Build the CRATE classifier and its image processor from the trainer arguments and the data."""
+
+from __future__ import annotations
+
+from ..models.crate import CRATE_PRESETS, CrateConfig, CrateForImageClassification, CrateImageProcessor
+
+_OVERRIDES = ("image_size", "patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "pooling", "hidden_dropout_prob")
+
+
+def default_preset(raw) -> str:
+    """``crate-digits`` for the digits data, ``crate-32`` for images up to 32 px, else ``crate-tiny``."""
+    if raw.is_digits:
+        return "crate-digits"
+    if max(raw.image_size) <= 32:
+        return "crate-32"
+    return "crate-tiny"
+
+
+def build_model_and_processor(args, raw):
+    """``(model, processor, preset)``: a new CRATE from ``--preset`` (+ overrides) or ``--model_name_or_path``."""
+    id2label = {i: name for i, name in enumerate(raw.labels)}
+    label2id = {name: i for i, name in id2label.items()}
+    if args.model_name_or_path:
+        from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
+
+        overrides = {k: getattr(args, k) for k in ("pooling", "hidden_dropout_prob") if getattr(args, k) is not None}
+        if args.variant is not None:
+            overrides["variant"] = args.variant
+        config = AutoConfig.from_pretrained(
+            args.model_name_or_path,
+            num_labels=len(raw.labels),
+            id2label=id2label,
+            label2id=label2id,
+            trust_remote_code=args.trust_remote_code,
+            **overrides,
+        )
+        if getattr(config, "model_type", None) != "crate":
+            raise ValueError(
+                f"model_name_or_path: expected a CRATE checkpoint (model_type 'crate'), got {config.model_type!r}"
+            )
+        model = AutoModelForImageClassification.from_pretrained(
+            args.model_name_or_path,
+            config=config,
+            ignore_mismatched_sizes=args.ignore_mismatched_sizes,
+            trust_remote_code=args.trust_remote_code,
+        )
+        try:
+            processor = AutoImageProcessor.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+        except (OSError, ValueError):
+            processor = CrateImageProcessor.for_config(model.config)
+        return model, processor, None
+    preset = args.preset or default_preset(raw)
+    if preset not in CRATE_PRESETS:
+        raise ValueError(f"preset: expected one of {list(CRATE_PRESETS)}, got {preset!r}")
+    overrides = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
+    if "hidden_size" in overrides or "num_attention_heads" in overrides:
+        hidden = overrides.get("hidden_size", CRATE_PRESETS[preset]["hidden_size"])
+        heads = overrides.get("num_attention_heads", CRATE_PRESETS[preset]["num_attention_heads"])
+        if hidden % heads:
+            raise ValueError(f"hidden_size: {hidden} must be divisible by num_attention_heads={heads}")
+    config = CrateConfig.from_preset(
+        preset,
+        num_channels=raw.num_channels,
+        variant=args.variant or "crate",
+        num_labels=len(raw.labels),
+        id2label=id2label,
+        label2id=label2id,
+        **overrides,
+    )
+    model = CrateForImageClassification(config)
+    processor = CrateImageProcessor.for_config(config)
+    return model, processor, preset
+
+
+def image_size_of(config) -> tuple[int, int]:
+    size = config.image_size
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+__all__ = ["default_preset", "build_model_and_processor", "image_size_of"]

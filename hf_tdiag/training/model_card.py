@@ -1,0 +1,178 @@
+"""Model cards for trained CRATE models, rendered from ``model_cards/crate_model_card.jinja``.
+
+The card's YAML front matter is a ``huggingface_hub.ModelCardData`` with the
+evaluation results as ``model-index`` entries; the body describes the variant
+(what its MSSA output matrix is), the size, the data and recipe, the results,
+the per-layer SRR table and figure, limitations and citations.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+TEMPLATE_NAME = "crate_model_card.jinja"
+
+VARIANT_DESCRIPTIONS = {
+    "crate": "the MSSA output matrix is a learned matrix W (with bias), as in the original CRATE (Yu et al., 2023).",
+    "crate-c": "the MSSA output matrix is the subspaces themselves, U = [U_1 … U_K] (CRATE-C, Hu, Zou & Xu, 2024).",
+    "crate-n": "the MSSA output matrix is −U = −[U_1 … U_K] (CRATE-N, Hu, Zou & Xu, 2024).",
+    "crate-t": "the MSSA output matrix is Uᵀ (CRATE-T, Hu, Zou & Xu, 2024; needs K·p = d).",
+    "crate-fix": "the MSSA output matrix is a fixed random matrix, not trained and saved with the weights (ablation).",
+    "crate-identity": "the MSSA output matrix is the identity I (ablation; needs K·p = d).",
+}
+VARIANT_NAMES = {
+    "crate": "CRATE",
+    "crate-c": "CRATE-C",
+    "crate-n": "CRATE-N",
+    "crate-t": "CRATE-T",
+    "crate-fix": "CRATE-Fix",
+    "crate-identity": "CRATE-Identity",
+}
+
+
+def template_path() -> str:
+    """The card template: the repository's ``model_cards/`` when run from a checkout, else the packaged copy."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [
+        os.path.join(os.path.dirname(os.path.dirname(here)), "model_cards", TEMPLATE_NAME),
+        os.path.join(os.path.dirname(here), "model_cards", TEMPLATE_NAME),
+    ]
+    for path in candidates:
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"model card template {TEMPLATE_NAME} not found in {candidates}")
+
+
+def _is_hub_dataset_id(dataset_id: str) -> bool:
+    return bool(dataset_id) and dataset_id != "sklearn-digits" and not os.path.isabs(dataset_id) and not os.path.exists(dataset_id)
+
+
+def _command(args) -> str:
+    from .args import _defaults
+
+    defaults = _defaults()
+    parts = ["python", "recipes/train_crate.py"]
+    for key, value in sorted(vars(args).items()):
+        if key in ("func", "command", "hub_token", "push_to_hub", "hub_model_id", "resume_from_checkpoint"):
+            continue
+        if key not in defaults or value == defaults[key] or value is None:
+            continue
+        if value is True:
+            parts.append(f"--{key}")
+        elif value is not False:
+            parts += [f"--{key}", str(value)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def build_model_card(config, results: dict, args, raw, preset: str | None = None, output_dir: str | None = None,
+                     repo_id: str | None = None) -> ModelCard:
+    """Render the card for a model trained by :func:`hf_tdiag.training.train` from its results dict."""
+    variant = getattr(config, "variant", "crate")
+    repo_id = repo_id or getattr(args, "hub_model_id", None) or os.path.basename(os.path.normpath(args.output_dir))
+    model_name = f"{VARIANT_NAMES.get(variant, variant)} {('(' + preset + ') ') if preset else ''}on {raw.dataset_id}"
+    dataset_type = raw.dataset_id if _is_hub_dataset_id(raw.dataset_id) else raw.dataset_id.replace(os.sep, "/").strip("/")
+    common = dict(
+        task_type="image-classification",
+        task_name="Image Classification",
+        dataset_type=dataset_type,
+        dataset_name=raw.name,
+        dataset_split=raw.eval_split,
+    )
+    eval_results = [
+        EvalResult(metric_type="accuracy", metric_name="Accuracy", metric_value=float(results["eval_accuracy"]), **common),
+        EvalResult(metric_type="loss", metric_name="Cross-entropy loss", metric_value=float(results["eval_loss"]), **common),
+        EvalResult(
+            metric_type="generalization_gap",
+            metric_name="Generalization gap (val loss - train loss)",
+            metric_value=float(results["generalization_gap"]),
+            **common,
+        ),
+    ]
+    card_data = ModelCardData(
+        model_name=model_name,
+        library_name="transformers",
+        license="apache-2.0",
+        pipeline_tag="image-classification",
+        tags=["crate", "white-box-transformer", "sparse-rate-reduction", "hf-tdiag", variant],
+        datasets=[raw.dataset_id] if _is_hub_dataset_id(raw.dataset_id) else None,
+        metrics=["accuracy"],
+        eval_results=eval_results,
+    )
+    figure = None
+    if output_dir and os.path.isfile(os.path.join(output_dir, "layer_srr.png")):
+        figure = "layer_srr.png"
+    image_size = config.image_size if isinstance(config.image_size, int) else "×".join(map(str, config.image_size))
+    patch_size = config.patch_size if isinstance(config.patch_size, int) else "×".join(map(str, config.patch_size))
+    labels = [config.id2label[i] for i in sorted(config.id2label)]
+    warmup = args.num_warmup_steps if args.num_warmup_steps is not None else f"{args.warmup_ratio:g} of the steps"
+    limitations_data = (
+        "Trained on the 8×8 scikit-learn digits: tiny grayscale images of handwritten digits. It is a demonstration "
+        "and a research object for white-box diagnostics, not a general-purpose digit or image classifier."
+        if raw.is_digits
+        else f"Trained only on {raw.name}; expect degraded accuracy on images from other distributions."
+    )
+    return ModelCard.from_template(
+        card_data,
+        template_path=template_path(),
+        model_name=model_name,
+        repo_id=repo_id,
+        variant=variant,
+        variant_name=VARIANT_NAMES.get(variant, variant),
+        variant_description=VARIANT_DESCRIPTIONS.get(variant, "unknown variant"),
+        preset=preset,
+        image_size=image_size,
+        patch_size=patch_size,
+        num_channels=config.num_channels,
+        hidden_size=config.hidden_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        head_dim=config.head_dim,
+        ista_step_size=config.ista_step_size,
+        ista_lambda=config.ista_lambda,
+        pooling=config.pooling,
+        num_parameters=f"{results.get('num_parameters', 0):,}",
+        num_labels=len(labels),
+        labels=", ".join(labels[:20]) + (" …" if len(labels) > 20 else ""),
+        dataset_name=raw.name,
+        dataset_id=raw.dataset_id,
+        eval_split=raw.eval_split,
+        eval_samples=results.get("eval_samples"),
+        train_samples=results.get("train_samples"),
+        augmentation=results.get("augmentation", "none"),
+        optimizer=args.optimizer,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        lr_scheduler_type=args.lr_scheduler_type,
+        warmup=warmup,
+        batch_size=args.per_device_train_batch_size,
+        num_processes=results.get("num_processes", 1),
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        steps=results.get("steps"),
+        epochs=results.get("epochs"),
+        label_smoothing=args.label_smoothing,
+        mixed_precision=results.get("mixed_precision", "no"),
+        seed=args.seed,
+        srr_weight=args.srr_weight,
+        srr_layer=args.srr_layer,
+        srr_eps=args.srr_eps,
+        srr_lambda=args.srr_lambda,
+        stop_at_train_loss=args.stop_at_train_loss,
+        reached_train_loss_target=results.get("reached_train_loss_target", False),
+        command=_command(args),
+        eval_accuracy=results["eval_accuracy"],
+        eval_loss=results["eval_loss"],
+        train_loss=results["train_loss"],
+        train_accuracy=results["train_accuracy"],
+        generalization_gap=results["generalization_gap"],
+        srr_mean=results.get("srr_mean_over_layers"),
+        layer_srr=results.get("layer_srr"),
+        layer_srr_samples=results.get("layer_srr_samples"),
+        srr_figure=figure,
+        limitations_data=limitations_data,
+    )
+
+
+__all__ = ["build_model_card", "template_path", "VARIANT_DESCRIPTIONS"]
