@@ -17,15 +17,41 @@ from transformers import BertConfig, BertModel
 import hf_tdiag
 
 
-def dense_reference(state_dict, num_layers, num_heads, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, prefix=None):
-    """B_ours, B_Edelman and per-matrix min contributions with one numpy SVD per explicit matrix."""
+def bert_matrices(state_dict, num_layers, num_heads, prefix=None):
+    """Explicit per-layer matrices (row-vector orientation) from a BERT state dict, by BERT parameter names."""
     sd = {k: v.detach().cpu().numpy().astype(np.float64) for k, v in state_dict.items()}
     if prefix is None:
         prefix = "encoder.layer" if "encoder.layer.0.attention.self.query.weight" in sd else "bert.encoder.layer"
     W = lambda i, name: sd[f"{prefix}.{i}.{name}.weight"]  # noqa: E731
-    N = W(0, "attention.self.query").shape[1]
     dh = W(0, "attention.self.query").shape[0] // num_heads
-    L = num_layers
+    layers = []
+    for i in range(num_layers):
+        wq, wk, wv = W(i, "attention.self.query"), W(i, "attention.self.key"), W(i, "attention.self.value")
+        wo = W(i, "attention.output.dense")
+        qk, vt = [], []
+        for h in range(num_heads):
+            rows = slice(h * dh, (h + 1) * dh)
+            qk.append(wq[rows].T @ wk[rows])  # W_Q,hᵀ W_K,h
+            vt.append(wv[rows].T @ wo.T[rows])  # W_V,hᵀ (W_O)ᵀ[rows of h]
+        layers.append({"qk": qk, "v": vt, "m_in": W(i, "intermediate.dense").T, "m_out": W(i, "output.dense").T})
+    return layers
+
+
+def dense_reference(state_dict, num_layers, num_heads, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, prefix=None):
+    """B_ours, B_Edelman and per-matrix min contributions of a BERT state dict, one numpy SVD per explicit matrix."""
+    layers = bert_matrices(state_dict, num_layers, num_heads, prefix)
+    return dense_reference_from_matrices(layers, L_phi, p_grid_m, rank_tol)
+
+
+def dense_reference_from_matrices(layers, L_phi=1.13, p_grid_m=None, rank_tol=1e-10):
+    """The same on explicit matrices: ``layers[i] = {"qk": [N×N]*H, "v": [N×N]*H, "m_in": N×I, "m_out": I×N or None}``.
+
+    ``m_out = None`` stands for an identity M_out: norm 1 in the factors, no term of its own.
+    Matrix order of ``mins``: per layer, QK heads, Ṽ heads, M_in, M_out.
+    """
+    L = len(layers)
+    num_heads = len(layers[0]["qk"])
+    N = layers[0]["qk"][0].shape[0]
     m = math.ceil(L + math.log(N)) if p_grid_m is None else p_grid_m
     ps = [k / m for k in range(2 * m + 1)]
 
@@ -37,29 +63,16 @@ def dense_reference(state_dict, num_layers, num_heads, L_phi=1.13, p_grid_m=None
     def col21(x):
         return float(np.sqrt((x**2).sum(axis=0)).sum())
 
-    layers = []
-    for i in range(L):
-        wq, wk, wv = W(i, "attention.self.query"), W(i, "attention.self.key"), W(i, "attention.self.value")
-        wo = W(i, "attention.output.dense")
-        qk, vt = [], []
-        for h in range(num_heads):
-            rows = slice(h * dh, (h + 1) * dh)
-            qk.append(wq[rows].T @ wk[rows])
-            vt.append(wv[rows].T @ wo.T[rows])
-        m_in = W(i, "intermediate.dense").T
-        m_out = W(i, "output.dense").T
-        layers.append({"qk": qk, "v": vt, "m_in": m_in, "m_out": m_out})
-
     spec = [
         {
             "qk": [svd(x) for x in ly["qk"]],
             "v": [svd(x) for x in ly["v"]],
             "m_in": svd(ly["m_in"]),
-            "m_out": svd(ly["m_out"]),
+            "m_out": None if ly["m_out"] is None else svd(ly["m_out"]),
         }
         for ly in layers
     ]
-    nrm = lambda sv: sv[0][0]  # noqa: E731
+    nrm = lambda sv: 1.0 if sv is None else sv[0][0]  # noqa: E731
     alpha = []
     for i in range(L):
         a = 1.0
@@ -83,7 +96,8 @@ def dense_reference(state_dict, num_layers, num_heads, L_phi=1.13, p_grid_m=None
         for h in range(num_heads):
             mins.append(min(c(sp["v"][h][1], p, fout * fin, alpha[i]) for p in ps))
         mins.append(min(c(sp["m_in"][1], p, fout, alpha[i]) for p in ps))
-        mins.append(min(c(sp["m_out"][1], p, 1.0, alpha[i]) for p in ps))
+        if sp["m_out"] is not None:
+            mins.append(min(c(sp["m_out"][1], p, 1.0, alpha[i]) for p in ps))
     ours = sum(mins) + math.sqrt(L)
 
     total = 0.0
@@ -94,10 +108,12 @@ def dense_reference(state_dict, num_layers, num_heads, L_phi=1.13, p_grid_m=None
         for h in range(num_heads):
             xi += (fout * fin * nrm(sp["v"][h]) * col21(ly["qk"][h])) ** (2 / 3)
             xi += (fout * fin * col21(ly["v"][h])) ** (2 / 3)
-        xi += (fout * col21(ly["m_in"])) ** (2 / 3) + col21(ly["m_out"]) ** (2 / 3)
+        xi += (fout * col21(ly["m_in"])) ** (2 / 3)
+        if ly["m_out"] is not None:
+            xi += col21(ly["m_out"]) ** (2 / 3)
         total += alpha[i] ** (2 / 3) * xi
     edelman = (1 + total) ** 1.5
-    return {"ours": ours, "edelman": edelman, "mins": np.array(mins), "alpha": np.array(alpha)}
+    return {"ours": ours, "edelman": edelman, "mins": np.array(mins), "alpha": np.array(alpha), "p_grid": ps}
 
 
 def _tiny_bert(L, H, A, vocab=64, seed=0, std=None):

@@ -11,12 +11,14 @@ role          accepted names
 query         ``query`` · ``q_lin`` · ``q_proj``
 key           ``key`` · ``k_lin`` · ``k_proj``
 value         ``value`` · ``v_lin`` · ``v_proj``
-attn_output   ``attention.output.dense`` · ``out_lin`` · ``out_proj``
+attn_output   ``attention.output.dense`` · ``out_lin`` · ``out_proj`` · ``o_proj``
 ffn_in        ``intermediate.dense`` · ``ffn.lin1`` · ``fc1``
 ffn_out       ``output.dense`` (not the attention one) · ``ffn.lin2`` · ``fc2``
 ============  =========================================================================
 
-This covers BERT, RoBERTa, ELECTRA, DistilBERT, ViT, DeiT and models that copy
+This covers BERT, RoBERTa, ELECTRA, DistilBERT (``attention.q_lin`` …, ``ffn.lin1/2``),
+ViT and DeiT (older Transformers: ``attention.attention.query`` …; Transformers 5:
+``attention.q_proj`` … ``attention.o_proj``, ``mlp.fc1/fc2``) and models that copy
 their layout. CRATE (``config.model_type == "crate"``) has its own adapter:
 Q = K = V = the shared projection ``attention.qkv`` split by head, the output
 matrix is ``attention.output_matrix()`` (every variant), and the ISTA dictionary
@@ -38,7 +40,7 @@ ROLE_PATTERNS: dict[str, tuple[str, ...]] = {
     "query": ("query", "q_lin", "q_proj"),
     "key": ("key", "k_lin", "k_proj"),
     "value": ("value", "v_lin", "v_proj"),
-    "attn_output": ("attention.output.dense", "out_lin", "out_proj"),
+    "attn_output": ("attention.output.dense", "out_lin", "out_proj", "o_proj"),
     "ffn_in": ("intermediate.dense", "ffn.lin1", "fc1"),
     "ffn_out": ("output.dense", "ffn.lin2", "fc2"),
 }

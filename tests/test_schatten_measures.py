@@ -1,0 +1,267 @@
+"""hf_tdiag.measures.schatten: hand-computed examples for every formula, rank edge cases, invariances, errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hf_tdiag.measures import schatten as S
+
+
+def _orth(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+    return q
+
+
+# ----------------------------------------------------------------------------- Schatten powers and ranks
+
+
+def test_schatten_powers_hand_example():
+    sigma = torch.tensor([4.0, 3.0, 0.0], dtype=torch.float64)
+    got = S.schatten_powers(sigma, [0.0, 0.5, 1.0, 2.0])
+    np.testing.assert_allclose(got.numpy(), [2.0, 2.0 + math.sqrt(3.0), 7.0, 25.0], rtol=1e-15)
+    assert float(S.schatten_power(sigma, 0)) == 2.0
+    assert float(S.numerical_rank(sigma)) == 2
+    assert float(S.spectral_norm(sigma)) == 4.0
+    assert float(S.frobenius_norm(sigma)) == pytest.approx(5.0, rel=1e-15)
+    assert float(S.nuclear_norm(sigma)) == pytest.approx(7.0, rel=1e-15)
+    assert float(S.stable_rank(sigma)) == pytest.approx(25.0 / 16.0, rel=1e-15)
+
+
+def test_rank_threshold_uses_full_dimension_and_max_sigma_one():
+    # τ = 1e-10 · n · max(σ₁, 1)
+    assert float(S.rank_threshold(torch.tensor([0.5, 0.1]), rank_tol=1e-10)) == pytest.approx(2e-10, rel=1e-15)
+    assert float(S.rank_threshold(torch.tensor([1e3, 0.0]), full_dim=10)) == pytest.approx(1e-6, rel=1e-15)
+    # the same small value is kept or dropped depending on the full matrix's min dimension
+    sigma = torch.tensor([1.0, 5e-10], dtype=torch.float64)
+    assert int(S.numerical_rank(sigma)) == 2  # τ = 2e-10
+    assert int(S.numerical_rank(sigma, full_dim=10)) == 1  # τ = 1e-9
+    # a value exactly at the threshold is a zero (σ must be strictly greater)
+    at = torch.tensor([1.0, 2 * 1e-10], dtype=torch.float64)
+    assert int(S.numerical_rank(at)) == 1
+    assert float(S.schatten_power(at, 0.25)) == 1.0
+
+
+def test_zero_matrix_is_rank_zero_for_every_p():
+    sigma = S.singular_values(torch.zeros(5, 3))
+    assert sigma.shape == (3,)
+    powers = S.schatten_powers(sigma, [0.0, 0.1, 1.0, 2.0])
+    assert torch.equal(powers, torch.zeros(4, dtype=torch.float64))
+    assert float(S.stable_rank(sigma)) == 0.0
+    assert float(S.spectral_norm(sigma)) == 0.0
+    assert float(S.norm_2_1(torch.zeros(5, 3))) == 0.0
+
+
+def test_round_off_singular_values_are_exact_zeros_at_small_p():
+    """A rank-2 100×100 matrix: the dense SVD's 98 round-off values must not add to Σσᵖ at small p."""
+    g = torch.Generator().manual_seed(1)
+    u, v = torch.randn(100, 2, generator=g, dtype=torch.float64), torch.randn(2, 100, generator=g, dtype=torch.float64)
+    w = u @ v
+    sigma = torch.linalg.svdvals(w)
+    assert int((sigma > 0).sum()) > 2  # round-off noise is really there
+    p = 0.05
+    naive = float((sigma**p).sum())
+    kept = sigma[:2]
+    exact = float((kept**p).sum())
+    assert float(S.schatten_power(sigma, p)) == pytest.approx(exact, rel=1e-14)
+    assert naive - exact > 98 * 0.1  # what the threshold prevents: ~0.15–0.4 per zero value
+    assert int(S.numerical_rank(sigma)) == 2
+
+
+def test_exactly_low_rank_product_spectrum_and_column_norms():
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(3, 40, 6, generator=g, dtype=torch.float64)
+    b = torch.randn(3, 6, 30, generator=g, dtype=torch.float64)
+    b[1, 4:] = 0.0  # product 1 has rank 4
+    a[2] = 0.0  # product 2 is zero
+    sigma, cols = S.low_rank_product_spectrum(a, b)
+    dense = a @ b
+    ref = torch.linalg.svdvals(dense)
+    assert sigma.shape == (3, 6)
+    np.testing.assert_allclose(
+        S.schatten_powers(sigma, [0, 0.3, 1, 2], full_dim=30).numpy(),
+        S.schatten_powers(ref, [0, 0.3, 1, 2]).numpy(),
+        rtol=1e-12,
+    )
+    assert S.numerical_rank(sigma, full_dim=30).tolist() == [6, 4, 0]
+    np.testing.assert_allclose(cols.numpy(), torch.linalg.vector_norm(dense, dim=-2).numpy(), rtol=1e-12, atol=1e-300)
+    # inner width ≥ min(n, m): the product is formed directly
+    a2, b2 = torch.randn(5, 8, dtype=torch.float64), torch.randn(8, 7, dtype=torch.float64)
+    s2, c2 = S.low_rank_product_spectrum(a2, b2)
+    np.testing.assert_allclose(s2.numpy(), torch.linalg.svdvals(a2 @ b2).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(c2.numpy(), torch.linalg.vector_norm(a2 @ b2, dim=0).numpy(), rtol=1e-12)
+
+
+def test_singular_values_auto_matches_svd_for_well_and_ill_conditioned_batches():
+    g = torch.Generator().manual_seed(3)
+    well = torch.randn(64, 256, generator=g, dtype=torch.float64)  # cond ≈ 3
+    u, _ = torch.linalg.qr(torch.randn(256, 64, generator=g, dtype=torch.float64))
+    v = _orth(64, 4)
+    ill = (u * torch.logspace(0, -12, 64, dtype=torch.float64)) @ v  # cond 1e12, exactly known spectrum
+    batch = torch.stack([well.mT, ill])  # (2, 256, 64)
+    auto = S.singular_values(batch)
+    svd = S.singular_values(batch, method="svd")
+    np.testing.assert_allclose(auto.numpy(), svd.numpy(), rtol=1e-11)
+    np.testing.assert_allclose(auto[1].numpy(), torch.logspace(0, -12, 64, dtype=torch.float64).numpy(), rtol=0, atol=1e-14)
+    # wide input is handled on its smaller side
+    np.testing.assert_allclose(S.singular_values(well).numpy(), torch.linalg.svdvals(well).numpy(), rtol=1e-11)
+
+
+def test_spectra_invariant_under_orthogonal_rotations():
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(30, 20, generator=g, dtype=torch.float64)
+    w[:, 15:] = w[:, :5] @ torch.randn(5, 5, generator=g, dtype=torch.float64)  # rank 15
+    rotated = _orth(30, 6) @ w @ _orth(20, 7)
+    ps = S.p_grid(3, 20)
+    for method in ("auto", "svd"):
+        s0, s1 = S.singular_values(w, method=method), S.singular_values(rotated, method=method)
+        np.testing.assert_allclose(S.schatten_powers(s0, ps).numpy(), S.schatten_powers(s1, ps).numpy(), rtol=1e-11)
+        assert int(S.numerical_rank(s0)) == int(S.numerical_rank(s1)) == 15
+    # per-head product: rotating the head space leaves AB unchanged; rotating outside leaves its spectrum unchanged
+    a, b = torch.randn(30, 4, generator=g, dtype=torch.float64), torch.randn(4, 30, generator=g, dtype=torch.float64)
+    r = _orth(4, 8)
+    s_ab = S.low_rank_product_spectrum(a, b)[0]
+    np.testing.assert_allclose(S.low_rank_product_spectrum(a @ r, r.T @ b)[0].numpy(), s_ab.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(
+        S.low_rank_product_spectrum(_orth(30, 9) @ a, b @ _orth(30, 10))[0].numpy(), s_ab.numpy(), rtol=1e-12
+    )
+
+
+def test_norm_2_1_is_sum_of_column_norms():
+    w = torch.tensor([[3.0, 0.0], [4.0, 1.0]])
+    assert float(S.norm_2_1(w)) == pytest.approx(6.0, rel=1e-15)
+    assert S.norm_2_1(torch.stack([w, 2 * w])).tolist() == pytest.approx([6.0, 12.0])
+    assert float(S.norm_2_1(w.T)) == pytest.approx(3.0 + math.sqrt(17.0), rel=1e-15)
+
+
+# ----------------------------------------------------------------------------- factors, contributions, proxies
+
+
+def test_p_grid():
+    ps = S.p_grid(2, 128)  # m = ⌈2 + ln 128⌉ = ⌈6.85⌉ = 7
+    assert ps.shape == (15,)
+    np.testing.assert_allclose(ps.numpy(), np.arange(15) / 7, rtol=0, atol=0)
+    assert float(ps[-1]) == 2.0
+    assert S.p_grid(12, 768).shape == (2 * 19 + 1,)  # ⌈12 + 6.64⌉ = 19
+    assert S.p_grid(12, 768, m=4).tolist() == [0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2]
+
+
+PROP = dict(
+    m_in_norm=[1.0, 2.0, 3.0],
+    m_out_norm=[1.0, 1.0, 2.0],
+    v_norms=[[1.0, 1.0], [1.0, 2.0], [0.5, 1.0]],
+    qk_norms=[[0.0, 0.0], [1.0, 0.0], [0.25, 0.0]],
+)
+
+
+def test_propagation_factors_hand_example():
+    # f_1 = 2·1·(1·5 + 2·1) = 14, f_2 = 3·2·(0.5·2 + 1·1) = 12  (L_φ = 1)
+    alpha = S.propagation_factors(**PROP, L_phi=1.0)
+    assert alpha.tolist() == [168.0, 12.0, 1.0]
+    alpha = S.propagation_factors(**PROP, L_phi=1.13)
+    np.testing.assert_allclose(alpha.numpy(), [168.0 * 1.13**2, 12.0 * 1.13, 1.0], rtol=1e-15)
+    assert S.propagation_factors([2.0], [3.0], [[1.0]], [[1.0]]).tolist() == [1.0]  # one layer: empty product
+
+
+def test_type_factors_hand_example():
+    g = S.type_factors(PROP["m_in_norm"], PROP["m_out_norm"], PROP["v_norms"])
+    assert g["qk"].tolist() == [[2.0, 2.0], [4.0, 8.0], [6.0, 12.0]]
+    assert g["v"].tolist() == [1.0, 2.0, 6.0]
+    assert g["m_in"].tolist() == [1.0, 1.0, 2.0]
+    assert g["m_out"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_contributions_hand_example():
+    # σ = [2], N = 4, L = 1: S_p = 2^p
+    ps = [0.0, 1.0, 2.0]
+    powers = S.schatten_powers(torch.tensor([2.0]), ps)
+    c = S.contributions(powers, ps, gamma=1.0, alpha=1.0, num_layers=1, hidden_size=4)
+    np.testing.assert_allclose(c.numpy(), [2.0, 2 ** (5 / 3), 4.0], rtol=1e-14)
+    c8 = S.contributions(powers, ps, gamma=2.0, alpha=4.0, num_layers=1, hidden_size=4)  # γαL = 8
+    np.testing.assert_allclose(c8.numpy(), [2.0, 2 ** (8 / 3), 4 ** 0.25 * 8**0.5 * 4**0.75], rtol=1e-14)
+    best, p_opt = S.optimal_contribution(c8, ps)
+    assert float(best) == pytest.approx(2.0) and float(p_opt) == 0.0
+    # L enters through γαL and the grid; N through N^{(p+1)/(p+2)}
+    c_l = S.contributions(powers, ps, gamma=1.0, alpha=1.0, num_layers=3, hidden_size=9)
+    np.testing.assert_allclose(c_l.numpy(), [3.0, 2 ** (1 / 3) * 3 ** (1 / 3) * 9 ** (2 / 3), 4**0.25 * 3**0.5 * 9**0.75], rtol=1e-14)
+
+
+def test_contributions_zero_spectrum_and_zero_scale():
+    ps = [0.0, 0.5, 1.0]
+    zero = S.contributions(torch.zeros(3), ps, gamma=5.0, alpha=1.0, num_layers=2, hidden_size=16)
+    assert zero.tolist() == [0.0, 0.0, 0.0]
+    # γ = 0 (e.g. a zero Ṽ makes γ_QK = 0): p = 0 keeps (rank·N)^{1/2}, any p > 0 gives 0
+    powers = S.schatten_powers(torch.tensor([3.0, 1.0]), ps)
+    c = S.contributions(powers, ps, gamma=0.0, alpha=7.0, num_layers=2, hidden_size=8)
+    assert c[0].item() == pytest.approx(4.0) and c[1:].tolist() == [0.0, 0.0]
+    best, p_opt = S.optimal_contribution(c, ps)
+    assert float(best) == 0.0 and float(p_opt) == 0.5  # first minimiser on ties
+
+
+def test_batched_contributions_match_scalar_ones():
+    g = torch.Generator().manual_seed(11)
+    sigma = torch.rand(2, 3, 5, generator=g, dtype=torch.float64) * 3
+    ps = S.p_grid(2, 10)
+    gamma = torch.rand(2, 3, generator=g, dtype=torch.float64)
+    alpha = torch.tensor([[2.0], [1.0]], dtype=torch.float64)
+    batched = S.contributions(S.schatten_powers(sigma, ps, 10), ps, gamma, alpha, 2, 10)
+    for i in range(2):
+        for j in range(3):
+            single = S.contributions(S.schatten_powers(sigma[i, j], ps, 10), ps, gamma[i, j], alpha[i, 0], 2, 10)
+            np.testing.assert_allclose(batched[i, j].numpy(), single.numpy(), rtol=1e-15)
+
+
+def test_spectrum_adaptive_bound_and_edelman_hand_examples():
+    assert float(S.spectrum_adaptive_bound([1.0, 2.0, 3.0], num_layers=4)) == 8.0
+    # one layer, one head: (1·1·1·8)^{2/3} + (1·1·27)^{2/3} + (1·1)^{2/3} + 8^{2/3} = 4 + 9 + 1 + 4
+    xi = S.edelman_layer_terms([1.0], [1.0], [[1.0]], [[8.0]], [[27.0]], [1.0], [8.0])
+    assert xi.tolist() == pytest.approx([18.0], rel=1e-14)
+    # scale factors: ‖M_out‖ = 8, ‖M_in‖ = 1: heads (8·1·1·1)^{2/3} + (8·1)^{2/3}; (8·1)^{2/3}; 1
+    xi2 = S.edelman_layer_terms([1.0], [8.0], [[1.0]], [[1.0]], [[1.0]], [1.0], [1.0])
+    assert xi2.tolist() == pytest.approx([4 + 4 + 4 + 1], rel=1e-14)
+    # (1 + 8^{2/3}·1 + 1·3)^{3/2} = 8^{3/2}
+    assert float(S.edelman_bound([8.0, 1.0], [1.0, 3.0])) == pytest.approx(16 * math.sqrt(2), rel=1e-14)
+    # two heads add up
+    xi3 = S.edelman_layer_terms([1.0], [1.0], [[1.0, 1.0]], [[8.0, 1.0]], [[27.0, 8.0]], [0.0], [0.0])
+    assert xi3.tolist() == pytest.approx([4 + 9 + 1 + 4], rel=1e-14)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: S.schatten_powers(torch.tensor([1.0, float("nan")]), [1.0]), "sigma"),
+        (lambda: S.schatten_powers(torch.tensor([1.0]), [-0.5]), "ps"),
+        (lambda: S.clean_spectrum(torch.tensor([1.0, -1.0])), "sigma"),
+        (lambda: S.singular_values(torch.tensor([1.0, 2.0])), "matrix"),
+        (lambda: S.singular_values(torch.tensor([[float("inf")]])), "matrix"),
+        (lambda: S.singular_values(torch.eye(2), method="qr"), "method"),
+        (lambda: S.low_rank_product_spectrum(torch.ones(3, 2), torch.ones(3, 3)), "left/right"),
+        (lambda: S.rank_threshold(torch.ones(3), full_dim=2), "full_dim"),
+        (lambda: S.rank_threshold(torch.ones(3), rank_tol=2.0), "rank_tol"),
+        (lambda: S.p_grid(0, 10), "num_layers"),
+        (lambda: S.p_grid(2, 10, m=0), "m"),
+        (lambda: S.propagation_factors([1.0], [1.0, 2.0], [[1.0]], [[1.0]]), "m_in_norm"),
+        (lambda: S.propagation_factors([1.0], [1.0], [[1.0]], [[1.0]], L_phi=-1.0), "L_phi"),
+        (lambda: S.contributions(torch.ones(2), [0.0, 1.0, 2.0], 1.0, 1.0, 1, 4), "powers"),
+        (lambda: S.contributions(torch.ones(2), [0.0, 1.0], -1.0, 1.0, 1, 4), "gamma"),
+        (lambda: S.edelman_bound([1.0, 2.0], [1.0]), "alpha/xi"),
+        (lambda: S.edelman_layer_terms([1.0], [1.0], [[1.0]], [[1.0, 2.0]], [[1.0]], [1.0], [1.0]), "edelman_layer_terms"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_the_argument(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_wrong_types_raise_type_error():
+    with pytest.raises(TypeError, match="sigma"):
+        S.schatten_powers("abc", [1.0])
+    with pytest.raises(TypeError, match="matrix"):
+        S.singular_values(torch.ones(2, 2, dtype=torch.complex128))

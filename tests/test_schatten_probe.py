@@ -1,0 +1,228 @@
+"""Weight discovery across BERT-like / ViT-like encoders and CRATE, the report object, and unsupported models."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_schatten_reference import dense_reference, dense_reference_from_matrices
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    BertModel,
+    DistilBertConfig,
+    DistilBertModel,
+    ElectraConfig,
+    ElectraModel,
+    GPT2Config,
+    GPT2Model,
+    RobertaConfig,
+    RobertaModel,
+    ViTConfig,
+    ViTModel,
+)
+
+import hf_tdiag
+from hf_tdiag.probes.bert_weights import encoder_weights
+
+L, H, A, FF = 2, 64, 2, 256
+SMALL = dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, intermediate_size=FF)
+
+
+def _bert(**kw):
+    torch.manual_seed(0)
+    return BertModel(BertConfig(vocab_size=50, max_position_embeddings=16, **{**SMALL, **kw})).eval()
+
+
+def test_bert_weights_are_views_of_the_named_parameters():
+    model = _bert()
+    w = encoder_weights(model)
+    assert (w.family, w.num_layers, w.hidden_size, w.num_heads, w.head_dim, w.intermediate_size) == (
+        "bert-like", L, H, A, H // A, FF,
+    )
+    lyr = model.encoder.layer[1]
+    assert w.layers[1].query.data_ptr() == lyr.attention.self.query.weight.data_ptr()
+    assert w.layers[1].names["attn_output"] == "encoder.layer.1.attention.output.dense"
+    assert w.layers[1].names["ffn_out"] == "encoder.layer.1.output.dense"
+    dh = H // A
+    torch.testing.assert_close(w.heads(1, "key")[1], lyr.attention.self.key.weight[dh:])
+    torch.testing.assert_close(w.heads(1, "attn_output")[0], lyr.attention.output.dense.weight[:, :dh].T)
+    with pytest.raises(ValueError, match="role"):
+        w.heads(0, "intermediate")
+
+
+def _copy_bert_into(bert, target_layers, names):
+    with torch.no_grad():
+        for src, dst in zip(bert.encoder.layer, target_layers):
+            s = {
+                "query": src.attention.self.query,
+                "key": src.attention.self.key,
+                "value": src.attention.self.value,
+                "attn_output": src.attention.output.dense,
+                "ffn_in": src.intermediate.dense,
+                "ffn_out": src.output.dense,
+            }
+            for role, path in names.items():
+                dst.get_submodule(path).weight.copy_(s[role].weight)
+
+
+def test_distilbert_and_vit_with_copied_weights_give_the_bert_numbers():
+    bert = _bert()
+    ref = hf_tdiag.spectrum_bounds(bert)
+    distil = DistilBertModel(DistilBertConfig(vocab_size=50, dim=H, n_layers=L, n_heads=A, hidden_dim=FF)).eval()
+    _copy_bert_into(
+        bert,
+        distil.transformer.layer,
+        {"query": "attention.q_lin", "key": "attention.k_lin", "value": "attention.v_lin",
+         "attn_output": "attention.out_lin", "ffn_in": "ffn.lin1", "ffn_out": "ffn.lin2"},
+    )
+    vit = ViTModel(ViTConfig(image_size=8, patch_size=4, **SMALL)).eval()
+    _copy_bert_into(
+        bert,
+        vit.layers,  # Transformers 5 ViT layout
+        {"query": "attention.q_proj", "key": "attention.k_proj", "value": "attention.v_proj",
+         "attn_output": "attention.o_proj", "ffn_in": "mlp.fc1", "ffn_out": "mlp.fc2"},
+    )
+    for other in (distil, vit):
+        rep = hf_tdiag.spectrum_bounds(other)
+        assert rep.family == "bert-like"
+        assert rep.ours == pytest.approx(ref.ours, rel=1e-12)
+        assert rep.edelman == pytest.approx(ref.edelman, rel=1e-12)
+    assert encoder_weights(distil).layers[0].names["ffn_out"] == "transformer.layer.0.ffn.lin2"
+
+
+@pytest.mark.parametrize("kind", ["roberta", "electra", "bert-seqcls"])
+def test_roberta_electra_and_task_heads_match_the_dense_reference(kind):
+    torch.manual_seed(1)
+    if kind == "roberta":
+        model = RobertaModel(RobertaConfig(vocab_size=50, max_position_embeddings=20, **SMALL))
+    elif kind == "electra":
+        model = ElectraModel(ElectraConfig(vocab_size=50, embedding_size=32, max_position_embeddings=16, **SMALL))
+    else:
+        model = BertForSequenceClassification(BertConfig(vocab_size=50, max_position_embeddings=16, num_labels=3, **SMALL))
+    rep = hf_tdiag.spectrum_bounds(model)
+    ref = dense_reference(model.state_dict(), L, A)
+    assert rep.ours == pytest.approx(ref["ours"], rel=1e-9)
+    assert rep.edelman == pytest.approx(ref["edelman"], rel=1e-9)
+
+
+def _crate(variant, seed=0):
+    from hf_tdiag.models.crate import CrateConfig, CrateModel
+
+    torch.manual_seed(seed)
+    cfg = CrateConfig(
+        image_size=8, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        head_dim=16, variant=variant,
+    )
+    model = CrateModel(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.3, generator=torch.Generator().manual_seed(hash(name) % 2**31))
+        for name, b in model.named_buffers():
+            if name.endswith("fixed_output"):
+                b.normal_(0, 0.3)
+    return model
+
+
+def _crate_matrices(model):
+    """Explicit matrices from the CRATE contract: U_k = qkv.weight[kp:(k+1)p].T, O = output_matrix(), M_in = Dᵀ."""
+    layers = []
+    for blk in model.encoder.layer:
+        u_t = blk.attention.qkv.weight.detach().double().numpy()
+        o = blk.attention.output_matrix().detach().double().numpy()
+        p = blk.attention.head_dim
+        qk, v = [], []
+        for k in range(blk.attention.num_heads):
+            rows = slice(k * p, (k + 1) * p)
+            qk.append(u_t[rows].T @ u_t[rows])  # U_k U_kᵀ
+            v.append(u_t[rows].T @ o.T[rows])
+        layers.append({"qk": qk, "v": v, "m_in": blk.ista.weight.detach().double().numpy().T, "m_out": None})
+    return layers
+
+
+@pytest.mark.parametrize("variant", ["crate", "crate-c", "crate-t", "crate-fix", "crate-identity"])
+def test_crate_matches_dense_reference_with_identity_m_out(variant):
+    model = _crate(variant)
+    rep = hf_tdiag.spectrum_bounds(model)
+    ref = dense_reference_from_matrices(_crate_matrices(model))
+    assert rep.family == "crate" and rep.model_type == "crate"
+    assert [m.type for m in rep.matrices[: 2 * 2 + 1]] == ["qk", "qk", "v", "v", "ista"]
+    assert not rep.by_type("m_out") and len(rep.by_type("ista")) == 2
+    assert rep.ours == pytest.approx(ref["ours"], rel=1e-9)
+    assert rep.edelman == pytest.approx(ref["edelman"], rel=1e-9)
+    np.testing.assert_allclose([m.min_contribution for m in rep.matrices], ref["mins"], rtol=1e-9)
+    # QK = U_k U_kᵀ is PSD: its singular values are the squared singular values of U_k
+    u = model.encoder.layer[0].attention.qkv.weight.detach().double()[:16]
+    np.testing.assert_allclose(rep.matrices[0].singular_values, torch.linalg.svdvals(u).numpy() ** 2, rtol=1e-10)
+
+
+def test_crate_saved_folder_matches_model_object(tmp_path):
+    model = _crate("crate", seed=2)
+    model.save_pretrained(tmp_path / "crate")
+    a = hf_tdiag.spectrum_bounds(model)
+    b = hf_tdiag.spectrum_bounds(str(tmp_path / "crate"))
+    assert b.ours == pytest.approx(a.ours, rel=1e-12) and b.edelman == pytest.approx(a.edelman, rel=1e-12)
+
+
+def test_report_fields_and_serialisation(tmp_path):
+    model = _bert()
+    rep = hf_tdiag.spectrum_bounds(model, p_grid_m=5, progress=True)
+    assert rep.p_grid.tolist() == [k / 5 for k in range(11)]
+    assert len(rep.matrices) == L * (2 * A + 2)
+    assert rep.contribution_curves.shape == (len(rep.matrices), 11)
+    assert [m.type for m in rep.matrices[: 2 * A + 2]] == ["qk"] * A + ["v"] * A + ["m_in", "m_out"]
+    for m in rep.matrices:
+        assert m.min_contribution == pytest.approx(float(m.contributions.min()), rel=0)
+        assert m.p_opt in rep.p_grid
+        assert m.rank == len(m.singular_values)
+        assert m.spectral_norm == pytest.approx(float(m.singular_values[0]), rel=0)
+        assert m.frobenius_norm == pytest.approx(float(np.sqrt((m.singular_values**2).sum())), rel=1e-12)
+        assert m.nuclear_norm == pytest.approx(float(m.singular_values.sum()), rel=1e-12)
+        assert m.stable_rank == pytest.approx(m.frobenius_norm**2 / m.spectral_norm**2, rel=1e-12)
+    assert {m.shape for m in rep.by_type("m_in")} == {(H, FF)} and {m.shape for m in rep.by_type("m_out")} == {(FF, H)}
+    assert all(m.rank == H // A for m in rep.by_type("qk"))
+    ours = sum(m.min_contribution for m in rep.matrices) + np.sqrt(L)
+    assert rep.ours == pytest.approx(ours, rel=1e-12)
+    d = json.loads(rep.to_json(tmp_path / "r.json"))
+    assert d == json.loads((tmp_path / "r.json").read_text())
+    assert d["ours"] == rep.ours and d["edelman"] == rep.edelman and len(d["matrices"]) == len(rep.matrices)
+    assert "singular_values" not in rep.to_dict(include_spectra=False)["matrices"][0]
+    assert rep.summary()["num_layers"] == L
+    with pytest.raises(ValueError, match="matrix_type"):
+        rep.by_type("ffn")
+
+
+def test_l_phi_and_rank_tol_are_passed_through():
+    model = _bert()
+    a = hf_tdiag.spectrum_bounds(model, L_phi=1.0)
+    ref = dense_reference(model.state_dict(), L, A, L_phi=1.0, p_grid_m=3)
+    b = hf_tdiag.spectrum_bounds(model, L_phi=1.0, p_grid_m=3)
+    assert b.ours == pytest.approx(ref["ours"], rel=1e-9) and b.edelman == pytest.approx(ref["edelman"], rel=1e-9)
+    assert a.alpha[0] == pytest.approx(hf_tdiag.spectrum_bounds(model).alpha[0] / 1.13, rel=1e-12)
+    huge_tol = hf_tdiag.spectrum_bounds(model, rank_tol=0.5)
+    assert all(m.rank <= 1 for m in huge_tol.matrices)  # τ = 0.5·N·max(σ₁,1) removes (almost) everything
+
+
+def test_unsupported_models_and_bad_arguments(tmp_path):
+    gpt2 = GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=20, n_positions=8))
+    with pytest.raises(ValueError, match=r"unsupported architecture 'gpt2'.*query: query \| q_lin"):
+        hf_tdiag.spectrum_bounds(gpt2)
+    with pytest.raises(ValueError, match="unsupported architecture"):
+        encoder_weights(torch.nn.Sequential(torch.nn.Linear(3, 3)))
+    with pytest.raises(TypeError, match="model_or_path"):
+        hf_tdiag.spectrum_bounds(42)
+    with pytest.raises(TypeError, match="model"):
+        encoder_weights("bert")
+    with pytest.raises(ValueError, match="model_or_path"):
+        hf_tdiag.spectrum_bounds(str(tmp_path / "missing"))
+    model = _bert()
+    for kwargs, name in [({"L_phi": 0.0}, "L_phi"), ({"rank_tol": -1.0}, "rank_tol"), ({"svd_method": "x"}, "svd_method"),
+                         ({"p_grid_m": 0}, "m")]:
+        with pytest.raises(ValueError, match=name):
+            hf_tdiag.spectrum_bounds(model, **kwargs)
+    with torch.no_grad():
+        model.encoder.layer[1].attention.self.value.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"layer 1 value .*NaN"):
+        hf_tdiag.spectrum_bounds(model)
