@@ -58,14 +58,72 @@ def _file_lock(path: Path):
 
 
 def digits_test_images(limit: int | None = None):
-    """Held-out digits as PIL images (mode ``L``) and their labels, in the form the digits recipe trains on."""
-    import numpy as np
+    """The digits recipe's held-out test images as PIL images (mode ``L``, 8×8) and their labels."""
     from PIL import Image
-    from sklearn.datasets import load_digits
 
-    digits = load_digits()
-    idx = np.arange(len(digits.target))[-360:]
-    if limit is not None:
-        idx = idx[:limit]
-    images = [Image.fromarray(np.clip(digits.images[i] * 16, 0, 255).astype(np.uint8), mode="L") for i in idx]
-    return images, [int(digits.target[i]) for i in idx]
+    from hf_tdiag.training.data import digits_split
+
+    _, x_test, _, y_test = digits_split()
+    count = len(y_test) if limit is None else min(int(limit), len(y_test))
+    return [Image.fromarray(x_test[i]) for i in range(count)], [int(y) for y in y_test[:count]]
+
+
+# the short recipe: small enough for seconds-to-a-minute on a CPU, good enough for meaningful attention maps
+DEFAULT_TRAIN_KWARGS = dict(
+    preset="crate-digits",
+    max_train_steps=300,
+    per_device_train_batch_size=64,
+    learning_rate=3e-3,
+    seed=0,
+    layer_srr_samples=0,
+    disable_tqdm=False,
+)
+
+
+def ensure_default_model(
+    variant: str = "crate",
+    *,
+    cache: str | os.PathLike | None = None,
+    force: bool = False,
+    **train_overrides,
+) -> Path:
+    """Folder of the default digits CRATE of ``variant``; trains and caches it on first use.
+
+    ``train_overrides`` change the short recipe (:data:`DEFAULT_TRAIN_KWARGS`, flags of
+    :func:`hf_tdiag.training.train`) — e.g. ``max_train_steps`` for a quicker model in tests.
+    """
+    target = default_model_dir(variant, cache)
+    if is_complete(target) and not force:
+        return target
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if is_complete(target) and not force:  # another process finished it while we waited
+            return target
+        from hf_tdiag.training import train
+
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            kwargs = {**DEFAULT_TRAIN_KWARGS, **train_overrides, "variant": variant, "output_dir": str(work)}
+            train(**kwargs)
+            if not is_complete(work):
+                raise RuntimeError(f"default model: training finished but {work} has no complete model")
+            for name in os.listdir(work):  # keep only the model folder contents, not checkpoints
+                if name.startswith("checkpoint") or name.startswith("step_"):
+                    shutil.rmtree(work / name, ignore_errors=True)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(work, target)  # atomic on one filesystem: a reader sees all or nothing
+        finally:
+            if work.exists():
+                shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+__all__ = [
+    "CACHE_ENV",
+    "DEFAULT_TRAIN_KWARGS",
+    "cache_root",
+    "default_model_dir",
+    "digits_test_images",
+    "ensure_default_model",
+    "is_complete",
+]

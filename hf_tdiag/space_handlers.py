@@ -191,3 +191,27 @@ def digits_example(index) -> Image.Image:
     if not 0 <= index < len(images):
         raise UserInputError(f"example: expected an index between 0 and {len(images) - 1}, got {index}")
     return images[index]
+
+
+# ----------------------------------------------------------------------------- Bounds tab
+
+
+def _bounds_report(loaded: LoadedModel, L_phi: float):
+    import hf_tdiag
+
+    try:
+        L_phi = float(L_phi)
+    except (TypeError, ValueError):
+        raise UserInputError(f"L_phi: expected a positive number, got {L_phi!r}") from None
+    return hf_tdiag.spectrum_bounds(loaded.model, L_phi=L_phi, progress=True)
+
+
+def _bounds_table(report) -> list[list]:
+    return [
+        [m.layer, "" if m.head is None else m.head, m.type, m.rank, round(m.spectral_norm, 6),
+         round(m.stable_rank, 4), round(m.p_opt, 4), round(m.min_contribution, 6)]
+        for m in report.matrices
+    ]
+
+
+BOUNDS_COLUMNS = ["layer", "head", "type", "rank", "spectral norm", "stable rank", "p_opt", "min_p c(W,p)"]

@@ -23,7 +23,7 @@ def _digits(n=12):
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    images = [Image.fromarray(np.clip(d.images[i] * 16, 0, 255).astype(np.uint8), mode="L") for i in range(n)]
+    images = [Image.fromarray(np.rint(d.images[i] * (255 / 16)).astype(np.uint8)) for i in range(n)]
     return images, [int(t) for t in d.target[:n]]
 
 

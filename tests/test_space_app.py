@@ -71,9 +71,9 @@ def app_url(crate_dir):
 def digit_png(tmp_path):
     from sklearn.datasets import load_digits
 
-    arr = np.clip(load_digits().images[7] * 16, 0, 255).astype(np.uint8)
+    arr = np.rint(load_digits().images[7] * (255 / 16)).astype(np.uint8)
     path = tmp_path / "digit.png"
-    Image.fromarray(arr, mode="L").save(path)
+    Image.fromarray(arr).save(path)
     return str(path)
 
 

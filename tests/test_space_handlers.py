@@ -39,9 +39,9 @@ def bert_dir(tmp_path_factory):
 def digit_png(tmp_path):
     from sklearn.datasets import load_digits
 
-    arr = np.clip(load_digits().images[5] * 16, 0, 255).astype(np.uint8)
+    arr = np.rint(load_digits().images[5] * (255 / 16)).astype(np.uint8)
     path = tmp_path / "digit.png"
-    Image.fromarray(arr, mode="L").save(path)
+    Image.fromarray(arr).save(path)
     return str(path)
 
 

@@ -142,6 +142,7 @@ th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: right; }
 th { background: #f6f8fa; }
 td:first-child, th:first-child { text-align: left; }
 .tablewrap { overflow-x: auto; }
+details { margin: 8px 0; } details summary { cursor: pointer; font-weight: 600; }
 dl.settings { display: grid; grid-template-columns: max-content auto; gap: 2px 16px; font-size: 13px; }
 dl.settings dt { font-weight: 600; }
 dl.settings dd { margin: 0; font-family: monospace; }
@@ -169,11 +170,12 @@ dl.settings dd { margin: 0; font-family: monospace; }
 <figure><img alt="{{ f.caption }}" src="{{ f.data_uri }}"><figcaption>{{ f.caption }}</figcaption></figure>
 {% endfor %}
 {% for t in s.tables %}
-<h3>{{ t.title }}</h3>
+{% if t.rows|length > 20 %}<details><summary>{{ t.title }} ({{ t.rows|length }} rows)</summary>{% else %}<h3>{{ t.title }}</h3>{% endif %}
 <div class="tablewrap"><table>
 <tr>{% for c in t.columns %}<th>{{ c }}</th>{% endfor %}</tr>
 {% for row in t.rows %}<tr>{% for v in row %}<td>{{ fmt(v) }}</td>{% endfor %}</tr>{% endfor %}
 </table></div>
+{% if t.rows|length > 20 %}</details>{% endif %}
 {% endfor %}
 </section>
 {% endfor %}
