@@ -44,6 +44,7 @@ __all__ = [
     "kl_bound",
     "match_concepts",
     "truncated_svd_error",
+    "jacobian_spectral_norm",
 ]
 
 _INITS = ("kmeans", "svd", "nndsvd", "random")
@@ -344,6 +345,40 @@ def truncated_svd_error(A: torch.Tensor, k: int) -> float:
     s = torch.linalg.svdvals(X.T @ X if X.shape[0] > X.shape[1] else X @ X.T).clamp(min=0)
     tail = s.sort(descending=True).values[k:].sum()
     return float(tail.clamp(min=0).sqrt())
+
+
+def jacobian_spectral_norm(
+    f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, n_iter: int = 20, rel_step: float = 1e-6, seed: int = 0
+) -> torch.Tensor:
+    """Per-sample ``σ_max(∂f/∂x)`` at ``x`` by power iteration on ``JᵀJ`` (central-difference JVPs, autograd VJPs).
+
+    ``f`` must act on each sample (first dim) independently; use float64 inputs for accurate differences.
+    Returns a float64 tensor of shape ``(samples,)``; a lower estimate that tightens with ``n_iter``.
+    """
+    x = _check_tensor(x, "x", (2, 3, 4)).detach()
+    if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
+        raise ValueError(f"n_iter: expected a positive int, got {n_iter!r}")
+    B = x.shape[0]
+    view = (B,) + (1,) * (x.ndim - 1)
+
+    def per_sample_norm(t):
+        return t.flatten(1).norm(dim=1).clamp(min=1e-300)
+
+    gen = torch.Generator().manual_seed(seed)
+    v = torch.randn(x.shape, generator=gen, dtype=torch.float64).to(device=x.device, dtype=x.dtype)
+    v = v / per_sample_norm(v).view(view)
+    h = (rel_step * per_sample_norm(x).clamp(min=1.0)).view(view)
+    xg = x.clone().requires_grad_(True)
+    with torch.enable_grad():
+        y = f(xg)
+    sigma = torch.zeros(B, dtype=torch.float64, device=x.device)
+    for _ in range(n_iter):
+        with torch.no_grad():
+            jv = (f(x + h * v) - f(x - h * v)) / (2 * h.view((B,) + (1,) * (y.ndim - 1)))
+        sigma = jv.flatten(1).norm(dim=1).double()
+        (w,) = torch.autograd.grad(y, xg, grad_outputs=jv, retain_graph=True)
+        v = w / per_sample_norm(w).view(view)
+    return sigma
 
 
 # --------------------------------------------------------------------------- the estimator
@@ -649,6 +684,17 @@ class SemiNMF:
         self.n_features_in_ = shape[-1]
         self.reconstruction_err_ = float((X - U @ W.T).square().sum(dtype=torch.float64).sqrt())
 
+    @classmethod
+    def from_components(cls, components, gram_weight: float = 0.0, **kwargs) -> "SemiNMF":
+        """An estimator with a given dictionary ``(k, d)`` (for :meth:`transform` on new activations)."""
+        comps = _check_tensor(components, "components", (2,))
+        est = cls(comps.shape[0], gram_weight=gram_weight, **kwargs)
+        est.components_ = comps.clone()
+        est.n_features_in_ = comps.shape[1]
+        est.codes_ = None
+        est.history_ = None
+        return est
+
     def transform(self, A) -> torch.Tensor:
         """Codes ``U ≥ 0`` of new activations with the dictionary fixed (same procedure that produced ``codes_``)."""
         self._check_fitted()
@@ -682,12 +728,24 @@ class SemiNMF:
         return self.inverse_transform(self.transform(A))
 
 
+def _takes_index(fn) -> bool:
+    import inspect
+
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):
+        return False
+    return len(params) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
 class ClassifierSupervisedSemiNMF(SemiNMF):
     """Classifier-supervised concepts (FACE-like baseline): Semi-NMF refined on ``L_rec + λ·KL(σ(g(A)) ‖ σ(g(Â)))``.
 
-    ``fit(A, suffix)`` takes activations ``(images, N, d)`` and a callable ``suffix`` mapping such a
-    batch of patch activations to logits ``(images, classes)`` (the remaining blocks and the head,
-    see :func:`hf_tdiag.probes.concept_fidelity.suffix_runner`). After the plain Semi-NMF MU phase,
+    ``fit(A, suffix)`` takes activations ``(images, N, d)`` and a callable ``suffix`` mapping a chunk
+    of patch activations to logits ``(chunk, classes)`` — ``suffix(patches)`` or, when it accepts a
+    second argument, ``suffix(patches, index)`` with ``index`` the slice of the chunk's images in ``A``
+    (the remaining blocks and the head, see :func:`hf_tdiag.probes.concept_fidelity.suffix_runner`). After the plain Semi-NMF MU phase,
     ``supervised_iter`` Adam steps (U projected back to ≥ 0) back-propagate through the suffix.
     ``lr`` is relative to the mean magnitude of each factor. ``history_`` adds ``kl`` per step.
     """
@@ -725,7 +783,7 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
         hist["kl"] = [float("nan")] * len(hist["phase"])
         B = shape[0]
         with torch.no_grad():
-            target = torch.cat([self._logits(suffix, A[i : i + self.batch_size]) for i in range(0, B, self.batch_size)])
+            target = torch.cat([self._logits(suffix, A[i : i + self.batch_size], slice(i, i + self.batch_size)) for i in range(0, B, self.batch_size)])
         if target.ndim != 2 or target.shape[0] != B:
             raise ValueError(f"suffix: expected logits of shape ({B}, classes), got {tuple(target.shape)}")
         logp = torch.log_softmax(target.double(), -1)
@@ -747,7 +805,7 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
                 Ub = U3[i : i + self.batch_size]
                 H = Ub @ W.T
                 rec = (H - A[i : i + self.batch_size]).square().sum() / a2
-                lq = torch.log_softmax(self._logits(suffix, H).double(), -1)
+                lq = torch.log_softmax(self._logits(suffix, H, slice(i, i + self.batch_size)).double(), -1)
                 lp = logp[i : i + self.batch_size]
                 kl = (lp.exp() * (lp - lq)).sum()
                 loss = rec + (self.kl_weight / B) * kl.to(rec.dtype)
@@ -777,8 +835,8 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
         return self
 
     @staticmethod
-    def _logits(suffix, patches):
-        out = suffix(patches)
+    def _logits(suffix, patches, index: slice):
+        out = suffix(patches, index) if _takes_index(suffix) else suffix(patches)
         if hasattr(out, "logits"):
             out = out.logits
         if not isinstance(out, torch.Tensor):
