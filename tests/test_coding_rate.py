@@ -180,7 +180,8 @@ def test_low_precision_inputs(dtype):
     exact = sparse_rate_reduction(Z.double(), U.double())
     out = sparse_rate_reduction(Z, U)
     assert out.dtype == torch.float64
-    torch.testing.assert_close(out, exact, rtol=1e-12, atol=1e-10)  # same values, promoted before any arithmetic
+    # projections in float32, Grams and log-determinants in float64
+    torch.testing.assert_close(out, exact, rtol=1e-6, atol=1e-6)
 
 
 def test_errors_name_the_argument():
