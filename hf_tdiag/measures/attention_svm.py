@@ -548,27 +548,32 @@ def _projected_newton(
             F = ~A
             d = torch.where(A, -g / Mdiag, torch.zeros_like(g))
             idx = torch.nonzero(F).squeeze(1)
-            if idx.numel():
-                rhs = -g[idx]
-                dF = _face_solve(op, idx, rhs, prec, rtol=min(0.1, max(gap, 1e-3) ** 0.5) * 0.1)
-                if float(rhs @ dF) <= 0:  # not a descent direction (should not happen): scaled gradient
-                    dF = rhs * prec[idx]
-                d[idx] = dF
-            gFd = float(g[F] @ d[F])
-            alpha, accepted = 1.0, False
-            for _ls in range(30):
-                un = (u + alpha * d).clamp_min(0)
-                step = un - u
-                Ks = op(step)
-                ss = float(step.sum())
-                gs = float(g @ step)
-                fnew = f + gs + 0.5 * (float(step @ Ks) + ss * ss)
-                armijo = 1e-4 * (-alpha * gFd + float(g[A] @ (u[A] - un[A])))
-                if f - fnew >= armijo and fnew < f:
-                    u, Ku, su, f = un, Ku + Ks, su + ss, fnew
-                    accepted = True
+            accepted = False
+            for rtol in (min(0.1, gap**0.5) * 0.1, 1e-12):
+                d = torch.where(A, -g / Mdiag, torch.zeros_like(g))
+                if idx.numel():
+                    rhs = -g[idx]
+                    dF = _face_solve(op, idx, rhs, prec, rtol=max(rtol, 1e-12))
+                    if float(rhs @ dF) <= 0:  # not a descent direction (inexact solve): scaled gradient
+                        dF = rhs * prec[idx]
+                    d[idx] = dF
+                gFd = float(g[F] @ d[F])
+                alpha = 1.0
+                for _ls in range(30):
+                    un = (u + alpha * d).clamp_min(0)
+                    step = un - u
+                    Ks = op(step)
+                    ss = float(step.sum())
+                    df = float(g @ step) + 0.5 * (float(step @ Ks) + ss * ss)
+                    armijo = 1e-4 * (-alpha * gFd + float(g[A] @ (u[A] - un[A])))
+                    if -df >= armijo and df < 0:
+                        u, su, f = un, su + ss, f + df
+                        Ku = Ku + Ks if it % 10 else op(u)  # refresh Ku now and then against drift
+                        accepted = True
+                        break
+                    alpha *= 0.25
+                if accepted or op.K is not None:
                     break
-                alpha *= 0.25
             if not accepted:
                 gap = _rel_gap(u, Ku)
                 status = "optimal" if gap <= max(tol, 1e-8) else "stalled"
