@@ -1,0 +1,34 @@
+"""``hf-tdiag train ...``: the CRATE Accelerate trainer (same flags and entry point as ``recipes/train_crate.py``)."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(subparsers) -> None:
+    from ..training.args import add_arguments
+
+    p = subparsers.add_parser(
+        "train",
+        help="train a CRATE image classifier with Accelerate (default data: scikit-learn's 8x8 digits)",
+        description=(
+            "Train a CRATE classifier with Accelerate: evaluation every epoch, atomic checkpoints, optional SRR "
+            "regularisation and stop-at-train-loss with the generalization gap, model card and Hub upload. "
+            "Without a dataset flag it trains on scikit-learn's digits. Multi-process: "
+            "`accelerate launch -m hf_tdiag.cli train ...` or torchrun on recipes/train_crate.py."
+        ),
+    )
+    add_arguments(p)
+    p.add_argument("--print_results", action="store_true", help="print all_results as JSON at the end")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..training.loop import train
+
+    show = getattr(args, "print_results", False)
+    values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "print_results")}
+    results = train(values)
+    if show:
+        print(json.dumps({k: v for k, v in results.items() if k != "history"}, indent=2))
+    return 0
