@@ -1,0 +1,117 @@
+"""``hf-tdiag srr MODEL... --images DIR | --dataset NAME | --texts FILE``: layer-by-layer sparse rate reduction."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "srr",
+        help="layer-by-layer sparse rate reduction (R, Rc, sparsity, SRR) of CRATE or any transformer",
+        description=(
+            "Measure R(Z), Rc(Z; U), sparsity and SRR = Rc - R + lam*sparsity at every layer (Hu, Zou & Xu 2024), "
+            "averaged over the given inputs; write a JSON report and a figure with all models on one plot. "
+            "MODEL is a local folder (save_pretrained) or a Hub id. U is CRATE's shared projection, or the "
+            "query/key/value projection of other encoders (--source; 'all' measures all three)."
+        ),
+    )
+    p.add_argument("models", nargs="+", metavar="MODEL", help="local model folders or Hub ids")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--images", metavar="DIR", help="folder of images (class sub-folders allowed) or a save_to_disk folder")
+    src.add_argument("--dataset", metavar="NAME", help="'digits' (scikit-learn), a datasets name or a save_to_disk folder")
+    src.add_argument("--texts", metavar="FILE", help="text file, one input per line (text encoders)")
+    p.add_argument("--split", default=None, help="dataset split (default: test, validation or train, first found)")
+    p.add_argument("--limit", type=int, default=256, help="number of inputs to measure (default 256)")
+    p.add_argument("--source", default="query", choices=["query", "key", "value", "all"],
+                   help="projection giving U for non-CRATE models (default query; 'all' = one curve per source)")
+    p.add_argument("--eps", type=float, default=0.1, help="epsilon of the coding rates (default 0.1)")
+    p.add_argument("--lam", type=float, default=1.0, help="weight of the sparsity term (default 1.0)")
+    p.add_argument("--layernorm", action="store_true", help="measure LN(Z) with each block's pre-attention LayerNorm")
+    p.add_argument("--no-mid", action="store_true", help="CRATE: skip the states Z^{l+1/2} after attention")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, default=128, help="token limit for --texts (default 128)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--labels", nargs="+", default=None, help="legend labels, one per MODEL")
+    p.add_argument("--output-dir", default="srr_out", help="where srr.json and srr.png go (default srr_out)")
+    p.set_defaults(func=run)
+
+
+def _inputs(args, loaded):
+    from hf_tdiag.data_inputs import LazyBatches, load_images
+    from hf_tdiag.report.loading import pixel_values_for
+
+    if args.texts is not None:
+        if loaded.modality != "text" or loaded.processor is None:
+            raise ValueError(f"texts: {loaded.source!r} is not a text model with a tokenizer in its folder")
+        with open(args.texts, encoding="utf-8") as fh:
+            lines = [line.strip() for line in fh if line.strip()][: args.limit]
+        if not lines:
+            raise ValueError(f"texts: {args.texts!r} has no non-empty lines")
+        tok = loaded.processor
+
+        def encode(chunk):
+            return dict(tok(list(chunk), padding=True, truncation=True, max_length=args.max_length, return_tensors="pt"))
+
+        return LazyBatches(lines, args.batch_size, encode), len(lines)
+    if args.images is not None and not os.path.isdir(args.images):
+        raise ValueError(f"images: expected a folder, got {args.images!r}")
+    images = load_images(args.images or args.dataset, split=args.split, limit=args.limit).images
+    return LazyBatches(images, args.batch_size, lambda chunk: pixel_values_for(chunk, loaded)), len(images)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from hf_tdiag.probes.srr import layer_srr
+    from hf_tdiag.report.loading import load_model
+    from hf_tdiag.viz import plot_layer_srr, save_figure
+
+    if args.limit < 1 or args.batch_size < 1:
+        raise ValueError(f"--limit and --batch-size must be positive, got {args.limit} and {args.batch_size}")
+    if args.labels is not None and len(args.labels) != len(args.models):
+        raise ValueError(f"--labels: expected {len(args.models)} labels (one per MODEL), got {len(args.labels)}")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    reports = {}
+    for i, spec in enumerate(args.models):
+        loaded = load_model(spec, eager_attention=False)
+        loaded.model.to(device)
+        inputs, count = _inputs(args, loaded)
+        is_crate = loaded.model_type == "crate"
+        sources = ["query"] if is_crate else (["query", "key", "value"] if args.source == "all" else [args.source])
+        base = args.labels[i] if args.labels else (os.path.basename(spec.rstrip("/")) or spec)
+        if is_crate and getattr(loaded.config, "variant", None) and not args.labels:
+            base = f"{base} ({loaded.config.variant})"
+        for source in sources:
+            label = base if len(sources) == 1 else f"{base} · {source}"
+            print(f"{label}: measuring {count} inputs on {device}")
+            reports[label] = layer_srr(
+                loaded.model,
+                inputs,
+                source=source,
+                eps=args.eps,
+                lam=args.lam,
+                apply_layernorm=args.layernorm,
+                include_mid=not args.no_mid,
+                batch_size=args.batch_size,
+            )
+    os.makedirs(args.output_dir, exist_ok=True)
+    json_path = os.path.join(args.output_dir, "srr.json")
+    with open(json_path, "w", encoding="utf-8") as fh:
+        json.dump({"reports": {k: r.to_dict() for k, r in reports.items()}}, fh, indent=2)
+        fh.write("\n")
+    png_path = save_figure(plot_layer_srr(reports), os.path.join(args.output_dir, "srr.png"))
+    header = f"{'model':<40} {'layers':>6} {'n':>6} {'mean SRR':>10} {'last SRR':>10} {'last Rc':>10} {'last R':>10}"
+    print(header)
+    print("-" * len(header))
+    for label, r in reports.items():
+        s = r.summary()
+        print(
+            f"{label[-40:]:<40} {r.num_layers:>6} {r.num_samples:>6} {s['srr_mean_over_layers']:>10.4g} "
+            f"{s['srr_last_layer']:>10.4g} {s['Rc_last_layer']:>10.4g} {s['R_last_layer']:>10.4g}"
+        )
+    print(f"wrote {json_path}")
+    print(f"wrote {png_path}")
+    return 0

@@ -1,0 +1,147 @@
+"""Matplotlib figures shared by the command line, recipes, report and Space.
+
+Figures are ``matplotlib.figure.Figure`` objects drawn with the Agg canvas and
+no pyplot state, so they work headless and never change the user's backend;
+save them with :func:`save_figure` (or ``fig.savefig``).
+
+* :func:`plot_layer_srr` — per-layer curves of R, Rᶜ, sparsity and SRR
+  (mean ± std over samples), several models / settings on one figure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Dict, List, Optional, Tuple
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+SRR_TERM_LABELS = {
+    "R": "coding rate R(Z)",
+    "Rc": "compression term Rᶜ(Z; U)",
+    "sparsity": "sparsity ‖Z‖₀ / (dN)",
+    "srr": "SRR = Rᶜ − R + λ·sparsity",
+}
+SRR_STATE_LABELS = {"block_input": r"$Z^{\ell}$", "mid": r"$Z^{\ell+1/2}$"}
+_STATE_STYLE = {"block_input": ("-", "o"), "mid": ("--", "s")}
+
+
+def new_figure(width: float = 6.4, height: float = 4.4, **kwargs) -> Figure:
+    """A Figure on an Agg canvas (constrained layout), independent of pyplot."""
+    fig = Figure(figsize=(width, height), layout="constrained", **kwargs)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_figure(fig: Figure, path, dpi: int = 120) -> str:
+    """Write ``fig`` to ``path`` (format from the suffix, PNG by default); return the path."""
+    path = os.fspath(path)
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    return path
+
+
+def _as_report_dict(report) -> Dict[str, Any]:
+    data = report.to_dict() if hasattr(report, "to_dict") else report
+    if not isinstance(data, Mapping) or "mean" not in data or "layers" not in data:
+        raise TypeError(
+            f"reports: expected SRRReport objects (or their to_dict()), got {type(report).__name__}"
+        )
+    return dict(data)
+
+
+def _default_label(data: Mapping) -> str:
+    settings = data.get("settings", {})
+    name = str(settings.get("model", "model"))
+    name = os.path.basename(name.rstrip("/")) or name
+    extra = settings.get("variant") or (settings.get("source") if settings.get("family") != "crate" else None)
+    return f"{name} ({extra})" if extra else name
+
+
+def _named_reports(reports, labels) -> List[Tuple[str, Dict[str, Any]]]:
+    if isinstance(reports, Mapping) and "mean" not in reports:
+        items = [(str(k), _as_report_dict(v)) for k, v in reports.items()]
+    elif isinstance(reports, Sequence) and not isinstance(reports, (str, bytes)):
+        items = [(None, _as_report_dict(r)) for r in reports]
+    else:
+        items = [(None, _as_report_dict(reports))]
+    if not items:
+        raise ValueError("reports: expected at least one report, got none")
+    if labels is not None:
+        labels = list(labels)
+        if len(labels) != len(items):
+            raise ValueError(f"labels: expected {len(items)} labels (one per report), got {len(labels)}")
+        items = [(str(lab), d) for lab, (_, d) in zip(labels, items)]
+    return [(lab if lab is not None else _default_label(d), d) for lab, d in items]
+
+
+def plot_layer_srr(
+    reports,
+    *,
+    labels: Optional[Sequence[str]] = None,
+    terms: Sequence[str] = ("R", "Rc", "sparsity", "srr"),
+    states: Optional[Sequence[str]] = None,
+    show_std: bool = True,
+    title: Optional[str] = None,
+) -> Figure:
+    """Per-layer mean (± std band) of each SRR term, one panel per term, one colour per report.
+
+    ``reports``: an ``SRRReport`` (or its ``to_dict()``), a list of them, or a ``{label: report}`` dict —
+    e.g. CRATE vs CRATE-C vs CRATE-N vs CRATE-T, or a ViT's query/key/value. Solid lines are block inputs
+    ``Z^ℓ``, dashed lines CRATE's ``Z^{ℓ+½}``. ``states`` restricts which states are drawn.
+    """
+    named = _named_reports(reports, labels)
+    terms = list(terms)
+    unknown = [t for t in terms if t not in SRR_TERM_LABELS]
+    if unknown or not terms:
+        raise ValueError(f"terms: expected a non-empty subset of {list(SRR_TERM_LABELS)}, got {terms}")
+    cols = min(len(terms), 2)
+    rows = (len(terms) + cols - 1) // cols
+    fig = new_figure(5.2 * cols, 3.6 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    colors = [f"C{i % 10}" for i in range(len(named))]
+    drawn = 0
+    for ax, term in zip(axes, terms):
+        for color, (label, data) in zip(colors, named):
+            layers = list(data["layers"])
+            for state in data["mean"]:
+                if states is not None and state not in states:
+                    continue
+                mean = data["mean"][state][term]
+                style, marker = _STATE_STYLE.get(state, (":", "^"))
+                multi_state = len(data["mean"]) > 1
+                line_label = f"{label} · {SRR_STATE_LABELS.get(state, state)}" if multi_state else label
+                ax.plot(layers, mean, linestyle=style, marker=marker, color=color, markersize=4, label=line_label)
+                if show_std and "std" in data:
+                    std = data["std"][state][term]
+                    lo = [m - s for m, s in zip(mean, std)]
+                    hi = [m + s for m, s in zip(mean, std)]
+                    ax.fill_between(layers, lo, hi, color=color, alpha=0.12, linewidth=0)
+                drawn += 1
+        ax.set_title(SRR_TERM_LABELS[term], fontsize=10)
+        ax.set_xlabel("layer ℓ")
+        ax.grid(True, alpha=0.3)
+        if named and named[0][1]["layers"]:
+            ax.set_xticks(list(named[0][1]["layers"]))
+    for ax in axes[len(terms) :]:
+        ax.set_visible(False)
+    if drawn == 0:
+        raise ValueError(f"states: none of {list(states or [])} is in the reports")
+    handles, texts = axes[0].get_legend_handles_labels()
+    fig.legend(handles, texts, loc="outside lower center", ncol=min(4, len(texts)), fontsize=8, frameon=False)
+    if title is None:
+        first = named[0][1].get("settings", {})
+        if "eps" in first:
+            title = (
+                f"Sparse rate reduction per layer (ε={first['eps']}, λ={first.get('lam')}, "
+                f"{named[0][1].get('num_samples', '?')} samples)"
+            )
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
+__all__ = ["SRR_TERM_LABELS", "new_figure", "save_figure", "plot_layer_srr"]
