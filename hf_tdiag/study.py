@@ -103,7 +103,7 @@ class MeasureSettings:
     batch_size: int = 128
     srr_eps: float = 0.1
     srr_lambda: float = 1.0
-    sharpness_rho: float = 0.05
+    sharpness_rho: float = 0.01
     sharpness_steps: int = 5
     sharpness_batches: int = 2
     pac_threshold: float = 0.1
@@ -127,17 +127,19 @@ GRIDS: dict[str, StudyGrid] = {
             "learning_rate": [1e-3, 3e-3],
             "weight_decay": [0.0, 0.1],
         },
-        fixed={"preset": "crate-digits", "stop_at_train_loss": 0.01, "max_train_steps": 1500, "seed": 0},
+        fixed={"preset": "crate-digits", "stop_at_train_loss": 0.01, "num_train_epochs": 100, "seed": 0},
     ),
     "tiny": StudyGrid(
         name="tiny",
         description="2x2 smoke grid (seconds): two variants x two learning rates, a very small CRATE, few steps.",
-        axes={"variant": ["crate", "crate-c"], "learning_rate": [1e-3, 3e-3]},
+        axes={"variant": ["crate", "crate-c"], "learning_rate": [3e-3, 1e-2]},
         fixed={
             "preset": "crate-digits",
-            "config_overrides": {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2},
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
             "stop_at_train_loss": 0.01,
-            "max_train_steps": 30,
+            "max_train_steps": 80,
             "per_device_train_batch_size": 64,
             "seed": 0,
         },
@@ -337,11 +339,49 @@ def _resolve(path: str) -> Callable:
     return getattr(importlib.import_module(module), attr)
 
 
-def _default_train(hparams: Mapping[str, Any], fixed: Mapping[str, Any], output_dir: str):
-    """Train one run with :func:`hf_tdiag.training.train`; return (results, model, train pixel_values, train labels)."""
-    from .training import train as _train  # noqa: F401  (resolved when the trainer lands)
+def _default_train(hparams: Mapping[str, Any], fixed: Mapping[str, Any], output_dir: str, max_examples: int | None = None):
+    """Train one run with :func:`hf_tdiag.training.train`; return ``(results, model, training examples)``.
 
-    raise NotImplementedError
+    The training examples are the first ``max_examples`` of the training split,
+    preprocessed as the trainer's train-set evaluation sees them (no augmentation).
+
+    The run checkpoints every epoch and resumes from its latest checkpoint, so a
+    study killed in the middle of a training continues that training too.
+    """
+    from .training import train
+    from .training.args import make_args
+    from .training.data import build_datasets, load_raw_data
+    from .training.model import image_size_of
+
+    kwargs = {"disable_tqdm": True, "layer_srr_samples": 0, "checkpointing_steps": "epoch", "checkpoints_total_limit": 1}
+    kwargs.update(fixed)
+    kwargs.update(hparams)
+    if kwargs.get("checkpointing_steps") is not None:
+        kwargs.setdefault("resume_from_checkpoint", "latest")
+    results = train(output_dir=output_dir, **kwargs)
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    model = AutoModelForImageClassification.from_pretrained(output_dir)
+    processor = AutoImageProcessor.from_pretrained(output_dir)
+    args = make_args(output_dir=output_dir, **kwargs)
+    if max_examples:
+        args.max_train_samples = min(args.max_train_samples or max_examples, max_examples)
+        args.max_eval_samples = 1  # only the training examples are needed
+    raw = load_raw_data(args)
+    data = build_datasets(args, raw, processor, model.config.num_channels, image_size_of(model.config))
+    return results, model, data.train_eval
+
+
+def _examples(train_examples, n: int):
+    """First ``n`` training examples as ``(pixel_values, labels)`` tensors."""
+    import torch
+
+    if isinstance(train_examples, (tuple, list)) and len(train_examples) == 2:
+        x, y = train_examples
+        return x[:n], y[:n]
+    count = min(n, len(train_examples))
+    items = [train_examples[i] for i in range(count)]
+    return torch.stack([it["pixel_values"] for it in items]), torch.stack([torch.as_tensor(it["labels"]) for it in items])
 
 
 def _execute(spec: dict) -> dict:
@@ -353,9 +393,10 @@ def _execute(spec: dict) -> dict:
     t0 = time.time()
     train_fn = _resolve(spec["train_fn"]) if spec.get("train_fn") else _default_train
     work_dir = os.path.join(spec["study_dir"], "work", spec["key"])
-    results, model, pixel_values, labels = train_fn(spec["hparams"], spec["fixed"], work_dir)
-    train_seconds = time.time() - t0
     settings = MeasureSettings(**spec["settings"])
+    results, model, train_examples = train_fn(spec["hparams"], spec["fixed"], work_dir, max_examples=settings.max_examples)
+    train_seconds = time.time() - t0
+    pixel_values, labels = _examples(train_examples, settings.max_examples)
     values, errors = compute_measures(model, pixel_values, labels, settings)
     per_layer = values.pop("_srr_per_layer", None)
     record = {
@@ -448,9 +489,10 @@ def run_study(
     """Run (or continue) a study: train every uncached run of ``grid``, then write the table and plots.
 
     ``train_fn`` is an importable ``"module:function"`` taking ``(hparams, fixed,
-    output_dir)`` and returning ``(results, model, train_pixel_values,
-    train_labels)`` with ``results["generalization_gap"]``; the default uses
-    :func:`hf_tdiag.training.train`. ``limit`` stops after that many new runs
+    output_dir, max_examples=...)`` and returning ``(results, model, train_examples)`` with
+    ``results["generalization_gap"]`` and ``train_examples`` a ``(pixel_values,
+    labels)`` pair or a dataset of ``{"pixel_values", "labels"}`` items; the
+    default trains with :func:`hf_tdiag.training.train`. ``limit`` stops after that many new runs
     (for smoke tests). Returns a summary with the table and the output paths.
     """
     from tqdm.auto import tqdm
@@ -542,7 +584,7 @@ def summarize(grid: StudyGrid, records: Sequence[Mapping], study_dir: str, setti
         "complete": complete,
         "cached": cached,
         "failures": list(failures),
-        "reached_stop": sum(bool(r["train"].get("reached_target_loss")) for r in records),
+        "reached_stop": sum(bool(r["train"].get("reached_train_loss_target")) for r in records),
         "table": rows,
     }
     if rows:

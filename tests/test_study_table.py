@@ -73,7 +73,7 @@ def _records(seed=0):
             {
                 "key": run_key(hp, grid.fixed, MeasureSettings()),
                 "hparams": hp,
-                "train": {"generalization_gap": gap, "reached_target_loss": True},
+                "train": {"generalization_gap": gap, "reached_train_loss_target": True},
                 "measures": {
                     "srr_mean": gap + 0.3 * float(rng.normal()),
                     "l2_norm": float(rng.normal()),
