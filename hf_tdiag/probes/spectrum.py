@@ -126,6 +126,11 @@ class SpectrumBoundReport:
             "edelman": self.edelman,
             "num_matrices": len(self.matrices),
             "mean_p_opt": float(np.mean([m.p_opt for m in self.matrices])),
+            **{
+                f"mean_p_opt_{t}": float(np.mean([m.p_opt for m in recs]))
+                for t in MATRIX_TYPES
+                if (recs := [m for m in self.matrices if m.type == t])
+            },
         }
 
     def to_dict(self, include_spectra: bool = True) -> dict[str, Any]:

@@ -1,0 +1,155 @@
+"""The schatten_bound evaluate module, the `hf-tdiag schatten` command, the miniatures recipe and its figures."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+
+import evaluate
+import pytest
+import torch
+from test_schatten_reference import dense_reference
+from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
+
+import hf_tdiag
+from hf_tdiag.cli import main as cli_main
+
+RECIPE = os.path.join(os.path.dirname(__file__), "..", "recipes", "schatten_bert_miniatures.py")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _save_bert(folder, L, H, seed=0):
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=40, hidden_size=H, num_hidden_layers=L, num_attention_heads=H // 64, intermediate_size=4 * H,
+        max_position_embeddings=16,
+    )
+    BertModel(cfg).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def miniatures(tmp_path_factory):
+    root = tmp_path_factory.mktemp("miniatures")
+    for i, (L, H) in enumerate([(1, 64), (2, 64), (1, 128), (2, 128)]):  # miniature names, small shapes
+        _save_bert(root / f"bert_uncased_L-{L}_H-{H}_A-{H // 64}", L, H, seed=i)
+    return root
+
+
+def test_metric_on_folders_objects_and_add_batch(miniatures):
+    folder = str(miniatures / "bert_uncased_L-2_H-128_A-2")
+    direct = hf_tdiag.spectrum_bounds(folder)
+    metric = evaluate.load(hf_tdiag.metric_path("schatten_bound"))
+    out = metric.compute(models=[folder], return_reports=True)
+    assert out["ours"] == [pytest.approx(direct.ours, rel=1e-12)]
+    assert out["edelman"] == [pytest.approx(direct.edelman, rel=1e-12)]
+    assert out["model"] == [folder] and out["num_layers"] == [2] and out["hidden_size"] == [128] and out["num_heads"] == [2]
+    assert out["reports"][0]["matrices"][0]["type"] == "qk"
+    model = BertModel.from_pretrained(folder)
+    ref = dense_reference(model.state_dict(), 2, 2)
+    mixed = metric.compute(models=[model, folder], L_phi=1.13)
+    assert mixed["ours"] == [pytest.approx(ref["ours"], rel=1e-9)] * 2
+    metric.add_batch(models=[folder])
+    assert metric.compute()["edelman"] == [pytest.approx(ref["edelman"], rel=1e-9)]
+    with pytest.raises(ValueError, match="models"):
+        metric.compute(models=[])
+    with pytest.raises(ValueError, match="predictions"):
+        metric.compute(predictions=[1])
+    with pytest.raises(TypeError, match="models"):
+        metric.compute(models=[model, 3])
+
+
+def test_cli_schatten_writes_table_csv_json_and_figures(miniatures, tmp_path, capsys):
+    folders = [str(miniatures / "bert_uncased_L-1_H-64_A-1"), str(miniatures / "bert_uncased_L-2_H-128_A-2")]
+    rc = cli_main(
+        ["schatten", *folders, "--csv", str(tmp_path / "s.csv"), "--json", str(tmp_path / "s.json"),
+         "--matrices-csv", str(tmp_path / "m.csv"), "--plots", str(tmp_path / "plots"), "--p-grid-m", "4"]
+    )
+    assert rc == 0
+    printed = capsys.readouterr().out
+    reports = [hf_tdiag.spectrum_bounds(f, p_grid_m=4) for f in folders]
+    for r in reports:
+        assert f"{r.ours:.6g}" in printed and f"{r.edelman:.6g}" in printed
+    with open(tmp_path / "s.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [float(r["ours"]) for r in rows] == [pytest.approx(r.ours, rel=1e-12) for r in reports]
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert [d["edelman"] for d in data] == [pytest.approx(r.edelman, rel=1e-12) for r in reports]
+    assert data[1]["p_grid"] == [k / 4 for k in range(9)]
+    with open(tmp_path / "m.csv", newline="") as fh:
+        mrows = list(csv.DictReader(fh))
+    assert len(mrows) == sum(len(r.matrices) for r in reports)
+    assert mrows[0]["shape"] == "64x64" and mrows[0]["type"] == "qk"
+    pngs = sorted(os.listdir(tmp_path / "plots"))
+    assert len(pngs) == 6 and all((tmp_path / "plots" / p).read_bytes()[:8] == PNG for p in pngs)
+
+
+def test_cli_reports_unsupported_models_as_errors(tmp_path, capsys):
+    GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=20, n_positions=8)).save_pretrained(tmp_path / "g")
+    assert cli_main(["schatten", str(tmp_path / "g")]) == 1
+    assert "unsupported architecture 'gpt2'" in capsys.readouterr().err
+    assert cli_main(["schatten", str(tmp_path / "nothing-here")]) == 1
+
+
+def _recipe():
+    spec = importlib.util.spec_from_file_location("schatten_bert_miniatures", RECIPE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_miniatures_recipe_on_local_copies(miniatures, tmp_path, capsys):
+    recipe = _recipe()
+    assert recipe.miniature_name(12, 768) == "bert_uncased_L-12_H-768_A-12"
+    assert recipe.resolve("bert_uncased_L-2_H-128_A-2", None) == "google/bert_uncased_L-2_H-128_A-2"
+    out = tmp_path / "out"
+    rc = recipe.main(
+        ["--output_dir", str(out), "--local_dir", str(miniatures), "--layers", "1", "2", "3", "--hidden", "64", "128"]
+    )
+    assert rc == 0
+    assert "bert_uncased_L-3_H-128_A-2" in capsys.readouterr().err  # reported missing, skipped
+    with open(out / "miniatures.csv", newline="") as fh:
+        rows = {r["name"]: r for r in csv.DictReader(fh)}
+    assert sorted(rows) == sorted(p.name for p in miniatures.iterdir())
+    for name, row in rows.items():
+        rep = hf_tdiag.spectrum_bounds(str(miniatures / name))
+        assert float(row["ours"]) == pytest.approx(rep.ours, rel=1e-12)
+        assert float(row["edelman"]) == pytest.approx(rep.edelman, rel=1e-12)
+    base = rows["bert_uncased_L-1_H-64_A-1"]
+    assert float(base["ours_normalized"]) == 1.0 and float(base["edelman_normalized"]) == 1.0
+    big = rows["bert_uncased_L-2_H-128_A-2"]
+    assert float(big["ours_normalized"]) == pytest.approx(float(big["ours"]) / float(base["ours"]), rel=1e-12)
+    data = json.loads((out / "miniatures.json").read_text())
+    assert data["normalized_to"] == "bert_uncased_L-1_H-64_A-1" and len(data["reports"]) == 4
+    full = json.loads((out / "reports" / "bert_uncased_L-2_H-128_A-2.json").read_text())
+    assert len(full["matrices"]) == 2 * (2 * 2 + 2) and "singular_values" in full["matrices"][0]
+    for fig in ("proxies_vs_width", "proxies_vs_depth", "spectral_decay", "optimal_p", "contribution_vs_p"):
+        assert (out / f"{fig}.png").read_bytes()[:8] == PNG
+    with pytest.raises(SystemExit):
+        recipe.main(["--output_dir", str(out), "--local_dir", str(tmp_path / "empty")])
+
+
+def test_scaling_figures_normalise_to_the_smallest_model():
+    from hf_tdiag.viz_schatten import plot_proxies_vs_depth, plot_proxies_vs_width
+
+    rows = [
+        {"num_layers": L, "hidden_size": N, "ours": 10.0 * L + N, "edelman": 100.0 * L * N}
+        for L in (2, 4)
+        for N in (128, 256)
+    ]
+    fig = plot_proxies_vs_width(rows)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    ours_l2 = lines["B_ours (spectrum-adaptive), num layers=2"]
+    assert list(ours_l2.get_xdata()) == [128, 256]
+    assert list(ours_l2.get_ydata()) == pytest.approx([1.0, (20 + 256) / (20 + 128)])
+    ed_l4 = lines["B_Edelman, num layers=4"]
+    assert list(ed_l4.get_ydata()) == pytest.approx([4 * 128 / (2 * 128), 4 * 256 / (2 * 128)])
+    depth = plot_proxies_vs_depth(rows).axes[0]
+    ours_n256 = {line.get_label(): line for line in depth.get_lines()}["B_ours (spectrum-adaptive), hidden size=256"]
+    assert list(ours_n256.get_xdata()) == [2, 4]
+    with pytest.raises(ValueError, match="edelman"):
+        plot_proxies_vs_width([{"num_layers": 2, "hidden_size": 128, "ours": 1.0}])
