@@ -74,35 +74,47 @@ class SRR(evaluate.Measurement):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
+            # one stored column, "inputs": strings (texts) or images; the first option that fits is used
             features=[
-                datasets.Features({"images": datasets.Image()}),
-                datasets.Features({"texts": datasets.Value("string")}),
+                datasets.Features({"inputs": datasets.Value("string")}),
+                datasets.Features({"inputs": datasets.Image()}),
             ],
             reference_urls=["https://arxiv.org/abs/2306.01129", "https://openreview.net/forum?id=CAC74VuMWX"],
         )
+
+    @staticmethod
+    def _one_input(images, texts, pixel_values=None):
+        given = [n for n, v in (("images", images), ("texts", texts), ("pixel_values", pixel_values)) if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"srr: give one of images, texts or pixel_values, got {given}")
+        return texts if texts is not None else images
+
+    def add_batch(self, *, images=None, texts=None, inputs=None, **kwargs):
+        """Store a batch of PIL images (``images=``) or strings (``texts=``)."""
+        batch = self._one_input(images, texts)
+        return super().add_batch(inputs=list(batch) if batch is not None else inputs, **kwargs)
+
+    def add(self, *, image=None, text=None, inputs=None, **kwargs):
+        """Store one PIL image (``image=``) or one string (``text=``)."""
+        return self.add_batch(inputs=[text if text is not None else (image if image is not None else inputs)], **kwargs)
 
     def compute(self, *, images=None, texts=None, pixel_values=None, predictions=None, references=None, **kwargs):
         """Like `evaluate` compute; `pixel_values` (a tensor) skips `evaluate`'s storage and is measured directly."""
         if predictions is not None or references is not None:
             raise ValueError("srr: takes `images=`, `texts=` or `pixel_values=` plus `model=`, not predictions/references")
-        given = [n for n, v in (("images", images), ("texts", texts), ("pixel_values", pixel_values)) if v is not None]
-        if len(given) > 1:
-            raise ValueError(f"srr: give one of images, texts or pixel_values, got {given}")
+        batch = self._one_input(images, texts, pixel_values)
         if pixel_values is not None:
             if not isinstance(pixel_values, torch.Tensor) or pixel_values.ndim != 4:
                 shape = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__
                 raise ValueError(f"pixel_values: expected a tensor of shape (B, C, H, W), got {shape}")
             return self._compute(pixel_values=pixel_values, **kwargs)
-        if images is not None:
-            return super().compute(images=images, **kwargs)
-        if texts is not None:
-            return super().compute(texts=texts, **kwargs)
-        return super().compute(**kwargs)  # inputs added earlier with add / add_batch
+        if batch is not None:
+            self.add_batch(inputs=list(batch))
+        return super().compute(**kwargs)  # everything stored with add / add_batch
 
     def _compute(
         self,
-        images=None,
-        texts=None,
+        inputs=None,
         pixel_values=None,
         model=None,
         source="query",
@@ -120,11 +132,12 @@ class SRR(evaluate.Measurement):
         if model is None:
             raise ValueError("model: expected a Transformers model, a local folder or a Hub id, got None")
         loaded = load_model(os.fspath(model) if isinstance(model, os.PathLike) else model, eager_attention=False)
+        texts = inputs is not None and len(inputs) > 0 and isinstance(inputs[0], str)
         if pixel_values is not None:
             inputs = pixel_values
-        elif images is not None:
-            inputs = LazyBatches(list(images), batch_size, lambda chunk: pixel_values_for(chunk, loaded))
-        elif texts is not None:
+        elif inputs is not None and not texts:
+            inputs = LazyBatches(list(inputs), batch_size, lambda chunk: pixel_values_for(chunk, loaded))
+        elif texts:
             tok = tokenizer if tokenizer is not None else (loaded.processor if loaded.modality == "text" else None)
             if tok is None:
                 raise ValueError(f"tokenizer: no tokenizer found for {loaded.source!r}; pass tokenizer=")
@@ -132,7 +145,7 @@ class SRR(evaluate.Measurement):
             def encode(chunk):
                 return dict(tok(list(chunk), padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
 
-            inputs = LazyBatches(list(texts), batch_size, encode)
+            inputs = LazyBatches(list(inputs), batch_size, encode)
         else:
             raise ValueError("srr: no inputs; pass images=, texts= or pixel_values=")
         report = layer_srr(
