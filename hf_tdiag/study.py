@@ -10,8 +10,10 @@ gap.
 Resumability: every finished run is one JSON file ``<study_dir>/runs/<key>.json``
 written atomically (temporary file + ``os.replace``), where ``key`` hashes the
 run's complete settings. A study killed at any point loses at most the runs in
-flight; running it again skips every cached run. ``jobs > 1`` trains several
-runs at once in separate processes (each with ``cpu_count // jobs`` threads).
+flight; running it again skips every cached run (and the default trainer
+resumes the interrupted training from its last epoch checkpoint). ``jobs > 1``
+trains several runs at once in separate processes, each with ``cpu_count //
+jobs`` threads and, where GPUs are present, its own GPU (round-robin).
 
 Data flow: trainer → model → probes (weights, SRR) → measures (complexity,
 sharpness, correlation) → table / plots. This module only wires them.
@@ -419,10 +421,22 @@ def _execute(spec: dict) -> dict:
     return record
 
 
-def _init_worker(threads: int):
+def _init_worker(threads: int, gpu_queue=None):
+    """Worker setup: CPU threads, and one GPU per worker (``CUDA_VISIBLE_DEVICES``) when GPUs are present."""
+    if gpu_queue is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_queue.get())
     import torch
 
     torch.set_num_threads(max(1, threads))
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken CUDA install must not stop a CPU study
+        return 0
 
 
 # --------------------------------------------------------------------------- the study
@@ -550,7 +564,15 @@ def run_study(
             bar.update(1)
     else:
         ctx = mp.get_context("spawn")
-        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as pool:
+        gpus = _gpu_count()
+        gpu_queue = None
+        if gpus:
+            gpu_queue = ctx.Manager().Queue()
+            for i in range(jobs):
+                gpu_queue.put(i % gpus)  # several workers share a GPU when jobs > GPUs
+        with cf.ProcessPoolExecutor(
+            max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads, gpu_queue)
+        ) as pool:
             futures = {pool.submit(_execute, dict(spec, threads=threads)): spec for spec in specs}
             for fut in cf.as_completed(futures):
                 spec = futures[fut]
