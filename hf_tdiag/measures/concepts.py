@@ -747,7 +747,8 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
     second argument, ``suffix(patches, index)`` with ``index`` the slice of the chunk's images in ``A``
     (the remaining blocks and the head, see :func:`hf_tdiag.probes.concept_fidelity.suffix_runner`). After the plain Semi-NMF MU phase,
     ``supervised_iter`` Adam steps (U projected back to ≥ 0) back-propagate through the suffix.
-    ``lr`` is relative to the mean magnitude of each factor. ``history_`` adds ``kl`` per step.
+    ``lr`` is relative to the mean magnitude of each factor. ``history_`` adds ``kl`` per step;
+    ``start_components_`` is the plain Semi-NMF dictionary the supervised steps started from.
     """
 
     def __init__(self, n_concepts: int, kl_weight: float = 1.0, supervised_iter: int = 100, lr: float = 0.01,
@@ -787,6 +788,7 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
         if target.ndim != 2 or target.shape[0] != B:
             raise ValueError(f"suffix: expected logits of shape ({B}, classes), got {tuple(target.shape)}")
         logp = torch.log_softmax(target.double(), -1)
+        self.start_components_ = plain.components_.clone()
         U = plain.codes_.reshape(-1, self.n_concepts).to(X).clone().requires_grad_(True)
         W = plain.components_.T.to(X).clone().requires_grad_(True)
         opt = torch.optim.Adam(

@@ -36,7 +36,8 @@ from ..measures.concepts import SemiNMF, fidelity_errors, jacobian_spectral_norm
 from .architecture import describe
 from .token_states import model_device, model_dtype
 
-__all__ = ["concept_fidelity", "layer_activations", "suffix_runner", "ConceptModel", "LayerActivations"]
+__all__ = ["concept_fidelity", "compare_concepts", "supervised_concepts", "layer_activations", "suffix_runner", "ConceptModel",
+           "LayerActivations"]
 
 _SUPPORTED = "CRATE (model_type 'crate') or a ViT-like image classifier (ViTForImageClassification, DeiT, ...)"
 
@@ -115,6 +116,14 @@ def resolve(model: nn.Module) -> ConceptModel:
 
 
 def _pixel_values(inputs) -> torch.Tensor:
+    if not isinstance(inputs, (torch.Tensor, Mapping, str, bytes)) and hasattr(inputs, "__iter__") and not hasattr(inputs, "keys"):
+        parts = list(inputs)  # an iterable of batches (e.g. hf_tdiag.data_inputs.LazyBatches)
+        if parts and all(isinstance(p, (torch.Tensor, Mapping)) or hasattr(p, "keys") for p in parts):
+            return torch.cat([_pixel_values(p) for p in parts])
+        raise TypeError(
+            "inputs: expected pixel_values as a tensor (images, channels, height, width), a dict/BatchFeature with "
+            "'pixel_values' or an iterable of such batches (run the image processor first)"
+        )
     if isinstance(inputs, Mapping) or hasattr(inputs, "keys"):
         if "pixel_values" not in inputs:
             raise ValueError(f"inputs: expected a 'pixel_values' entry, got keys {list(inputs.keys())}")
@@ -433,3 +442,92 @@ def supervised_concepts(model, inputs, layer: int, n_concepts: int, *, kl_weight
     finally:
         model.train(was_training)
     return est
+
+
+def compare_concepts(
+    model,
+    inputs,
+    layer: int,
+    n_concepts: int = 16,
+    *,
+    gram_weights=(0.0, 1.0),
+    supervised: bool = True,
+    kl_weight: float = 10.0,
+    max_iter: int = 200,
+    refine_iter: int = 100,
+    supervised_iter: int = 100,
+    estimate: bool = True,
+    power_iters: int = 20,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> dict:
+    """Plain / Gram-aligned (each μ in ``gram_weights``) / classifier-supervised concepts at layer ℓ, side by side.
+
+    Returns ``runs`` (label -> :func:`concept_fidelity` report, plus fit time and loss history),
+    ``agreement`` (Hungarian-matched cosine similarity of each dictionary to the supervised one, and
+    ``update_cosine``: cosine between the refinement moves ``W − W_MU`` of the fit and of the supervised fit,
+    all fits sharing the same plain Semi-NMF start ``W_MU``),
+    ``table`` (one row per run) and ``estimators`` (label -> fitted estimator).
+    """
+    import time
+
+    from ..measures.concepts import match_concepts
+
+    if not gram_weights and not supervised:
+        raise ValueError("gram_weights: expected at least one μ (or supervised=True)")
+    cm = resolve(model)
+    layer = _check_layer(cm, layer)
+    pixels = _pixel_values(inputs)
+    A = layer_activations(model, pixels, layer, batch_size=batch_size, cm=cm).patches
+    runs, estimators, times = {}, {}, {}
+    for mu in gram_weights:
+        mu = float(mu)
+        label = "plain" if mu == 0 else f"gram(mu={mu:g})"
+        t0 = time.perf_counter()
+        est = SemiNMF(n_concepts, gram_weight=mu, max_iter=max_iter, refine_iter=refine_iter, verbose=progress).fit(A)
+        times[label] = time.perf_counter() - t0
+        estimators[label] = est
+    if supervised:
+        t0 = time.perf_counter()
+        est = supervised_concepts(model, pixels, layer, n_concepts, kl_weight=kl_weight, batch_size=batch_size,
+                                  supervised_iter=supervised_iter, max_iter=max_iter, verbose=progress)
+        times["supervised"] = time.perf_counter() - t0
+        estimators["supervised"] = est
+    for label, est in estimators.items():
+        rep = concept_fidelity(model, pixels, layer, est, estimate=estimate, power_iters=power_iters,
+                               batch_size=batch_size, progress=progress)
+        rep["fit_seconds"] = times[label]
+        rep["history"] = {k: list(v) for k, v in est.history_.items()}
+        runs[label] = rep
+    agreement = {}
+    if supervised:
+        ref = estimators["supervised"].components_
+        # every fit shares the deterministic start and MU phase, so the refinements can be compared as moves
+        # away from the plain Semi-NMF dictionary: cosine of vec(W_fit − W_MU) and vec(W_sup − W_MU)
+        base = estimators["supervised"].start_components_
+        for label, est in estimators.items():
+            if label != "supervised":
+                m = match_concepts(est.components_, ref)
+                agreement[label] = {"mean_cosine": m["mean_cosine"], "cosine": [float(c) for c in m["cosine"]],
+                                    "pairs": [[int(a), int(b)] for a, b in zip(m["rows"], m["cols"])]}
+                d_fit = (est.components_ - base.to(est.components_)).flatten().double()
+                d_sup = (ref - base.to(ref)).flatten().double()
+                denom = float(d_fit.norm() * d_sup.norm())
+                agreement[label]["update_cosine"] = float(d_fit @ d_sup) / denom if denom > 0 else None
+    table = []
+    for label, rep in runs.items():
+        table.append({
+            "method": label,
+            "gram_weight": rep["gram_weight"],
+            "kl": rep["kl"],
+            "top1_agreement": rep["top1_agreement"],
+            "delta_rec_rel": rep["delta_rec_rel"],
+            "delta_gram": rep["delta_gram"],
+            "bound": rep.get("bound"),
+            "frac_kl_below_bound": rep.get("frac_kl_below_bound"),
+            "fit_seconds": rep["fit_seconds"],
+            "cosine_to_supervised": agreement.get(label, {}).get("mean_cosine", 1.0 if label == "supervised" else None),
+            "update_cosine_to_supervised": agreement.get(label, {}).get("update_cosine"),
+        })
+    return {"layer": layer, "n_concepts": n_concepts, "kl_weight": kl_weight if supervised else None,
+            "runs": runs, "agreement": agreement, "table": table, "estimators": estimators, "grid": cm.grid}
