@@ -71,9 +71,8 @@ def digits_test_images(limit: int | None = None):
 # the short recipe: small enough for seconds-to-a-minute on a CPU, good enough for meaningful attention maps
 DEFAULT_TRAIN_KWARGS = dict(
     preset="crate-digits",
-    max_train_steps=300,
+    num_train_epochs=20,
     per_device_train_batch_size=64,
-    learning_rate=3e-3,
     seed=0,
     layer_srr_samples=0,
     disable_tqdm=False,

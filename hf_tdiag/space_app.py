@@ -87,6 +87,27 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     outputs=[prediction, heads_plot, layers_plot],
                     api_name="crate",
                 )
+
+            with gr.Tab("Bounds", id="bounds"):
+                gr.Markdown(
+                    "Generalization-bound proxies from the weights of the model above (BERT-like, ViT-like or CRATE): "
+                    "the spectrum-adaptive Schatten proxy with a per-matrix optimal p, against Edelman et al.'s."
+                )
+                with gr.Row():
+                    l_phi = gr.Number(value=1.13, label="L_φ (Lipschitz constant of the FFN activation; GELU 1.13)")
+                    bounds_btn = gr.Button("Compute bounds", variant="primary", elem_id="bounds-run")
+                bounds_text = gr.Markdown(elem_id="bounds-summary")
+                p_heatmap = gr.Plot(label="Optimal p per matrix", format="png", elem_id="bounds-heatmap")
+                with gr.Row():
+                    spectra_plot = gr.Plot(label="Spectral decay", format="png", elem_id="bounds-spectra")
+                    contrib_plot = gr.Plot(label="Contribution vs p", format="png", elem_id="bounds-contrib")
+                bounds_table = gr.Dataframe(headers=H.BOUNDS_COLUMNS, label="Per-matrix numbers", interactive=False)
+                bounds_btn.click(
+                    H.bounds_tab,
+                    inputs=[model_box, l_phi],
+                    outputs=[bounds_text, p_heatmap, spectra_plot, contrib_plot, bounds_table],
+                    api_name="bounds",
+                )
     return demo
 
 

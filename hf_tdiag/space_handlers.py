@@ -215,3 +215,27 @@ def _bounds_table(report) -> list[list]:
 
 
 BOUNDS_COLUMNS = ["layer", "head", "type", "rank", "spectral norm", "stable rank", "p_opt", "min_p c(W,p)"]
+
+
+@user_errors
+def bounds_tab(spec, L_phi=1.13, progress=gr.Progress(track_tqdm=True)):
+    """Bounds tab: both proxies (markdown), optimal-p heatmap, spectra, contribution curves, per-matrix table."""
+    from hf_tdiag import viz_schatten
+
+    loaded = get_model(spec)
+    report = _bounds_report(loaded, L_phi)
+    text = (
+        f"**B_ours (spectrum-adaptive Schatten)** = {report.ours:.6g} &nbsp;·&nbsp; "
+        f"**B_Edelman** = {report.edelman:.6g} &nbsp;·&nbsp; ratio B_Edelman / B_ours = "
+        f"{report.edelman / report.ours:.3g}  \n"
+        f"{report.num_layers} layers, width {report.hidden_size}, {report.num_heads} heads, "
+        f"{len(report.matrices)} matrices, L_φ = {report.L_phi:g}, mean optimal p = "
+        f"{float(np.mean([m.p_opt for m in report.matrices])):.3g}"
+    )
+    return (
+        text,
+        figures.optimal_p_heatmap(report),
+        viz_schatten.plot_spectral_decay(report),
+        viz_schatten.plot_contribution_vs_p(report),
+        _bounds_table(report),
+    )

@@ -167,12 +167,17 @@ def test_pixel_values_convert_rgb_to_model_channels(crate_dir):
 # ----------------------------------------------------------------------------- the report
 
 
-def test_report_on_crate_matches_direct_api_calls(crate_dir, tmp_path):
-    images, labels = _digits(12)
-    report = build_report(crate_dir, images=images, labels=labels, progress=False)
+@pytest.fixture(scope="module")
+def crate_report(crate_dir):
+    images, labels = _digits(10)
+    return build_report(crate_dir, images=images, labels=labels, progress=False), images, labels
+
+
+def test_report_on_crate_matches_direct_api_calls(crate_dir, crate_report):
+    report, images, labels = crate_report
     statuses = {s.key: s.status for s in report.sections}
     assert report.errors == {}, report.errors
-    assert statuses["summary"] == statuses["srr"] == statuses["schatten"] == statuses["attention"] == "ok"
+    assert set(statuses.values()) == {"ok"}, statuses
 
     loaded = load_model(crate_dir)
     pv = pixel_values_for(images, loaded)
@@ -191,28 +196,40 @@ def test_report_on_crate_matches_direct_api_calls(crate_dir, tmp_path):
     assert report.section("schatten").numbers["ours"] == pytest.approx(bounds.ours, rel=1e-12)
     assert report.section("schatten").numbers["edelman"] == pytest.approx(bounds.edelman, rel=1e-12)
 
+    concepts = report.section("concepts").numbers
+    direct = hf_tdiag.concept_fidelity(loaded.model, pv, concepts["layer"], 4, estimate=False, progress=False)
+    assert concepts["layer"] == 2 and concepts["n_concepts"] == 4  # default: middle layer of 4
+    for key in ("delta_rec", "delta_gram", "kl"):
+        assert concepts[key] == pytest.approx(direct[key], rel=1e-6, abs=1e-12)
+    assert 0.0 <= concepts["frac_kl_below_bound"] <= 1.0 and concepts["bound"] > 0
+
     with torch.no_grad():
         attn = loaded.model(pixel_values=pv[:1], output_attentions=True).attentions
     cls = np.asarray(report.section("attention").numbers["cls_attention_first_input"])
     np.testing.assert_allclose(cls[-1, 0].reshape(-1), attn[-1][0, 0, 0, 1:].numpy(), rtol=1e-6)
 
+
+def test_report_files_are_self_contained(crate_report, tmp_path):
+    report = crate_report[0]
     html_path, json_path = report.save(tmp_path / "out" / "report.html")
     page = html_path.read_text()
     data = json.loads(json_path.read_text())
     assert set(data["sections"]) == {s.key for s in report.sections}
-    assert data["sections"]["summary"]["numbers"]["predictions"] == summary["predictions"]
+    assert data["sections"]["summary"]["numbers"]["predictions"] == report.section("summary").numbers["predictions"]
     uris = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    assert len(uris) == sum(len(s.figures) for s in report.sections) >= 3
+    assert len(uris) == sum(len(s.figures) for s in report.sections) >= 6
     assert all(base64.b64decode(u).startswith(b"\x89PNG") for u in uris)
     assert not re.search(r'(src|href)="(https?:)?//', page), "the page must not load external resources"
     assert "report.json" in page
+    for s in report.sections:
+        assert f'id="{s.key}"' in page
 
 
 def test_report_without_inputs_skips_input_sections(crate_dir):
-    report = build_report(crate_dir, progress=False)
+    report = build_report(crate_dir, sections=["summary", "srr", "concepts", "attention"], progress=False)
     status = {s.key: s.status for s in report.sections}
-    assert status["schatten"] == "ok" and status["summary"] == "ok"
-    for key in ("srr", "attention"):
+    assert status["summary"] == "ok"
+    for key in ("srr", "concepts", "attention"):
         assert status[key] == "skipped" and "input" in report.section(key).note
 
 
@@ -223,6 +240,17 @@ def test_report_on_bert_runs_weight_diagnostics(bert_dir):
     assert report.section("srr").status == "skipped"
     with pytest.raises(ValueError, match="text model"):
         build_report(bert_dir, images=[Image.new("RGB", (8, 8))], progress=False)
+
+
+def test_optimal_p_heatmap_cells_are_the_records_p_opt(bert_dir):
+    bounds = hf_tdiag.spectrum_bounds(bert_dir)
+    fig = F.optimal_p_heatmap(bounds)
+    grid = np.ma.filled(fig.axes[0].images[0].get_array(), np.nan)
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert grid.shape == (bounds.num_layers, len(labels))
+    for m in bounds.matrices:
+        col = labels.index(m.type if m.head is None else f"{m.type} h{m.head}")
+        assert grid[m.layer, col] == m.p_opt
 
 
 def test_report_argument_errors(crate_dir, tmp_path):

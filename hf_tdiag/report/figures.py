@@ -135,7 +135,38 @@ def predictions_figure(images: list, labels: list[str], probs: list[float], trut
     return fig
 
 
+def optimal_p_heatmap(report) -> Figure:
+    """Heatmap of the optimal Schatten index p per matrix: layers (rows) × matrix type/head (columns).
+
+    ``report`` is a :class:`hf_tdiag.probes.spectrum.SpectrumBoundReport`; each cell is one record's ``p_opt``.
+    """
+    order = {"qk": 0, "v": 1, "m_in": 2, "ista": 2, "m_out": 3}
+    columns = sorted({(m.type, -1 if m.head is None else m.head) for m in report.matrices},
+                     key=lambda c: (order.get(c[0], 9), c[1]))
+    if not columns:
+        raise ValueError("report: has no matrices")
+    col_index = {c: j for j, c in enumerate(columns)}
+    grid = np.full((report.num_layers, len(columns)), np.nan)
+    for m in report.matrices:
+        grid[m.layer, col_index[(m.type, -1 if m.head is None else m.head)]] = m.p_opt
+    width = min(16.0, 2.5 + 0.32 * len(columns))
+    fig, ax = plt.subplots(figsize=(width, 1.2 + 0.35 * report.num_layers))
+    im = ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=2.0, aspect="auto", interpolation="nearest")
+    labels = [t if h < 0 else f"{t} h{h}" for t, h in columns]
+    ax.set_xticks(range(len(columns)), labels, rotation=90, fontsize=6 if len(columns) > 24 else 8)
+    ax.set_yticks(range(report.num_layers), [str(i) for i in range(report.num_layers)], fontsize=8)
+    ax.set_ylabel("layer")
+    if grid.size <= 400:
+        for (i, j), v in np.ndenumerate(grid):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.2g}", ha="center", va="center", fontsize=6, color="w" if v < 1.2 else "k")
+    fig.colorbar(im, ax=ax, label="optimal p")
+    ax.set_title("Optimal Schatten index p per matrix", fontsize=10)
+    return fig
+
+
 __all__ = [
+    "optimal_p_heatmap",
     "attention_heads_figure",
     "attention_layers_figure",
     "cls_attention_grid",

@@ -3,34 +3,17 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 
-from .loading import LoadedModel, open_image
+from hf_tdiag.data_inputs import DIGITS_NAMES, load_images
+
+from .loading import LoadedModel, check_image_size
 from .report import ReportInputs, images_to_inputs
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-
-
-def image_folder(path, limit: int | None = None) -> tuple[list, list[str] | None]:
-    """Images under ``path`` (sorted; class sub-folders give label names, as an ImageFolder) and their labels."""
-    root = Path(path)
-    if not root.is_dir():
-        raise ValueError(f"images: expected a folder of images, got {str(path)!r} (not a folder)")
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
-        raise ValueError(f"images: no image files ({', '.join(IMAGE_SUFFIXES)}) found under {str(path)!r}")
-    if limit is not None:
-        files = files[:limit]
-    images = [open_image(f) for f in files]
-    nested = all(f.parent != root for f in files)
-    names = [f.parent.name for f in files] if nested else None
-    return images, names
 
 
 def _label_ids(loaded: LoadedModel, names: list[str] | None) -> list[int] | None:
-    """Map class-folder names to the model's label ids (by label name, or by integer folder names)."""
+    """Map per-image class names to the model's label ids (by label name, or integer names); None if any fails."""
     if names is None or not loaded.is_classifier:
         return None
     label2id = {str(k).lower(): int(v) for k, v in (loaded.config.label2id or {}).items()}
@@ -46,24 +29,6 @@ def _label_ids(loaded: LoadedModel, names: list[str] | None) -> list[int] | None
     return ids
 
 
-def hub_dataset_images(name: str, split: str, limit: int) -> tuple[list, list[int] | None]:
-    """First ``limit`` images (and ClassLabel labels, if any) of a ``datasets`` image dataset."""
-    import datasets
-
-    try:
-        ds = datasets.load_dataset(name, split=split)
-    except Exception as err:  # noqa: BLE001 - datasets raises many types for unknown names/offline
-        raise ValueError(f"dataset: could not load {name!r} split {split!r} ({type(err).__name__}: {err})") from None
-    image_cols = [c for c, f in ds.features.items() if isinstance(f, datasets.Image)]
-    if not image_cols:
-        raise ValueError(f"dataset: {name!r} has no image column; columns are {list(ds.features)}")
-    label_cols = [c for c, f in ds.features.items() if isinstance(f, datasets.ClassLabel)]
-    ds = ds.select(range(min(limit, len(ds))))
-    images = list(ds[image_cols[0]])
-    labels = [int(v) for v in ds[label_cols[0]]] if label_cols else None
-    return images, labels
-
-
 def inputs_from_args(
     loaded: LoadedModel,
     *,
@@ -77,21 +42,24 @@ def inputs_from_args(
     given = [n for n, v in (("images", images), ("dataset", dataset), ("texts", texts)) if v is not None]
     if len(given) > 1:
         raise ValueError(f"inputs: give one of --images, --dataset or --texts, got {given}")
-    if images is not None:
-        pil, names = image_folder(images, limit)
-        return images_to_inputs(loaded, pil, _label_ids(loaded, names), description=f"images in {images}")
-    if dataset is not None:
-        if dataset == "digits":
-            from hf_tdiag.default_model import digits_test_images
+    if images is not None or (dataset is not None and dataset.strip().lower() not in DIGITS_NAMES):
+        spec = images if images is not None else dataset
+        if images is not None and not os.path.isdir(images):
+            raise ValueError(f"images: expected a folder of images, got {str(images)!r} (not a folder)")
+        found = load_images(spec, split=split if dataset is not None else None, limit=limit)
+        for image in found.images:
+            check_image_size(image)
+        names = None
+        if found.labels is not None and found.label_names is not None:
+            names = [found.label_names[i] for i in found.labels]
+        return images_to_inputs(loaded, found.images, _label_ids(loaded, names), description=found.source)
+    if dataset is not None:  # digits: the held-out split of the digits training recipe
+        from hf_tdiag.default_model import digits_test_images
 
-            pil, labels = digits_test_images(limit)
-            desc = "scikit-learn digits, held-out split"
-        else:
-            pil, labels = hub_dataset_images(dataset, split, limit)
-            desc = f"{dataset} ({split})"
-        if labels is not None and (not loaded.is_classifier or max(labels) >= loaded.config.num_labels):
+        pil, labels = digits_test_images(limit)
+        if not loaded.is_classifier or loaded.config.num_labels != 10:
             labels = None
-        return images_to_inputs(loaded, pil, labels, description=desc)
+        return images_to_inputs(loaded, pil, labels, description="scikit-learn digits, held-out test split")
     if texts is not None:
         return text_inputs(loaded, texts, limit)
     return None
@@ -114,4 +82,4 @@ def text_inputs(loaded: LoadedModel, path, limit: int) -> ReportInputs:
     return ReportInputs(batch, None, None, f"{len(lines)} lines of {path}")
 
 
-__all__ = ["IMAGE_SUFFIXES", "hub_dataset_images", "image_folder", "inputs_from_args", "text_inputs"]
+__all__ = ["inputs_from_args", "text_inputs"]

@@ -177,6 +177,17 @@ def pixel_values_for(images: list, loaded: LoadedModel) -> torch.Tensor:
     return pixel_values
 
 
+def check_image_size(image, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
+    """UserInputError when ``image`` (PIL) is empty or has more than ``max_pixels`` pixels."""
+    width, height = image.size
+    if width * height > max_pixels:
+        raise UserInputError(
+            f"image: {width}x{height} pixels is too large; the limit is {max_pixels:,} pixels (e.g. 4096x4096)"
+        )
+    if width < 1 or height < 1:
+        raise UserInputError(f"image: expected a non-empty image, got {width}x{height}")
+
+
 def open_image(path, *, max_pixels: int = MAX_IMAGE_PIXELS, max_bytes: int = MAX_IMAGE_BYTES) -> Image.Image:
     """Open an uploaded image file with size checks before decoding; UserInputError for anything unusable."""
     if path is None or (isinstance(path, str) and not path.strip()):
@@ -196,13 +207,7 @@ def open_image(path, *, max_pixels: int = MAX_IMAGE_PIXELS, max_bytes: int = MAX
             raise UserInputError(
                 f"image: {os.path.basename(path)!r} is not an image file Pillow can read (PNG, JPEG, WebP, BMP, GIF…)"
             ) from None
-    width, height = image.size
-    if width * height > max_pixels:
-        raise UserInputError(
-            f"image: {width}x{height} pixels is too large; the limit is {max_pixels:,} pixels (e.g. 4096x4096)"
-        )
-    if width < 1 or height < 1:
-        raise UserInputError(f"image: expected a non-empty image, got {width}x{height}")
+    check_image_size(image, max_pixels)
     try:
         image.load()
     except (OSError, ValueError) as err:
@@ -210,4 +215,4 @@ def open_image(path, *, max_pixels: int = MAX_IMAGE_PIXELS, max_bytes: int = MAX
     return image
 
 
-__all__ = ["LoadedModel", "UserInputError", "load_model", "open_image", "pixel_values_for"]
+__all__ = ["LoadedModel", "UserInputError", "check_image_size", "load_model", "open_image", "pixel_values_for"]

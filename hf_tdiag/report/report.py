@@ -64,6 +64,8 @@ class ReportOptions:
     srr_lam: float = 1.0
     concept_layer: int | None = None  # default: middle layer
     n_concepts: int = 4
+    concept_power_iters: int = 10  # power iterations per Lipschitz estimate of the bound's constants
+    concept_constant_images: int = 8  # images used to estimate L_block and alpha
     attention_layer: int | None = None  # default: last layer
     attention_head: int = 0
     max_svm_samples: int = 16
@@ -236,6 +238,12 @@ def section_srr(loaded: LoadedModel, inputs: ReportInputs | None, options: Repor
         tables=tables,
         numbers=report.to_dict(),
     )
+    from hf_tdiag import viz
+
+    name = getattr(loaded.config, "variant", None) or loaded.model_type
+    section.figures.append(
+        Figure("Per-layer R, Rᶜ, sparsity and SRR (mean ± std over samples)", _png(viz.plot_layer_srr({name: report})))
+    )
     return section
 
 
@@ -263,6 +271,74 @@ def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: 
         ],
         numbers=report.to_dict(include_spectra=False),
     )
+    from hf_tdiag import viz_schatten as VS
+
+    section.figures += [
+        Figure("Optimal Schatten index p per matrix (layers × matrix type / head)", _png(F.optimal_p_heatmap(report))),
+        Figure("Spectral decay σᵢ/σ₁ per matrix type", _png(VS.plot_spectral_decay(report))),
+        Figure("Contribution c(W, p) against p (minimum marked)", _png(VS.plot_contribution_vs_p(report))),
+    ]
+    return section
+
+
+def _default_concept_layer(num_layers: int) -> int:
+    return max(1, num_layers // 2)
+
+
+def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
+    title = _TITLES["concepts"]
+    if inputs is None or loaded.modality != "image":
+        return _skip("concepts", title, "needs image inputs: concepts are fitted on a layer's patch-token activations")
+    if not loaded.is_classifier:
+        return _skip("concepts", title, "needs an image classifier (the bound is about the classifier's output)")
+    num_layers = int(loaded.config.num_hidden_layers)
+    layer = _default_concept_layer(num_layers) if options.concept_layer is None else int(options.concept_layer)
+    result = hf_tdiag.concept_fidelity(
+        loaded.model,
+        inputs.batch,
+        layer,
+        options.n_concepts,
+        power_iters=options.concept_power_iters,
+        max_images_for_constants=options.concept_constant_images,
+        return_tensors=True,
+        progress=False,
+    )
+    tensors = result.pop("tensors")
+    rows = [
+        ["δ_rec = ‖A − Â‖_F (mean over images)", result["delta_rec"]],
+        ["δ_rec relative = δ_rec / ‖A‖_F", result["delta_rec_rel"]],
+        ["δ_gram = √L_gram", result["delta_gram"]],
+        ["‖G‖_F", result["gram_norm"]],
+        ["empirical KL (mean)", result["kl"]],
+        ["empirical KL (max)", result["kl_max"]],
+        ["top-1 agreement", result["top1_agreement"]],
+    ]
+    if "bound" in result:
+        rows += [
+            ["KL bound (mean)", result["bound"]],
+            ["bound: reconstruction term (mean)", result["bound_rec_term"]],
+            ["bound: Gram term (mean)", result["bound_gram_term"]],
+            ["fraction of images with KL ≤ bound", result["frac_kl_below_bound"]],
+        ]
+        consts = result.get("constants", {})
+        for key, value in consts.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                label = f"constant {key}" + (" (estimate)" if key in consts.get("estimated", ()) else "")
+                rows.append([label, value])
+    section = Section(
+        "concepts",
+        title,
+        summary=(
+            f"Semi-NMF with {result['n_concepts']} concepts of the patch tokens after block {layer} "
+            f"({result['n_images']} images × {result['n_tokens']} tokens × {result['hidden_size']} dims). "
+            "The empirical KL replaces the layer's patch tokens by their reconstruction Â (CLS untouched) and runs "
+            "the remaining blocks and the head; the bound is "
+            "½‖W_c‖²_op · L_block^{2L_suf} · (√N δ_rec + α‖G‖_F δ_gram)² with L_block and α estimated from the model."
+        ),
+        tables=[Table("Fidelity", ["quantity", "value"], rows)],
+        numbers=result,
+    )
+    section.numbers["codes_shape"] = list(tensors["codes"].shape)
     return section
 
 
@@ -299,6 +375,7 @@ SECTIONS: dict[str, SectionFn] = {
     "summary": section_summary,
     "srr": section_srr,
     "schatten": section_schatten,
+    "concepts": section_concepts,
     "attention": section_attention,
 }
 _TITLES = {
