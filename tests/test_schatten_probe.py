@@ -190,6 +190,7 @@ def test_report_fields_and_serialisation(tmp_path):
     assert d["ours"] == rep.ours and d["edelman"] == rep.edelman and len(d["matrices"]) == len(rep.matrices)
     assert "singular_values" not in rep.to_dict(include_spectra=False)["matrices"][0]
     assert rep.summary()["num_layers"] == L
+    assert rep.layers_path == "encoder.layer" and d["layers_path"] == "encoder.layer"
     with pytest.raises(ValueError, match="matrix_type"):
         rep.by_type("ffn")
 

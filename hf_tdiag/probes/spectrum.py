@@ -102,6 +102,7 @@ class SpectrumBoundReport:
     alpha: np.ndarray  # (L,) propagation factors α_ℓ
     xi: np.ndarray  # (L,) Edelman layer terms ξ_ℓ
     matrices: list[MatrixRecord] = field(default_factory=list)
+    layers_path: str = ""  # module path of the analysed layer list, e.g. "encoder.layer"
 
     @property
     def contribution_curves(self) -> np.ndarray:
@@ -151,6 +152,7 @@ class SpectrumBoundReport:
             "edelman": self.edelman,
             "alpha": self.alpha.tolist(),
             "xi": self.xi.tolist(),
+            "layers_path": self.layers_path,
             "matrices": [m.to_dict(include_spectra) for m in self.matrices],
         }
 
@@ -349,6 +351,7 @@ def spectrum_bounds(
         alpha=alpha.cpu().numpy(),
         xi=xi.cpu().numpy(),
         matrices=records,
+        layers_path=w.layer_paths[0].rsplit(".", 1)[0],
     )
 
 
