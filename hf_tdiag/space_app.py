@@ -11,6 +11,7 @@ import types
 import gradio as gr
 
 from hf_tdiag import space_handlers as H
+from hf_tdiag.models.crate import CRATE_VARIANTS
 
 MAX_FILE_SIZE = "25mb"
 
@@ -75,16 +76,23 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                             example_index = gr.Number(value=0, precision=0, minimum=0, label="Digits test example #")
                             example_btn = gr.Button("Use digits example", elem_id="crate-example")
                         layer = gr.Number(value=-1, precision=0, label="Layer for per-head maps (-1 = last)")
+                        compare = gr.CheckboxGroup(
+                            choices=list(CRATE_VARIANTS),
+                            label="Compare variants (default digits model of each; trained on first use)",
+                            elem_id="crate-compare",
+                        )
                         run_btn = gr.Button("Run", variant="primary", elem_id="crate-run")
                     with gr.Column(scale=2):
                         prediction = gr.Label(num_top_classes=3, label="Prediction", elem_id="crate-prediction")
                         heads_plot = gr.Plot(label="Attention per head", format="png", elem_id="crate-heads")
                         layers_plot = gr.Plot(label="Attention per layer", format="png", elem_id="crate-layers")
+                        srr_plot = gr.Plot(label="Per-layer SRR of this image", format="png", elem_id="crate-srr")
+                        compare_table = gr.Markdown(elem_id="crate-compare-table")
                 example_btn.click(H.digits_example, inputs=example_index, outputs=image, api_name="digits_example")
                 run_btn.click(
                     H.crate_tab,
-                    inputs=[model_box, image, layer],
-                    outputs=[prediction, heads_plot, layers_plot],
+                    inputs=[model_box, image, layer, compare],
+                    outputs=[prediction, heads_plot, layers_plot, srr_plot, compare_table],
                     api_name="crate",
                 )
 
@@ -107,6 +115,32 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     inputs=[model_box, l_phi],
                     outputs=[bounds_text, p_heatmap, spectra_plot, contrib_plot, bounds_table],
                     api_name="bounds",
+                )
+
+            with gr.Tab("Concepts", id="concepts"):
+                gr.Markdown(
+                    "Semi-NMF concepts of one layer's patch tokens (codes ≥ 0, signed dictionary), their fidelity "
+                    "δ_rec / δ_gram, and the empirical KL of the classifier when the tokens are replaced by their "
+                    "reconstruction, against the bound ½‖W_c‖²_op·L_block^{2L_suf}·(√N δ_rec + α‖G‖_F δ_gram)²."
+                )
+                with gr.Row():
+                    with gr.Column(scale=1):
+                        concept_image = _image_input("Image (optional)", "concepts-image")
+                        n_concepts = gr.Slider(2, 16, value=4, step=1, label="Concepts")
+                        concept_layer = gr.Number(value=-1, precision=0, label="Layer ℓ (-1 = middle)")
+                        extra_digits = gr.Slider(0, 128, value=31, step=1, label="Also fit on N digits test images")
+                        concepts_btn = gr.Button("Fit concepts", variant="primary", elem_id="concepts-run")
+                    with gr.Column(scale=2):
+                        concepts_text = gr.Markdown(elem_id="concepts-summary")
+                        heatmaps = gr.Plot(label="Concept heatmaps", format="png", elem_id="concepts-heatmaps")
+                        top_patches = gr.Plot(label="Top patches per concept", format="png")
+                        kl_plot = gr.Plot(label="Empirical KL vs bound", format="png")
+                        fidelity_table = gr.Dataframe(headers=["quantity", "value"], label="Fidelity", interactive=False)
+                concepts_btn.click(
+                    H.concepts_tab,
+                    inputs=[model_box, concept_image, n_concepts, concept_layer, extra_digits],
+                    outputs=[concepts_text, heatmaps, top_patches, kl_plot, fidelity_table],
+                    api_name="concepts",
                 )
     return demo
 

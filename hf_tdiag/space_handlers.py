@@ -155,9 +155,24 @@ def _display_image(pixel_values: torch.Tensor) -> np.ndarray:
     return arr[0] if arr.shape[0] == 1 else np.transpose(arr, (1, 2, 0))
 
 
+def _srr_report(loaded: LoadedModel, pixel_values: torch.Tensor):
+    import hf_tdiag
+
+    return hf_tdiag.layer_srr(loaded.model, pixel_values, progress=False)
+
+
+def _label(loaded: LoadedModel) -> str:
+    return getattr(loaded.config, "variant", None) or loaded.model_type or "model"
+
+
 @user_errors
-def crate_tab(spec, image_path, layer, progress=gr.Progress(track_tqdm=True)):
-    """CRATE tab: prediction, attention maps of every head of ``layer``, per-layer mean attention."""
+def crate_tab(spec, image_path, layer, compare=None, progress=gr.Progress(track_tqdm=True)):
+    """CRATE tab: prediction, attention maps of every head of ``layer``, per-layer mean attention, per-layer SRR
+    curves of this image (for the model and, for ``compare``, the default digits CRATE of each listed variant),
+    and a markdown table of every compared model's prediction."""
+    from hf_tdiag import viz
+    from hf_tdiag.models.crate import CRATE_VARIANTS
+
     loaded = get_model(spec)
     _require_image_classifier(loaded, "CRATE")
     image = open_image(image_path)
@@ -173,7 +188,23 @@ def crate_tab(spec, image_path, layer, progress=gr.Progress(track_tqdm=True)):
     shown = _display_image(pixel_values)
     heads_fig = figures.attention_heads_figure(shown, attentions, grid, layer)
     layers_fig = figures.attention_layers_figure(shown, attentions, grid)
-    return labels, heads_fig, layers_fig
+
+    compare = list(compare or [])
+    unknown = [v for v in compare if v not in CRATE_VARIANTS]
+    if unknown:
+        raise UserInputError(f"compare: unknown variant(s) {unknown}; expected some of {list(CRATE_VARIANTS)}")
+    reports = {_label(loaded): _srr_report(loaded, pixel_values.unsqueeze(0))}
+    top = max(labels, key=labels.get)
+    rows = [f"| {_label(loaded)} (this model) | {html.escape(top)} | {labels[top]:.3f} |"]
+    for variant in progress.tqdm(compare, desc="variants") if compare else []:
+        other = get_model(f"{DEFAULT_SPEC}:{variant}")
+        other_labels, _, other_pv = classify(other, image)
+        best = max(other_labels, key=other_labels.get)
+        rows.append(f"| {variant} (default digits model) | {html.escape(best)} | {other_labels[best]:.3f} |")
+        reports[f"{variant} (default)" if variant in reports else variant] = _srr_report(other, other_pv.unsqueeze(0))
+    srr_fig = viz.plot_layer_srr(reports, show_std=False, title="Per-layer sparse rate reduction of this image")
+    table = "| model | prediction | probability |\n|---|---|---|\n" + "\n".join(rows)
+    return labels, heads_fig, layers_fig, srr_fig, table
 
 
 @user_errors
@@ -239,3 +270,51 @@ def bounds_tab(spec, L_phi=1.13, progress=gr.Progress(track_tqdm=True)):
         viz_schatten.plot_contribution_vs_p(report),
         _bounds_table(report),
     )
+
+
+# ----------------------------------------------------------------------------- Concepts tab
+
+
+@user_errors
+def concepts_tab(spec, image_path, n_concepts=4, layer=-1, extra_digits=31, progress=gr.Progress(track_tqdm=True)):
+    """Concepts tab: Semi-NMF concepts of layer ``layer``'s patch tokens over the uploaded image plus
+    ``extra_digits`` held-out digits images; heatmaps, top patches, KL vs bound, and the fidelity numbers."""
+    import hf_tdiag
+    from hf_tdiag.default_model import digits_test_images
+    from hf_tdiag.report.report import concept_plots, fidelity_rows
+
+    loaded = get_model(spec)
+    _require_image_classifier(loaded, "Concepts")
+    images = [open_image(image_path)] if image_path else []
+    try:
+        extra = int(extra_digits or 0)
+        n_concepts = int(n_concepts)
+        layer = int(layer if layer is not None else -1)
+    except (TypeError, ValueError):
+        raise UserInputError("concepts, layer and extra images must be integers") from None
+    if not 0 <= extra <= 256:
+        raise UserInputError(f"extra digits images: expected 0..256, got {extra}")
+    if extra:
+        images += digits_test_images(extra)[0]
+    if not images:
+        raise UserInputError("image: upload an image or add some digits test images to fit the concepts on")
+    num_layers = int(loaded.config.num_hidden_layers)
+    if layer < 0:
+        layer = max(1, num_layers // 2)
+    pixel_values = pixel_values_for(images, loaded)
+    result = hf_tdiag.concept_fidelity(
+        loaded.model, pixel_values, layer, n_concepts, power_iters=10, max_images_for_constants=8,
+        return_tensors=True, progress=True,
+    )
+    tensors = result.pop("tensors")
+    plots = [fig for _, fig in concept_plots(loaded, pixel_values, tensors["codes"], result)]
+    while len(plots) < 3:
+        plots.append(None)
+    rows = fidelity_rows(result)
+    text = (
+        f"{result['n_concepts']} concepts after block {result['layer']} of {result['num_layers']}, "
+        f"fitted on {result['n_images']} images ({'the uploaded image first' if image_path else 'digits only'}). "
+        f"Empirical KL {result['kl']:.3g} vs bound {result.get('bound', float('nan')):.3g} "
+        f"(KL ≤ bound for {100 * result.get('frac_kl_below_bound', float('nan')):.0f}% of images)."
+    )
+    return text, plots[0], plots[1], plots[2], [[q, float(v)] for q, v in rows]

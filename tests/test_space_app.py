@@ -104,12 +104,13 @@ def test_client_drives_crate_tab(app_url, crate_dir, digit_png):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert {"/crate", "/model_summary", "/digits_example"} <= set(endpoints)
 
-    label, heads, layers = client.predict(crate_dir, handle_file(digit_png), -1, api_name="/crate")
-    direct, _, _ = H.crate_tab(crate_dir, digit_png, -1)
+    label, heads, layers, srr, table = client.predict(crate_dir, handle_file(digit_png), -1, [], api_name="/crate")
+    direct, *_ = H.crate_tab(crate_dir, digit_png, -1)
     top = max(direct, key=direct.get)
     assert label["label"] == top
     assert {c["label"]: c["confidence"] for c in label["confidences"]}[top] == pytest.approx(direct[top], rel=1e-5)
-    for plot in (heads, layers):
+    assert "(this model)" in table
+    for plot in (heads, layers, srr):
         assert plot["type"] == "matplotlib" and plot["plot"].startswith("data:image/png;base64,")
 
     summary = client.predict(crate_dir, api_name="/model_summary")
@@ -124,13 +125,13 @@ def test_client_bad_inputs_get_clear_messages(app_url, crate_dir, tmp_path):
     text_file = tmp_path / "not_an_image.png"
     text_file.write_text("hello")
     with pytest.raises(AppError) as excinfo:
-        client.predict(crate_dir, handle_file(str(text_file)), 0, api_name="/crate")
+        client.predict(crate_dir, handle_file(str(text_file)), 0, [], api_name="/crate")
     assert "is not an image file" in html.unescape(str(excinfo.value))
 
     big = tmp_path / "huge.png"
     Image.new("1", (5000, 5000)).save(big)
     with pytest.raises(AppError) as excinfo:
-        client.predict(crate_dir, handle_file(str(big)), 0, api_name="/crate")
+        client.predict(crate_dir, handle_file(str(big)), 0, [], api_name="/crate")
     assert "too large" in html.unescape(str(excinfo.value))
 
     with pytest.raises(AppError) as excinfo:
@@ -154,7 +155,7 @@ def test_browser_crate_tab_end_to_end(app_url, browser, digit_png):
         expect(page.locator("#crate-image img")).to_be_visible(timeout=30_000)  # upload preview rendered
         page.locator("#crate-run").click()
         expect(page.locator("#crate-prediction")).to_contain_text(re.compile(r"digit \d"), timeout=60_000)
-        for plot in ("#crate-heads img", "#crate-layers img"):
+        for plot in ("#crate-heads img", "#crate-layers img", "#crate-srr img"):
             img = page.locator(plot)
             expect(img).to_be_visible(timeout=60_000)
             assert img.evaluate("e => e.complete && e.naturalWidth") > 100

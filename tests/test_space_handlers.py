@@ -50,7 +50,7 @@ def _message(excinfo) -> str:
 
 
 def test_crate_tab_prediction_matches_direct_forward(crate_dir, digit_png):
-    labels, heads_fig, layers_fig = H.crate_tab(crate_dir, digit_png, -1)
+    labels, heads_fig, layers_fig, srr_fig, table = H.crate_tab(crate_dir, digit_png, -1)
     model = CrateForImageClassification.from_pretrained(crate_dir).eval()
     pv = CrateImageProcessor.from_pretrained(crate_dir)(images=Image.open(digit_png), return_tensors="pt")["pixel_values"]
     with torch.no_grad():
@@ -62,13 +62,41 @@ def test_crate_tab_prediction_matches_direct_forward(crate_dir, digit_png):
     assert sum(1 for ax in heads_fig.axes if len(ax.images) == 2) == model.config.num_attention_heads
     assert sum(1 for ax in layers_fig.axes if len(ax.images) == 2) == model.config.num_hidden_layers
     assert "layer 3" in heads_fig._suptitle.get_text()
+    # SRR curves: one line per term panel for this model, values = layer_srr of this image
+    import hf_tdiag
+
+    srr = hf_tdiag.layer_srr(model, pv, progress=False)
+    srr_panel = next(ax for ax in srr_fig.axes if ax.get_title().startswith("SRR"))
+    lines = srr_panel.get_lines()
+    np.testing.assert_allclose(lines[0].get_ydata(), srr.mean["block_input"]["srr"], rtol=1e-9)
+    top = max(labels, key=labels.get)
+    assert f"| crate (this model) | {top} | {labels[top]:.3f} |" in table
+
+
+def test_crate_tab_compares_variants(crate_dir, digit_png, monkeypatch, tmp_path):
+    # the default model of a variant is another saved CRATE: point the default cache at prepared folders
+    from hf_tdiag import default_model
+
+    monkeypatch.setenv(default_model.CACHE_ENV, str(tmp_path))
+    cfg = CrateConfig.from_preset("crate-digits", num_labels=10, variant="crate-c")
+    folder = default_model.default_model_dir("crate-c")
+    torch.manual_seed(1)
+    CrateForImageClassification(cfg).save_pretrained(folder)
+    CrateImageProcessor.for_config(cfg).save_pretrained(folder)
+    labels, _, _, srr_fig, table = H.crate_tab(crate_dir, digit_png, 0, ["crate-c"])
+    assert "| crate-c (default digits model) |" in table
+    panel = next(ax for ax in srr_fig.axes if ax.get_title().startswith("SRR"))
+    assert len(panel.get_lines()) >= 2  # this model and crate-c (solid block input; dashed mid states)
+    with pytest.raises(gr.Error) as excinfo:
+        H.crate_tab(crate_dir, digit_png, 0, ["crate-x"])
+    assert "unknown variant" in _message(excinfo)
 
 
 def test_crate_tab_accepts_rgb_upload_and_warns_on_bad_layer(crate_dir, tmp_path):
     rgb = tmp_path / "rgb.jpg"
     Image.new("RGB", (40, 30), (10, 200, 30)).save(rgb)
     with pytest.warns(UserWarning, match="does not exist"):
-        labels, heads_fig, _ = H.crate_tab(crate_dir, str(rgb), 17)
+        labels, heads_fig, *_ = H.crate_tab(crate_dir, str(rgb), 17)
     assert sum(labels.values()) == pytest.approx(1.0, abs=1e-5)
     assert "layer 3" in heads_fig._suptitle.get_text()
 
@@ -145,3 +173,37 @@ def test_digits_example_returns_held_out_digit():
     with pytest.raises(gr.Error) as excinfo:
         H.digits_example(len(images))
     assert "between 0 and" in _message(excinfo)
+
+
+def test_bounds_tab_matches_spectrum_bounds(crate_dir, bert_dir):
+    import hf_tdiag
+
+    for folder in (crate_dir, bert_dir):
+        text, heatmap, spectra, contrib, rows = H.bounds_tab(folder, 1.13)
+        direct = hf_tdiag.spectrum_bounds(folder)
+        assert f"{direct.ours:.6g}" in text and f"{direct.edelman:.6g}" in text
+        assert len(rows) == len(direct.matrices)
+        assert [r[6] for r in rows] == [round(m.p_opt, 4) for m in direct.matrices]
+        assert all(isinstance(f, Figure) for f in (heatmap, spectra, contrib))
+    with pytest.raises(gr.Error) as excinfo:
+        H.bounds_tab(crate_dir, "abc")
+    assert "L_phi" in _message(excinfo)
+
+
+def test_concepts_tab_reports_fidelity(crate_dir, digit_png):
+    import hf_tdiag
+    from hf_tdiag.default_model import digits_test_images
+    from hf_tdiag.report.loading import load_model, pixel_values_for
+
+    text, heat, top, kl, rows = H.concepts_tab(crate_dir, digit_png, 3, 1, 5)
+    values = dict((q, v) for q, v in rows)
+    loaded = load_model(crate_dir)
+    pv = pixel_values_for([Image.open(digit_png)] + digits_test_images(5)[0], loaded)
+    direct = hf_tdiag.concept_fidelity(loaded.model, pv, 1, 3, estimate=False, progress=False)
+    assert values["δ_rec = ‖A − Â‖_F (mean over images)"] == pytest.approx(direct["delta_rec"], rel=1e-6)
+    assert values["δ_gram = √L_gram"] == pytest.approx(direct["delta_gram"], rel=1e-6)
+    assert "3 concepts after block 1" in text and "6 images" in text
+    assert all(isinstance(f, Figure) for f in (heat, top, kl))
+    with pytest.raises(gr.Error) as excinfo:
+        H.concepts_tab(crate_dir, None, 3, 1, 0)
+    assert "upload an image" in _message(excinfo)

@@ -281,6 +281,32 @@ def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: 
     return section
 
 
+def fidelity_rows(result: dict) -> list[list]:
+    """(quantity, value) rows of a concept_fidelity report: errors, KL, bound and its constants."""
+    rows = [
+        ["δ_rec = ‖A − Â‖_F (mean over images)", result["delta_rec"]],
+        ["δ_rec relative = δ_rec / ‖A‖_F", result["delta_rec_rel"]],
+        ["δ_gram = √L_gram", result["delta_gram"]],
+        ["‖G‖_F", result["gram_norm"]],
+        ["empirical KL (mean)", result["kl"]],
+        ["empirical KL (max)", result["kl_max"]],
+        ["top-1 agreement", result["top1_agreement"]],
+    ]
+    if "bound" in result:
+        rows += [
+            ["KL bound (mean)", result["bound"]],
+            ["bound: reconstruction term (mean)", result["bound_rec_term"]],
+            ["bound: Gram term (mean)", result["bound_gram_term"]],
+            ["fraction of images with KL ≤ bound", result["frac_kl_below_bound"]],
+        ]
+        consts = result.get("constants", {})
+        for key, value in consts.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                label = f"constant {key}" + (" (estimate)" if key in consts.get("estimated", ()) else "")
+                rows.append([label, value])
+    return rows
+
+
 def _default_concept_layer(num_layers: int) -> int:
     return max(1, num_layers // 2)
 
@@ -304,27 +330,7 @@ def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: 
         progress=False,
     )
     tensors = result.pop("tensors")
-    rows = [
-        ["δ_rec = ‖A − Â‖_F (mean over images)", result["delta_rec"]],
-        ["δ_rec relative = δ_rec / ‖A‖_F", result["delta_rec_rel"]],
-        ["δ_gram = √L_gram", result["delta_gram"]],
-        ["‖G‖_F", result["gram_norm"]],
-        ["empirical KL (mean)", result["kl"]],
-        ["empirical KL (max)", result["kl_max"]],
-        ["top-1 agreement", result["top1_agreement"]],
-    ]
-    if "bound" in result:
-        rows += [
-            ["KL bound (mean)", result["bound"]],
-            ["bound: reconstruction term (mean)", result["bound_rec_term"]],
-            ["bound: Gram term (mean)", result["bound_gram_term"]],
-            ["fraction of images with KL ≤ bound", result["frac_kl_below_bound"]],
-        ]
-        consts = result.get("constants", {})
-        for key, value in consts.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                label = f"constant {key}" + (" (estimate)" if key in consts.get("estimated", ()) else "")
-                rows.append([label, value])
+    rows = fidelity_rows(result)
     section = Section(
         "concepts",
         title,
@@ -338,8 +344,37 @@ def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: 
         tables=[Table("Fidelity", ["quantity", "value"], rows)],
         numbers=result,
     )
-    section.numbers["codes_shape"] = list(tensors["codes"].shape)
+    section.figures += [Figure(c, _png(f)) for c, f in concept_plots(loaded, inputs.batch, tensors["codes"], result)]
     return section
+
+
+def patch_grid(config, pixel_values: torch.Tensor) -> tuple[int, int]:
+    """(rows, cols) of the patch grid of ``pixel_values`` for a ViT-like ``config``."""
+    patch = config.patch_size
+    ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    return int(pixel_values.shape[-2] // ph), int(pixel_values.shape[-1] // pw)
+
+
+def concept_plots(loaded: LoadedModel, pixel_values: torch.Tensor, codes, result: dict) -> list[tuple[str, Any]]:
+    """(caption, matplotlib figure) pairs: concept heatmaps, top-activating patches, KL vs bound (if computed)."""
+    from hf_tdiag import viz_concepts as VC
+
+    out = []
+    if codes is not None:
+        grid = patch_grid(loaded.config, pixel_values)
+        codes = codes.reshape(result["n_images"], result["n_tokens"], -1)
+        k = min(result["n_concepts"], 6)
+        out.append((
+            f"Concept codes over the patch grid after block {result['layer']} (strongest concepts, first images)",
+            VC.plot_concept_heatmaps(pixel_values, codes, grid, n_images=4, n_concepts=k),
+        ))
+        out.append((
+            "Top-activating patches per concept (cyan box; value = code)",
+            VC.plot_top_patches(pixel_values, codes, grid, n_concepts=k, top=8),
+        ))
+    if "bound" in result.get("per_image", {}):
+        out.append(("Empirical KL against the bound, per image", VC.plot_kl_vs_bound({"Semi-NMF": result})))
+    return out
 
 
 def section_attention(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
@@ -355,9 +390,7 @@ def section_attention(loaded: LoadedModel, inputs: ReportInputs | None, options:
                                             {k: v[:1] for k, v in inputs.batch.items()}), output_attentions=True)
     if attn is not None and loaded.modality == "image":
         pv = inputs.batch[0]
-        patch = loaded.config.patch_size
-        ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
-        grid = (pv.shape[-2] // ph, pv.shape[-1] // pw)
+        grid = patch_grid(loaded.config, pv)
         shown = pv[0].numpy() if pv.shape[0] == 1 else pv.permute(1, 2, 0).numpy()
         section.figures.append(
             Figure("CLS attention, mean over heads, per layer (first input)", _png(F.attention_layers_figure(shown, attn, grid)))
