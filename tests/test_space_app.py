@@ -53,10 +53,24 @@ def crate_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def app_url(crate_dir):
+def trained_default(tmp_path_factory):
+    """The Space's default model, trained by the digits recipe (short budget) into a fresh cache."""
+    from hf_tdiag import default_model
+
+    cache = tmp_path_factory.mktemp("hf_tdiag_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(default_model.CACHE_ENV, str(cache))
+        folder = default_model.ensure_default_model(
+            max_train_steps=30, max_train_samples=480, max_eval_samples=120, disable_tqdm=True
+        )
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def app_url(trained_default):
     from hf_tdiag.space_app import MAX_FILE_SIZE, build_demo
 
-    demo = build_demo(default_model=crate_dir)
+    demo = build_demo(default_model="")  # empty model box = the default digits CRATE
     port = _free_port()
     demo.queue().launch(
         server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, max_file_size=MAX_FILE_SIZE
@@ -117,6 +131,26 @@ def test_client_drives_crate_tab(app_url, crate_dir, digit_png):
     assert "`crate`" in summary and "10 classes" in summary
 
 
+def test_default_model_is_trained_once_and_served(app_url, trained_default, digit_png):
+    import json
+
+    from gradio_client import Client, handle_file
+
+    from hf_tdiag import default_model
+
+    assert default_model.is_complete(trained_default)
+    results = json.loads((trained_default / "all_results.json").read_text())
+    assert results["dataset"] == "sklearn-digits" and results["steps"] == 30
+    mtime = (trained_default / "model.safetensors").stat().st_mtime
+    assert default_model.ensure_default_model() == trained_default  # cached: no retraining
+    assert (trained_default / "model.safetensors").stat().st_mtime == mtime
+
+    client = Client(app_url, verbose=False)
+    label, *_ = client.predict("", handle_file(digit_png), -1, [], api_name="/crate")
+    assert label["label"] in {str(i) for i in range(10)}
+    assert "default-digits-crate" in client.predict("", api_name="/model_summary")
+
+
 def test_client_bad_inputs_get_clear_messages(app_url, crate_dir, tmp_path):
     from gradio_client import Client, handle_file
     from gradio_client.exceptions import AppError
@@ -145,6 +179,7 @@ def test_client_bad_inputs_get_clear_messages(app_url, crate_dir, tmp_path):
 
 
 def test_browser_crate_tab_end_to_end(app_url, browser, digit_png):
+    """Default model (empty model box): upload a digit, run the CRATE tab, see a prediction and rendered plots."""
     from playwright.sync_api import expect
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -154,7 +189,7 @@ def test_browser_crate_tab_end_to_end(app_url, browser, digit_png):
         page.locator("#crate-image input[type=file]").set_input_files(digit_png)
         expect(page.locator("#crate-image img")).to_be_visible(timeout=30_000)  # upload preview rendered
         page.locator("#crate-run").click()
-        expect(page.locator("#crate-prediction")).to_contain_text(re.compile(r"digit \d"), timeout=60_000)
+        expect(page.locator("#crate-prediction")).to_contain_text(re.compile(r"\d"), timeout=60_000)
         for plot in ("#crate-heads img", "#crate-layers img", "#crate-srr img"):
             img = page.locator(plot)
             expect(img).to_be_visible(timeout=60_000)
@@ -180,3 +215,34 @@ def test_browser_shows_error_for_non_image(app_url, browser, tmp_path):
         page.screenshot(path=str(ARTIFACTS / "space_bad_input.png"))
     finally:
         page.close()
+
+
+def test_browser_renders_report_of_trained_model(browser, trained_default):
+    """The one-page report of the digits-trained CRATE (the main job's recipe) opened in Chromium."""
+    from playwright.sync_api import expect
+
+    from hf_tdiag.default_model import digits_test_images
+    from hf_tdiag.report.report import build_report
+
+    images, labels = digits_test_images(24)
+    report = build_report(str(trained_default), images=images, labels=labels, progress=False)
+    assert report.errors == {}, report.errors
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    html_path, _ = report.save(ARTIFACTS / "report_trained_model.html")
+    page = browser.new_page()
+    try:
+        page.goto(html_path.resolve().as_uri())
+        for section in report.sections:
+            expect(page.locator(f"section#{section.key}")).to_be_visible()
+            assert page.locator(f"section#{section.key}").get_attribute("data-status") == "ok"
+        images_on_page = page.locator("section img")
+        count = images_on_page.count()
+        assert count == sum(len(s.figures) for s in report.sections) >= 8
+        for i in range(count):
+            img = images_on_page.nth(i)
+            img.scroll_into_view_if_needed()
+            assert img.evaluate("e => e.complete && e.naturalWidth") > 50
+        page.screenshot(path=str(ARTIFACTS / "report_trained_model.png"), full_page=True)
+    finally:
+        page.close()
+    assert (ARTIFACTS / "report_trained_model.png").stat().st_size > 50_000
