@@ -274,6 +274,28 @@ class _Problem:
         D, Zr = self.deltas(flat)
         return (D * D).sum(1) * (Zr * Zr).sum(1)
 
+    def query_blocks(self) -> torch.Tensor | None:
+        """Diagonal blocks ``K_ii = (Δ_i Δ_iᵀ)‖z_i‖²`` of the kernel, ``(n, T, T)``, when affordable."""
+        if not hasattr(self, "_blocks"):
+            n, T, dx = self.n, self.T, self.X.shape[2]
+            if n == 1 or n * T * T * dx > 5e9 or n * T * max(T, dx) > 5e7:
+                self._blocks = None
+            else:
+                D = self.x_ref.unsqueeze(1) - self.X[self.set_idx]  # (n, T, dx)
+                self._blocks = torch.bmm(D, D.transpose(1, 2)) * (self.Z * self.Z).sum(1)[:, None, None]
+        return self._blocks
+
+    def block_factor(self, free: torch.Tensor):
+        """Cholesky factors of the diagonal blocks restricted to ``free (n, T)`` (identity elsewhere)."""
+        G = self.query_blocks()
+        T = self.T
+        eye = torch.eye(T, dtype=G.dtype, device=G.device)
+        jitter = 1e-10 * float(torch.diagonal(G, dim1=1, dim2=2).max())
+        pair = free.unsqueeze(2) & free.unsqueeze(1)
+        Gm = torch.where(pair, G, torch.zeros_like(G)) + eye * (jitter + (~free).to(G.dtype)).unsqueeze(2)
+        L, _ = torch.linalg.cholesky_ex(Gm)
+        return L
+
 
 class _ReducedKernel:
     """``K' = K_II − K_IE K_EE⁺ K_EI`` (equalities eliminated) as a matvec on the flat inequality vector."""
@@ -336,9 +358,10 @@ def _rel_gap(lam: torch.Tensor, Klam: torch.Tensor) -> float:
 
 def _pcg(apply, rhs: torch.Tensor, prec: torch.Tensor, rtol: float, maxit: int) -> torch.Tensor:
     """Preconditioned CG for ``apply(x) = rhs`` (stops early on non-positive curvature)."""
+    precond = prec if callable(prec) else (lambda v: v * prec)
     x = torch.zeros_like(rhs)
     r = rhs.clone()
-    z = r * prec
+    z = precond(r)
     p = z.clone()
     rz = float(r @ z)
     stop = rtol * float(torch.linalg.norm(rhs))
@@ -352,7 +375,7 @@ def _pcg(apply, rhs: torch.Tensor, prec: torch.Tensor, rtol: float, maxit: int) 
         r = r - a * Ap
         if float(torch.linalg.norm(r)) <= stop:
             break
-        z = r * prec
+        z = precond(r)
         rz_new = float(r @ z)
         p = z + (rz_new / rz) * p
         rz = rz_new
@@ -388,26 +411,34 @@ def _face_solve(op, idx: torch.Tensor, rhs: torch.Tensor, prec: torch.Tensor, rt
         full[idx] = v
         return op(full)[idx] + float(v.sum())
 
-    return _pcg(apply, rhs, prec[idx], rtol=rtol, maxit=2000)
+    prob = op.prob
+    precond = prec[idx]
+    if prob.query_blocks() is not None:
+        grid_idx = prob.ineq_idx[idx]
+        free = torch.zeros(prob.n * prob.T, dtype=torch.bool, device=rhs.device)
+        free[grid_idx] = True
+        L = prob.block_factor(free.view(prob.n, prob.T))
+
+        def precond(v):
+            grid = torch.zeros(prob.n * prob.T, dtype=v.dtype, device=v.device)
+            grid[grid_idx] = v
+            y = torch.cholesky_solve(grid.view(prob.n, prob.T, 1), L)
+            return y.reshape(-1)[grid_idx]
+
+    return _pcg(apply, rhs, precond, rtol=rtol, maxit=2000)
 
 
 def _support_guess(prob: "_Problem", op) -> torch.Tensor:
     """Free-set guess: the supports of the per-query SVMs (the diagonal blocks of K), by batched active-set steps."""
     m = op.diag.numel()
-    n, T = prob.n, prob.T
     everything = torch.ones(m, dtype=torch.bool, device=op.diag.device)
-    if m <= 1000 or n * T * T * (prob.X.shape[2] + 1) > 4e8 or n == 1:
+    if m <= 1000 or prob.query_blocks() is None:
         return everything
-    D = prob.x_ref.unsqueeze(1) - prob.X[prob.set_idx]  # (n, T, dx)
-    G = torch.bmm(D, D.transpose(1, 2)) * (prob.Z * prob.Z).sum(1)[:, None, None]
+    G = prob.query_blocks()
     mask = prob.kind == 1
     free = mask.clone()
-    eye = torch.eye(T, dtype=G.dtype, device=G.device)
-    jitter = 1e-10 * float(torch.diagonal(G, dim1=1, dim2=2).max())
     for _ in range(12):
-        pair = free.unsqueeze(2) & free.unsqueeze(1)
-        Gm = torch.where(pair, G, torch.zeros_like(G)) + eye * (jitter + (~free).to(G.dtype)).unsqueeze(2)
-        L, _ = torch.linalg.cholesky_ex(Gm)
+        L = prob.block_factor(free)
         x = torch.cholesky_solve(free.to(G.dtype).unsqueeze(2), L).squeeze(2)
         mu = torch.bmm(G, x.unsqueeze(2)).squeeze(2) - 1.0
         new_free = (free & (x > 0)) | (mask & ~free & (mu < 0))
