@@ -1,0 +1,155 @@
+"""`evaluate` module: how max-margin-like is one attention head (Att-SVM diagnostic, Tarzanagh et al. 2023).
+
+Thin wrapper over :func:`hf_tdiag.attention_svm_diagnostic` (probes) and :mod:`hf_tdiag.measures.attention_svm`.
+"""
+
+import os
+
+import datasets
+import evaluate
+import torch
+from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
+from hf_tdiag.report.loading import load_model
+from hf_tdiag.report.loading import pixel_values_for
+
+_CITATION = """\
+@article{tarzanagh2023transformers,
+  title={Transformers as Support Vector Machines},
+  author={Tarzanagh, Davoud Ataee and Li, Yingcong and Thrampoulidis, Christos and Oymak, Samet},
+  journal={arXiv preprint arXiv:2308.16898},
+  year={2023}
+}
+"""
+
+_DESCRIPTION = """\
+Att-SVM diagnostic of one attention head of a CRATE, ViT-like or BERT-like model. The head's input tokens x
+(pre-attention LayerNorm output for pre-norm blocks, block input for post-norm BERT) are read with a hook;
+each query's attended token a (argmax of the head's attention) is its selection; the self-attention SVM
+W_mm = argmin ||W|| s.t. (x_a - x_t)^T W x_q >= 1 for all t != a is solved for a sample of queries in the head's
+input space (Frobenius norm by a dedicated dual solver; nuclear norm by cvxpy), and compared with the head's
+own matrix W_h = W_K^T W_Q / sqrt(p) (CRATE: U_k U_k^T / sqrt(p); with a query bias, queries are augmented by a
+constant 1 and W_h gets the column W_K^T b_Q / sqrt(p)). Reports the correlation <W_h, W_mm>/(|W_h||W_mm|),
+the same with W_h restricted to the subspaces the inputs can see, the head's normalized margins
+min_t (x_a - x_t)^T W_h x_q / |W_h| against the SVM margin 1/|W_mm| (ratio <= 1), and the fraction of queries
+whose attention is nearly one-hot.
+"""
+
+_KWARGS_DESCRIPTION = """
+Args:
+    model: a Transformers model object, a local folder (save_pretrained) or a Hub id.
+    images: PIL images (a list, or a datasets Image column); or
+    pixel_values: a tensor (B, C, H, W) already processed for the model; or
+    texts: strings for a text encoder (tokenized with the model folder's tokenizer or `tokenizer=`).
+    layer (`int`, default 0), head (`int`, default 0): the head to diagnose.
+    queries (`str` or list, default "all"): "all" tokens, "cls" (position 0) or a list of positions.
+    max_queries (`int`, default 64): queries sampled (seeded) for the SVM; None = all.
+    one_hot_threshold (`float`, default 0.9): attention counts as one-hot when its largest probability is >= this.
+    norm (`str`, default "fro"): "fro" (W-parameterization) or "nuc" (KQ-parameterization; needs cvxpy, small problems).
+    include_bias (`bool`, optional): augment queries with a constant 1 (default: when the query projection has a bias).
+    seed (`int`, default 0), max_length (`int`, default 128, texts only), tokenizer (optional).
+    return_arrays (`bool`, default True): also return per-query margins and probabilities.
+Returns:
+    correlation, correlation_in_span, margin_ratio, svm_margin, head_margin_min, head_margin_median,
+    one_hot_fraction, one_hot_fraction_all, feasible, num_queries, svm (objective, duality gap, constraints,
+    active constraints, solver, time), and with return_arrays: head_margins, svm_margins, max_probs,
+    query_index, selected.
+Examples:
+    >>> import evaluate, hf_tdiag
+    >>> svm = evaluate.load(hf_tdiag.metric_path("attention_svm"))
+    >>> out = svm.compute(model="path/to/vit", images=images, layer=3, head=1)  # doctest: +SKIP
+    >>> out["correlation"], out["margin_ratio"]  # doctest: +SKIP
+"""
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class AttentionSVM(evaluate.Measurement):
+    def _info(self):
+        return evaluate.MeasurementInfo(
+            module_type="measurement",
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=[
+                datasets.Features({"inputs": datasets.Value("string")}),
+                datasets.Features({"inputs": datasets.Image()}),
+            ],
+            reference_urls=["https://arxiv.org/abs/2308.16898"],
+        )
+
+    @staticmethod
+    def _one_input(images, texts, pixel_values=None):
+        given = [n for n, v in (("images", images), ("texts", texts), ("pixel_values", pixel_values)) if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"attention_svm: give one of images, texts or pixel_values, got {given}")
+        return texts if texts is not None else images
+
+    def add_batch(self, *, images=None, texts=None, inputs=None, **kwargs):
+        """Store a batch of PIL images (``images=``) or strings (``texts=``)."""
+        batch = self._one_input(images, texts)
+        return super().add_batch(inputs=list(batch) if batch is not None else inputs, **kwargs)
+
+    def add(self, *, image=None, text=None, inputs=None, **kwargs):
+        """Store one PIL image (``image=``) or one string (``text=``)."""
+        return self.add_batch(inputs=[text if text is not None else (image if image is not None else inputs)], **kwargs)
+
+    def compute(self, *, images=None, texts=None, pixel_values=None, predictions=None, references=None, **kwargs):
+        """Like `evaluate` compute; `pixel_values` (a tensor) skips `evaluate`'s storage and is measured directly."""
+        if predictions is not None or references is not None:
+            raise ValueError("attention_svm: takes `images=`, `texts=` or `pixel_values=` plus `model=`, not predictions/references")
+        batch = self._one_input(images, texts, pixel_values)
+        if pixel_values is not None:
+            if not isinstance(pixel_values, torch.Tensor) or pixel_values.ndim != 4:
+                shape = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__
+                raise ValueError(f"pixel_values: expected a tensor of shape (B, C, H, W), got {shape}")
+            return self._compute(pixel_values=pixel_values, **kwargs)
+        if batch is not None:
+            self.add_batch(inputs=list(batch))
+        return super().compute(**kwargs)
+
+    def _compute(
+        self,
+        inputs=None,
+        pixel_values=None,
+        model=None,
+        layer=0,
+        head=0,
+        queries="all",
+        max_queries=64,
+        one_hot_threshold=0.9,
+        norm="fro",
+        include_bias=None,
+        seed=0,
+        max_length=128,
+        tokenizer=None,
+        return_arrays=True,
+        progress=False,
+    ):
+        if model is None:
+            raise ValueError("model: expected a Transformers model, a local folder or a Hub id, got None")
+        loaded = load_model(os.fspath(model) if isinstance(model, os.PathLike) else model, eager_attention=False)
+        texts = inputs is not None and len(inputs) > 0 and isinstance(inputs[0], str)
+        if pixel_values is not None:
+            batch = pixel_values
+        elif inputs is not None and len(inputs) > 0 and not texts:
+            batch = pixel_values_for(list(inputs), loaded)
+        elif texts:
+            tok = tokenizer if tokenizer is not None else (loaded.processor if loaded.modality == "text" else None)
+            if tok is None:
+                raise ValueError(f"tokenizer: no tokenizer found for {loaded.source!r}; pass tokenizer=")
+            batch = dict(tok(list(inputs), padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
+        else:
+            raise ValueError("attention_svm: no inputs; pass images=, texts= or pixel_values=")
+        diag = attention_svm_diagnostic(
+            loaded.model,
+            batch,
+            layer,
+            head,
+            queries=queries,
+            max_queries=max_queries,
+            one_hot_threshold=one_hot_threshold,
+            norm=norm,
+            include_bias=include_bias,
+            seed=seed,
+            progress=progress,
+        )
+        return diag.to_dict() if return_arrays else diag.summary()
