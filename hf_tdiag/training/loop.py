@@ -94,6 +94,23 @@ def _write_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def compute_loss(model, unwrapped, batch, args, step: int):
+    """``(loss, ce, penalty)`` of one batch: ``loss = CE(label smoothing) + β·SRR(Z^ℓ; U^ℓ)`` (penalty None if β = 0).
+
+    ``model`` is what the accelerator prepared (it runs the forward pass), ``unwrapped`` the bare model whose
+    ``U`` the regulariser reads; ``step`` (the optimizer step) picks the layer for ``--srr_layer random``.
+    """
+    need_srr = args.srr_weight > 0
+    outputs = model(pixel_values=batch["pixel_values"], output_hidden_states=need_srr)
+    ce = F.cross_entropy(outputs.logits.float(), batch["labels"], label_smoothing=args.label_smoothing)
+    if not need_srr:
+        return ce, ce, None
+    penalty, _ = model_srr_penalty(
+        unwrapped, outputs.hidden_states, args.srr_layer, step, args.seed, eps=args.srr_eps, lam=args.srr_lambda
+    )
+    return ce + args.srr_weight * penalty.to(ce.dtype), ce, penalty
+
+
 def train(args_or_kwargs=None, **kwargs) -> dict:
     """Train a CRATE classifier; ``args_or_kwargs``: argv list, ``argparse.Namespace`` or mapping (+ keyword flags).
 
@@ -195,7 +212,6 @@ def train(args_or_kwargs=None, **kwargs) -> dict:
         desc="train",
         disable=args.disable_tqdm or not accelerator.is_local_main_process,
     )
-    need_srr = args.srr_weight > 0
     stopped_at_target = False
     srr_last = None
     epoch = start_epoch
@@ -215,21 +231,9 @@ def train(args_or_kwargs=None, **kwargs) -> dict:
         for batch in active:
             batch_index += 1
             with accelerator.accumulate(model):
-                outputs = model(pixel_values=batch["pixel_values"], output_hidden_states=need_srr)
-                ce = F.cross_entropy(outputs.logits.float(), batch["labels"], label_smoothing=args.label_smoothing)
-                loss = ce
-                if need_srr:
-                    penalty, _ = model_srr_penalty(
-                        unwrapped,
-                        outputs.hidden_states,
-                        args.srr_layer,
-                        completed_steps,
-                        args.seed,
-                        eps=args.srr_eps,
-                        lam=args.srr_lambda,
-                    )
+                loss, ce, penalty = compute_loss(model, unwrapped, batch, args, completed_steps)
+                if penalty is not None:
                     srr_last = float(penalty.detach())
-                    loss = ce + args.srr_weight * penalty.to(ce.dtype)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and args.max_grad_norm:
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)

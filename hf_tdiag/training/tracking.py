@@ -54,7 +54,7 @@ def resolve_trackers(report_to: str, logging_dir: str, run_name: str = "crate") 
     ``jsonl`` is built in; other names are Accelerate trackers and must be installed; ``all`` is ``jsonl``
     plus every Accelerate tracker that is available.
     """
-    from accelerate.utils import get_available_trackers
+    from accelerate.tracking import get_available_trackers
 
     names = [n.strip() for n in str(report_to).split(",") if n.strip()]
     if not names:

@@ -1,0 +1,117 @@
+"""``--push_to_hub`` over real HTTP against the local Hub server (tests/hub_server.py), then a remote-code reload."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load, load_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hub_server import LocalHub  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = "tester/crate-digits-tiny"
+
+_RELOAD = r"""
+import json, sys
+import torch
+from transformers import AutoImageProcessor, AutoModelForImageClassification
+model = AutoModelForImageClassification.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+processor = AutoImageProcessor.from_pretrained(sys.argv[1], trust_remote_code=True)
+torch.manual_seed(0)
+x = torch.randn(2, 1, 8, 8)
+with torch.no_grad():
+    logits = model(pixel_values=x).logits
+print(json.dumps({
+    "model_module": type(model).__module__,
+    "processor_module": type(processor).__module__,
+    "hf_tdiag_loaded": "hf_tdiag" in sys.modules,
+    "logits": logits.tolist(),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def pushed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hub") / "run"
+    with LocalHub() as hub:
+        env = {
+            **os.environ,
+            "HF_ENDPOINT": hub.url,
+            "HF_HUB_OFFLINE": "0",
+            "HF_TOKEN": "hf_local_test_token",
+            "HF_HOME": str(out.parent / "hf_home"),
+            "PYTHONPATH": ROOT,
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+        }
+        cmd = [
+            sys.executable, os.path.join(ROOT, "recipes", "train_crate.py"),
+            "--output_dir", str(out), "--push_to_hub", "--hub_model_id", REPO,
+            "--hidden_size", "16", "--num_hidden_layers", "2", "--num_attention_heads", "2",
+            "--max_train_steps", "2", "--per_device_train_batch_size", "32", "--max_train_samples", "64",
+            "--max_eval_samples", "32", "--layer_srr_samples", "16", "--disable_tqdm",
+        ]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        # a fresh interpreter that never imports hf_tdiag: the repo's own code must be enough
+        env_reload = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+        reload = subprocess.run(
+            [sys.executable, "-c", _RELOAD, REPO], env=env_reload, capture_output=True, text=True, timeout=300, cwd=str(out.parent)
+        )
+        assert reload.returncode == 0, reload.stderr[-4000:]
+        yield {
+            "out": out,
+            "files": hub.files(REPO),
+            "commits": hub.commits(REPO),
+            "reload": json.loads(reload.stdout.strip().splitlines()[-1]),
+            "unhandled": [r for r in hub.unhandled if "agent-harnesses" not in r[1]],
+        }
+
+
+def test_push_uploads_weights_config_processor_code_results_and_card(pushed):
+    files, out = pushed["files"], pushed["out"]
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "configuration_crate.py",
+        "modeling_crate.py",
+        "preprocessor_config.json",
+        "image_processing_crate.py",
+        "README.md",
+        "all_results.json",
+        "layer_srr.json",
+        "layer_srr.png",
+    ):
+        assert name in files, name
+    assert pushed["unhandled"] == []
+    # the weights that arrived are the trained weights
+    remote = load(files["model.safetensors"])
+    local = load_file(str(out / "model.safetensors"))
+    assert remote.keys() == local.keys() and all(torch.equal(remote[k], local[k]) for k in local)
+    config = json.loads(files["config.json"])
+    assert config["auto_map"]["AutoModelForImageClassification"] == "modeling_crate.CrateForImageClassification"
+    # the filled card is pushed last, so model.push_to_hub's generic README does not survive
+    assert pushed["commits"][-1]["summary"] == "Upload model card"
+    assert files["README.md"].decode() == (out / "README.md").read_text()
+    assert "model-index" in files["README.md"].decode()
+    assert json.loads(files["all_results.json"]) == json.loads((out / "all_results.json").read_text())
+
+
+def test_pushed_repo_loads_with_trust_remote_code_and_gives_the_same_logits(pushed):
+    from transformers import AutoModelForImageClassification
+
+    import hf_tdiag  # noqa: F401  (registers the crate model type for the local reference load)
+
+    info = pushed["reload"]
+    assert not info["hf_tdiag_loaded"]
+    assert info["model_module"].startswith("transformers_modules")
+    assert info["processor_module"].startswith("transformers_modules")
+    model = AutoModelForImageClassification.from_pretrained(str(pushed["out"])).eval()
+    torch.manual_seed(0)
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        expected = model(pixel_values=x).logits
+    torch.testing.assert_close(torch.tensor(info["logits"]), expected, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,220 @@
+"""End-to-end trainer runs on tiny CRATEs: kill-and-resume equality, generalization gap, model card, data sources."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from PIL import Image
+from safetensors.torch import load_file
+
+from hf_tdiag.training import train
+from hf_tdiag.training.checkpointing import latest_checkpoint, list_checkpoints
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    per_device_train_batch_size=32,
+    per_device_eval_batch_size=64,
+    max_train_samples=256,
+    max_eval_samples=64,
+    layer_srr_samples=0,
+    disable_tqdm=True,
+    seed=3,
+)
+
+
+def _argv(**kwargs):
+    out = []
+    for key, value in kwargs.items():
+        if value is True:
+            out.append(f"--{key}")
+        else:
+            out += [f"--{key}", str(value)]
+    return out
+
+
+_KILLED_CHILD = r"""
+import os, signal, sys
+import torch
+torch.set_num_threads(min(2, torch.get_num_threads()))
+from accelerate import Accelerator
+from hf_tdiag.training.loop import train
+
+original = Accelerator.save_state
+
+def save_state(self, output_dir=None, **kwargs):
+    result = original(self, output_dir, **kwargs)
+    if output_dir.endswith(".tmp-checkpoint-6"):
+        # die mid-checkpoint: state written but torn, never renamed
+        path = os.path.join(output_dir, "model.safetensors")
+        with open(path, "r+b") as fh:
+            fh.truncate(os.path.getsize(path) // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+
+Accelerator.save_state = save_state
+train(sys.argv[1:])
+"""
+
+
+def test_sigkill_mid_checkpoint_then_resume_latest_gives_identical_weights(tmp_path):
+    common = dict(TINY, max_train_steps=12, checkpointing_steps=3, srr_weight=0.05, srr_layer="random", dropout_free=None)
+    common.pop("dropout_free")
+    common["hidden_dropout_prob"] = 0.1  # the resumed run must also restore the RNG state
+    full = train(output_dir=str(tmp_path / "full"), **common)
+    assert full["steps"] == 12
+
+    killed = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_CHILD, *_argv(output_dir=str(killed), **common)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert (killed / ".tmp-checkpoint-6").is_dir()  # the torn checkpoint is there ...
+    assert [s for s, _ in list_checkpoints(str(killed))] == [3]  # ... but only checkpoint-3 counts
+    assert latest_checkpoint(str(killed)) == str(killed / "checkpoint-3")
+    assert not (killed / "model.safetensors").exists()
+
+    resumed = train(output_dir=str(killed), resume_from_checkpoint="latest", **common)
+    assert resumed["resumed_from"] == str(killed / "checkpoint-3")
+    a = load_file(str(tmp_path / "full" / "model.safetensors"))
+    b = load_file(str(killed / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert resumed["history"] == full["history"]
+    assert not (killed / ".tmp-checkpoint-6").exists()  # cleaned on start
+    assert len(list_checkpoints(str(killed))) == 2  # checkpoints_total_limit
+
+
+def test_srr_weight_changes_training(tmp_path):
+    base = dict(TINY, max_train_steps=3, with_tracking=True, logging_steps=1)
+    plain = train(output_dir=str(tmp_path / "plain"), **base)
+    reg = train(output_dir=str(tmp_path / "reg"), srr_weight=1.0, srr_layer="last", **base)
+    a = load_file(str(tmp_path / "plain" / "model.safetensors"))
+    b = load_file(str(tmp_path / "reg" / "model.safetensors"))
+    qkv = "crate.encoder.layer.1.attention.qkv.weight"
+    assert not torch.equal(a[qkv], b[qkv])
+    lines = [json.loads(x) for x in open(tmp_path / "reg" / "logs" / "crate" / "metrics.jsonl")]
+    penalties = [x["train/srr_penalty"] for x in lines if "train/srr_penalty" in x]
+    assert len(penalties) == 3 and all(np.isfinite(penalties))
+    assert any("eval/accuracy" in x for x in lines)
+    assert plain["srr_weight"] == 0.0 and reg["srr_weight"] == 1.0
+
+
+def test_stop_at_train_loss_gap_results_and_model_card(tmp_path):
+    out = tmp_path / "run"
+    results = train(
+        output_dir=str(out),
+        variant="crate-c",
+        num_train_epochs=4,
+        stop_at_train_loss=50.0,  # any first-epoch loss is below it: stop after one epoch
+        **dict(TINY, layer_srr_samples=32),
+    )
+    assert results["reached_train_loss_target"] is True and results["epochs"] == 1
+    on_disk = json.load(open(out / "all_results.json"))
+    assert on_disk["generalization_gap"] == pytest.approx(on_disk["eval_loss"] - on_disk["train_loss"])
+    assert on_disk["eval_samples"] == 64 and on_disk["train_samples"] == 256
+
+    # independent recomputation from the saved folder: eval-mode cross-entropy on the full train / test subsets
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    from hf_tdiag.training.data import digits_split
+
+    model = AutoModelForImageClassification.from_pretrained(str(out)).eval()
+    processor = AutoImageProcessor.from_pretrained(str(out))
+    x_tr, x_te, y_tr, y_te = digits_split()
+
+    def ce(images, labels):
+        pixel_values = processor([Image.fromarray(i) for i in images], return_tensors="pt")["pixel_values"]
+        with torch.no_grad():
+            logits = model(pixel_values=pixel_values).logits
+        return float(torch.nn.functional.cross_entropy(logits, torch.as_tensor(labels)))
+
+    assert on_disk["train_loss"] == pytest.approx(ce(x_tr[:256], y_tr[:256]), rel=1e-5)
+    assert on_disk["eval_loss"] == pytest.approx(ce(x_te[:64], y_te[:64]), rel=1e-5)
+    assert len(on_disk["layer_srr"]) == 2 and on_disk["layer_srr_samples"] == 32
+    assert os.path.getsize(out / "layer_srr.png") > 1000
+
+    card = ModelCard.load(str(out / "README.md"))
+    metrics = {r.metric_type: r.metric_value for r in card.data.eval_results}
+    assert metrics["accuracy"] == pytest.approx(results["eval_accuracy"])
+    assert metrics["generalization_gap"] == pytest.approx(results["generalization_gap"])
+    assert card.data.eval_results[0].dataset_split == "test"
+    assert card.data.model_name.startswith("CRATE-C")
+    text = card.text
+    assert "U = [U_1 … U_K]" in text and "White-Box Transformers via Sparse Rate Reduction" in text
+    assert "In-depth Investigation of Sparse Rate Reduction" in text and "![Per-layer sparse rate reduction](layer_srr.png)" in text
+    assert f"{results['generalization_gap']:.4f}" in text
+    assert "--variant crate-c" in text and "--stop_at_train_loss 50.0" in text
+
+
+def _write_imagefolder(root, per_class, seed):
+    rng = np.random.default_rng(seed)
+    for label, shade in (("cat", 40), ("dog", 200)):
+        os.makedirs(root / label, exist_ok=True)
+        for i in range(per_class):
+            pixels = np.clip(rng.normal(shade, 30, size=(16, 16, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / label / f"{i}.png")
+
+
+SMALL_IMAGES = dict(
+    preset="crate-32",
+    image_size=16,
+    patch_size=4,
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    max_train_steps=2,
+    per_device_train_batch_size=4,
+    per_device_eval_batch_size=4,
+    layer_srr_samples=4,
+    disable_tqdm=True,
+)
+
+
+def test_imagefolder_training_with_augmentation(tmp_path):
+    _write_imagefolder(tmp_path / "train", 6, 0)
+    _write_imagefolder(tmp_path / "val", 3, 1)
+    results = train(
+        output_dir=str(tmp_path / "out"), train_dir=str(tmp_path / "train"), validation_dir=str(tmp_path / "val"), **SMALL_IMAGES
+    )
+    assert results["eval_samples"] == 6 and results["train_samples"] == 12
+    assert results["augmentation"] == "pad_crop + horizontal flip (p=0.5)"
+    config = json.load(open(tmp_path / "out" / "config.json"))
+    assert sorted(config["id2label"].values()) == ["cat", "dog"] and config["num_channels"] == 3
+
+
+def test_save_to_disk_dataset_through_the_cli(tmp_path):
+    import datasets
+
+    _write_imagefolder(tmp_path / "imgs", 6, 2)
+    images, labels = [], []
+    for label, name in enumerate(("cat", "dog")):
+        for f in sorted(os.listdir(tmp_path / "imgs" / name)):
+            images.append(Image.open(tmp_path / "imgs" / name / f).convert("RGB"))
+            labels.append(label)
+    ds = datasets.Dataset.from_dict(
+        {"img": images, "label": labels},
+        features=datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog"])}),
+    )
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "disk"))
+    from hf_tdiag.cli import main
+
+    argv = ["train", *_argv(output_dir=str(tmp_path / "out"), dataset_path=str(tmp_path / "disk"), train_val_split=0.25, **SMALL_IMAGES)]
+    assert main(argv) == 0
+    results = json.load(open(tmp_path / "out" / "all_results.json"))
+    assert results["eval_samples"] == 3 and results["train_samples"] == 9
+    assert results["eval_split"].startswith("train[0.25")
