@@ -142,6 +142,49 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     outputs=[concepts_text, heatmaps, top_patches, kl_plot, fidelity_table],
                     api_name="concepts",
                 )
+
+            with gr.Tab("Attention as SVM", id="svm"):
+                gr.Markdown(
+                    "**1-layer experiment** (Tarzanagh et al. 2023): unit-norm tokens, f(X) = vᵀXᵀsoftmax(XWz), logistic "
+                    "loss, normalized gradient descent on W (compared with the Frobenius-norm Att-SVM solution W_mm) "
+                    "and on W = KQᵀ (compared with the nuclear-norm one). With d ≥ max(T−1, n) the directions align."
+                )
+                with gr.Row():
+                    svm_n = gr.Slider(1, 32, value=6, step=1, label="n (inputs)")
+                    svm_T = gr.Slider(2, 32, value=8, step=1, label="T (tokens per input)")
+                    svm_d = gr.Slider(2, 64, value=16, step=1, label="d (dimension)")
+                    svm_steps = gr.Slider(10, 5000, value=1000, step=10, label="GD steps")
+                    svm_seed = gr.Number(value=0, precision=0, label="seed")
+                svm_btn = gr.Button("Run experiment", variant="primary", elem_id="svm-run")
+                svm_text = gr.Markdown(elem_id="svm-summary")
+                svm_plot = gr.Plot(label="Correlation with W_mm", format="png", elem_id="svm-curves")
+                svm_btn.click(
+                    H.svm_experiment,
+                    inputs=[svm_n, svm_T, svm_d, svm_steps, svm_seed],
+                    outputs=[svm_text, svm_plot],
+                    api_name="svm_experiment",
+                )
+                gr.Markdown(
+                    "**Head diagnostic** of the model above: each query's most-attended token is its selection; the "
+                    "Att-SVM is solved in the head's input space and compared with the head's W_Kᵀ W_Q / √p."
+                )
+                with gr.Row():
+                    with gr.Column(scale=1):
+                        head_image = _image_input("Image (optional)", "svm-image")
+                        head_layer = gr.Number(value=-1, precision=0, label="Layer (-1 = last)")
+                        head_index = gr.Number(value=0, precision=0, label="Head")
+                        head_digits = gr.Slider(0, 64, value=15, step=1, label="Also use N digits test images")
+                        head_btn = gr.Button("Diagnose head", variant="primary", elem_id="svm-head-run")
+                    with gr.Column(scale=2):
+                        head_text = gr.Markdown(elem_id="svm-head-summary")
+                        head_plot = gr.Plot(label="Margins and attention", format="png", elem_id="svm-head-plot")
+                        head_table = gr.Dataframe(headers=["quantity", "value"], label="Diagnostic", interactive=False)
+                head_btn.click(
+                    H.svm_head_tab,
+                    inputs=[model_box, head_image, head_layer, head_index, head_digits],
+                    outputs=[head_text, head_plot, head_table],
+                    api_name="svm_head",
+                )
     return demo
 
 

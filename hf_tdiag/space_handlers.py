@@ -318,3 +318,113 @@ def concepts_tab(spec, image_path, n_concepts=4, layer=-1, extra_digits=31, prog
         f"(KL ≤ bound for {100 * result.get('frac_kl_below_bound', float('nan')):.0f}% of images)."
     )
     return text, plots[0], plots[1], plots[2], [[q, float(v)] for q, v in rows]
+
+
+# ----------------------------------------------------------------------------- Attention as SVM tab
+
+SVM_LIMITS = {"n": (1, 32), "T": (2, 32), "d": (2, 64), "steps": (10, 5000)}
+NUCLEAR_MAX_D = 32  # the nuclear-norm SVM goes through cvxpy; keep it interactive
+
+
+def _int_in(value, name: str) -> int:
+    lo, hi = SVM_LIMITS[name]
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        raise UserInputError(f"{name}: expected an integer in [{lo}, {hi}], got {value!r}") from None
+    if not lo <= value <= hi:
+        raise UserInputError(f"{name}: expected an integer in [{lo}, {hi}], got {value}")
+    return value
+
+
+@user_errors
+def svm_experiment(n=6, T=8, d=16, steps=1000, seed=0, progress=gr.Progress(track_tqdm=True)):
+    """1-layer experiment of Tarzanagh et al.: normalized GD on W (vs the Frobenius Att-SVM) and on (K, Q)
+    (vs the nuclear-norm Att-SVM); correlation curves and the global/local verdict."""
+    from hf_tdiag import viz_attention_svm
+    from hf_tdiag.measures.attention_gd import convergence_verdict, make_attention_data, train_attention
+    from hf_tdiag.measures.attention_svm import att_svm
+
+    n, T, d, steps = _int_in(n, "n"), _int_in(T, "T"), _int_in(d, "d"), _int_in(steps, "steps")
+    seed = int(seed or 0)
+    data = make_attention_data(n, T, d, seed=seed)
+    curves, lines = {}, []
+    runs = [("W", "fro", 0.5, steps)]
+    if d <= NUCLEAR_MAX_D:
+        runs.append(("KQ", "nuc", 0.05, 2 * steps))
+    else:
+        gr.Warning(f"d = {d} > {NUCLEAR_MAX_D}: the (K, Q) run against the nuclear-norm SVM is skipped")
+    w_run = None
+    for param, norm, lr, n_steps in progress.tqdm(runs, desc="GD runs"):
+        svm = att_svm(data.X, data.z, data.optimal, norm=norm)
+        if not svm.feasible:
+            lines.append(f"| {param} | {norm} | infeasible for these tokens | — |")
+            continue
+        run = train_attention(data, param=param, steps=n_steps, lr=lr, references={"mm": svm.W},
+                              record_every=max(1, n_steps // 200), seed=seed)
+        corr = run.correlation["mm"]
+        curves[f"{param} vs W_mm ({'Frobenius' if norm == 'fro' else 'nuclear'})"] = (run.steps.tolist(), corr.tolist())
+        lines.append(f"| {param} | {norm} | {float(corr[-1]):.4f} | {float(corr.max()):.4f} |")
+        if param == "W":
+            w_run = run
+    if not curves:
+        raise UserInputError(f"the Att-SVM is infeasible for n={n}, T={T}, d={d}; try a larger d (d ≥ max(T−1, n))")
+    fig = viz_attention_svm.plot_correlation_curves(curves, title=f"n={n}, T={T}, d={d}")
+    text = (
+        f"Over-parameterized (d ≥ max(T−1, n)): **{d >= max(T - 1, n)}**\n\n"
+        "| parameterization | SVM norm | final correlation | max correlation |\n|---|---|---|---|\n" + "\n".join(lines)
+    )
+    if w_run is not None:
+        verdict = convergence_verdict(data, w_run.W)
+        s = verdict.summary()
+        chosen = "the optimal tokens" if s["num_not_optimal"] == 0 else f"{s['num_not_optimal']} non-optimal token(s)"
+        text += (
+            f"\n\nGD on W selects {chosen}: **{s['kind']}** convergence "
+            f"(correlation with that selection's W_mm {s['correlation']:.4f})."
+        )
+    return text, fig
+
+
+@user_errors
+def svm_head_tab(spec, image_path, layer=-1, head=0, extra_digits=15, progress=gr.Progress(track_tqdm=True)):
+    """Head diagnostic: how max-margin-like head ``head`` of ``layer`` is on the image(s)."""
+    import hf_tdiag
+    from hf_tdiag import viz_attention_svm
+    from hf_tdiag.default_model import digits_test_images
+    from hf_tdiag.report.report import svm_table
+
+    loaded = get_model(spec)
+    if loaded.modality != "image":
+        raise UserInputError(
+            f"model: this tab feeds images; {loaded.source!r} is a {loaded.model_type} text model "
+            "(use `hf-tdiag attention-svm` with text inputs instead)"
+        )
+    images = [open_image(image_path)] if image_path else []
+    try:
+        extra = int(extra_digits or 0)
+        layer, head = int(layer if layer is not None else -1), int(head or 0)
+    except (TypeError, ValueError):
+        raise UserInputError("layer, head and extra images must be integers") from None
+    if not 0 <= extra <= 64:
+        raise UserInputError(f"extra digits images: expected 0..64, got {extra}")
+    if extra:
+        images += digits_test_images(extra)[0]
+    if not images:
+        raise UserInputError("image: upload an image or add some digits test images")
+    num_layers = int(loaded.config.num_hidden_layers)
+    num_heads = int(loaded.config.num_attention_heads)
+    if layer < 0:
+        layer += num_layers
+    if not 0 <= layer < num_layers:
+        raise UserInputError(f"layer: expected -{num_layers}..{num_layers - 1}, got {layer}")
+    if not 0 <= head < num_heads:
+        raise UserInputError(f"head: expected 0..{num_heads - 1}, got {head}")
+    pixel_values = pixel_values_for(images, loaded)
+    diag = hf_tdiag.attention_svm_diagnostic(loaded.model, pixel_values, layer, head, max_queries=64, progress=True)
+    table = svm_table(diag.summary())
+    text = (
+        f"Head {head} of layer {layer} on {len(images)} images: corr(W_h, W_mm) = **{diag.correlation:.4f}**, "
+        f"margin ratio {diag.margin_ratio:.3g}, nearly one-hot queries {100 * diag.one_hot_fraction:.0f}%."
+    )
+    rows = [[q, v if isinstance(v, (int, float)) else str(v)] for q, v in table.rows]
+    return text, viz_attention_svm.plot_head_diagnostic(diag), rows

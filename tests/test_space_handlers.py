@@ -207,3 +207,40 @@ def test_concepts_tab_reports_fidelity(crate_dir, digit_png):
     with pytest.raises(gr.Error) as excinfo:
         H.concepts_tab(crate_dir, None, 3, 1, 0)
     assert "upload an image" in _message(excinfo)
+
+
+def test_svm_experiment_reports_gd_correlation_with_w_mm():
+    from hf_tdiag.measures.attention_gd import make_attention_data, train_attention
+    from hf_tdiag.measures.attention_svm import att_svm
+
+    text, fig = H.svm_experiment(3, 4, 8, 200, 0)
+    data = make_attention_data(3, 4, 8, seed=0)
+    svm = att_svm(data.X, data.z, data.optimal, norm="fro")
+    run = train_attention(data, param="W", steps=200, lr=0.5, references={"mm": svm.W}, record_every=1, seed=0)
+    final = float(run.correlation["mm"][-1])
+    assert f"| W | fro | {final:.4f} |" in text and "| KQ | nuc |" in text
+    assert "Over-parameterized (d ≥ max(T−1, n)): **True**" in text
+    assert isinstance(fig, Figure) and len(fig.axes[0].get_lines()) >= 2
+    with pytest.raises(gr.Error) as excinfo:
+        H.svm_experiment(3, 4, 500, 200, 0)
+    assert "d: expected an integer in [2, 64]" in _message(excinfo)
+
+
+def test_svm_head_tab_matches_diagnostic(crate_dir, digit_png, bert_dir):
+    import hf_tdiag
+    from hf_tdiag.default_model import digits_test_images
+    from hf_tdiag.report.loading import load_model, pixel_values_for
+
+    text, fig, rows = H.svm_head_tab(crate_dir, digit_png, -1, 1, 3)
+    loaded = load_model(crate_dir)
+    pv = pixel_values_for([Image.open(digit_png)] + digits_test_images(3)[0], loaded)
+    diag = hf_tdiag.attention_svm_diagnostic(loaded.model, pv, 3, 1, max_queries=64)
+    values = dict((q, v) for q, v in rows)
+    assert values["corr(W_h, W_mm)"] == pytest.approx(diag.correlation, rel=1e-9)
+    assert f"{diag.correlation:.4f}" in text and "Head 1 of layer 3 on 4 images" in text
+    assert isinstance(fig, Figure)
+    for args, needle in (((crate_dir, digit_png, 0, 9, 0), "head: expected 0..3"),
+                         ((bert_dir, digit_png, 0, 0, 0), "text model")):
+        with pytest.raises(gr.Error) as excinfo:
+            H.svm_head_tab(*args)
+        assert needle in _message(excinfo)

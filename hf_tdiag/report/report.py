@@ -400,7 +400,46 @@ def section_attention(loaded: LoadedModel, inputs: ReportInputs | None, options:
                    _png(F.attention_heads_figure(shown, attn, grid, layer)))
         )
         section.numbers["cls_attention_first_input"] = F.cls_attention_grid(attn, grid)
+    head = int(options.attention_head)
+    if not 0 <= head < arch.num_heads:
+        raise ValueError(f"attention_head: expected 0 <= head < {arch.num_heads}, got {head}")
+    n = min(inputs.num_samples, int(options.max_svm_samples))
+    batch = inputs.batch[:n] if isinstance(inputs.batch, torch.Tensor) else {k: v[:n] for k, v in inputs.batch.items()}
+    diag = hf_tdiag.attention_svm_diagnostic(loaded.model, batch, layer, head, max_queries=64, progress=False)
+    summary = diag.summary()
+    section.summary = (
+        f"Attention as a max-margin SVM (Tarzanagh et al. 2023), head {head} of layer {layer} on {n} inputs: each "
+        "sampled query's most-attended token is its selection, W_mm = argmin ‖W‖_F s.t. (x_α − x_t)ᵀ W z ≥ 1 is "
+        "solved in the head's input space and compared with the head's own W_Kᵀ W_Q / √p."
+    )
+    section.tables.append(svm_table(summary))
+    section.numbers["attention_svm"] = diag.to_dict()
+    section.figures += [Figure(c, _png(f)) for c, f in svm_plots(diag)]
     return section
+
+
+def svm_table(summary: dict) -> Table:
+    """Headline numbers of an attention-SVM head diagnostic."""
+    rows = [
+        ["queries in the SVM", summary["num_queries"]],
+        ["SVM feasible", summary["feasible"]],
+        ["corr(W_h, W_mm)", summary["correlation"]],
+        ["corr in the span the inputs can see", summary["correlation_in_span"]],
+        ["margin ratio min γ(W_h) / γ(W_mm) (≤ 1)", summary["margin_ratio"]],
+        ["SVM margin 1/‖W_mm‖", summary["svm_margin"]],
+        ["median head margin", summary["head_margin_median"]],
+        [f"fraction of nearly one-hot queries (max prob ≥ {summary['one_hot_threshold']})", summary["one_hot_fraction"]],
+        ["the same over all query tokens", summary["one_hot_fraction_all"]],
+    ]
+    return Table("Attention-as-SVM head diagnostic", ["quantity", "value"], rows)
+
+
+def svm_plots(diag) -> list[tuple[str, Any]]:
+    """(caption, figure) pairs for an attention-SVM head diagnostic."""
+    from hf_tdiag import viz_attention_svm as VA
+
+    return [("Head margins against the max-margin solution, and the largest attention per query",
+             VA.plot_head_diagnostic(diag))]
 
 
 SectionFn = Callable[[LoadedModel, "ReportInputs | None", ReportOptions], Section]
