@@ -212,6 +212,9 @@ def test_unsupported_models_and_bad_arguments(tmp_path):
         hf_tdiag.spectrum_bounds(gpt2)
     with pytest.raises(ValueError, match="unsupported architecture"):
         encoder_weights(torch.nn.Sequential(torch.nn.Linear(3, 3)))
+    two = torch.nn.ModuleDict({"a": _bert(), "b": _bert()})
+    with pytest.raises(ValueError, match="several encoder layer lists.*a.encoder.layer.*b.encoder.layer"):
+        encoder_weights(two)
     with pytest.raises(TypeError, match="model_or_path"):
         hf_tdiag.spectrum_bounds(42)
     with pytest.raises(TypeError, match="model"):
