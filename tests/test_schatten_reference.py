@@ -37,16 +37,19 @@ def bert_matrices(state_dict, num_layers, num_heads, prefix=None):
     return layers
 
 
-def dense_reference(state_dict, num_layers, num_heads, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, prefix=None):
+def dense_reference(
+    state_dict, num_layers, num_heads, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, prefix=None, compute_uv=False
+):
     """B_ours, B_Edelman and per-matrix min contributions of a BERT state dict, one numpy SVD per explicit matrix."""
     layers = bert_matrices(state_dict, num_layers, num_heads, prefix)
-    return dense_reference_from_matrices(layers, L_phi, p_grid_m, rank_tol)
+    return dense_reference_from_matrices(layers, L_phi, p_grid_m, rank_tol, compute_uv)
 
 
-def dense_reference_from_matrices(layers, L_phi=1.13, p_grid_m=None, rank_tol=1e-10):
+def dense_reference_from_matrices(layers, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, compute_uv=False):
     """The same on explicit matrices: ``layers[i] = {"qk": [N×N]*H, "v": [N×N]*H, "m_in": N×I, "m_out": I×N or None}``.
 
     ``m_out = None`` stands for an identity M_out: norm 1 in the factors, no term of its own.
+    ``compute_uv=True`` takes the full SVD (numpy's default), for timing only.
     Matrix order of ``mins``: per layer, QK heads, Ṽ heads, M_in, M_out.
     """
     L = len(layers)
@@ -56,7 +59,7 @@ def dense_reference_from_matrices(layers, L_phi=1.13, p_grid_m=None, rank_tol=1e
     ps = [k / m for k in range(2 * m + 1)]
 
     def svd(x):
-        s = np.linalg.svd(x, compute_uv=False)
+        s = np.linalg.svd(x, compute_uv=True, full_matrices=False)[1] if compute_uv else np.linalg.svd(x, compute_uv=False)
         tau = rank_tol * len(s) * max(s[0], 1.0)
         return s, s[s > tau]
 
