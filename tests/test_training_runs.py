@@ -197,10 +197,12 @@ def test_imagefolder_training_with_augmentation(tmp_path):
     assert sorted(config["id2label"].values()) == ["cat", "dog"] and config["num_channels"] == 3
 
 
-def test_save_to_disk_dataset_through_the_cli(tmp_path):
+def test_save_to_disk_dataset_through_the_cli_fine_tuning_a_saved_model(tmp_path):
     import datasets
 
     _write_imagefolder(tmp_path / "imgs", 6, 2)
+    train(output_dir=str(tmp_path / "base"), train_dir=str(tmp_path / "imgs"), train_val_split=0.25, **SMALL_IMAGES)
+    base = load_file(str(tmp_path / "base" / "model.safetensors"))
     images, labels = [], []
     for label, name in enumerate(("cat", "dog")):
         for f in sorted(os.listdir(tmp_path / "imgs" / name)):
@@ -213,8 +215,14 @@ def test_save_to_disk_dataset_through_the_cli(tmp_path):
     datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "disk"))
     from hf_tdiag.cli import main
 
-    argv = ["train", *_argv(output_dir=str(tmp_path / "out"), dataset_path=str(tmp_path / "disk"), train_val_split=0.25, **SMALL_IMAGES)]
+    flags = {k: v for k, v in SMALL_IMAGES.items() if k not in ("preset", "image_size", "patch_size", "hidden_size",
+                                                                  "num_hidden_layers", "num_attention_heads")}
+    argv = ["train", *_argv(output_dir=str(tmp_path / "out"), dataset_path=str(tmp_path / "disk"), train_val_split=0.25,
+                            model_name_or_path=str(tmp_path / "base"), learning_rate=0.0, **flags)]
     assert main(argv) == 0
     results = json.load(open(tmp_path / "out" / "all_results.json"))
     assert results["eval_samples"] == 3 and results["train_samples"] == 9
-    assert results["eval_split"].startswith("train[0.25")
+    assert results["eval_split"].startswith("train[0.25") and results["preset"] is None
+    tuned = load_file(str(tmp_path / "out" / "model.safetensors"))
+    # learning rate 0: fine-tuning starts from, and keeps, the saved weights
+    assert tuned.keys() == base.keys() and all(torch.equal(tuned[k], base[k]) for k in base)

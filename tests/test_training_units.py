@@ -293,3 +293,16 @@ def test_packaged_template_is_a_copy_of_the_repository_template():
     with open(repo, encoding="utf-8") as a, open(packaged, encoding="utf-8") as b:
         assert a.read() == b.read()
     assert os.path.samefile(template_path(), repo)
+
+
+def test_accelerate_configs_load():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes", "accelerate_configs")
+    kinds = {}
+    for name in ("single_gpu", "multi_gpu_ddp", "fsdp"):
+        config = load_config_from_file(os.path.join(folder, f"{name}.yaml"))
+        kinds[name] = (str(config.distributed_type), config.mixed_precision)
+    assert kinds["single_gpu"] == ("DistributedType.NO", "bf16")
+    assert kinds["multi_gpu_ddp"][0] == "DistributedType.MULTI_GPU"
+    assert kinds["fsdp"][0] == "DistributedType.FSDP"

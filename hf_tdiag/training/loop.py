@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import time
 
 import torch
@@ -123,6 +122,14 @@ def train(args_or_kwargs=None, **kwargs) -> dict:
     from accelerate.utils import set_seed
 
     accelerator = _make_accelerator(args)
+    from accelerate.utils import DistributedType
+
+    fsdp = accelerator.distributed_type == DistributedType.FSDP
+    if fsdp and args.srr_weight > 0:
+        raise ValueError(
+            "srr_weight: the SRR regulariser reads U^l outside the forward pass, where FSDP keeps parameters "
+            "sharded; train with DDP (recipes/accelerate_configs/multi_gpu_ddp.yaml) or one device instead"
+        )
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
         clean_partial(args.output_dir)
@@ -321,11 +328,14 @@ def train(args_or_kwargs=None, **kwargs) -> dict:
     }
 
     accelerator.wait_for_everyone()
+    state_dict = accelerator.get_state_dict(model)  # collective under FSDP: every process calls it
     if accelerator.is_main_process:
-        unwrapped.save_pretrained(args.output_dir, safe_serialization=True)
+        unwrapped.save_pretrained(args.output_dir, state_dict=state_dict)
         processor.save_pretrained(args.output_dir)
 
-    if args.layer_srr_samples:
+    if args.layer_srr_samples and fsdp:
+        accelerator.print("FSDP: skipping the in-loop per-layer SRR (parameters are sharded); run `hf-tdiag report` on the saved model")
+    elif args.layer_srr_samples:
         from ..probes.srr import layer_srr
 
         count = min(args.layer_srr_samples, len(datasets_.eval))
@@ -392,37 +402,10 @@ def evaluate_record(model, eval_dl, accelerator, args, completed_steps) -> dict:
 
 
 def _plot_layer_srr(report, path: str, title: str) -> None:
-    import matplotlib
+    """Per-layer SRR curves of the trained model (:func:`hf_tdiag.viz.plot_layer_srr`) saved to ``path``."""
+    from .. import viz
 
-    matplotlib.use("Agg")
-    try:
-        from .. import viz
-
-        fig = viz.plot_layer_srr(report, title=title)
-    except (ImportError, AttributeError):
-        fig = _fallback_plot(report, title)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-
-
-def _fallback_plot(report, title):
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3))
-    for ax, term in zip(axes, ("srr", "Rc", "R", "sparsity")):
-        for state in report.states:
-            ax.plot(report.layers, report.mean[state][term], marker="o", label=state)
-        ax.set_title(term)
-        ax.set_xlabel("layer")
-    axes[0].legend()
-    fig.suptitle(title)
-    return fig
-
-
-def machine_info() -> dict:
-    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__}
+    viz.save_figure(viz.plot_layer_srr(report, title=title), path)
 
 
 __all__ = ["train"]
