@@ -150,7 +150,7 @@ def optimal_p_heatmap(report) -> Figure:
     for m in report.matrices:
         grid[m.layer, col_index[(m.type, -1 if m.head is None else m.head)]] = m.p_opt
     width = min(16.0, 2.5 + 0.32 * len(columns))
-    fig, ax = plt.subplots(figsize=(width, 1.2 + 0.35 * report.num_layers))
+    fig, ax = plt.subplots(figsize=(width, 1.8 + 0.35 * report.num_layers), layout="constrained")
     im = ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=2.0, aspect="auto", interpolation="nearest")
     labels = [t if h < 0 else f"{t} h{h}" for t, h in columns]
     ax.set_xticks(range(len(columns)), labels, rotation=90, fontsize=6 if len(columns) > 24 else 8)
