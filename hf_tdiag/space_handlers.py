@@ -14,14 +14,13 @@ from __future__ import annotations
 import functools
 import html
 import logging
-import os
 import threading
 from collections import OrderedDict
 
 import gradio as gr
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError  # noqa: F401
+from PIL import Image, UnidentifiedImageError
 
 from hf_tdiag.report import figures
 from hf_tdiag.report.loading import LoadedModel, UserInputError, load_model, open_image, pixel_values_for

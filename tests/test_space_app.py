@@ -246,3 +246,29 @@ def test_browser_renders_report_of_trained_model(browser, trained_default):
     finally:
         page.close()
     assert (ARTIFACTS / "report_trained_model.png").stat().st_size > 50_000
+
+
+def test_space_front_matter_and_thin_app(trained_default, monkeypatch):
+    """space/README.md has the Space metadata; space/app.py builds the Blocks from the package (no launch)."""
+    import runpy
+
+    import gradio as gr
+    from huggingface_hub import SpaceCard
+
+    from hf_tdiag import default_model
+
+    space = Path(__file__).resolve().parents[1] / "space"
+    meta = SpaceCard.load(space / "README.md").data
+    assert meta.sdk == "gradio" and meta.sdk_version == gr.__version__
+    assert (space / meta.app_file).is_file()
+    assert tuple(int(x) for x in str(meta.python_version).split(".")) >= (3, 11)
+    assert meta.tags and meta.models and len(meta.short_description) <= 60
+    requirements = (space / "requirements.txt").read_text()
+    for package in ("torch", "transformers", "safetensors", "scikit-learn", "matplotlib", "cvxpy"):
+        assert package in requirements
+
+    monkeypatch.setenv(default_model.CACHE_ENV, str(trained_default.parent))
+    app = runpy.run_path(str(space / meta.app_file), run_name="space_app_under_test")
+    assert isinstance(app["demo"], gr.Blocks)
+    names = {dep.get("api_name") for dep in app["demo"].config["dependencies"]}
+    assert {"crate", "bounds", "concepts", "svm_experiment", "svm_head", "model_summary"} <= names
