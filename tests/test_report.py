@@ -292,3 +292,31 @@ def test_report_command(crate_dir, tmp_path, capsys):
     assert "accuracy" in data["sections"]["summary"]["numbers"]  # labels from the class folders
     assert "wrote" in capsys.readouterr().out
     assert main(["report", crate_dir, "--images", str(tmp_path / "nothing"), "-o", str(out)]) == 1
+
+
+def test_report_command_with_texts_on_bert(tmp_path):
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    from hf_tdiag.cli import main
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat ran fast red".split()]
+    model_dir = tmp_path / "bert"
+    model_dir.mkdir()
+    (model_dir / "vocab.txt").write_text("\n".join(vocab))
+    BertTokenizerFast(vocab_file=str(model_dir / "vocab.txt")).save_pretrained(model_dir)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=32)
+    BertModel(cfg).save_pretrained(model_dir)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat on the mat\n\na dog ran fast\nthe red cat\n")
+    out = tmp_path / "bert_report.html"
+    assert main(["report", str(model_dir), "--texts", str(texts), "-o", str(out), "--head", "1"]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())["sections"]
+    assert {k: v["status"] for k, v in data.items()} == {
+        "summary": "ok", "srr": "ok", "schatten": "ok", "concepts": "skipped", "attention": "ok"
+    }
+    assert data["summary"]["numbers"]["num_inputs"] == 3  # the blank line is dropped
+    assert data["srr"]["numbers"]["num_samples"] == 3
+    assert data["attention"]["numbers"]["attention_svm"]["head"] == 1
+    assert main(["report", str(model_dir), "--images", str(tmp_path), "-o", str(out)]) == 1  # no images there
