@@ -320,3 +320,18 @@ def test_report_command_with_texts_on_bert(tmp_path):
     assert data["srr"]["numbers"]["num_samples"] == 3
     assert data["attention"]["numbers"]["attention_svm"]["head"] == 1
     assert main(["report", str(model_dir), "--images", str(tmp_path), "-o", str(out)]) == 1  # no images there
+
+
+def test_failing_figure_keeps_numbers_and_marks_error(crate_dir, monkeypatch):
+    from hf_tdiag import viz_attention_svm
+
+    def broken(*args, **kwargs):
+        raise ValueError("cannot draw this")
+
+    monkeypatch.setattr(viz_attention_svm, "plot_head_diagnostic", broken)
+    report = build_report(crate_dir, images=_digits(3)[0], sections=["attention"], progress=False)
+    section = report.section("attention")
+    assert section.status == "error" and "cannot draw this" in section.note
+    assert "attention_svm" in section.numbers and section.tables  # the computed numbers survive
+    assert len(section.figures) == 2  # the attention maps drawn before the failure
+    assert "attention" in report.errors

@@ -128,6 +128,19 @@ def _png(fig) -> bytes:
     return F.figure_to_png(fig)
 
 
+def _add_figures(section: Section, make: Callable[[], list]) -> None:
+    """Append the (caption, matplotlib figure) pairs from ``make()``; if drawing fails, keep the section's numbers
+    and tables but mark it as an error naming the figure problem."""
+    try:
+        section.figures += [Figure(caption, _png(fig)) for caption, fig in make()]
+    except Exception as err:  # noqa: BLE001 - a plotting failure must not lose the computed numbers
+        logger.exception("report section %s: figure failed", section.key)
+        section.status = "error"
+        section.note = (section.note + " " if section.note else "") + (
+            f"Drawing a figure failed ({type(err).__name__}: {err}); the numbers and tables are complete."
+        )
+
+
 def _skip(key: str, title: str, reason: str) -> Section:
     return Section(key, title, status="skipped", note=reason)
 
@@ -241,9 +254,9 @@ def section_srr(loaded: LoadedModel, inputs: ReportInputs | None, options: Repor
     from hf_tdiag import viz
 
     name = getattr(loaded.config, "variant", None) or loaded.model_type
-    section.figures.append(
-        Figure("Per-layer R, Rᶜ, sparsity and SRR (mean ± std over samples)", _png(viz.plot_layer_srr({name: report})))
-    )
+    _add_figures(section, lambda: [
+        ("Per-layer R, Rᶜ, sparsity and SRR (mean ± std over samples)", viz.plot_layer_srr({name: report}))
+    ])
     return section
 
 
@@ -273,11 +286,11 @@ def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: 
     )
     from hf_tdiag import viz_schatten as VS
 
-    section.figures += [
-        Figure("Optimal Schatten index p per matrix (layers × matrix type / head)", _png(F.optimal_p_heatmap(report))),
-        Figure("Spectral decay σᵢ/σ₁ per matrix type", _png(VS.plot_spectral_decay(report))),
-        Figure("Contribution c(W, p) against p (minimum marked)", _png(VS.plot_contribution_vs_p(report))),
-    ]
+    _add_figures(section, lambda: [
+        ("Optimal Schatten index p per matrix (layers × matrix type / head)", F.optimal_p_heatmap(report)),
+        ("Spectral decay σᵢ/σ₁ per matrix type", VS.plot_spectral_decay(report)),
+        ("Contribution c(W, p) against p (minimum marked)", VS.plot_contribution_vs_p(report)),
+    ])
     return section
 
 
@@ -344,7 +357,7 @@ def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: 
         tables=[Table("Fidelity", ["quantity", "value"], rows)],
         numbers=result,
     )
-    section.figures += [Figure(c, _png(f)) for c, f in concept_plots(loaded, inputs.batch, tensors["codes"], result)]
+    _add_figures(section, lambda: concept_plots(loaded, inputs.batch, tensors["codes"], result))
     return section
 
 
@@ -392,13 +405,11 @@ def section_attention(loaded: LoadedModel, inputs: ReportInputs | None, options:
         pv = inputs.batch[0]
         grid = patch_grid(loaded.config, pv)
         shown = pv[0].numpy() if pv.shape[0] == 1 else pv.permute(1, 2, 0).numpy()
-        section.figures.append(
-            Figure("CLS attention, mean over heads, per layer (first input)", _png(F.attention_layers_figure(shown, attn, grid)))
-        )
-        section.figures.append(
-            Figure(f"CLS attention of each head of layer {layer} (first input)",
-                   _png(F.attention_heads_figure(shown, attn, grid, layer)))
-        )
+        _add_figures(section, lambda: [
+            ("CLS attention, mean over heads, per layer (first input)", F.attention_layers_figure(shown, attn, grid)),
+            (f"CLS attention of each head of layer {layer} (first input)",
+             F.attention_heads_figure(shown, attn, grid, layer)),
+        ])
         section.numbers["cls_attention_first_input"] = F.cls_attention_grid(attn, grid)
     head = int(options.attention_head)
     if not 0 <= head < arch.num_heads:
@@ -414,7 +425,7 @@ def section_attention(loaded: LoadedModel, inputs: ReportInputs | None, options:
     )
     section.tables.append(svm_table(summary))
     section.numbers["attention_svm"] = diag.to_dict()
-    section.figures += [Figure(c, _png(f)) for c, f in svm_plots(diag)]
+    _add_figures(section, lambda: svm_plots(diag))
     return section
 
 
