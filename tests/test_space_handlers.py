@@ -244,3 +244,23 @@ def test_svm_head_tab_matches_diagnostic(crate_dir, digit_png, bert_dir):
         with pytest.raises(gr.Error) as excinfo:
             H.svm_head_tab(*args)
         assert needle in _message(excinfo)
+
+
+def test_crate_tab_works_for_a_vit_classifier(tmp_path, digit_png):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=64, num_labels=3)
+    torch.manual_seed(0)
+    model = ViTForImageClassification(cfg).eval()
+    model.save_pretrained(tmp_path)  # no processor saved: a ViT processor for the config's size is used
+    labels, heads_fig, layers_fig, _, table = H.crate_tab(str(tmp_path), digit_png, 1)
+    from hf_tdiag.report.loading import load_model, pixel_values_for
+
+    pv = pixel_values_for([Image.open(digit_png)], load_model(str(tmp_path)))
+    assert pv.shape == (1, 3, 32, 32)
+    with torch.no_grad():
+        probs = model(pixel_values=pv).logits.softmax(-1)[0]
+    np.testing.assert_allclose([labels[f"LABEL_{i}"] for i in range(3)], probs.numpy(), rtol=1e-5)
+    assert sum(1 for ax in heads_fig.axes if len(ax.images) == 2) == 4
+    assert "| vit (this model) |" in table
