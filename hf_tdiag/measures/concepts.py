@@ -47,7 +47,7 @@ __all__ = [
     "jacobian_spectral_norm",
 ]
 
-_INITS = ("kmeans", "svd", "nndsvd", "random")
+_INITS = ("nndsvda", "nndsvd", "svd", "kmeans", "random")
 
 
 # --------------------------------------------------------------------------- validation
@@ -86,20 +86,38 @@ def semi_nmf_objective(A: torch.Tensor, U: torch.Tensor, W: torch.Tensor) -> tor
     return (A.double() - U.double() @ W.double().T).square().sum()
 
 
-def lstsq_dictionary(A: torch.Tensor, U: torch.Tensor, ridge: float = 0.0) -> torch.Tensor:
-    """Exact dictionary step ``W = Aᵀ U (UᵀU)⁻¹`` (Ding et al. eq. 9), k×k solve in float64."""
-    UtU = (U.T @ U).double()
-    AtU = (A.T @ U).double()
+def _solve_dictionary(UtA: torch.Tensor, UtU: torch.Tensor, dtype: torch.dtype, ridge: float = 0.0) -> torch.Tensor:
+    """``W = (UᵀU)⁻¹ UᵀA`` transposed to (d, k): the k×k system in float64 (Cholesky, jitter, pinv fallback)."""
+    UtU = UtU.double()
+    UtA = UtA.double()
     k = UtU.shape[0]
     scale = float(UtU.diagonal().mean()) or 1.0
-    eye = torch.eye(k, dtype=torch.float64, device=U.device)
+    eye = torch.eye(k, dtype=torch.float64, device=UtU.device)
     jitter = ridge
     for _ in range(6):
         L, info = torch.linalg.cholesky_ex(UtU + (jitter * scale) * eye)
         if int(info) == 0:
-            return torch.cholesky_solve(AtU.T, L).T.to(A.dtype)
+            return torch.cholesky_solve(UtA, L).T.to(dtype)
         jitter = max(jitter * 100.0, 1e-12)
-    return (AtU @ torch.linalg.pinv(UtU)).to(A.dtype)
+    return (torch.linalg.pinv(UtU) @ UtA).T.to(dtype)
+
+
+def lstsq_dictionary(A: torch.Tensor, U: torch.Tensor, ridge: float = 0.0) -> torch.Tensor:
+    """Exact dictionary step ``W = Aᵀ U (UᵀU)⁻¹`` (Ding et al. eq. 9), k×k solve in float64."""
+    return _solve_dictionary(U.T @ A, U.T @ U, A.dtype, ridge)
+
+
+def _mu_factors(U: torch.Tensor, AW: torch.Tensor, P: torch.Tensor, eps: float) -> torch.Tensor:
+    """``U ∘ √(([AW]⁺ + U[WᵀW]⁻) / ([AW]⁻ + U[WᵀW]⁺))`` given ``P = [[WᵀW]⁺ | [WᵀW]⁻]``."""
+    k = P.shape[0]
+    parts = U @ P  # U[WᵀW]⁺ | U[WᵀW]⁻ in one matmul
+    numer = AW.clamp(min=0).add_(parts[:, k:])
+    denom = parts[:, :k] - AW.clamp(max=0)
+    return U * numer.div_(denom.add_(eps)).sqrt_()
+
+
+def _split_gram(WtW: torch.Tensor) -> torch.Tensor:
+    return torch.cat([WtW.clamp(min=0), (-WtW).clamp(min=0)], dim=1)
 
 
 def mu_update_codes(
@@ -108,49 +126,64 @@ def mu_update_codes(
     """Ding–Li–Jordan code step ``U ← U ∘ √(([AW]⁺ + U[WᵀW]⁻) / ([AW]⁻ + U[WᵀW]⁺))`` (never increases the objective)."""
     if AW is None:
         AW = A @ W
-    WtW = W.T @ W
-    k = WtW.shape[0]
-    parts = U @ torch.cat([WtW.clamp(min=0), (-WtW).clamp(min=0)], dim=1)  # one matmul for U[WᵀW]^±
-    numer = AW.clamp(min=0) + parts[:, k:]
-    denom = (-AW).clamp(min=0) + parts[:, :k]
-    return U * torch.sqrt(numer / (denom + eps))
+    return _mu_factors(U, AW, _split_gram(W.T @ W), eps)
+
+
+def _mu_pass(X: torch.Tensor, U: torch.Tensor, W: torch.Tensor, chunk: int, eps: float = 1e-12):
+    """One MU code step on all rows, in place, streamed over row chunks so that each chunk of ``A`` is read once.
+
+    Returns ``(UᵀA, UᵀU, ⟨AW, U⟩)`` of the updated codes: the next dictionary step and the objective need
+    nothing else (float64 dot product).
+    """
+    k, d = U.shape[1], X.shape[1]
+    P = _split_gram(W.T @ W)
+    UtA = torch.zeros(k, d, dtype=X.dtype, device=X.device)
+    UtU = torch.zeros(k, k, dtype=X.dtype, device=X.device)
+    dot = torch.zeros((), dtype=torch.float64, device=X.device)
+    for start in range(0, X.shape[0], chunk):
+        Xc = X[start : start + chunk]
+        Uc = U[start : start + chunk]
+        AWc = Xc @ W
+        Uc.copy_(_mu_factors(Uc, AWc, P, eps))
+        UtA.addmm_(Uc.T, Xc)
+        UtU.addmm_(Uc.T, Uc)
+        dot += (AWc * Uc).sum(dtype=torch.float64)
+    return UtA, UtU, float(dot)
 
 
 def nnls_codes(
-    A: torch.Tensor, W: torch.Tensor, U0: torch.Tensor | None = None, max_iter: int = 500, tol: float = 1e-6
+    A: torch.Tensor, W: torch.Tensor, U0: torch.Tensor | None = None, max_iter: int = 500, tol: float = 1e-4
 ) -> torch.Tensor:
-    """Codes for a fixed dictionary: ``argmin_{U≥0} ‖A − U Wᵀ‖²_F`` by accelerated projected gradient (FISTA, gradient restart)."""
-    WtW = W.T @ W
-    AW = A @ W
-    lip = float(torch.linalg.eigvalsh(WtW.double()).max())
-    if lip <= 0:
-        raise ValueError("W: the dictionary is all zeros; codes are undefined")
-    step = 1.0 / lip
+    """Codes for a fixed dictionary: ``argmin_{U≥0} ‖A − U Wᵀ‖²_F`` by exact coordinate descent (HALS sweeps).
+
+    Each sweep minimizes exactly over one concept's column at a time (float64). Stops when the KKT
+    residual (projected gradient) satisfies ``‖P(U WᵀW − A W)‖_F ≤ tol·‖A W‖_F`` — independent of the
+    start, so a warm start ``U0`` and the cold start ``max(0, A W (WᵀW)⁻¹)`` reach the unique minimizer
+    (WᵀW ≻ 0) to that tolerance.
+    """
+    WtW = (W.T @ W).double()
+    AW = (A @ W).double()
+    diag = WtW.diagonal()
+    if float(diag.min()) <= 0:
+        raise ValueError("W: a concept vector is all zeros; codes are undefined")
     if U0 is None:
-        U0 = _projected_lstsq(AW, WtW)
-    U = U0.clamp(min=0)
-    Y = U
-    t = 1.0
-    for _ in range(max_iter):
-        U_new = (Y - step * (Y @ WtW - AW)).clamp(min=0)
-        delta = U_new - U
-        # O'Donoghue–Candès restart: drop the momentum when it points uphill
-        if float((( Y - U_new) * delta).sum()) > 0:
-            t = 1.0
-        t_new = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t * t))
-        Y = U_new + ((t - 1.0) / t_new) * delta
-        t = t_new
-        done = float(delta.norm()) <= tol * max(float(U_new.norm()), 1e-30)
-        U = U_new
-        if done:
+        U = torch.linalg.lstsq(WtW, AW.T).solution.T.clamp(min=0)
+    else:
+        U = U0.double().clamp(min=0)
+    target = tol * max(float(AW.norm()), 1e-300)
+
+    def kkt(X):
+        G = X @ WtW - AW
+        return float(torch.where(X > 0, G, G.clamp(max=0)).norm())
+
+    k = WtW.shape[0]
+    for sweep in range(max_iter):
+        if sweep % 5 == 0 and kkt(U) <= target:
             break
-    return U
-
-
-def _projected_lstsq(AW: torch.Tensor, WtW: torch.Tensor) -> torch.Tensor:
-    """Start for code solves: ``max(0, A W (WᵀW)⁻¹)``."""
-    sol = torch.linalg.lstsq(WtW.double(), AW.double().T).solution.T
-    return sol.clamp(min=0).to(AW.dtype)
+        for j in range(k):
+            step = (AW[:, j] - U @ WtW[:, j]) / diag[j]
+            U[:, j] = (U[:, j] + step).clamp_(min=0)
+    return U.to(A.dtype)
 
 
 # --------------------------------------------------------------------------- Gram losses
@@ -426,16 +459,21 @@ class SemiNMF:
     ``gram_weight = μ > 0``, ``refine_iter`` projected-gradient steps on ``L_rec + μ·L_gram``
     (per-image Grams; needs ``A`` of shape ``(images, N, d)``). The fitted codes are what
     :meth:`transform` returns for the training data: non-negative least squares for the final
-    dictionary, followed (μ > 0) by the same code-only refinement.
+    dictionary (exact coordinate-descent sweeps to the KKT tolerance ``encode_tol`` from the projected
+    least-squares start), followed (μ > 0) by the same code-only refinement.
 
     Parameters: ``n_concepts`` (k); ``gram_weight`` (μ); ``max_iter`` MU iterations;
     ``refine_iter`` joint-objective iterations; ``tol`` relative objective decrease that stops
-    the MU phase early (0 runs all iterations); ``init`` ``"nndsvd"`` (default: the dominant
-    signed part of each of the top-k singular score vectors, plus a small floor), ``"kmeans"`` (Ding
-    et al.'s cluster indicators + 0.2 from a seeded k-means++/Lloyd clustering), ``"svd"`` (exact
-    rank-(k−1) truncated SVD plus one offset concept; best reconstruction, least interpretable) or ``"random"`` (|Gaussian| from a generator seeded with ``random_state``);
-    ``encode_iter`` iterations of the code solver; ``device``/``dtype`` for the work (default: the
-    device of ``A``, float32 unless ``A`` is float64); ``verbose`` shows a progress bar.
+    the MU phase early (0 runs all iterations); ``init`` ``"nndsvda"`` (default: for each of the top-k
+    singular score vectors its dominant signed part, zeros filled with the mean — Boutsidis & Gallopoulos'
+    NNDSVDa adapted to Semi-NMF), ``"nndsvd"`` (the same with a tiny floor instead: sparser codes, slower
+    MU progress), ``"svd"`` (the exact rank-(k−1) truncated SVD as k−1 shifted score columns plus one
+    constant offset concept: starts at the rank-(k−1) optimum, PCA-like concepts), ``"kmeans"`` (Ding et
+    al.'s cluster indicators + 0.2 from a seeded k-means++/Lloyd clustering) or ``"random"`` (|Gaussian|
+    from a generator seeded with ``random_state``); ``encode_tol`` the KKT tolerance of the code solver;
+    ``device``/``dtype`` for the work (default: the device of ``A``, float32 unless ``A`` is float64);
+    ``verbose`` shows a progress bar. The MU loop streams over row chunks (one read of each chunk of ``A``
+    per iteration for both products) in the working dtype; k×k solves and all loss sums are float64.
 
     Attributes after ``fit``: ``components_`` (k, d), ``codes_`` (shape of A with d → k),
     ``history_`` (per-iteration ``phase``, ``rec_loss`` = L_rec, ``gram_loss`` = L_gram (NaN for
@@ -449,9 +487,9 @@ class SemiNMF:
         max_iter: int = 200,
         refine_iter: int = 100,
         tol: float = 0.0,
-        init: str = "nndsvd",
-        encode_iter: int = 500,
-        device=None,
+        init: str = "nndsvda",
+        encode_tol: float = 1e-4,
+                device=None,
         dtype: torch.dtype | None = None,
         random_state: int = 0,
         verbose: bool = False,
@@ -460,7 +498,7 @@ class SemiNMF:
             raise ValueError(f"n_concepts: expected a positive int, got {n_concepts!r}")
         if not math.isfinite(float(gram_weight)) or gram_weight < 0:
             raise ValueError(f"gram_weight: expected a finite number >= 0, got {gram_weight!r}")
-        for name, v in (("max_iter", max_iter), ("refine_iter", refine_iter), ("encode_iter", encode_iter)):
+        for name, v in (("max_iter", max_iter), ("refine_iter", refine_iter)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
         if init not in _INITS:
@@ -473,7 +511,9 @@ class SemiNMF:
         self.refine_iter = refine_iter
         self.tol = float(tol)
         self.init = init
-        self.encode_iter = encode_iter
+        if not encode_tol > 0:
+            raise ValueError(f"encode_tol: expected a positive number, got {encode_tol!r}")
+        self.encode_tol = float(encode_tol)
         self.device = device
         self.dtype = dtype
         self.random_state = random_state
@@ -526,11 +566,13 @@ class SemiNMF:
             scale = float(shift.max()) if r > 0 and float(shift.max()) > 0 else 1.0
             U = torch.cat([M + shift, torch.full((X.shape[0], 1), scale, dtype=M.dtype, device=M.device)], 1)
             return U.to(X.dtype)
-        # nndsvd-like: the dominant signed part of each score vector
+        # nndsvd-like: the dominant signed part of each score vector; "nndsvda" fills the zeros with the mean
         pos, neg = M.clamp(min=0), (-M).clamp(min=0)
         U = torch.where(pos.norm(dim=0) >= neg.norm(dim=0), pos, neg)
-        floor = 1e-3 * float(U.mean()) if float(U.mean()) > 0 else 1e-6
-        return (U + floor).to(X.dtype)
+        mean = float(U.mean()) if float(U.mean()) > 0 else 1.0
+        if self.init == "nndsvda":
+            return torch.where(U > 0, U, torch.full_like(U, mean)).to(X.dtype)
+        return (U + 1e-3 * mean).to(X.dtype)
 
     def _losses(self, X, U, W, shape, a2, G=None, g2=None):
         """(L_rec, L_gram) for rows X ≈ U Wᵀ; L_gram is NaN for row data."""
@@ -611,8 +653,8 @@ class SemiNMF:
                 break
         return U, W
 
-    def _encode(self, X, W, shape, a2, G, g2, record=None):
-        U = nnls_codes(X, W, max_iter=self.encode_iter)
+    def _encode(self, X, W, shape, a2, G, g2, record=None, U0=None):
+        U = nnls_codes(X, W, U0=U0, tol=self.encode_tol)
         if self.gram_weight > 0 and len(shape) == 3 and self.refine_iter > 0:
             U, _ = self._refine(X, U, W, shape, a2, G, g2, self.refine_iter, update_dictionary=False,
                                 record=record, desc="encode")
@@ -642,15 +684,14 @@ class SemiNMF:
         record("init", *self._losses(X, U, W, shape, a2, G, g2))
         prev = float("inf")
         n_iter = 0
+        U = U.clone()
+        UtA, UtU = U.T @ X, U.T @ U
+        chunk = max(256, (1 << 20) // max(1, X.shape[1]))  # ~4 MB of float32 activations per chunk
         for it in tqdm(range(self.max_iter), desc="Semi-NMF", disable=not self.verbose):
-            if it > 0:
-                W = lstsq_dictionary(X, U)
-            AW = X @ W
-            U = mu_update_codes(X, U, W, AW)
+            W = _solve_dictionary(UtA, UtU, X.dtype)
+            UtA, UtU, dot = _mu_pass(X, U, W, chunk)
             # ‖A − UWᵀ‖² = ‖A‖² − 2⟨AW, U⟩ + ⟨UᵀU, WᵀW⟩ without forming Â (float64 sums)
-            obj = a2 - 2 * float((AW * U).sum(dtype=torch.float64)) + float(
-                ((U.T @ U) * (W.T @ W)).sum(dtype=torch.float64)
-            )
+            obj = a2 - 2 * dot + float((UtU.double() * (W.T @ W).double()).sum())
             hist["phase"].append("mu")
             hist["rec_loss"].append(max(obj, 0.0) / a2)
             hist["gram_loss"].append(float("nan"))
@@ -659,17 +700,17 @@ class SemiNMF:
             if self.tol > 0 and prev - obj <= self.tol * a2:
                 break
             prev = obj
-        W = lstsq_dictionary(X, U)
-        # the Gram loss of the MU iterates is filled in only at the end of the phase (it costs a pass)
+        W = _solve_dictionary(UtA, UtU, X.dtype)
         rec, gl = self._losses(X, U, W, shape, a2, G, g2)
-        hist["gram_loss"][-1] = gl
+        record("mu-end", rec, gl)
         for i in range(len(hist["objective"])):
             if hist["phase"][i] == "mu":
-                g = hist["gram_loss"][i]
-                hist["objective"][i] = hist["rec_loss"][i] + (self.gram_weight * g if self.gram_weight > 0 and g == g else 0.0)
+                hist["objective"][i] = hist["rec_loss"][i]
         if self.gram_weight > 0 and self.refine_iter > 0:
             U, W = self._refine(X, U, W, shape, a2, G, g2, self.refine_iter, update_dictionary=True, record=record)
-        # codes_ come from exactly the procedure transform() runs, on the stored dictionary
+        # codes_ come from exactly the procedure transform() runs on the stored dictionary (NNLS from the
+        # cold start — faster than from the MU codes, whose tiny non-zeros coordinate descent must undo —
+        # then for μ > 0 the code-only refinement)
         W = W.T.contiguous().T
         U = self._encode(X, W, shape, a2, G, g2)
         record("final", *self._losses(X, U, W, shape, a2, G, g2))
@@ -774,7 +815,7 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
             raise TypeError(f"suffix: expected a callable mapping (images, N, d) activations to logits, got {type(suffix).__name__}")
         A = _check_tensor(A, "A", (3,))
         plain = SemiNMF(self.n_concepts, gram_weight=0.0, max_iter=self.max_iter, refine_iter=0, tol=self.tol,
-                        init=self.init, encode_iter=self.encode_iter, device=self.device, dtype=self.dtype,
+                        init=self.init, encode_tol=self.encode_tol, device=self.device, dtype=self.dtype,
                         random_state=self.random_state, verbose=self.verbose).fit(A)
         A = self._prepare(A)
         shape = tuple(A.shape)
