@@ -53,7 +53,7 @@ def _image_input(label: str, elem_id: str) -> gr.Image:
 
 def build_demo(default_model: str = "") -> gr.Blocks:
     """The Space's Blocks. ``default_model`` pre-fills the model box ('' = the digits CRATE)."""
-    with gr.Blocks(title="hf-tdiag: white-box transformers and diagnostics") as demo:
+    with gr.Blocks(title="hf-tdiag: white-box transformers and diagnostics", analytics_enabled=False) as demo:
         gr.Markdown(INTRO)
         with gr.Row():
             model_box = gr.Textbox(
