@@ -285,16 +285,21 @@ class _Problem:
                 self._blocks = torch.bmm(D, D.transpose(1, 2)) * (self.Z * self.Z).sum(1)[:, None, None]
         return self._blocks
 
-    def block_factor(self, free: torch.Tensor):
+    def block_factor(self, free: torch.Tensor) -> torch.Tensor:
         """Cholesky factors of the diagonal blocks restricted to ``free (n, T)`` (identity elsewhere)."""
         G = self.query_blocks()
-        T = self.T
-        eye = torch.eye(T, dtype=G.dtype, device=G.device)
+        f = free.to(G.dtype)
+        Gm = G * (f.unsqueeze(2) * f.unsqueeze(1))
         jitter = 1e-10 * float(torch.diagonal(G, dim1=1, dim2=2).max())
-        pair = free.unsqueeze(2) & free.unsqueeze(1)
-        Gm = torch.where(pair, G, torch.zeros_like(G)) + eye * (jitter + (~free).to(G.dtype)).unsqueeze(2)
+        Gm.diagonal(dim1=1, dim2=2).add_(jitter + (1.0 - f))
         L, _ = torch.linalg.cholesky_ex(Gm)
         return L
+
+
+def _chol_apply(L: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(L Lᵀ)⁻¹ b`` for batched factors ``L (n, T, T)`` and ``b (n, T)`` (two triangular solves)."""
+    y = torch.linalg.solve_triangular(L, b.unsqueeze(2), upper=False)
+    return torch.linalg.solve_triangular(L.mT, y, upper=True).squeeze(2)
 
 
 class _ReducedKernel:
@@ -322,6 +327,16 @@ class _ReducedKernel:
             if self.dense:
                 self.K = self.K - self.L @ self.L.T
         self.diag = diag.clamp_min(0)
+
+    face_flops = 2e9
+
+    def face_kernel(self, idx: torch.Tensor) -> torch.Tensor:
+        """``K'_FF`` for the free inequality constraints ``idx`` (formed from the factorization)."""
+        flat = self.prob.ineq_idx[idx]
+        KFF = self.prob.kernel_block(flat, flat)
+        if self.L is not None:
+            KFF = KFF - self.L[idx] @ self.L[idx].T
+        return KFF
 
     def full_coef(self, lam: torch.Tensor) -> torch.Tensor:
         """Coefficients on the (n, T) grid: λ on inequalities, β = −K_EE⁺K_EIλ on equalities."""
@@ -382,10 +397,9 @@ def _pcg(apply, rhs: torch.Tensor, prec: torch.Tensor, rtol: float, maxit: int) 
     return x
 
 
-def _dense_face_solve(K: torch.Tensor, idx: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+def _dense_face_solve(KFF: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     """Solve ``(K_FF + 11ᵀ) x = rhs`` by Cholesky (tiny jitter if singular) + one refinement step."""
-    M = K[idx.unsqueeze(1), idx]
-    M += 1.0
+    M = KFF + 1.0
     scale = float(torch.diagonal(M).max())
     jitter = 1e-13 * scale
     for _ in range(8):
@@ -403,8 +417,11 @@ def _dense_face_solve(K: torch.Tensor, idx: torch.Tensor, rhs: torch.Tensor) -> 
 def _face_solve(op, idx: torch.Tensor, rhs: torch.Tensor, prec: torch.Tensor, rtol: float) -> torch.Tensor:
     """Solve ``(K + 11ᵀ)_FF x = rhs`` on the free set ``F = idx``."""
     if op.K is not None:
-        return _dense_face_solve(op.K, idx, rhs)
+        return _dense_face_solve(op.K[idx.unsqueeze(1), idx], rhs)
     m = prec.numel()
+    dims = op.prob.X.shape[2] + op.prob.Z.shape[1]
+    if idx.numel() ** 2 * dims <= op.face_flops:  # small face: form K_FF from the factorization, solve directly
+        return _dense_face_solve(op.face_kernel(idx), rhs)
 
     def apply(v):
         full = torch.zeros(m, dtype=v.dtype, device=v.device)
@@ -422,8 +439,7 @@ def _face_solve(op, idx: torch.Tensor, rhs: torch.Tensor, prec: torch.Tensor, rt
         def precond(v):
             grid = torch.zeros(prob.n * prob.T, dtype=v.dtype, device=v.device)
             grid[grid_idx] = v
-            y = torch.cholesky_solve(grid.view(prob.n, prob.T, 1), L)
-            return y.reshape(-1)[grid_idx]
+            return _chol_apply(L, grid.view(prob.n, prob.T)).reshape(-1)[grid_idx]
 
     return _pcg(apply, rhs, precond, rtol=rtol, maxit=2000)
 
@@ -439,7 +455,7 @@ def _support_guess(prob: "_Problem", op) -> torch.Tensor:
     free = mask.clone()
     for _ in range(12):
         L = prob.block_factor(free)
-        x = torch.cholesky_solve(free.to(G.dtype).unsqueeze(2), L).squeeze(2)
+        x = _chol_apply(L, free.to(G.dtype))
         mu = torch.bmm(G, x.unsqueeze(2)).squeeze(2) - 1.0
         new_free = (free & (x > 0)) | (mask & ~free & (mu < 0))
         if torch.equal(new_free, free):
