@@ -112,7 +112,7 @@ def _grid(loaded: LoadedModel, pixel_values: torch.Tensor) -> tuple[int, int]:
 
 
 @user_errors
-def model_summary(spec) -> str:
+def model_summary(spec, progress=gr.Progress(track_tqdm=True)) -> str:
     """Markdown describing the loaded model (family, size, labels)."""
     loaded = get_model(spec)
     from hf_tdiag.probes.architecture import describe
