@@ -1,6 +1,7 @@
 """The Gradio 6 Blocks of the hf-tdiag Space. Layout and wiring only; the work is in :mod:`hf_tdiag.space_handlers`.
 
-``build_demo()`` returns the Blocks (tests launch it on localhost); ``space/app.py`` builds and launches it.
+``build_demo()`` returns the Blocks (tests launch it on localhost); ``space/app.py`` builds and launches it with
+``launch(max_file_size=MAX_FILE_SIZE, css=CSS)``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from hf_tdiag import space_handlers as H
 from hf_tdiag.models.crate import CRATE_VARIANTS
 
 MAX_FILE_SIZE = "25mb"
+# small inputs (8×8 digits) are shown enlarged with crisp pixels; pass to ``launch(css=CSS)``
+CSS = """
+#crate-image img, #concepts-image img, #svm-image img { image-rendering: pixelated; min-width: 128px; object-fit: contain; }
+"""
 
 INTRO = """# hf-tdiag — white-box transformers and transformer diagnostics
 Pick a model (empty = a small **CRATE** trained on scikit-learn's 8×8 digits, trained on first start and cached;
@@ -188,4 +193,4 @@ def build_demo(default_model: str = "") -> gr.Blocks:
     return demo
 
 
-__all__ = ["build_demo", "MAX_FILE_SIZE"]
+__all__ = ["build_demo", "CSS", "MAX_FILE_SIZE"]

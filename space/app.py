@@ -13,10 +13,10 @@ for _candidate in (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(o
         sys.path.insert(0, _candidate)
 
 from hf_tdiag.default_model import ensure_default_model  # noqa: E402
-from hf_tdiag.space_app import MAX_FILE_SIZE, build_demo  # noqa: E402
+from hf_tdiag.space_app import CSS, MAX_FILE_SIZE, build_demo  # noqa: E402
 
 ensure_default_model()  # train + cache the digits CRATE once (seconds to a minute on CPU)
 demo = build_demo()
 
 if __name__ == "__main__":
-    demo.queue(max_size=32).launch(max_file_size=MAX_FILE_SIZE)
+    demo.queue(max_size=32).launch(max_file_size=MAX_FILE_SIZE, css=CSS)

@@ -68,12 +68,13 @@ def trained_default(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app_url(trained_default):
-    from hf_tdiag.space_app import MAX_FILE_SIZE, build_demo
+    from hf_tdiag.space_app import CSS, MAX_FILE_SIZE, build_demo
 
     demo = build_demo(default_model="")  # empty model box = the default digits CRATE
     port = _free_port()
     demo.queue().launch(
-        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, max_file_size=MAX_FILE_SIZE
+        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, max_file_size=MAX_FILE_SIZE,
+        css=CSS,
     )
     try:
         yield f"http://127.0.0.1:{port}/"
