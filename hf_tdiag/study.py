@@ -499,6 +499,7 @@ def run_study(
     plot: bool = True,
     progress: bool = True,
     on_record: Callable[[dict], None] | None = None,
+    threads: int | None = None,
 ) -> dict:
     """Run (or continue) a study: train every uncached run of ``grid``, then write the table and plots.
 
@@ -507,7 +508,10 @@ def run_study(
     ``results["generalization_gap"]`` and ``train_examples`` a ``(pixel_values,
     labels)`` pair or a dataset of ``{"pixel_values", "labels"}`` items; the
     default trains with :func:`hf_tdiag.training.train`. ``limit`` stops after that many new runs
-    (for smoke tests). Returns a summary with the table and the output paths.
+    (for smoke tests). ``threads`` is the number of torch CPU threads per job
+    (default: ``cpu_count // jobs`` in worker processes, unchanged when
+    ``jobs == 1``); results are reproducible bit for bit only at equal thread
+    counts. Returns a summary with the table and the output paths.
     """
     from tqdm.auto import tqdm
 
@@ -548,20 +552,32 @@ def run_study(
     cached = len(records)
     if limit is not None:
         specs = specs[: max(0, int(limit))]
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads: expected a positive integer or None, got {threads!r}")
+    worker_threads = threads or max(1, (os.cpu_count() or 1) // jobs)
     bar = tqdm(total=len(specs), desc=f"study {grid.name} ({cached} cached)", disable=not progress)
     failures = []
     if jobs == 1:
-        for spec in specs:
-            try:
-                rec = _execute(spec)
-            except Exception as err:  # one failed run does not stop the study; it is retried next time
-                failures.append({"hparams": spec["hparams"], "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()})
-            else:
-                records.append(rec)
-                if on_record:
-                    on_record(rec)
-            bar.update(1)
+        import torch
+
+        previous_threads = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            for spec in specs:
+                try:
+                    rec = _execute(spec)
+                except Exception as err:  # one failed run does not stop the study; it is retried next time
+                    failures.append(
+                        {"hparams": spec["hparams"], "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+                    )
+                else:
+                    records.append(rec)
+                    if on_record:
+                        on_record(rec)
+                bar.update(1)
+        finally:
+            torch.set_num_threads(previous_threads)
     else:
         ctx = mp.get_context("spawn")
         gpus = _gpu_count()
@@ -571,9 +587,9 @@ def run_study(
             for i in range(jobs):
                 gpu_queue.put(i % gpus)  # several workers share a GPU when jobs > GPUs
         with cf.ProcessPoolExecutor(
-            max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads, gpu_queue)
+            max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(worker_threads, gpu_queue)
         ) as pool:
-            futures = {pool.submit(_execute, dict(spec, threads=threads)): spec for spec in specs}
+            futures = {pool.submit(_execute, dict(spec, threads=worker_threads)): spec for spec in specs}
             for fut in cf.as_completed(futures):
                 spec = futures[fut]
                 try:

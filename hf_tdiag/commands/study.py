@@ -29,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--grid", default="digits", choices=sorted(GRIDS), help="which grid to run (default: digits)")
     p.add_argument("--output_dir", default=None, help="study folder holding the run cache and tables (default: runs/study_<grid>)")
     p.add_argument("--jobs", type=int, default=1, help="trainings run at once, in separate processes")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per job (default: cpu_count // jobs)")
     p.add_argument(
         "--axis", action="append", default=[], metavar="NAME=V1,V2",
         help="replace (or add) a grid axis, values JSON-parsed, e.g. --axis learning_rate=1e-3,3e-3",
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         summary = run_study(
             grid, out, jobs=args.jobs, settings=settings, train_fn=args.train_fn, limit=args.limit,
-            keep_models=args.keep_models, plot=not args.no_plot,
+            keep_models=args.keep_models, plot=not args.no_plot, threads=args.threads,
         )
     print(f"study {grid.name}: {summary['n_runs']}/{summary['n_expected']} runs finished "
           f"({summary['cached']} from the cache), {summary['reached_stop']} reached the target training loss")
