@@ -152,38 +152,45 @@ def _mu_pass(X: torch.Tensor, U: torch.Tensor, W: torch.Tensor, chunk: int, eps:
 
 
 def nnls_codes(
-    A: torch.Tensor, W: torch.Tensor, U0: torch.Tensor | None = None, max_iter: int = 500, tol: float = 1e-4
+    A: torch.Tensor, W: torch.Tensor, U0: torch.Tensor | None = None, max_iter: int = 500, tol: float = 1e-3
 ) -> torch.Tensor:
     """Codes for a fixed dictionary: ``argmin_{U≥0} ‖A − U Wᵀ‖²_F`` by exact coordinate descent (HALS sweeps).
 
-    Each sweep minimizes exactly over one concept's column at a time (float64). Stops when the KKT
+    Each sweep minimizes exactly over one concept's column at a time (in the working dtype; WᵀW, AW and
+    the residual check in float64). Stops when the KKT
     residual (projected gradient) satisfies ``‖P(U WᵀW − A W)‖_F ≤ tol·‖A W‖_F`` — independent of the
     start, so a warm start ``U0`` and the cold start ``max(0, A W (WᵀW)⁻¹)`` reach the unique minimizer
     (WᵀW ≻ 0) to that tolerance.
     """
-    WtW = (W.T @ W).double()
-    AW = (A @ W).double()
-    diag = WtW.diagonal()
+    WtW64 = (W.T @ W).double()
+    AW = A @ W
+    AWt64 = AW.double().T.contiguous()
+    diag = WtW64.diagonal()
     if float(diag.min()) <= 0:
         raise ValueError("W: a concept vector is all zeros; codes are undefined")
     if U0 is None:
-        U = torch.linalg.lstsq(WtW, AW.T).solution.T.clamp(min=0)
+        Ut = torch.linalg.lstsq(WtW64, AWt64).solution.clamp(min=0)
     else:
-        U = U0.double().clamp(min=0)
-    target = tol * max(float(AW.norm()), 1e-300)
+        Ut = U0.double().T.clamp(min=0)
+    target = tol * max(float(AWt64.norm()), 1e-300)
 
-    def kkt(X):
-        G = X @ WtW - AW
-        return float(torch.where(X > 0, G, G.clamp(max=0)).norm())
+    def kkt(Xt):
+        G = WtW64 @ Xt.double() - AWt64
+        return float(torch.where(Xt > 0, G, G.clamp(max=0)).norm())
 
+    # sweeps in the working dtype on (k, rows) layout: each concept's codes are one contiguous row
+    Ut = Ut.to(A.dtype).contiguous()
+    WtW = WtW64.to(A.dtype)
+    AWt = AWt64.to(A.dtype)
+    inv = (1.0 / diag).tolist()
     k = WtW.shape[0]
     for sweep in range(max_iter):
-        if sweep % 5 == 0 and kkt(U) <= target:
+        if sweep % 5 == 0 and kkt(Ut) <= target:
             break
         for j in range(k):
-            step = (AW[:, j] - U @ WtW[:, j]) / diag[j]
-            U[:, j] = (U[:, j] + step).clamp_(min=0)
-    return U.to(A.dtype)
+            step = (AWt[j] - WtW[j] @ Ut).mul_(inv[j])
+            Ut[j].add_(step).clamp_(min=0)
+    return Ut.T.contiguous()
 
 
 # --------------------------------------------------------------------------- Gram losses
@@ -488,7 +495,7 @@ class SemiNMF:
         refine_iter: int = 100,
         tol: float = 0.0,
         init: str = "nndsvda",
-        encode_tol: float = 1e-4,
+        encode_tol: float = 1e-3,
                 device=None,
         dtype: torch.dtype | None = None,
         random_state: int = 0,
@@ -582,6 +589,21 @@ class SemiNMF:
             return rec, float("nan")
         gl, _ = _gram_loss_grad(X.reshape(shape), H.reshape(shape), G=G, g2=g2)
         return rec, float(gl.mean())
+
+    def _quick_losses(self, X, U, W, shape, a2, G=None, g2=None, UtA=None):
+        """(L_rec, L_gram) without forming Â: ‖A − UWᵀ‖² = ‖A‖² − 2⟨UᵀA, Wᵀ⟩ + ⟨UᵀU, WᵀW⟩ and Ĝ_i = U_i WᵀW U_iᵀ."""
+        UtA = U.T @ X if UtA is None else UtA
+        WtW = W.T @ W
+        rec = a2 - 2 * float((UtA.double() * W.T.double()).sum()) + float(((U.T @ U).double() * WtW.double()).sum())
+        rec = max(rec, 0.0) / a2
+        if len(shape) != 3:
+            return rec, float("nan")
+        if G is None:  # N > d: the d×d route of the exact loss
+            return rec, self._losses(X, U, W, shape, a2, G, g2)[1]
+        U3 = U.reshape(*shape[:-1], U.shape[-1])
+        Gh = U3 @ WtW @ U3.transpose(-1, -2)
+        diff = (G - Gh).square().sum((-1, -2), dtype=torch.float64)
+        return rec, float((diff / g2).mean())
 
     def _grams(self, X, shape):
         if len(shape) != 3:
@@ -679,13 +701,12 @@ class SemiNMF:
             hist["gram_loss"].append(gl)
             hist["objective"].append(rec + self.gram_weight * gl if J is None else J)
 
-        U = self._initialize(X)
-        W = lstsq_dictionary(X, U)
-        record("init", *self._losses(X, U, W, shape, a2, G, g2))
+        U = self._initialize(X).clone()
+        UtA, UtU = U.T @ X, U.T @ U
+        W = _solve_dictionary(UtA, UtU, X.dtype)
+        record("init", *self._quick_losses(X, U, W, shape, a2, G, g2, UtA=UtA))
         prev = float("inf")
         n_iter = 0
-        U = U.clone()
-        UtA, UtU = U.T @ X, U.T @ U
         chunk = max(256, (1 << 20) // max(1, X.shape[1]))  # ~4 MB of float32 activations per chunk
         for it in tqdm(range(self.max_iter), desc="Semi-NMF", disable=not self.verbose):
             W = _solve_dictionary(UtA, UtU, X.dtype)
@@ -701,8 +722,7 @@ class SemiNMF:
                 break
             prev = obj
         W = _solve_dictionary(UtA, UtU, X.dtype)
-        rec, gl = self._losses(X, U, W, shape, a2, G, g2)
-        record("mu-end", rec, gl)
+        record("mu-end", *self._quick_losses(X, U, W, shape, a2, G, g2, UtA=UtA))
         for i in range(len(hist["objective"])):
             if hist["phase"][i] == "mu":
                 hist["objective"][i] = hist["rec_loss"][i]
@@ -713,17 +733,17 @@ class SemiNMF:
         # then for μ > 0 the code-only refinement)
         W = W.T.contiguous().T
         U = self._encode(X, W, shape, a2, G, g2)
-        record("final", *self._losses(X, U, W, shape, a2, G, g2))
-        self._finish(X, U, W, shape, hist, n_iter)
+        record("final", *self._losses(X, U, W, shape, a2, G, g2))  # exact (no cancellation) for the result
+        self._finish(X, U, W, shape, hist, n_iter, a2)
         return self
 
-    def _finish(self, X, U, W, shape, hist, n_iter):
+    def _finish(self, X, U, W, shape, hist, n_iter, a2):
         self.components_ = W.T.contiguous()
         self.codes_ = U.reshape(*shape[:-1], self.n_concepts)
         self.history_ = hist
         self.n_iter_ = n_iter
         self.n_features_in_ = shape[-1]
-        self.reconstruction_err_ = float((X - U @ W.T).square().sum(dtype=torch.float64).sqrt())
+        self.reconstruction_err_ = math.sqrt(hist["rec_loss"][-1] * a2)
 
     @classmethod
     def from_components(cls, components, gram_weight: float = 0.0, **kwargs) -> "SemiNMF":
@@ -874,7 +894,7 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
         hist["gram_loss"].append(gl)
         hist["kl"].append(float("nan"))
         hist["objective"].append(float("nan"))
-        self._finish(X, U, W, shape, hist, plain.n_iter_)
+        self._finish(X, U, W, shape, hist, plain.n_iter_, a2)
         return self
 
     @staticmethod
