@@ -884,7 +884,7 @@ def _solve(X, Z, set_idx, ref, kind, norm, tol, max_iter, feas_tol, progress, lp
     dual = torch.zeros(n * T, dtype=torch.float64, device=device)
     dual[prob.ineq_idx] = lam / smin
     dual = dual.view(n, T)
-    active = (kind == 1) & (margins <= 1.0 + 1e-6) & (dual > 0)
+    active = (kind == 1) & (margins <= 1.0 + 1e-7)  # tight constraints: the support tokens
     fro = float(torch.linalg.norm(W))
     result = AttSVMResult(
         W=W,
