@@ -44,7 +44,7 @@ def _argv(**kwargs):
 _KILLED_CHILD = r"""
 import os, signal, sys
 import torch
-torch.set_num_threads(min(2, torch.get_num_threads()))
+torch.set_num_threads(int(os.environ["HF_TDIAG_TEST_THREADS"]))  # same as the parent: bitwise-equal sums
 from accelerate import Accelerator
 from hf_tdiag.training.loop import train
 
@@ -73,7 +73,7 @@ def test_sigkill_mid_checkpoint_then_resume_latest_gives_identical_weights(tmp_p
     assert full["steps"] == 12
 
     killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = {**os.environ, "PYTHONPATH": ROOT, "HF_TDIAG_TEST_THREADS": str(torch.get_num_threads())}
     proc = subprocess.run(
         [sys.executable, "-c", _KILLED_CHILD, *_argv(output_dir=str(killed), **common)],
         env=env,
