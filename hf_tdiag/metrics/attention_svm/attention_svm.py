@@ -7,7 +7,7 @@ import os
 
 import datasets
 import evaluate
-import torch
+from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
 from hf_tdiag.report.loading import load_model
 from hf_tdiag.report.loading import pixel_values_for
@@ -62,7 +62,7 @@ Examples:
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class AttentionSVM(evaluate.Measurement):
+class AttentionSVM(ModelInputsMixin, evaluate.Measurement):
     def _info(self):
         return evaluate.MeasurementInfo(
             module_type="measurement",
@@ -76,35 +76,7 @@ class AttentionSVM(evaluate.Measurement):
             reference_urls=["https://arxiv.org/abs/2308.16898"],
         )
 
-    @staticmethod
-    def _one_input(images, texts, pixel_values=None):
-        given = [n for n, v in (("images", images), ("texts", texts), ("pixel_values", pixel_values)) if v is not None]
-        if len(given) > 1:
-            raise ValueError(f"attention_svm: give one of images, texts or pixel_values, got {given}")
-        return texts if texts is not None else images
-
-    def add_batch(self, *, images=None, texts=None, inputs=None, **kwargs):
-        """Store a batch of PIL images (``images=``) or strings (``texts=``)."""
-        batch = self._one_input(images, texts)
-        return super().add_batch(inputs=list(batch) if batch is not None else inputs, **kwargs)
-
-    def add(self, *, image=None, text=None, inputs=None, **kwargs):
-        """Store one PIL image (``image=``) or one string (``text=``)."""
-        return self.add_batch(inputs=[text if text is not None else (image if image is not None else inputs)], **kwargs)
-
-    def compute(self, *, images=None, texts=None, pixel_values=None, predictions=None, references=None, **kwargs):
-        """Like `evaluate` compute; `pixel_values` (a tensor) skips `evaluate`'s storage and is measured directly."""
-        if predictions is not None or references is not None:
-            raise ValueError("attention_svm: takes `images=`, `texts=` or `pixel_values=` plus `model=`, not predictions/references")
-        batch = self._one_input(images, texts, pixel_values)
-        if pixel_values is not None:
-            if not isinstance(pixel_values, torch.Tensor) or pixel_values.ndim != 4:
-                shape = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__
-                raise ValueError(f"pixel_values: expected a tensor of shape (B, C, H, W), got {shape}")
-            return self._compute(pixel_values=pixel_values, **kwargs)
-        if batch is not None:
-            self.add_batch(inputs=list(batch))
-        return super().compute(**kwargs)
+    metric_label = "attention_svm"
 
     def _compute(
         self,
