@@ -195,6 +195,9 @@ def write_json_atomic(path: str, obj: Any) -> None:
             json.dump(obj, f, indent=2, sort_keys=True, allow_nan=False)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -477,13 +480,22 @@ def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:+.3f}"
 
 
-def markdown_table(rows: Sequence[Mapping], axes: Sequence[str]) -> str:
-    """The correlation table as Markdown: one row per measure, τ, Ψ and each ψ_k side by side."""
-    head = "| measure | τ | Ψ | " + " | ".join(f"ψ {a}" for a in axes) + " | runs |"
-    sep = "|---|---:|---:|" + "---:|" * len(axes) + "---:|"
+def markdown_table(rows: Sequence[Mapping], axes: Sequence[str], reached: Sequence[Mapping] | None = None) -> str:
+    """The correlation table as Markdown: one row per measure, τ, Ψ and each ψ_k side by side.
+
+    With ``reached`` (the table over the runs that reached the target training loss), its τ and Ψ are added
+    as two more columns.
+    """
+    extra = " τ (reached) | Ψ (reached) | runs (reached) |" if reached else ""
+    head = "| measure | τ | Ψ | " + " | ".join(f"ψ {a}" for a in axes) + " | runs |" + extra
+    sep = "|---|---:|---:|" + "---:|" * len(axes) + "---:|" + ("---:|---:|---:|" if reached else "")
     lines = [head, sep]
+    by_measure = {r["measure"]: r for r in reached or []}
     for r in rows:
         cells = [r["measure"], _fmt(r["tau"]), _fmt(r["psi"])] + [_fmt(r["psi_per_axis"].get(a)) for a in axes] + [str(r["n_runs"])]
+        if reached:
+            q = by_measure.get(r["measure"], {})
+            cells += [_fmt(q.get("tau")), _fmt(q.get("psi")), str(q.get("n_runs", 0))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -613,6 +625,8 @@ def summarize(grid: StudyGrid, records: Sequence[Mapping], study_dir: str, setti
     axes = list(grid.axes)
     complete = len(records) == len(grid.runs())
     rows = correlation_table(records, axes=axes) if len(records) >= 2 else []
+    converged = [r for r in records if r["train"].get("reached_train_loss_target")]
+    rows_reached = correlation_table(converged, axes=axes) if len(converged) >= 2 else []
     paths = {}
     summary = {
         "grid": grid.to_dict(),
@@ -624,6 +638,7 @@ def summarize(grid: StudyGrid, records: Sequence[Mapping], study_dir: str, setti
         "failures": list(failures),
         "reached_stop": sum(bool(r["train"].get("reached_train_loss_target")) for r in records),
         "table": rows,
+        "table_reached_target": rows_reached,
     }
     if rows:
         paths["json"] = os.path.join(study_dir, "table.json")
@@ -631,12 +646,13 @@ def summarize(grid: StudyGrid, records: Sequence[Mapping], study_dir: str, setti
         paths["csv"] = os.path.join(study_dir, "table.csv")
         with open(paths["csv"], "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
-            w.writerow(["measure", "tau", "psi", *[f"psi_{a}" for a in axes], "n_runs"])
-            for r in rows:
-                w.writerow([r["measure"], r["tau"], r["psi"], *[r["psi_per_axis"].get(a) for a in axes], r["n_runs"]])
+            w.writerow(["runs", "measure", "tau", "psi", *[f"psi_{a}" for a in axes], "n_runs"])
+            for subset, table in (("all", rows), ("reached_target", rows_reached)):
+                for r in table:
+                    w.writerow([subset, r["measure"], r["tau"], r["psi"], *[r["psi_per_axis"].get(a) for a in axes], r["n_runs"]])
         paths["markdown"] = os.path.join(study_dir, "table.md")
         with open(paths["markdown"], "w", encoding="utf-8") as f:
-            f.write(markdown_table(rows, axes) + "\n")
+            f.write(markdown_table(rows, axes, reached=rows_reached) + "\n")
         runs_csv = os.path.join(study_dir, "runs.csv")
         with open(runs_csv, "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
@@ -656,5 +672,5 @@ def summarize(grid: StudyGrid, records: Sequence[Mapping], study_dir: str, setti
 
             plt.close(fig)
     summary["paths"] = paths
-    summary["markdown"] = markdown_table(rows, axes) if rows else ""
+    summary["markdown"] = markdown_table(rows, axes, reached=rows_reached) if rows else ""
     return summary

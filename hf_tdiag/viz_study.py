@@ -28,17 +28,21 @@ def measure_scatter(ax, records: Sequence[Mapping], measure: str, label: str | N
     """One panel: ``measure`` (x) against the generalization gap (y), a dot per run coloured by its variant."""
     palette = dict(_VARIANT_COLORS)
     seen = set()
+    xs = []
     for rec in records:
         value = rec.get("measures", {}).get(measure)
         gap = rec.get("train", {}).get("generalization_gap")
         if value is None or gap is None or not math.isfinite(value) or not math.isfinite(gap):
             continue
+        xs.append(value)
         variant = str(rec.get("hparams", {}).get("variant", "?"))
         ax.scatter(
             value, gap, s=22, color=_colour(variant, palette), alpha=0.85, edgecolors="none",
             label=variant if variant not in seen else None,
         )
         seen.add(variant)
+    if xs and min(xs) > 0 and max(xs) / min(xs) > 100:
+        ax.set_xscale("log")  # heavy-tailed measures (1/σ², 1/γ²)
     title = label or measure
     if row is not None and row.get("tau") is not None:
         psi = row.get("psi")

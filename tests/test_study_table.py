@@ -118,7 +118,18 @@ def test_summarize_writes_tables_plot_and_reloads(tmp_path):
     table = json.loads((tmp_path / "table.json").read_text())
     assert [r["measure"] for r in table["table"]][:3] == ["srr_mean", "srr_last", "l2_norm"]
     md = (tmp_path / "table.md").read_text()
-    assert "| srr_mean |" in md and "ψ variant" in md
+    assert "| srr_mean |" in md and "ψ variant" in md and "τ (reached)" in md
+    assert oct(os.stat(tmp_path / "table.json").st_mode & 0o777) != oct(0o600)  # not mkstemp's private mode
+    # the second table ranks only the runs that reached the target training loss
+    reached = [r for r in recs if r["hparams"]["lr"] != 1]
+    for r in recs:
+        r["train"]["reached_train_loss_target"] = r["hparams"]["lr"] != 1
+    again = summarize(grid, recs, str(tmp_path), plot=False)
+    row = {x["measure"]: x for x in again["table_reached_target"]}["srr_mean"]
+    assert row["n_runs"] == len(reached) == 8
+    assert row["tau"] == pytest.approx(
+        kendall_tau([r["measures"]["srr_mean"] for r in reached], [r["train"]["generalization_gap"] for r in reached])
+    )
 
 
 def test_cli_grid_overrides():

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.summarize_only:
         keys = {run_key(hp, grid.fixed, settings) for hp in grid.runs()}
         records = [r for r in load_records(out) if r["key"] in keys]
-        summary = summarize(grid, records, out, settings=settings, plot=not args.no_plot)
+        summary = summarize(grid, records, out, settings=settings, plot=not args.no_plot, cached=len(records))
     else:
         summary = run_study(
             grid, out, jobs=args.jobs, settings=settings, train_fn=args.train_fn, limit=args.limit,
