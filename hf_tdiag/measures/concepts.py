@@ -107,17 +107,15 @@ def lstsq_dictionary(A: torch.Tensor, U: torch.Tensor, ridge: float = 0.0) -> to
     return _solve_dictionary(U.T @ A, U.T @ U, A.dtype, ridge)
 
 
-def _mu_factors(U: torch.Tensor, AW: torch.Tensor, P: torch.Tensor, eps: float) -> torch.Tensor:
-    """``U ∘ √(([AW]⁺ + U[WᵀW]⁻) / ([AW]⁻ + U[WᵀW]⁺))`` given ``P = [[WᵀW]⁺ | [WᵀW]⁻]``."""
-    k = P.shape[0]
-    parts = U @ P  # U[WᵀW]⁺ | U[WᵀW]⁻ in one matmul
-    numer = AW.clamp(min=0).add_(parts[:, k:])
-    denom = parts[:, :k] - AW.clamp(max=0)
-    return U * numer.div_(denom.add_(eps)).sqrt_()
+def _mu_ratio(U: torch.Tensor, AW: torch.Tensor, Pp: torch.Tensor, Pn: torch.Tensor, eps: float) -> torch.Tensor:
+    """``√(([AW]⁺ + U[WᵀW]⁻) / ([AW]⁻ + U[WᵀW]⁺))`` given ``Pp = [WᵀW]⁺``, ``Pn = [WᵀW]⁻``."""
+    pos = AW.clamp(min=0)
+    denom = (pos - AW).add_(U @ Pp).add_(eps)  # [AW]⁻ = [AW]⁺ − AW exactly
+    return pos.add_(U @ Pn).div_(denom).sqrt_()
 
 
-def _split_gram(WtW: torch.Tensor) -> torch.Tensor:
-    return torch.cat([WtW.clamp(min=0), (-WtW).clamp(min=0)], dim=1)
+def _split_gram(WtW: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return WtW.clamp(min=0), (-WtW).clamp(min=0)
 
 
 def mu_update_codes(
@@ -126,29 +124,27 @@ def mu_update_codes(
     """Ding–Li–Jordan code step ``U ← U ∘ √(([AW]⁺ + U[WᵀW]⁻) / ([AW]⁻ + U[WᵀW]⁺))`` (never increases the objective)."""
     if AW is None:
         AW = A @ W
-    return _mu_factors(U, AW, _split_gram(W.T @ W), eps)
+    return U * _mu_ratio(U, AW, *_split_gram(W.T @ W), eps)
 
 
 def _mu_pass(X: torch.Tensor, U: torch.Tensor, W: torch.Tensor, chunk: int, eps: float = 1e-12):
     """One MU code step on all rows, in place, streamed over row chunks so that each chunk of ``A`` is read once.
 
     Returns ``(UᵀA, UᵀU, ⟨AW, U⟩)`` of the updated codes: the next dictionary step and the objective need
-    nothing else (float64 dot product).
+    nothing else.
     """
     k, d = U.shape[1], X.shape[1]
-    P = _split_gram(W.T @ W)
+    Pp, Pn = _split_gram(W.T @ W)
     UtA = torch.zeros(k, d, dtype=X.dtype, device=X.device)
     UtU = torch.zeros(k, k, dtype=X.dtype, device=X.device)
-    dot = torch.zeros((), dtype=torch.float64, device=X.device)
     for start in range(0, X.shape[0], chunk):
         Xc = X[start : start + chunk]
         Uc = U[start : start + chunk]
-        AWc = Xc @ W
-        Uc.copy_(_mu_factors(Uc, AWc, P, eps))
+        Uc.mul_(_mu_ratio(Uc, Xc @ W, Pp, Pn, eps))
         UtA.addmm_(Uc.T, Xc)
         UtU.addmm_(Uc.T, Uc)
-        dot += (AWc * Uc).sum(dtype=torch.float64)
-    return UtA, UtU, float(dot)
+    # ⟨AW, U⟩ = ⟨UᵀA, Wᵀ⟩ (float64): k×d instead of rows×k work
+    return UtA, UtU, float((UtA.double() * W.T.double()).sum())
 
 
 def nnls_codes(
@@ -557,16 +553,8 @@ class SemiNMF:
             return (torch.randn(X.shape[0], k, generator=gen, dtype=torch.float64).abs() * scale).to(X)
         if self.init == "kmeans":
             return _kmeans_codes(X, k, int(self.random_state))
-        # truncated SVD through the d×d covariance (float64), deterministic signs
-        C = (X.T @ X).double()
-        evals, evecs = torch.linalg.eigh(C)
-        order = evals.argsort(descending=True)
-        evals, Q = evals[order].clamp(min=0), evecs[:, order]
         r = k - 1 if self.init == "svd" else k
-        Q = Q[:, :r]
-        sign = torch.where(Q.sum(0) < 0, -1.0, 1.0).to(Q)
-        Q = Q * sign
-        M = X.double() @ Q  # scores P S, (rows, r)
+        M = self._top_scores(X, r)  # scores P S of the top-r singular directions, (rows, r) float64
         if self.init == "svd":
             # U = [M + 1 mᵀ, 1] ≥ 0 and W = [Q, −Q m] reproduce the rank-(k−1) SVD exactly
             shift = (-M.min(0).values).clamp(min=0) if r > 0 else M.new_zeros(0)
@@ -580,6 +568,30 @@ class SemiNMF:
         if self.init == "nndsvda":
             return torch.where(U > 0, U, torch.full_like(U, mean)).to(X.dtype)
         return (U + 1e-3 * mean).to(X.dtype)
+
+    def _top_scores(self, X: torch.Tensor, r: int) -> torch.Tensor:
+        """Scores ``A Q_r`` on the top-r right singular vectors (deterministic signs), float64.
+
+        Exact (eigh of AᵀA) for ``init="svd"`` or when r is not small against d; otherwise a seeded
+        randomized range finder (Halko, Martinsson & Tropp 2011; one power iteration), which costs a few
+        (rows × d × r) products instead of the (rows × d × d) covariance.
+        """
+        d = X.shape[1]
+        if r == 0:
+            return torch.zeros(X.shape[0], 0, dtype=torch.float64, device=X.device)
+        if self.init == "svd" or 2 * (r + 10) > d:
+            evals, evecs = torch.linalg.eigh((X.T @ X).double())
+            Q = evecs[:, evals.argsort(descending=True)[:r]]
+        else:
+            gen = torch.Generator().manual_seed(int(self.random_state))
+            omega = torch.randn(d, r + 10, generator=gen, dtype=torch.float64).to(device=X.device, dtype=X.dtype)
+            Y = torch.linalg.qr((X @ omega).double()).Q.to(X.dtype)
+            Z = torch.linalg.qr((X.T @ Y).double()).Q.to(X.dtype)
+            Y = torch.linalg.qr((X @ Z).double()).Q
+            B = Y.to(X.dtype).T @ X
+            Q = torch.linalg.svd(B.double(), full_matrices=False).Vh[:r].T
+        Q = Q * torch.where(Q.sum(0) < 0, -1.0, 1.0).to(Q)
+        return (X @ Q.to(X.dtype)).double()
 
     def _losses(self, X, U, W, shape, a2, G=None, g2=None):
         """(L_rec, L_gram) for rows X ≈ U Wᵀ; L_gram is NaN for row data."""
