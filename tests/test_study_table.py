@@ -145,3 +145,13 @@ def test_cli_grid_overrides():
         build_grid(p.parse_args(["--grid", "tiny", "--set", "variant=crate"]))
     with pytest.raises(ValueError, match="KEY=VALUE"):
         build_grid(p.parse_args(["--grid", "tiny", "--set", "oops"]))
+
+
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_every_grid_run_is_a_valid_trainer_configuration(name, tmp_path):
+    from hf_tdiag.training.args import make_args
+
+    grid = GRIDS[name]
+    for hp in grid.runs():
+        args = make_args(output_dir=str(tmp_path), **grid.fixed, **hp)
+        assert args.variant == hp["variant"] and args.stop_at_train_loss == 0.01
