@@ -51,9 +51,13 @@ def test_two_process_torchrun_counts_each_eval_sample_once(tmp_path):
     import hf_tdiag  # noqa: F401
     from hf_tdiag.training.data import digits_split
 
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
     model = AutoModelForImageClassification.from_pretrained(str(out)).eval()
+    processor = AutoImageProcessor.from_pretrained(str(out))
     _, x_te, _, y_te = digits_split()
-    x = (torch.tensor(x_te[:61], dtype=torch.float32)[:, None] / 255.0 - 0.5) / 0.5
+    x = processor([Image.fromarray(i) for i in x_te[:61]], return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         logits = model(pixel_values=x).logits
     y = torch.as_tensor(y_te[:61])

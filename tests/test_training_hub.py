@@ -22,7 +22,7 @@ from transformers import AutoImageProcessor, AutoModelForImageClassification
 model = AutoModelForImageClassification.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
 processor = AutoImageProcessor.from_pretrained(sys.argv[1], trust_remote_code=True)
 torch.manual_seed(0)
-x = torch.randn(2, 1, 8, 8)
+x = torch.randn(2, 1, 16, 16)
 with torch.no_grad():
     logits = model(pixel_values=x).logits
 print(json.dumps({
@@ -111,7 +111,7 @@ def test_pushed_repo_loads_with_trust_remote_code_and_gives_the_same_logits(push
     assert info["processor_module"].startswith("transformers_modules")
     model = AutoModelForImageClassification.from_pretrained(str(pushed["out"])).eval()
     torch.manual_seed(0)
-    x = torch.randn(2, 1, 8, 8)
+    x = torch.randn(2, 1, 16, 16)
     with torch.no_grad():
         expected = model(pixel_values=x).logits
     torch.testing.assert_close(torch.tensor(info["logits"]), expected, rtol=1e-5, atol=1e-6)
