@@ -618,69 +618,88 @@ class SemiNMF:
         return rec, float((diff / g2).mean())
 
     def _grams(self, X, shape):
+        """Per-image Grams ``G_i = A_i A_iᵀ`` (N×N) and ``‖G_i‖²_F`` (float64); (None, None) for row data."""
         if len(shape) != 3:
             return None, None
         A3 = X.reshape(shape)
-        if shape[1] <= shape[2]:
-            G = A3 @ A3.transpose(-1, -2)
-            g2 = G.square().sum((-1, -2), dtype=torch.float64)
-        else:
-            G, g2 = None, _gram_sq_norms(A3, A3)[1].double()
+        G = A3 @ A3.transpose(-1, -2)
+        g2 = G.square().sum((-1, -2), dtype=torch.float64)
         if bool((g2 == 0).any()):
             raise ValueError("A: an image has all-zero activations, so its Gram loss is undefined")
         return G, g2
 
-    def _value_grad(self, X, U, W, shape, a2, G, g2):
-        """Joint objective J = L_rec + μ L_gram and ∂J/∂Â (rows layout)."""
-        H = U @ W.T
-        R = H - X
-        rec = float(R.square().sum(dtype=torch.float64)) / a2
-        grad = (2.0 / a2) * R
-        gl_mean = float("nan")
-        if len(shape) == 3:
-            gl, ggrad = _gram_loss_grad(X.reshape(shape), H.reshape(shape), G=G, g2=g2)
-            gl_mean = float(gl.mean())
-            if self.gram_weight > 0:
-                grad = grad + (self.gram_weight / shape[0]) * ggrad.reshape(R.shape)
-        J = rec + (self.gram_weight * gl_mean if self.gram_weight > 0 else 0.0)
-        return J, rec, gl_mean, grad
+    # The joint objective in k dimensions: with Â = U Wᵀ, ‖A − Â‖² = ‖A‖² − 2⟨U, AW⟩ + ⟨UᵀU, WᵀW⟩ and
+    # Ĝ_i = U_i (WᵀW) U_iᵀ, so line searches never form Â; only AW (after a dictionary step) and AᵀU
+    # (after a code step) touch the activations.
+    def _gram_part(self, U, WtW, shape, G, g2):
+        U3 = U.reshape(*shape[:-1], U.shape[-1])
+        D = U3 @ WtW @ U3.transpose(-1, -2) - G
+        return U3, D, D.square().sum((-1, -2), dtype=torch.float64) / g2
 
-    def _value(self, X, U, W, shape, a2, G, g2):
-        rec, gl = self._losses(X, U, W, shape, a2, G, g2)
-        return rec + (self.gram_weight * gl if self.gram_weight > 0 else 0.0), rec, gl
+    def _J_codes(self, U, AW, WtW, shape, a2, G, g2):
+        """(J, L_rec, L_gram, D) for codes U with the dictionary fixed (AW = A W)."""
+        UtU = U.T @ U
+        rec = (a2 - 2 * float((U * AW).sum(dtype=torch.float64)) + float((UtU.double() * WtW.double()).sum())) / a2
+        U3, D, gl = self._gram_part(U, WtW, shape, G, g2)
+        gl = float(gl.mean())
+        return rec + self.gram_weight * gl, rec, gl, D
+
+    def _J_dict(self, W, U, UtU, AtU, shape, a2, G, g2):
+        """(J, L_rec, L_gram, D, WᵀW) for a dictionary W with the codes fixed (AtU = Aᵀ U)."""
+        WtW = W.T @ W
+        rec = (a2 - 2 * float((AtU.double() * W.double()).sum()) + float((UtU.double() * WtW.double()).sum())) / a2
+        U3, D, gl = self._gram_part(U, WtW, shape, G, g2)
+        gl = float(gl.mean())
+        return rec + self.gram_weight * gl, rec, gl, D, WtW
 
     def _refine(self, X, U, W, shape, a2, G, g2, iters, update_dictionary, record=None, desc="refine"):
-        """Projected gradient with backtracking on J = L_rec + μ L_gram (monotone), U kept ≥ 0."""
-        J, rec, gl, gH = self._value_grad(X, U, W, shape, a2, G, g2)
-        # initial steps from the reconstruction curvature 2λ_max(·)/‖A‖²
-        tU = a2 / (2.0 * float(torch.linalg.eigvalsh((W.T @ W).double()).max()) + 1e-30)
-        tW = a2 / (2.0 * float(torch.linalg.eigvalsh((U.T @ U).double()).max()) + 1e-30)
+        """Projected gradient with backtracking on J = L_rec + μ L_gram (monotone), U kept ≥ 0.
+
+        ∂J/∂U_i = (2/‖A‖²)(U_i WᵀW − A_i W) + (4μ/B) D_i U_i WᵀW / ‖G_i‖², and
+        ∂J/∂W = (2/‖A‖²)(W UᵀU − AᵀU) + (4μ/B) W Σ_i U_iᵀ D_i U_i / ‖G_i‖², with D_i = Ĝ_i − G_i.
+        """
+        mu, B = self.gram_weight, shape[0]
+        WtW = W.T @ W
+        AW = X @ W
+        UtU = U.T @ U
+        AtU = X.T @ U if update_dictionary else None
+        tU = a2 / (2.0 * float(torch.linalg.eigvalsh(WtW.double()).max()) + 1e-30)
+        tW = a2 / (2.0 * float(torch.linalg.eigvalsh(UtU.double()).max()) + 1e-30)
+        g2w = g2.to(X.dtype)[:, None, None]
         for _ in tqdm(range(iters), desc=desc, disable=not self.verbose, leave=False):
             moved = False
             if update_dictionary:
-                gW = gH.T @ U
+                J, rec, gl, D, _ = self._J_dict(W, U, UtU, AtU, shape, a2, G, g2)
+                U3 = U.reshape(*shape[:-1], U.shape[-1])
+                S = (U3.transpose(-1, -2) @ (D / g2w) @ U3).sum(0)
+                gW = (2.0 / a2) * (W @ UtU - AtU) + (4.0 * mu / B) * (W @ S)
                 gnorm2 = float(gW.square().sum(dtype=torch.float64))
                 for _ in range(40):
                     W_new = W - tW * gW
-                    J_new, rec_new, gl_new = self._value(X, U, W_new, shape, a2, G, g2)
+                    J_new, _, _, _, WtW_new = self._J_dict(W_new, U, UtU, AtU, shape, a2, G, g2)
                     if J_new <= J - 0.5 * tW * gnorm2:
-                        W, moved = W_new, True
+                        W, WtW, moved = W_new, WtW_new, True
+                        AW = X @ W
                         tW *= 1.5
                         break
                     tW *= 0.5
-                J, rec, gl, gH = self._value_grad(X, U, W, shape, a2, G, g2)
-            gU = gH @ W
+            J, rec, gl, D = self._J_codes(U, AW, WtW, shape, a2, G, g2)
+            U3 = U.reshape(*shape[:-1], U.shape[-1])
+            gU = (2.0 / a2) * (U @ WtW - AW) + (4.0 * mu / B) * ((D / g2w) @ U3 @ WtW).reshape(U.shape)
             for _ in range(40):
                 U_new = (U - tU * gU).clamp(min=0)
                 step = U_new - U
                 model = J + float((gU * step).sum(dtype=torch.float64)) + float(step.square().sum(dtype=torch.float64)) / (2 * tU)
-                J_new, rec_new, gl_new = self._value(X, U_new, W, shape, a2, G, g2)
+                J_new, rec_new, gl_new, _ = self._J_codes(U_new, AW, WtW, shape, a2, G, g2)
                 if J_new <= model:
                     U, moved = U_new, True
+                    J, rec, gl = J_new, rec_new, gl_new
+                    UtU = U.T @ U
+                    if update_dictionary:
+                        AtU = X.T @ U
                     tU *= 1.5
                     break
                 tU *= 0.5
-            J, rec, gl, gH = self._value_grad(X, U, W, shape, a2, G, g2)
             if record is not None:
                 record(desc, rec, gl, J)
             if not moved:
