@@ -52,7 +52,7 @@ original = Accelerator.save_state
 
 def save_state(self, output_dir=None, **kwargs):
     result = original(self, output_dir, **kwargs)
-    if output_dir.endswith(".tmp-checkpoint-6"):
+    if output_dir.endswith(".tmp-checkpoint-" + os.environ["KILL_AT_STEP"]):
         # die mid-checkpoint: state written but torn, never renamed
         path = os.path.join(output_dir, "model.safetensors")
         with open(path, "r+b") as fh:
@@ -65,15 +65,29 @@ train(sys.argv[1:])
 """
 
 
-def test_sigkill_mid_checkpoint_then_resume_latest_gives_identical_weights(tmp_path):
-    common = dict(TINY, max_train_steps=12, checkpointing_steps=3, srr_weight=0.05, srr_layer="random", dropout_free=None)
-    common.pop("dropout_free")
-    common["hidden_dropout_prob"] = 0.1  # the resumed run must also restore the RNG state
+@pytest.mark.parametrize(
+    "accumulation, kill_at, expected",
+    [
+        (1, 6, [3]),  # 8 batches/epoch: killed writing step 6, resumes at step 3 = batch 3 of epoch 0
+        (2, 8, [4, 6]),  # 4 steps/epoch: killed writing the epoch-end step 8, resumes at step 6 = batch 4 of epoch 1
+    ],
+)
+def test_sigkill_mid_checkpoint_then_resume_latest_gives_identical_weights(tmp_path, accumulation, kill_at, expected):
+    common = dict(
+        TINY,
+        max_train_steps=12,
+        checkpointing_steps=3,
+        gradient_accumulation_steps=accumulation,
+        srr_weight=0.05,
+        srr_layer="random",
+        hidden_dropout_prob=0.1,  # the resumed run must also restore the RNG state
+    )
     full = train(output_dir=str(tmp_path / "full"), **common)
     assert full["steps"] == 12
 
     killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": ROOT, "HF_TDIAG_TEST_THREADS": str(torch.get_num_threads())}
+    env = {**os.environ, "PYTHONPATH": ROOT, "HF_TDIAG_TEST_THREADS": str(torch.get_num_threads()),
+           "KILL_AT_STEP": str(kill_at)}
     proc = subprocess.run(
         [sys.executable, "-c", _KILLED_CHILD, *_argv(output_dir=str(killed), **common)],
         env=env,
@@ -82,20 +96,21 @@ def test_sigkill_mid_checkpoint_then_resume_latest_gives_identical_weights(tmp_p
         timeout=300,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    assert (killed / ".tmp-checkpoint-6").is_dir()  # the torn checkpoint is there ...
-    assert [s for s, _ in list_checkpoints(str(killed))] == [3]  # ... but only checkpoint-3 counts
-    assert latest_checkpoint(str(killed)) == str(killed / "checkpoint-3")
+    assert (killed / f".tmp-checkpoint-{kill_at}").is_dir()  # the torn checkpoint is there ...
+    assert [s for s, _ in list_checkpoints(str(killed))] == expected  # ... but does not count
+    latest = str(killed / f"checkpoint-{expected[-1]}")
+    assert latest_checkpoint(str(killed)) == latest
     assert not (killed / "model.safetensors").exists()
 
     resumed = train(output_dir=str(killed), resume_from_checkpoint="latest", **common)
-    assert resumed["resumed_from"] == str(killed / "checkpoint-3")
+    assert resumed["resumed_from"] == latest
     a = load_file(str(tmp_path / "full" / "model.safetensors"))
     b = load_file(str(killed / "model.safetensors"))
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert resumed["history"] == full["history"]
-    assert not (killed / ".tmp-checkpoint-6").exists()  # cleaned on start
+    assert not (killed / f".tmp-checkpoint-{kill_at}").exists()  # cleaned on start
     assert len(list_checkpoints(str(killed))) == 2  # checkpoints_total_limit
 
 
