@@ -49,7 +49,7 @@ def format_table(table: list[dict]) -> str:
     """The comparison table as aligned text (one row per fit)."""
     cols = [("method", "{:<16}"), ("kl", "{:>10.4g}"), ("top1_agreement", "{:>6.3f}"), ("delta_rec_rel", "{:>9.4f}"),
             ("delta_gram", "{:>9.4f}"), ("bound", "{:>10.3g}"), ("frac_kl_below_bound", "{:>6.2f}"),
-            ("cosine_to_supervised", "{:>7.3f}"), ("update_cosine_to_supervised", "{:>7.3f}"), ("fit_seconds", "{:>7.1f}")]
+            ("cosine_to_supervised", "{:>7.4f}"), ("update_cosine_to_supervised", "{:>7.3f}"), ("fit_seconds", "{:>7.1f}")]
     heads = ["method", "KL", "top1", "δrec/‖A‖", "δgram", "bound", "KL≤B", "cos→sup", "Δcos", "fit s"]
     widths = [16, 10, 6, 9, 9, 10, 6, 7, 7, 7]
     lines = [" ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(heads, widths)))]
