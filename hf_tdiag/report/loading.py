@@ -72,10 +72,16 @@ def _image_processor_for(model: nn.Module, source: str | None):
         from hf_tdiag.models.crate import CrateImageProcessor
 
         return CrateImageProcessor.for_config(config)
-    from transformers import ViTImageProcessor
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
     size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
-    return ViTImageProcessor(size={"height": size, "width": size})
+    channels = int(getattr(config, "num_channels", 3))
+    fields = {"size": {"height": size, "width": size}}
+    if channels != 3:  # ImageNet statistics have 3 entries; other channel counts get 0.5/0.5 per channel
+        fields.update(image_mean=[0.5] * channels, image_std=[0.5] * channels)
+    if channels == 1:
+        fields["do_convert_rgb"] = False
+    return ViTImageProcessorPil(**fields)
 
 
 def _text_processor_for(source: str | None):
