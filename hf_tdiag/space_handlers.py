@@ -250,7 +250,7 @@ BOUNDS_COLUMNS = ["layer", "head", "type", "rank", "spectral norm", "stable rank
 @user_errors
 def bounds_tab(spec, L_phi=1.13, progress=gr.Progress(track_tqdm=True)):
     """Bounds tab: both proxies (markdown), optimal-p heatmap, spectra, contribution curves, per-matrix table."""
-    from hf_tdiag import viz_schatten
+    from hf_tdiag.viz import schatten as viz_schatten
 
     loaded = get_model(spec)
     report = _bounds_report(loaded, L_phi)
@@ -340,7 +340,7 @@ def _int_in(value, name: str) -> int:
 def svm_experiment(n=6, T=8, d=16, steps=1000, seed=0, progress=gr.Progress(track_tqdm=True)):
     """1-layer experiment of Tarzanagh et al.: normalized GD on W (vs the Frobenius Att-SVM) and on (K, Q)
     (vs the nuclear-norm Att-SVM); correlation curves and the global/local verdict."""
-    from hf_tdiag import viz_attention_svm
+    from hf_tdiag.viz import attention_svm as viz_attention_svm
     from hf_tdiag.measures.attention_gd import convergence_verdict, make_attention_data, train_attention
     from hf_tdiag.measures.attention_svm import att_svm
 
@@ -388,7 +388,7 @@ def svm_experiment(n=6, T=8, d=16, steps=1000, seed=0, progress=gr.Progress(trac
 def svm_head_tab(spec, image_path, layer=-1, head=0, extra_digits=15, progress=gr.Progress(track_tqdm=True)):
     """Head diagnostic: how max-margin-like head ``head`` of ``layer`` is on the image(s)."""
     import hf_tdiag
-    from hf_tdiag import viz_attention_svm
+    from hf_tdiag.viz import attention_svm as viz_attention_svm
     from hf_tdiag.default_model import digits_test_images
     from hf_tdiag.report.report import svm_table
 

@@ -680,7 +680,7 @@ def summarize(grid: StudyGrid, records: Sequence[Mapping], study_dir: str, setti
                             *[r["measures"].get(m) for m in MEASURES]])
         paths["runs_csv"] = runs_csv
         if plot:
-            from .viz_study import measure_scatter_grid
+            from .viz.study import measure_scatter_grid
 
             fig = measure_scatter_grid(records, rows)
             paths["plot"] = os.path.join(study_dir, "scatter.png")

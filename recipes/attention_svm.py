@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from hf_tdiag.viz import save_figure
-    from hf_tdiag.viz_attention_svm import plot_correlation_curves, plot_gen_svm, plot_global_frequency, plot_rank
+    from hf_tdiag.viz.attention_svm import plot_correlation_curves, plot_gen_svm, plot_global_frequency, plot_rank
 
     cfg = _scaled(DEFAULTS["paper" if args.paper_size else "cpu"], args.scale)
     os.makedirs(args.output_dir, exist_ok=True)

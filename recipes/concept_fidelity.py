@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     from hf_tdiag.default_model import digits_test_images, ensure_default_model
     from hf_tdiag.probes.concept_fidelity import compare_concepts
     from hf_tdiag.report.loading import load_model, pixel_values_for
-    from hf_tdiag.viz_concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
+    from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
 
     if args.threads:
         torch.set_num_threads(args.threads)

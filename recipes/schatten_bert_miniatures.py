@@ -63,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import hf_tdiag
-    from hf_tdiag.viz_schatten import plot_proxies_vs_depth, plot_proxies_vs_width, save_report_figures
+    from hf_tdiag.viz.schatten import plot_proxies_vs_depth, plot_proxies_vs_width, save_report_figures
 
     os.makedirs(os.path.join(args.output_dir, "reports"), exist_ok=True)
     jobs, missing = [], []

@@ -68,7 +68,7 @@ def test_command_writes_json_and_figures(crate_dir, tmp_path, capsys):
 
 
 def test_figures_for_the_recipe_rows():
-    from hf_tdiag.viz_attention_svm import plot_correlation_curves, plot_gen_svm, plot_global_frequency, plot_rank
+    from hf_tdiag.viz.attention_svm import plot_correlation_curves, plot_gen_svm, plot_global_frequency, plot_rank
 
     fig = plot_correlation_curves({"W": ([0, 1, 2], [0.1, 0.5, 0.99])})
     assert len(fig.axes[0].lines) == 2  # curve + threshold

@@ -106,7 +106,7 @@ def test_cli_writes_json_table_and_figures(tmp_path, capsys):
 
 
 def test_figures_draw_from_reports():
-    from hf_tdiag.viz_concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches
+    from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches
 
     pixels = _pixels(6)
     codes = torch.rand(6, 16, 5)

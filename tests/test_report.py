@@ -323,7 +323,7 @@ def test_report_command_with_texts_on_bert(tmp_path):
 
 
 def test_failing_figure_keeps_numbers_and_marks_error(crate_dir, monkeypatch):
-    from hf_tdiag import viz_attention_svm
+    from hf_tdiag.viz import attention_svm as viz_attention_svm
 
     def broken(*args, **kwargs):
         raise ValueError("cannot draw this")

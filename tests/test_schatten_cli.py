@@ -132,7 +132,7 @@ def test_miniatures_recipe_on_local_copies(miniatures, tmp_path, capsys):
 
 
 def test_scaling_figures_normalise_to_the_smallest_model():
-    from hf_tdiag.viz_schatten import plot_proxies_vs_depth, plot_proxies_vs_width
+    from hf_tdiag.viz.schatten import plot_proxies_vs_depth, plot_proxies_vs_width
 
     rows = [
         {"num_layers": L, "hidden_size": N, "ours": 10.0 * L + N, "edelman": 100.0 * L * N}

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hf_tdiag.viz_attention_svm import _hist_range, plot_head_diagnostic
+from hf_tdiag.viz.attention_svm import _hist_range, plot_head_diagnostic
 
 
 def _diag(head_margins, svm_margins):

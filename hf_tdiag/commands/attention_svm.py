@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
     from hf_tdiag.report.loading import load_model
     from hf_tdiag.viz import save_figure
-    from hf_tdiag.viz_attention_svm import plot_head_diagnostic
+    from hf_tdiag.viz.attention_svm import plot_head_diagnostic
 
     if args.limit < 1:
         raise ValueError(f"--limit: expected a positive number, got {args.limit}")

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_tdiag.data_inputs import load_images
     from hf_tdiag.probes.concept_fidelity import compare_concepts, layer_activations
     from hf_tdiag.report.loading import load_model, pixel_values_for
-    from hf_tdiag.viz_concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
+    from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
 
     if args.limit < 1 or args.batch_size < 1 or args.concepts < 1:
         raise ValueError(f"--limit, --batch-size and --concepts must be positive, got {args.limit}, {args.batch_size}, {args.concepts}")

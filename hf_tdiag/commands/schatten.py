@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         _write_csv(args.matrices_csv, rows)
         print(f"wrote {args.matrices_csv}")
     if args.plots:
-        from hf_tdiag.viz_schatten import save_report_figures
+        from hf_tdiag.viz.schatten import save_report_figures
 
         for i, r in enumerate(reports):
             prefix = f"{i:02d}_{os.path.basename(r.model.rstrip('/')) or 'model'}_"

@@ -284,7 +284,7 @@ def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: 
         ],
         numbers=report.to_dict(include_spectra=False),
     )
-    from hf_tdiag import viz_schatten as VS
+    from hf_tdiag.viz import schatten as VS
 
     _add_figures(section, lambda: [
         ("Optimal Schatten index p per matrix (layers × matrix type / head)", F.optimal_p_heatmap(report)),
@@ -370,7 +370,7 @@ def patch_grid(config, pixel_values: torch.Tensor) -> tuple[int, int]:
 
 def concept_plots(loaded: LoadedModel, pixel_values: torch.Tensor, codes, result: dict) -> list[tuple[str, Any]]:
     """(caption, matplotlib figure) pairs: concept heatmaps, top-activating patches, KL vs bound (if computed)."""
-    from hf_tdiag import viz_concepts as VC
+    from hf_tdiag.viz import concepts as VC
 
     out = []
     if codes is not None:
@@ -447,7 +447,7 @@ def svm_table(summary: dict) -> Table:
 
 def svm_plots(diag) -> list[tuple[str, Any]]:
     """(caption, figure) pairs for an attention-SVM head diagnostic."""
-    from hf_tdiag import viz_attention_svm as VA
+    from hf_tdiag.viz import attention_svm as VA
 
     return [("Head margins against the max-margin solution, and the largest attention per query",
              VA.plot_head_diagnostic(diag))]

@@ -6,6 +6,11 @@ save them with :func:`save_figure` (or ``fig.savefig``).
 
 * :func:`plot_layer_srr` — per-layer curves of R, Rᶜ, sparsity and SRR
   (mean ± std over samples), several models / settings on one figure.
+
+One submodule per capability: :mod:`hf_tdiag.viz.schatten` (bound proxies, spectra,
+optimal p), :mod:`hf_tdiag.viz.concepts` (concept heatmaps, KL vs bound),
+:mod:`hf_tdiag.viz.attention_svm` (correlation curves, head diagnostic) and
+:mod:`hf_tdiag.viz.study` (measure-vs-gap scatter plots).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from .viz import new_figure
+from . import new_figure
 
 
 def _arr(x) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from .viz import new_figure, save_figure
+from . import new_figure, save_figure
 
 __all__ = ["plot_concept_heatmaps", "plot_top_patches", "plot_kl_vs_bound", "plot_mu_sweep", "save_figure"]
 
