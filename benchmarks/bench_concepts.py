@@ -14,6 +14,10 @@ restores ``get_cmap`` from ``matplotlib.colormaps`` and imports only ``overcompl
 (no timm/torchvision needed). If overcomplete is missing, a naive reference MU implementation
 (the textbook Ding–Li–Jordan updates with pinv, random init) is timed instead.
 
+Install overcomplete without its dependencies (a plain ``pip install overcomplete`` replaces the CPU torch
+with a multi-GB CUDA build and pulls torchvision, which does not import beside it):
+
+    .venv/bin/pip install --no-deps overcomplete einops
     .venv/bin/python benchmarks/bench_concepts.py [--threads 2] [--repeats 3] [--epochs 4]
 """
 
