@@ -188,6 +188,18 @@ class LazyBatches:
             yield self.convert(self.items[start : start + self.batch_size])
 
 
+def text_lines(path, limit: int | None = None) -> list[str]:
+    """The non-empty, stripped lines of a UTF-8 text file (one input per line), at most ``limit``."""
+    limit = _check_limit(limit)
+    if not os.path.isfile(path):
+        raise ValueError(f"texts: expected a text file with one input per line, got {str(path)!r}")
+    with open(path, encoding="utf-8") as fh:
+        lines = [line.strip() for line in fh if line.strip()][:limit]
+    if not lines:
+        raise ValueError(f"texts: {str(path)!r} has no non-empty lines")
+    return lines
+
+
 def load_images(spec, *, split: str | None = None, limit: int | None = None, **dataset_kwargs) -> ImageSet:
     """Load images from ``spec``: ``digits``, a ``save_to_disk`` folder, an image folder or a datasets name."""
     if not isinstance(spec, (str, os.PathLike)):

@@ -51,16 +51,13 @@ def _queries(spec: str):
 
 
 def _batch(args, loaded):
-    from hf_tdiag.data_inputs import load_images
+    from hf_tdiag.data_inputs import load_images, text_lines
     from hf_tdiag.report.loading import pixel_values_for
 
     if args.texts is not None:
         if loaded.modality != "text" or loaded.processor is None:
             raise ValueError(f"texts: {loaded.source!r} is not a text model with a tokenizer in its folder")
-        with open(args.texts, encoding="utf-8") as fh:
-            lines = [line.strip() for line in fh if line.strip()][: args.limit]
-        if not lines:
-            raise ValueError(f"texts: {args.texts!r} has no non-empty lines")
+        lines = text_lines(args.texts, args.limit)
         return dict(loaded.processor(lines, padding=True, truncation=True, max_length=args.max_length, return_tensors="pt"))
     if loaded.modality != "image":
         raise ValueError(f"model: {loaded.source!r} is a text model; pass --texts FILE")

@@ -40,16 +40,13 @@ def register(subparsers) -> None:
 
 
 def _inputs(args, loaded):
-    from hf_tdiag.data_inputs import LazyBatches, load_images
+    from hf_tdiag.data_inputs import LazyBatches, load_images, text_lines
     from hf_tdiag.report.loading import pixel_values_for
 
     if args.texts is not None:
         if loaded.modality != "text" or loaded.processor is None:
             raise ValueError(f"texts: {loaded.source!r} is not a text model with a tokenizer in its folder")
-        with open(args.texts, encoding="utf-8") as fh:
-            lines = [line.strip() for line in fh if line.strip()][: args.limit]
-        if not lines:
-            raise ValueError(f"texts: {args.texts!r} has no non-empty lines")
+        lines = text_lines(args.texts, args.limit)
         tok = loaded.processor
 
         def encode(chunk):

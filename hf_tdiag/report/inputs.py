@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from hf_tdiag.data_inputs import DIGITS_NAMES, load_images
+from hf_tdiag.data_inputs import DIGITS_NAMES, load_images, text_lines
 
 from .loading import LoadedModel, check_image_size
 from .report import ReportInputs, images_to_inputs
@@ -71,12 +71,7 @@ def text_inputs(loaded: LoadedModel, path, limit: int) -> ReportInputs:
         raise ValueError(f"texts: {loaded.source!r} is a vision model; give --images or --dataset instead")
     if loaded.processor is None:
         raise ValueError(f"texts: no tokenizer found for {loaded.source!r}; save one next to the model")
-    if not os.path.isfile(path):
-        raise ValueError(f"texts: expected a text file with one input per line, got {str(path)!r}")
-    with open(path, encoding="utf-8") as fh:
-        lines = [line.strip() for line in fh if line.strip()][:limit]
-    if not lines:
-        raise ValueError(f"texts: {str(path)!r} has no non-empty lines")
+    lines = text_lines(path, limit)
     batch = loaded.processor(lines, padding=True, truncation=True, max_length=128, return_tensors="pt")
     batch = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
     return ReportInputs(batch, None, None, f"{len(lines)} lines of {path}")
