@@ -266,3 +266,23 @@ def test_wrong_types_raise_type_error():
         S.schatten_powers("abc", [1.0])
     with pytest.raises(TypeError, match="matrix"):
         S.singular_values(torch.ones(2, 2, dtype=torch.complex128))
+
+
+def test_all_finite_matches_the_elementwise_mask():
+    """The one-reduction check agrees with torch.isfinite(...).all(), including float64 overflow of the sum."""
+    base = torch.randn(50, 7, dtype=torch.float64)
+    cases = [base, base.float(), torch.empty(0, 3)]
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        t = base.clone()
+        t[4, 2] = bad
+        cases.append(t)
+    both = base.clone()
+    both[0, 0], both[1, 1] = float("inf"), float("-inf")  # the sum is NaN
+    cases.append(both)
+    huge = torch.full((4,), 1e308, dtype=torch.float64)  # finite entries, the sum overflows to inf
+    cases.append(huge)
+    for t in cases:
+        assert S.all_finite(t) == bool(torch.isfinite(t).all()), t
+    assert S.all_finite(huge)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        S.singular_values(cases[3])

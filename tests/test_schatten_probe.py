@@ -223,10 +223,35 @@ def test_unsupported_models_and_bad_arguments(tmp_path):
         hf_tdiag.spectrum_bounds(str(tmp_path / "missing"))
     model = _bert()
     for kwargs, name in [({"L_phi": 0.0}, "L_phi"), ({"rank_tol": -1.0}, "rank_tol"), ({"svd_method": "x"}, "svd_method"),
-                         ({"p_grid_m": 0}, "m")]:
+                         ({"p_grid_m": 0}, "m"), ({"num_workers": 0}, "num_workers"),
+                         ({"num_workers": 1.5}, "num_workers")]:
         with pytest.raises(ValueError, match=name):
             hf_tdiag.spectrum_bounds(model, **kwargs)
     with torch.no_grad():
         model.encoder.layer[1].attention.self.value.weight[0, 0] = float("nan")
-    with pytest.raises(ValueError, match=r"layer 1 value .*NaN"):
-        hf_tdiag.spectrum_bounds(model)
+    for workers in (1, 2):
+        with pytest.raises(ValueError, match=r"layer 1 value .*NaN"):
+            hf_tdiag.spectrum_bounds(model, num_workers=workers)
+    model = _bert()
+    with torch.no_grad():
+        model.encoder.layer[0].output.dense.weight[3, 5] = float("-inf")
+    with pytest.raises(ValueError, match=r"layer 0 ffn_out \(encoder.layer.0.output.dense\) contains NaN or inf"):
+        hf_tdiag.spectrum_bounds(model, num_workers=2)
+
+
+@pytest.mark.parametrize("workers", [2, 3, 8])
+def test_worker_threads_give_bit_identical_reports(workers):
+    """FFN spectra and head cores solved by a thread pool: the same numbers, bit for bit, as one worker."""
+    torch.manual_seed(1)
+    model = BertModel(BertConfig(vocab_size=50, max_position_embeddings=16, hidden_size=96, num_hidden_layers=3,
+                                 num_attention_heads=3, intermediate_size=384)).eval()
+    one = hf_tdiag.spectrum_bounds(model, num_workers=1)
+    many = hf_tdiag.spectrum_bounds(model, num_workers=workers)
+    assert many.ours == one.ours and many.edelman == one.edelman
+    assert [m.type for m in many.matrices] == [m.type for m in one.matrices]
+    for a, b in zip(one.matrices, many.matrices):
+        assert (a.layer, a.head, a.type) == (b.layer, b.head, b.type)
+        np.testing.assert_array_equal(a.singular_values, b.singular_values)
+        np.testing.assert_array_equal(a.contributions, b.contributions)
+    ref = dense_reference(model.state_dict(), 3, 3)
+    assert many.ours == pytest.approx(ref["ours"], rel=1e-9) and many.edelman == pytest.approx(ref["edelman"], rel=1e-9)

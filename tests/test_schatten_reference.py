@@ -38,18 +38,29 @@ def bert_matrices(state_dict, num_layers, num_heads, prefix=None):
 
 
 def dense_reference(
-    state_dict, num_layers, num_heads, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, prefix=None, compute_uv=False
+    state_dict, num_layers, num_heads, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, prefix=None, svd_call="values"
 ):
     """B_ours, B_Edelman and per-matrix min contributions of a BERT state dict, one numpy SVD per explicit matrix."""
     layers = bert_matrices(state_dict, num_layers, num_heads, prefix)
-    return dense_reference_from_matrices(layers, L_phi, p_grid_m, rank_tol, compute_uv)
+    return dense_reference_from_matrices(layers, L_phi, p_grid_m, rank_tol, svd_call)
 
 
-def dense_reference_from_matrices(layers, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, compute_uv=False):
+SVD_CALLS = {
+    # singular values only: np.linalg.svd(x, compute_uv=False)
+    "values": lambda x: np.linalg.svd(x, compute_uv=False),
+    # thin SVD with singular vectors: np.linalg.svd(x, full_matrices=False)
+    "thin": lambda x: np.linalg.svd(x, full_matrices=False)[1],
+    # numpy's defaults, as a plain call is written: np.linalg.svd(x) (full U and Vᵀ)
+    "numpy_default": lambda x: np.linalg.svd(x)[1],
+}
+
+
+def dense_reference_from_matrices(layers, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, svd_call="values"):
     """The same on explicit matrices: ``layers[i] = {"qk": [N×N]*H, "v": [N×N]*H, "m_in": N×I, "m_out": I×N or None}``.
 
     ``m_out = None`` stands for an identity M_out: norm 1 in the factors, no term of its own.
-    ``compute_uv=True`` takes the full SVD (numpy's default), for timing only.
+    ``svd_call`` picks how each matrix's SVD is called (``SVD_CALLS``: ``"values"``, ``"thin"``,
+    ``"numpy_default"``); the spectra are the same, only the cost differs (the benchmark times all three).
     Matrix order of ``mins``: per layer, QK heads, Ṽ heads, M_in, M_out.
     """
     L = len(layers)
@@ -59,7 +70,7 @@ def dense_reference_from_matrices(layers, L_phi=1.13, p_grid_m=None, rank_tol=1e
     ps = [k / m for k in range(2 * m + 1)]
 
     def svd(x):
-        s = np.linalg.svd(x, compute_uv=True, full_matrices=False)[1] if compute_uv else np.linalg.svd(x, compute_uv=False)
+        s = SVD_CALLS[svd_call](x)
         tau = rank_tol * len(s) * max(s[0], 1.0)
         return s, s[s > tau]
 

@@ -50,9 +50,23 @@ def _tensor(x, name: str, *, min_dim: int = 0) -> torch.Tensor:
     if t.dim() < min_dim:
         raise ValueError(f"{name}: expected at least {min_dim} dimension(s), got shape {tuple(t.shape)}")
     t = t.to(torch.float64)
-    if not bool(torch.isfinite(t).all()):
+    if not all_finite(t):
         raise ValueError(f"{name}: contains NaN or inf values (shape {tuple(t.shape)})")
     return t
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """True iff every entry of ``t`` is finite.
+
+    One float64 reduction instead of an elementwise mask: a NaN or ±inf entry makes the
+    sum NaN or ±inf, so a finite sum proves every entry finite; only when the sum is not
+    finite (a bad entry, or a float64 overflow of huge finite values) is the exact mask taken.
+    """
+    if t.numel() == 0:
+        return True
+    if math.isfinite(float(t.sum(dtype=torch.float64))):
+        return True
+    return bool(torch.isfinite(t).all())
 
 
 def _positive_int(x, name: str) -> int:
@@ -85,10 +99,16 @@ def singular_values(matrix, *, method: str = "auto") -> torch.Tensor:
     update plus a symmetric eigensolve, 2–4× faster) and keeps it only for
     well-conditioned matrices (``σ_min² ≥ 1e-3 σ_max²``), where it agrees with
     the SVD to ~1e-12 relative; every other matrix goes to the SVD.
+    Releases the GIL throughout, so several matrices can be solved in threads.
     """
     w = _tensor(matrix, "matrix", min_dim=2)
     if method not in ("auto", "svd"):
         raise ValueError(f"method: expected 'auto' or 'svd', got {method!r}")
+    return _singular_values(w, method)
+
+
+def _singular_values(w: torch.Tensor, method: str) -> torch.Tensor:
+    """:func:`singular_values` on an already validated float64 tensor."""
     if w.shape[-1] == 0 or w.shape[-2] == 0:
         return w.new_zeros(*w.shape[:-2], 0)
     if method == "svd":
@@ -109,26 +129,20 @@ def singular_values(matrix, *, method: str = "auto") -> torch.Tensor:
 def _gram_eigenvalues(w: torch.Tensor) -> torch.Tensor:
     """λ(WᵀW) or λ(WWᵀ), whichever is smaller, descending; ``(..., m, n)`` float64.
 
-    On CPU: BLAS ``dsyrk`` (one triangle, half a GEMM) and LAPACK ``dsyevd`` via SciPy;
-    elsewhere ``torch`` matmul + ``eigvalsh`` on the device.
+    On CPU: NumPy's ``aᵀa`` (BLAS ``dsyrk``, one triangle) and ``eigvalsh`` (LAPACK
+    ``dsyevd``, values only), both of which release the GIL; elsewhere ``torch``
+    matmul + ``eigvalsh`` on the device.
     """
     tall = w.shape[-2] >= w.shape[-1]
     if w.device.type != "cpu":
         t = w if tall else w.mT
         return torch.linalg.eigvalsh(t.mT @ t).flip(-1)
-    from scipy.linalg import blas, eigvalsh
-
     flat = w.reshape(-1, *w.shape[-2:])
     out = []
     for mat in flat:
         x = mat.numpy()
-        # dsyrk: trans=0 -> a aᵀ, trans=1 -> aᵀ a; hand it an F-contiguous array so it is read without a copy
-        if x.flags.f_contiguous:
-            a, trans = x, (1 if tall else 0)
-        else:
-            a, trans = np.asfortranarray(x.T), (0 if tall else 1)
-        gram = blas.dsyrk(1.0, a, trans=trans)  # upper triangle of WᵀW (tall) or WWᵀ (wide)
-        lam = eigvalsh(gram, lower=False, driver="evd", check_finite=False, overwrite_a=True)
+        gram = x.T @ x if tall else x @ x.T  # NumPy routes a matrix times its own transpose to dsyrk
+        lam = np.linalg.eigvalsh(gram)
         out.append(torch.from_numpy(np.ascontiguousarray(lam[::-1])))
     return torch.stack(out).reshape(*w.shape[:-2], -1)
 
@@ -143,6 +157,11 @@ def low_rank_product_spectrum(left, right) -> tuple[torch.Tensor, torch.Tensor]:
     """
     a = _tensor(left, "left", min_dim=2)
     b = _tensor(right, "right", min_dim=2)
+    return _low_rank_product_spectrum(a, b)
+
+
+def _low_rank_product_spectrum(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`low_rank_product_spectrum` on validated float64 tensors."""
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(
             f"left/right: inner dimensions differ, left {tuple(a.shape)} vs right {tuple(b.shape)}"
@@ -358,6 +377,7 @@ def edelman_bound(alpha, xi) -> torch.Tensor:
 __all__: Sequence[str] = [
     "DEFAULT_L_PHI",
     "DEFAULT_RANK_TOL",
+    "all_finite",
     "clean_spectrum",
     "contributions",
     "edelman_bound",

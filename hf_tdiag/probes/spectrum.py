@@ -187,27 +187,82 @@ def _resolve(model_or_path, load_kwargs) -> tuple[torch.nn.Module, str]:
     )
 
 
-def _layer_spectra(w: EncoderWeights, layer: int, svd_method: str) -> dict[str, torch.Tensor]:
-    f64 = torch.float64
-    q = w.heads(layer, "query").to(f64)
-    k = w.heads(layer, "key").to(f64)
-    v = w.heads(layer, "value").to(f64)
-    o = w.heads(layer, "attn_output").to(f64)
-    for role, t in (("query", q), ("key", k), ("value", v), ("attn_output", o)):
-        if not bool(torch.isfinite(t).all()):
+def _check_finite(w: EncoderWeights, layer: int, roles) -> None:
+    for role in roles:
+        t = getattr(w.layers[layer], role)
+        if t is not None and not S.all_finite(t):
             raise ValueError(f"model: layer {layer} {role} ({w.layers[layer].names.get(role)}) contains NaN or inf")
+
+
+def _head_spectra(w: EncoderWeights, layer: int) -> dict[str, torch.Tensor]:
+    """QK_h and Ṽ_h spectra and column norms of one layer, from the d_h×d_h cores."""
+    f64 = torch.float64
+    q, k, v, o = (w.heads(layer, role).to(f64) for role in ("query", "key", "value", "attn_output"))
     out = {}
-    out["qk_sigma"], out["qk_cols"] = S.low_rank_product_spectrum(q.mT, k)  # QK_h = W_Q,hᵀ W_K,h
-    out["v_sigma"], out["v_cols"] = S.low_rank_product_spectrum(v.mT, o)  # Ṽ_h = W_V,hᵀ (W_O)ᵀ[h]
-    lw = w.layers[layer]
-    m_in = lw.ffn_in.to(f64).mT  # row-vector orientation
-    out["in_sigma"] = S.singular_values(m_in, method=svd_method)
-    out["in_cols"] = torch.linalg.vector_norm(m_in, dim=-2)
-    if lw.ffn_out is not None:
-        m_out = lw.ffn_out.to(f64).mT
-        out["out_sigma"] = S.singular_values(m_out, method=svd_method)
-        out["out_cols"] = torch.linalg.vector_norm(m_out, dim=-2)
+    out["qk_sigma"], out["qk_cols"] = S._low_rank_product_spectrum(q.mT, k)  # QK_h = W_Q,hᵀ W_K,h
+    out["v_sigma"], out["v_cols"] = S._low_rank_product_spectrum(v.mT, o)  # Ṽ_h = W_V,hᵀ (W_O)ᵀ[h]
     return out
+
+
+def _ffn_spectrum(weight: torch.Tensor, svd_method: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """σ and column norms of an FFN matrix in row-vector orientation (``weight`` is the ``(out, in)`` Linear weight)."""
+    m = weight.to(torch.float64).mT
+    return S._singular_values(m, svd_method), torch.linalg.vector_norm(m, dim=-2)
+
+
+# Below this many entries per FFN matrix a thread pool costs more than it saves.
+POOL_MIN_FFN_ENTRIES = 1 << 18
+
+
+def _default_workers(device: torch.device, ffn_entries: int = POOL_MIN_FFN_ENTRIES) -> int:
+    """torch's CPU thread count for models with FFN matrices of ≥ 2¹⁸ entries (BERT-small and up), else 1."""
+    if device.type != "cpu" or ffn_entries < POOL_MIN_FFN_ENTRIES:
+        return 1
+    return max(1, torch.get_num_threads())
+
+
+def _all_spectra(w: EncoderWeights, svd_method: str, num_workers: int, progress: bool) -> list[dict[str, torch.Tensor]]:
+    """Per-layer spectra, computed by ``num_workers`` threads (the solvers release the GIL).
+
+    Jobs: one per FFN matrix (the dense, expensive part), one per layer for the per-head cores.
+    BLAS runs single-threaded inside every job, whatever ``num_workers``, so the result is
+    bit-identical for any number of workers.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_limits
+
+    L = w.num_layers
+    for i in range(L):
+        _check_finite(w, i, ("query", "key", "value", "attn_output", "ffn_in", "ffn_out"))
+    jobs: list[tuple[int, str, Any]] = [(i, "in", w.layers[i].ffn_in) for i in range(L)]
+    jobs += [(i, "out", w.layers[i].ffn_out) for i in range(L) if w.layers[i].ffn_out is not None]
+    jobs += [(i, "heads", None) for i in range(L)]  # FFN first: the longest jobs start earliest
+
+    def run(job):
+        i, kind, weight = job
+        if kind == "heads":
+            return _head_spectra(w, i)
+        sigma, cols = _ffn_spectrum(weight, svd_method)
+        return {f"{kind}_sigma": sigma, f"{kind}_cols": cols}
+
+    per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(L)]
+    with threadpool_limits(limits=1, user_api="blas"), tqdm(
+        total=len(jobs), desc="spectra", disable=not progress, leave=False
+    ) as bar:
+        if num_workers <= 1:
+            results = map(run, jobs)
+        else:
+            pool = ThreadPoolExecutor(num_workers)
+            results = pool.map(run, jobs)
+        try:
+            for job, res in zip(jobs, results):
+                per_layer[job[0]].update(res)
+                bar.update()
+        finally:
+            if num_workers > 1:
+                pool.shutdown(cancel_futures=True)
+    return per_layer
 
 
 def spectrum_bounds(
@@ -217,6 +272,7 @@ def spectrum_bounds(
     rank_tol: float = S.DEFAULT_RANK_TOL,
     *,
     svd_method: str = "auto",
+    num_workers: int | None = None,
     progress: bool = False,
     **load_kwargs,
 ) -> SpectrumBoundReport:
@@ -229,6 +285,9 @@ def spectrum_bounds(
         p_grid_m: grid resolution m of p ∈ {0, 1/m, …, 2}; default ⌈L + ln N⌉.
         rank_tol: singular values ≤ rank_tol · min(rows, cols) · max(σ₁, 1) are exact zeros.
         svd_method: ``"auto"`` (Gram eigenvalues for well-conditioned FFN matrices, else SVD) or ``"svd"``.
+        num_workers: threads that solve the FFN spectra and per-layer head cores side by side, each with one BLAS thread
+            (default ``torch.get_num_threads()`` on CPU for FFN matrices of ≥ 2¹⁸ entries, else 1); the result is
+            bit-identical for any value.
         progress: show a progress bar over layers.
     """
     if isinstance(L_phi, bool) or not isinstance(L_phi, (int, float)) or not (L_phi > 0 and math.isfinite(L_phi)):
@@ -236,16 +295,19 @@ def spectrum_bounds(
     rank_tol = S._check_tol(rank_tol)
     if svd_method not in ("auto", "svd"):
         raise ValueError(f"svd_method: expected 'auto' or 'svd', got {svd_method!r}")
+    if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1):
+        raise ValueError(f"num_workers: expected a positive integer or None, got {num_workers!r}")
     model, name = _resolve(model_or_path, load_kwargs)
     w = encoder_weights(model)
     L, N, H = w.num_layers, w.hidden_size, w.num_heads
     ps = S.p_grid(L, N, p_grid_m)
 
+    if num_workers is None:
+        workers = _default_workers(w.layers[0].query.device, w.layers[0].ffn_in.numel())
+    else:
+        workers = num_workers
     with torch.no_grad():
-        per_layer = [
-            _layer_spectra(w, i, svd_method)
-            for i in tqdm(range(L), desc="spectra", disable=not progress, leave=False)
-        ]
+        per_layer = _all_spectra(w, svd_method, workers, progress)
 
     def stack(key):
         return torch.stack([d[key] for d in per_layer])
