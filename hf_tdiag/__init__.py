@@ -7,11 +7,11 @@ Heavier capabilities (measures, metrics, training) are imported lazily.
 
 from __future__ import annotations
 
-import importlib
 import os
 
 __version__ = "0.1.0"
 
+from ._lazy import lazy_exports as _lazy_exports  # noqa: E402
 from .models.crate import register_crate as _register_crate  # noqa: E402
 
 _register_crate()
@@ -42,14 +42,7 @@ def metric_path(name: str) -> str:
     return here
 
 
-def __getattr__(name: str):
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'hf_tdiag' has no attribute {name!r}")
-    module_name, attr = target.split(":")
-    value = getattr(importlib.import_module(module_name), attr)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = ["__version__", "metric_path", *_LAZY]

@@ -240,18 +240,18 @@ def test_unsupported_models_and_bad_arguments(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [2, 3, 8])
-def test_worker_threads_give_bit_identical_reports(workers):
-    """FFN spectra and head cores solved by a thread pool: the same numbers, bit for bit, as one worker."""
+def test_worker_threads_give_the_same_report(workers):
+    """FFN spectra and head cores solved by a thread pool: the one-worker numbers, to rounding."""
     torch.manual_seed(1)
     model = BertModel(BertConfig(vocab_size=50, max_position_embeddings=16, hidden_size=96, num_hidden_layers=3,
                                  num_attention_heads=3, intermediate_size=384)).eval()
     one = hf_tdiag.spectrum_bounds(model, num_workers=1)
     many = hf_tdiag.spectrum_bounds(model, num_workers=workers)
-    assert many.ours == one.ours and many.edelman == one.edelman
+    assert many.ours == pytest.approx(one.ours, rel=1e-13) and many.edelman == pytest.approx(one.edelman, rel=1e-13)
     assert [m.type for m in many.matrices] == [m.type for m in one.matrices]
     for a, b in zip(one.matrices, many.matrices):
-        assert (a.layer, a.head, a.type) == (b.layer, b.head, b.type)
-        np.testing.assert_array_equal(a.singular_values, b.singular_values)
-        np.testing.assert_array_equal(a.contributions, b.contributions)
+        assert (a.layer, a.head, a.type, a.rank) == (b.layer, b.head, b.type, b.rank)
+        np.testing.assert_allclose(b.singular_values, a.singular_values, rtol=1e-13, atol=0)
+        np.testing.assert_allclose(b.contributions, a.contributions, rtol=1e-13, atol=0)
     ref = dense_reference(model.state_dict(), 3, 3)
     assert many.ours == pytest.approx(ref["ours"], rel=1e-9) and many.edelman == pytest.approx(ref["edelman"], rel=1e-9)

@@ -2,24 +2,65 @@
 
 Such a module stores one column, ``inputs`` (PIL images or strings), through evaluate's usual
 ``add`` / ``add_batch`` / ``compute`` API, and also accepts a ready ``pixel_values`` tensor, which
-skips evaluate's storage. Mix it in before ``evaluate.Measurement`` and set ``metric_label``.
+skips evaluate's storage. Mix it in before ``evaluate.Measurement``, set ``metric_label``, and
+``input_kinds = ("images",)`` for an image-only module. In ``_compute``, :meth:`_model_and_inputs`
+loads the model and turns the stored column into what it takes.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+from ..data_inputs import LazyBatches
+from ..report.loading import load_model, pixel_values_for
 
 
 class ModelInputsMixin:
     """``images=`` / ``texts=`` / ``pixel_values=`` handling for a model-running `evaluate` module."""
 
     metric_label = "metric"
+    input_kinds: tuple[str, ...] = ("images", "texts")
 
     def _one_input(self, images, texts, pixel_values=None):
         given = [n for n, v in (("images", images), ("texts", texts), ("pixel_values", pixel_values)) if v is not None]
         if len(given) > 1:
             raise ValueError(f"{self.metric_label}: give one of images, texts or pixel_values, got {given}")
+        if texts is not None and "texts" not in self.input_kinds:
+            raise ValueError(f"{self.metric_label}: takes images= or pixel_values=, not texts")
         return texts if texts is not None else images
+
+    def _model_and_inputs(self, model, inputs, pixel_values, *, batch_size=None, tokenizer=None, max_length=128):
+        """(loaded model, its inputs): ``pixel_values`` as given; stored images through the model's image
+        processor; stored strings through ``tokenizer`` or the model's own. ``batch_size=None`` gives one
+        batch, an int a :class:`LazyBatches` that prepares each batch when it is reached."""
+        if model is None:
+            raise ValueError("model: expected a Transformers model, a local folder or a Hub id, got None")
+        loaded = load_model(os.fspath(model) if isinstance(model, os.PathLike) else model, eager_attention=False)
+        if pixel_values is not None:
+            return loaded, pixel_values
+        items = list(inputs) if inputs is not None else []
+        if not items:
+            kinds = ", ".join(f"{k}=" for k in (*self.input_kinds, "pixel_values"))
+            raise ValueError(f"{self.metric_label}: no inputs; pass {kinds}")
+        if isinstance(items[0], str):
+            if "texts" not in self.input_kinds:
+                raise ValueError(f"{self.metric_label}: takes images, got strings")
+            tok = tokenizer if tokenizer is not None else (loaded.processor if loaded.modality == "text" else None)
+            if tok is None:
+                raise ValueError(f"tokenizer: no tokenizer found for {loaded.source!r}; pass tokenizer=")
+
+            def prepare(chunk):
+                return dict(tok(list(chunk), padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
+        else:
+
+            def prepare(chunk):
+                return pixel_values_for(list(chunk), loaded)
+
+        if batch_size is None:
+            return loaded, prepare(items)
+        return loaded, LazyBatches(items, batch_size, prepare)
 
     def add_batch(self, *, images=None, texts=None, inputs=None, **kwargs):
         """Store a batch of PIL images (``images=``) or strings (``texts=``)."""

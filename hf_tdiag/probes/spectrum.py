@@ -22,6 +22,7 @@ pass ``L_phi=1.0`` for that reading).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -221,12 +222,21 @@ def _default_workers(device: torch.device, ffn_entries: int = POOL_MIN_FFN_ENTRI
     return max(1, torch.get_num_threads())
 
 
+@contextlib.contextmanager
+def _restore_torch_threads(n: int):
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 def _all_spectra(w: EncoderWeights, svd_method: str, num_workers: int, progress: bool) -> list[dict[str, torch.Tensor]]:
     """Per-layer spectra, computed by ``num_workers`` threads (the solvers release the GIL).
 
     Jobs: one per FFN matrix (the dense, expensive part), one per layer for the per-head cores.
-    BLAS runs single-threaded inside every job, whatever ``num_workers``, so the result is
-    bit-identical for any number of workers.
+    BLAS and torch run single-threaded inside every job (torch's thread count is restored on
+    return), so ``num_workers`` threads use ``num_workers`` cores; results agree across worker
+    counts to rounding (MKL's kernels may round differently with the memory alignment they get).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -247,7 +257,9 @@ def _all_spectra(w: EncoderWeights, svd_method: str, num_workers: int, progress:
         return {f"{kind}_sigma": sigma, f"{kind}_cols": cols}
 
     per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(L)]
-    with threadpool_limits(limits=1, user_api="blas"), tqdm(
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with _restore_torch_threads(torch_threads), threadpool_limits(limits=1, user_api="blas"), tqdm(
         total=len(jobs), desc="spectra", disable=not progress, leave=False
     ) as bar:
         if num_workers <= 1:
@@ -286,8 +298,8 @@ def spectrum_bounds(
         rank_tol: singular values ≤ rank_tol · min(rows, cols) · max(σ₁, 1) are exact zeros.
         svd_method: ``"auto"`` (Gram eigenvalues for well-conditioned FFN matrices, else SVD) or ``"svd"``.
         num_workers: threads that solve the FFN spectra and per-layer head cores side by side, each with one BLAS thread
-            (default ``torch.get_num_threads()`` on CPU for FFN matrices of ≥ 2¹⁸ entries, else 1); the result is
-            bit-identical for any value.
+            (default ``torch.get_num_threads()`` on CPU for FFN matrices of ≥ 2¹⁸ entries, else 1); results
+            agree across values to rounding (~1e-15 relative).
         progress: show a progress bar over layers.
     """
     if isinstance(L_phi, bool) or not isinstance(L_phi, (int, float)) or not (L_phi > 0 and math.isfinite(L_phi)):

@@ -7,7 +7,7 @@ command-line flags are in :mod:`hf_tdiag.training.args`. Submodules: ``data``, `
 
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_exports as _lazy_exports
 
 _LAZY = {
     "train": "hf_tdiag.training.loop:train",
@@ -19,14 +19,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'hf_tdiag.training' has no attribute {name!r}")
-    module_name, attr = target.split(":")
-    value = getattr(importlib.import_module(module_name), attr)
-    globals()[name] = value
-    return value
-
+__getattr__ = _lazy_exports(__name__, _LAZY, globals())
 
 __all__ = list(_LAZY)

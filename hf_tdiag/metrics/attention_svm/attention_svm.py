@@ -3,14 +3,11 @@
 Thin wrapper over :func:`hf_tdiag.attention_svm_diagnostic` (probes) and :mod:`hf_tdiag.measures.attention_svm`.
 """
 
-import os
 
 import datasets
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
-from hf_tdiag.report.loading import load_model
-from hf_tdiag.report.loading import pixel_values_for
 
 _CITATION = """\
 @article{tarzanagh2023transformers,
@@ -96,21 +93,7 @@ class AttentionSVM(ModelInputsMixin, evaluate.Measurement):
         return_arrays=True,
         progress=False,
     ):
-        if model is None:
-            raise ValueError("model: expected a Transformers model, a local folder or a Hub id, got None")
-        loaded = load_model(os.fspath(model) if isinstance(model, os.PathLike) else model, eager_attention=False)
-        texts = inputs is not None and len(inputs) > 0 and isinstance(inputs[0], str)
-        if pixel_values is not None:
-            batch = pixel_values
-        elif inputs is not None and len(inputs) > 0 and not texts:
-            batch = pixel_values_for(list(inputs), loaded)
-        elif texts:
-            tok = tokenizer if tokenizer is not None else (loaded.processor if loaded.modality == "text" else None)
-            if tok is None:
-                raise ValueError(f"tokenizer: no tokenizer found for {loaded.source!r}; pass tokenizer=")
-            batch = dict(tok(list(inputs), padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
-        else:
-            raise ValueError("attention_svm: no inputs; pass images=, texts= or pixel_values=")
+        loaded, batch = self._model_and_inputs(model, inputs, pixel_values, tokenizer=tokenizer, max_length=max_length)
         diag = attention_svm_diagnostic(
             loaded.model,
             batch,

@@ -3,15 +3,11 @@
 Thin wrapper over :func:`hf_tdiag.concept_fidelity` (probes) and :mod:`hf_tdiag.measures.concepts` (measures).
 """
 
-import os
-
 import datasets
 import evaluate
-import torch
+from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.measures.concepts import SemiNMF
 from hf_tdiag.probes.concept_fidelity import concept_fidelity
-from hf_tdiag.report.loading import load_model
-from hf_tdiag.report.loading import pixel_values_for
 
 _CITATION = """\
 @article{ding2010convex,
@@ -69,35 +65,23 @@ Examples:
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class ConceptFidelity(evaluate.Measurement):
+class ConceptFidelity(ModelInputsMixin, evaluate.Measurement):
     def _info(self):
         return evaluate.MeasurementInfo(
             module_type="measurement",
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"images": datasets.Image()}),
+            features=datasets.Features({"inputs": datasets.Image()}),
             reference_urls=["https://doi.org/10.1109/TPAMI.2008.277", "https://arxiv.org/abs/2510.11675"],
         )
 
-    def compute(self, *, images=None, pixel_values=None, predictions=None, references=None, **kwargs):
-        """Like `evaluate` compute; `pixel_values` (a tensor) skips `evaluate`'s storage and is measured directly."""
-        if predictions is not None or references is not None:
-            raise ValueError("concept_fidelity: takes `images=` or `pixel_values=` plus `model=` and `layer=`, not predictions/references")
-        if images is not None and pixel_values is not None:
-            raise ValueError("concept_fidelity: give one of images or pixel_values, not both")
-        if pixel_values is not None:
-            if not isinstance(pixel_values, torch.Tensor) or pixel_values.ndim != 4:
-                shape = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__
-                raise ValueError(f"pixel_values: expected a tensor of shape (B, C, H, W), got {shape}")
-            return self._compute(pixel_values=pixel_values, **kwargs)
-        if images is not None:
-            return super().compute(images=images, **kwargs)
-        return super().compute(**kwargs)
+    metric_label = "concept_fidelity"
+    input_kinds = ("images",)
 
     def _compute(
         self,
-        images=None,
+        inputs=None,
         pixel_values=None,
         model=None,
         layer=None,
@@ -112,15 +96,9 @@ class ConceptFidelity(evaluate.Measurement):
         progress=True,
         return_per_image=True,
     ):
-        if model is None:
-            raise ValueError("model: expected a Transformers image classifier, a local folder or a Hub id, got None")
         if layer is None:
             raise ValueError("layer: required (an int in [0, num_hidden_layers]; activations are hidden_states[layer])")
-        loaded = load_model(os.fspath(model) if isinstance(model, os.PathLike) else model, eager_attention=False)
-        if pixel_values is None:
-            if images is None:
-                raise ValueError("concept_fidelity: no inputs; pass images= or pixel_values=")
-            pixel_values = pixel_values_for(list(images), loaded)
+        loaded, pixel_values = self._model_and_inputs(model, inputs, pixel_values)
         if concepts is None:
             concepts = SemiNMF(int(n_concepts), gram_weight=float(gram_weight), max_iter=int(max_iter),
                                refine_iter=int(refine_iter))

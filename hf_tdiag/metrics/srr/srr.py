@@ -3,16 +3,12 @@
 Thin wrapper over :func:`hf_tdiag.layer_srr` (probes) and :mod:`hf_tdiag.measures.coding_rate` (measures).
 """
 
-import os
 
 import datasets
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
-from hf_tdiag.data_inputs import LazyBatches
 from hf_tdiag.probes.srr import TERMS
 from hf_tdiag.probes.srr import layer_srr
-from hf_tdiag.report.loading import load_model
-from hf_tdiag.report.loading import pixel_values_for
 
 _CITATION = """\
 @inproceedings{yu2023whitebox,
@@ -101,25 +97,9 @@ class SRR(ModelInputsMixin, evaluate.Measurement):
         return_report=False,
         progress=True,
     ):
-        if model is None:
-            raise ValueError("model: expected a Transformers model, a local folder or a Hub id, got None")
-        loaded = load_model(os.fspath(model) if isinstance(model, os.PathLike) else model, eager_attention=False)
-        texts = inputs is not None and len(inputs) > 0 and isinstance(inputs[0], str)
-        if pixel_values is not None:
-            inputs = pixel_values
-        elif inputs is not None and not texts:
-            inputs = LazyBatches(list(inputs), batch_size, lambda chunk: pixel_values_for(chunk, loaded))
-        elif texts:
-            tok = tokenizer if tokenizer is not None else (loaded.processor if loaded.modality == "text" else None)
-            if tok is None:
-                raise ValueError(f"tokenizer: no tokenizer found for {loaded.source!r}; pass tokenizer=")
-
-            def encode(chunk):
-                return dict(tok(list(chunk), padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
-
-            inputs = LazyBatches(list(inputs), batch_size, encode)
-        else:
-            raise ValueError("srr: no inputs; pass images=, texts= or pixel_values=")
+        loaded, inputs = self._model_and_inputs(
+            model, inputs, pixel_values, batch_size=batch_size, tokenizer=tokenizer, max_length=max_length
+        )
         report = layer_srr(
             loaded.model,
             inputs,
