@@ -112,6 +112,28 @@ def test_singular_values_auto_matches_svd_for_well_and_ill_conditioned_batches()
         np.testing.assert_allclose(S.singular_values(view).numpy(), torch.linalg.svdvals(view).numpy(), rtol=1e-11)
 
 
+def test_gram_path_error_at_the_conditioning_limit(monkeypatch):
+    """Condition number 1000 (the guard's limit) still takes the Gram path and stays exact to 1e-9 on the proxies."""
+    g = torch.Generator().manual_seed(11)
+    sigma = torch.logspace(0, -2.99, 96, dtype=torch.float64) * 0.7  # σ_min/σ_max ≈ 1.02e-3, just inside the guard
+    u, _ = torch.linalg.qr(torch.randn(384, 96, generator=g, dtype=torch.float64))
+    w = (u * sigma) @ _orth(96, 12)
+    w = w.float().double()  # float32 weights, as a model's are
+    ref = torch.from_numpy(np.linalg.svd(w.numpy(), compute_uv=False))
+    calls = []
+    svdvals = torch.linalg.svdvals
+    monkeypatch.setattr(torch.linalg, "svdvals", lambda x: calls.append(x.shape) or svdvals(x))
+    auto = S.singular_values(w)
+    assert calls == []  # the Gram eigensolve was used, not the SVD fallback
+    np.testing.assert_allclose(auto.numpy(), ref.numpy(), rtol=1e-10, atol=0)
+    ps = S.p_grid(12, 96)
+    np.testing.assert_allclose(S.schatten_powers(auto, ps).numpy(), S.schatten_powers(ref, ps).numpy(), rtol=1e-12)
+    # a little worse conditioned: the guard sends it to the SVD
+    worse = (u * torch.logspace(0, -3.2, 96, dtype=torch.float64)) @ _orth(96, 12)
+    np.testing.assert_allclose(S.singular_values(worse).numpy(), svdvals(worse).numpy(), rtol=1e-12)
+    assert len(calls) == 1
+
+
 def test_spectra_invariant_under_orthogonal_rotations():
     g = torch.Generator().manual_seed(5)
     w = torch.randn(30, 20, generator=g, dtype=torch.float64)
