@@ -65,7 +65,7 @@ def test_cli_schatten_writes_table_csv_json_and_figures(miniatures, tmp_path, ca
     folders = [str(miniatures / "bert_uncased_L-1_H-64_A-1"), str(miniatures / "bert_uncased_L-2_H-128_A-2")]
     rc = cli_main(
         ["schatten", *folders, "--csv", str(tmp_path / "s.csv"), "--json", str(tmp_path / "s.json"),
-         "--matrices-csv", str(tmp_path / "m.csv"), "--plots", str(tmp_path / "plots"), "--p-grid-m", "4"]
+         "--matrices-csv", str(tmp_path / "m.csv"), "--plots", str(tmp_path / "plots"), "--p-grid-m", "4", "--workers", "2"]
     )
     assert rc == 0
     printed = capsys.readouterr().out
@@ -91,6 +91,8 @@ def test_cli_reports_unsupported_models_as_errors(tmp_path, capsys):
     assert cli_main(["schatten", str(tmp_path / "g")]) == 1
     assert "unsupported architecture 'gpt2'" in capsys.readouterr().err
     assert cli_main(["schatten", str(tmp_path / "nothing-here")]) == 1
+    assert cli_main(["schatten", str(tmp_path / "g"), "--workers", "0"]) == 1
+    assert "num_workers: expected a positive integer" in capsys.readouterr().err
 
 
 def _recipe():

@@ -22,6 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("--l-phi", type=float, default=1.13, help="FFN activation Lipschitz constant L_phi (default 1.13, GELU)")
     p.add_argument("--p-grid-m", type=int, default=None, help="p grid {0, 1/m, ..., 2}; default m = ceil(L + ln N)")
     p.add_argument("--rank-tol", type=float, default=1e-10, help="rank threshold factor (default 1e-10)")
+    p.add_argument("--workers", type=int, default=None, help="threads for the spectra (default: torch's thread count)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the full reports (with spectra) as JSON")
     p.add_argument("--csv", default=None, metavar="PATH", help="write one summary row per model as CSV")
     p.add_argument("--matrices-csv", default=None, metavar="PATH", help="write one row per analysed matrix as CSV")
@@ -43,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
     reports = []
     for model in args.models:
         reports.append(
-            spectrum_bounds(model, L_phi=args.l_phi, p_grid_m=args.p_grid_m, rank_tol=args.rank_tol, progress=True)
+            spectrum_bounds(
+                model, L_phi=args.l_phi, p_grid_m=args.p_grid_m, rank_tol=args.rank_tol, num_workers=args.workers, progress=True
+            )
         )
     header = f"{'model':<44} {'L':>3} {'N':>5} {'H':>3} {'B_ours':>12} {'B_Edelman':>12} {'ratio':>9}"
     print(header)
