@@ -235,8 +235,10 @@ def test_unsupported_models_and_bad_arguments(tmp_path):
     model = _bert()
     with torch.no_grad():
         model.encoder.layer[0].output.dense.weight[3, 5] = float("-inf")
+    threads = torch.get_num_threads()
     with pytest.raises(ValueError, match=r"layer 0 ffn_out \(encoder.layer.0.output.dense\) contains NaN or inf"):
         hf_tdiag.spectrum_bounds(model, num_workers=2)
+    assert torch.get_num_threads() == threads
 
 
 @pytest.mark.parametrize("workers", [2, 3, 8])
@@ -245,8 +247,10 @@ def test_worker_threads_give_the_same_report(workers):
     torch.manual_seed(1)
     model = BertModel(BertConfig(vocab_size=50, max_position_embeddings=16, hidden_size=96, num_hidden_layers=3,
                                  num_attention_heads=3, intermediate_size=384)).eval()
+    threads = torch.get_num_threads()
     one = hf_tdiag.spectrum_bounds(model, num_workers=1)
     many = hf_tdiag.spectrum_bounds(model, num_workers=workers)
+    assert torch.get_num_threads() == threads  # the workers' single-threaded torch is undone on return
     assert many.ours == pytest.approx(one.ours, rel=1e-13) and many.edelman == pytest.approx(one.edelman, rel=1e-13)
     assert [m.type for m in many.matrices] == [m.type for m in one.matrices]
     for a, b in zip(one.matrices, many.matrices):
@@ -255,3 +259,17 @@ def test_worker_threads_give_the_same_report(workers):
         np.testing.assert_allclose(b.contributions, a.contributions, rtol=1e-13, atol=0)
     ref = dense_reference(model.state_dict(), 3, 3)
     assert many.ours == pytest.approx(ref["ours"], rel=1e-9) and many.edelman == pytest.approx(ref["edelman"], rel=1e-9)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failing_job_propagates_and_restores_torch_threads(monkeypatch, workers):
+    from hf_tdiag.probes import spectrum
+
+    def boom(weight, method):
+        raise RuntimeError("solver failed")
+
+    monkeypatch.setattr(spectrum, "_ffn_spectrum", boom)
+    threads = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="solver failed"):
+        hf_tdiag.spectrum_bounds(_bert(), num_workers=workers)
+    assert torch.get_num_threads() == threads

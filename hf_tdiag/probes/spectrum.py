@@ -223,11 +223,14 @@ def _default_workers(device: torch.device, ffn_entries: int = POOL_MIN_FFN_ENTRI
 
 
 @contextlib.contextmanager
-def _restore_torch_threads(n: int):
+def _torch_threads(n: int):
+    """torch's intra-op thread count set to ``n`` for the block, restored afterwards (also on errors)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
     try:
         yield
     finally:
-        torch.set_num_threads(n)
+        torch.set_num_threads(before)
 
 
 def _all_spectra(w: EncoderWeights, svd_method: str, num_workers: int, progress: bool) -> list[dict[str, torch.Tensor]]:
@@ -257,9 +260,7 @@ def _all_spectra(w: EncoderWeights, svd_method: str, num_workers: int, progress:
         return {f"{kind}_sigma": sigma, f"{kind}_cols": cols}
 
     per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(L)]
-    torch_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with _restore_torch_threads(torch_threads), threadpool_limits(limits=1, user_api="blas"), tqdm(
+    with _torch_threads(1), threadpool_limits(limits=1, user_api="blas"), tqdm(
         total=len(jobs), desc="spectra", disable=not progress, leave=False
     ) as bar:
         if num_workers <= 1:
