@@ -100,20 +100,14 @@ def ensure_default_model(
     with _file_lock(target.parent / f".{target.name}.lock"):
         if is_complete(target) and not force:  # another process finished it while we waited
             return target
-        import torch
-
+        from hf_tdiag._threads import torch_threads
         from hf_tdiag.training import train
 
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
             kwargs = {**DEFAULT_TRAIN_KWARGS, **train_overrides, "variant": variant, "output_dir": str(work)}
-            previous = torch.get_num_threads()
-            if threads is not None:
-                torch.set_num_threads(int(threads))
-            try:
+            with torch_threads(None if threads is None else int(threads)):
                 train(**kwargs)
-            finally:
-                torch.set_num_threads(previous)
             if not is_complete(work):
                 raise RuntimeError(f"default model: training finished but {work} has no complete model")
             for name in os.listdir(work):  # keep only the model folder contents, not checkpoints

@@ -587,12 +587,9 @@ def run_study(
     bar = tqdm(total=len(specs), desc=f"study {grid.name} ({cached} cached)", disable=not progress)
     failures = []
     if jobs == 1:
-        import torch
+        from ._threads import torch_threads
 
-        previous_threads = torch.get_num_threads()
-        if threads:
-            torch.set_num_threads(threads)
-        try:
+        with torch_threads(threads):
             for spec in specs:
                 try:
                     rec = _execute(spec)
@@ -605,8 +602,6 @@ def run_study(
                     if on_record:
                         on_record(rec)
                 bar.update(1)
-        finally:
-            torch.set_num_threads(previous_threads)
     else:
         ctx = mp.get_context("spawn")
         gpus = _gpu_count()

@@ -15,12 +15,7 @@ from hf_tdiag.measures.concepts import SemiNMF, match_concepts
 from hf_tdiag.probes.concept_fidelity import compare_concepts, concept_fidelity, layer_activations
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _vit_folder(path):

@@ -26,13 +26,7 @@ from hf_tdiag.measures.concepts import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny tensors: one thread avoids OpenMP oversubscription on the shared 2-core machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _naive_gram_loss(A, H):

@@ -12,12 +12,7 @@ from hf_tdiag.measures.concepts import SemiNMF, fidelity_errors, jacobian_spectr
 from hf_tdiag.probes.concept_fidelity import concept_fidelity, layer_activations, suffix_runner, supervised_concepts
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _digits():

@@ -22,7 +22,6 @@ pass ``L_phi=1.0`` for that reading).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .._threads import torch_threads
 from ..measures import schatten as S
 from .bert_weights import EncoderWeights, encoder_weights
 
@@ -222,17 +222,6 @@ def _default_workers(device: torch.device, ffn_entries: int = POOL_MIN_FFN_ENTRI
     return max(1, torch.get_num_threads())
 
 
-@contextlib.contextmanager
-def _torch_threads(n: int):
-    """torch's intra-op thread count set to ``n`` for the block, restored afterwards (also on errors)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _all_spectra(w: EncoderWeights, svd_method: str, num_workers: int, progress: bool) -> list[dict[str, torch.Tensor]]:
     """Per-layer spectra, computed by ``num_workers`` threads (the solvers release the GIL).
 
@@ -260,7 +249,7 @@ def _all_spectra(w: EncoderWeights, svd_method: str, num_workers: int, progress:
         return {f"{kind}_sigma": sigma, f"{kind}_cols": cols}
 
     per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(L)]
-    with _torch_threads(1), threadpool_limits(limits=1, user_api="blas"), tqdm(
+    with torch_threads(1), threadpool_limits(limits=1, user_api="blas"), tqdm(
         total=len(jobs), desc="spectra", disable=not progress, leave=False
     ) as bar:
         if num_workers <= 1:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .._threads import torch_threads
 from .args import is_digits, make_args
 from .checkpointing import clean_partial, load_checkpoint, resolve_checkpoint, save_checkpoint
 from .data import EpochShuffleSampler, build_datasets, load_raw_data
@@ -130,11 +131,8 @@ def train(args_or_kwargs=None, **kwargs) -> dict:
     """
     args = make_args(args_or_kwargs, **kwargs)
     _resolve_defaults(args)
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads():  # _train may set the count for small CPU models; the caller's comes back
         return _train(args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _set_threads(args, accelerator, num_parameters: int) -> int:
