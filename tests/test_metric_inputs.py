@@ -1,5 +1,6 @@
 """Bad inputs to the model-running evaluate modules get errors naming the argument."""
 
+import datasets
 import evaluate
 import pytest
 import torch
@@ -14,7 +15,12 @@ def test_input_errors_name_the_problem(name):
     image = Image.new("L", (8, 8))
     with pytest.raises(ValueError, match=rf"{name}: give one of images, texts or pixel_values"):
         module.compute(images=[image], texts=["a"], model="unused")
-    if name == "concept_fidelity":  # images only
+    features = module._info().features
+    if name == "concept_fidelity":  # images only: one stored image column
+        assert isinstance(features, datasets.Features) and isinstance(features["inputs"], datasets.Image)
+    else:  # strings first, then images
+        assert [type(f["inputs"]).__name__ for f in features] == ["Value", "Image"]
+    if name == "concept_fidelity":
         with pytest.raises(ValueError, match="concept_fidelity: takes images= or pixel_values=, not texts"):
             module.compute(texts=["a"], model="unused")
     with pytest.raises(ValueError, match="not predictions/references"):

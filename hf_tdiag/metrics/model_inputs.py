@@ -31,6 +31,15 @@ class ModelInputsMixin:
             raise ValueError(f"{self.metric_label}: takes images= or pixel_values=, not texts")
         return texts if texts is not None else images
 
+    def input_features(self):
+        """evaluate's ``features`` for the stored ``inputs`` column: strings and/or images, per ``input_kinds``
+        (with both, the first option that fits a batch is used)."""
+        import datasets
+
+        kinds = {"texts": datasets.Value("string"), "images": datasets.Image()}
+        options = [datasets.Features({"inputs": kinds[k]}) for k in ("texts", "images") if k in self.input_kinds]
+        return options if len(options) > 1 else options[0]
+
     def _model_and_inputs(self, model, inputs, pixel_values, *, batch_size=None, tokenizer=None, max_length=128):
         """(loaded model, its inputs): ``pixel_values`` as given; stored images through the model's image
         processor; stored strings through ``tokenizer`` or the model's own. ``batch_size=None`` gives one

@@ -4,7 +4,6 @@ Thin wrapper over :func:`hf_tdiag.attention_svm_diagnostic` (probes) and :mod:`h
 """
 
 
-import datasets
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
@@ -66,10 +65,7 @@ class AttentionSVM(ModelInputsMixin, evaluate.Measurement):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=[
-                datasets.Features({"inputs": datasets.Value("string")}),
-                datasets.Features({"inputs": datasets.Image()}),
-            ],
+            features=self.input_features(),
             reference_urls=["https://arxiv.org/abs/2308.16898"],
         )
 

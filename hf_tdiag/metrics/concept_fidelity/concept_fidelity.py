@@ -3,7 +3,6 @@
 Thin wrapper over :func:`hf_tdiag.concept_fidelity` (probes) and :mod:`hf_tdiag.measures.concepts` (measures).
 """
 
-import datasets
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.measures.concepts import SemiNMF
@@ -72,7 +71,7 @@ class ConceptFidelity(ModelInputsMixin, evaluate.Measurement):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"inputs": datasets.Image()}),
+            features=self.input_features(),
             reference_urls=["https://doi.org/10.1109/TPAMI.2008.277", "https://arxiv.org/abs/2510.11675"],
         )
 

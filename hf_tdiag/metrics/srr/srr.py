@@ -4,7 +4,6 @@ Thin wrapper over :func:`hf_tdiag.layer_srr` (probes) and :mod:`hf_tdiag.measure
 """
 
 
-import datasets
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.probes.srr import TERMS
@@ -70,11 +69,7 @@ class SRR(ModelInputsMixin, evaluate.Measurement):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            # one stored column, "inputs": strings (texts) or images; the first option that fits is used
-            features=[
-                datasets.Features({"inputs": datasets.Value("string")}),
-                datasets.Features({"inputs": datasets.Image()}),
-            ],
+            features=self.input_features(),
             reference_urls=["https://arxiv.org/abs/2306.01129", "https://openreview.net/forum?id=CAC74VuMWX"],
         )
 
