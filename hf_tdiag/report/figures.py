@@ -76,42 +76,37 @@ def _overlay(ax, image: np.ndarray, amap: np.ndarray, title: str) -> None:
     ax.set_yticks([])
 
 
+def _overlay_grid(image, maps: np.ndarray, titles: list[str], suptitle: str) -> Figure:
+    """One panel per map (up to 6 a row), each ``_overlay``-ed on ``image``; unused panels blank."""
+    img = _image_array(image)
+    n = len(titles)
+    cols = min(n, 6)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.0 * rows + 0.3), squeeze=False)
+    for k in range(rows * cols):
+        ax = axes[k // cols][k % cols]
+        if k < n:
+            _overlay(ax, img, maps[k], titles[k])
+        else:
+            ax.axis("off")
+    fig.suptitle(suptitle, fontsize=10)
+    return fig
+
+
 def attention_heads_figure(image, attentions: torch.Tensor, grid: tuple[int, int], layer: int) -> Figure:
     """CLS attention of every head of ``layer`` over ``image`` (attentions ``(L, K, N, N)`` of one input)."""
     maps = cls_attention_grid(attentions, grid)
     if not 0 <= layer < maps.shape[0]:
         raise ValueError(f"layer: expected 0 <= layer < {maps.shape[0]}, got {layer}")
-    img = _image_array(image)
-    heads = maps.shape[1]
-    cols = min(heads, 6)
-    rows = math.ceil(heads / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.0 * rows + 0.3), squeeze=False)
-    for k in range(rows * cols):
-        ax = axes[k // cols][k % cols]
-        if k < heads:
-            _overlay(ax, img, maps[layer, k], f"head {k}")
-        else:
-            ax.axis("off")
-    fig.suptitle(f"CLS attention over the image, layer {layer}", fontsize=10)
-    return fig
+    titles = [f"head {k}" for k in range(maps.shape[1])]
+    return _overlay_grid(image, maps[layer], titles, f"CLS attention over the image, layer {layer}")
 
 
 def attention_layers_figure(image, attentions: torch.Tensor, grid: tuple[int, int]) -> Figure:
     """Mean over heads of the CLS attention, one panel per layer (attentions ``(L, K, N, N)`` of one input)."""
     maps = cls_attention_grid(attentions, grid).mean(axis=1)
-    img = _image_array(image)
-    layers = maps.shape[0]
-    cols = min(layers, 6)
-    rows = math.ceil(layers / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.0 * rows + 0.3), squeeze=False)
-    for i in range(rows * cols):
-        ax = axes[i // cols][i % cols]
-        if i < layers:
-            _overlay(ax, img, maps[i], f"layer {i}")
-        else:
-            ax.axis("off")
-    fig.suptitle("CLS attention (mean over heads) per layer", fontsize=10)
-    return fig
+    titles = [f"layer {i}" for i in range(maps.shape[0])]
+    return _overlay_grid(image, maps, titles, "CLS attention (mean over heads) per layer")
 
 
 def predictions_figure(images: list, labels: list[str], probs: list[float], truths: list[str] | None = None) -> Figure:
