@@ -24,7 +24,6 @@ with a multi-GB CUDA build and pulls torchvision, which does not import beside i
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import platform

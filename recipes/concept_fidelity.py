@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         images, _ = digits_test_images(args.limit)
         source = "digits test split"
 
-    results, md = {}, [f"# Concept fidelity: plain vs Gram-aligned vs classifier-supervised\n",
+    results, md = {}, ["# Concept fidelity: plain vs Gram-aligned vs classifier-supervised\n",
                        f"Images: {len(images)} from {source}; k = {args.concepts} concepts; λ (supervised) = "
                        f"{args.kl_weight}; {args.max_iter} MU + {args.refine_iter} refinement iterations.\n"]
     for name, spec in (("CRATE", crate), ("ViT", vit)):

@@ -1,7 +1,6 @@
 """concept_fidelity evaluate module, `hf-tdiag concepts`, compare_concepts and the figures."""
 
 import json
-import os
 
 import evaluate
 import pytest
@@ -12,7 +11,7 @@ import hf_tdiag
 from hf_tdiag import CrateConfig, CrateForImageClassification
 from hf_tdiag.cli import main
 from hf_tdiag.measures.concepts import SemiNMF, match_concepts
-from hf_tdiag.probes.concept_fidelity import compare_concepts, concept_fidelity, layer_activations
+from hf_tdiag.probes.concept_fidelity import compare_concepts, concept_fidelity
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
