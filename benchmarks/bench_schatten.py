@@ -146,7 +146,7 @@ def main() -> None:
         "num_matrices": len(ours.matrices),
         "ours_s": best,
         "ours_all_s": timings,
-        "ours_num_workers": _default_workers(torch.device("cpu")),
+        "ours_num_workers": _default_workers(torch.device("cpu"), 4 * args.hidden * args.hidden),
         "reference_s": ref_times,
         "speedup": speedup,
         "relative_error": rel,

@@ -215,7 +215,7 @@ def _ffn_spectrum(weight: torch.Tensor, svd_method: str) -> tuple[torch.Tensor, 
 POOL_MIN_FFN_ENTRIES = 1 << 18
 
 
-def _default_workers(device: torch.device, ffn_entries: int = POOL_MIN_FFN_ENTRIES) -> int:
+def _default_workers(device: torch.device, ffn_entries: int) -> int:
     """torch's CPU thread count for models with FFN matrices of ≥ 2¹⁸ entries (BERT-small and up), else 1."""
     if device.type != "cpu" or ffn_entries < POOL_MIN_FFN_ENTRIES:
         return 1
