@@ -13,6 +13,7 @@ allocated before it: weights + optimizer state). The ratio CRATE / ViT of images
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -48,6 +49,13 @@ def build_vit(args, hidden, layers, heads, mlp_ratio=4):
     return ViTForImageClassification._from_config(cfg, attn_implementation="sdpa")
 
 
+def flash_only():
+    """SDPA restricted to its FlashAttention kernel (errors where that kernel cannot run)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -56,8 +64,9 @@ def _sync(device):
 class TrainingRunner:
     """One model + AdamW on a fixed random batch; ``run(steps)`` times that many training steps."""
 
-    def __init__(self, model, args, device):
+    def __init__(self, model, args, device, context=None):
         self.args, self.device = args, device
+        self.context = context or contextlib.nullcontext
         weight_dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
         before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         self.model = model.to(device=device, dtype=weight_dtype).train()
@@ -78,7 +87,7 @@ class TrainingRunner:
         self.wall, self.cpu, self.act_peak = [], [], 0
 
     def step(self):
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+        with self.context(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             logits = self.forward(pixel_values=self.x).logits
         loss = torch.nn.functional.cross_entropy(logits.float(), self.y)
         loss.backward()
@@ -139,7 +148,8 @@ def machine_info(device) -> dict:
     return info
 
 
-def main(argv=None) -> int:
+def run(argv=None) -> dict:
+    """Parse ``argv``, time every contender, write the JSON record and return it."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hidden-size", type=int, default=192)
     p.add_argument("--layers", type=int, default=6)
@@ -159,6 +169,8 @@ def main(argv=None) -> int:
     p.add_argument("--compile", action="store_true", help="torch.compile every model")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing for both models")
     p.add_argument("--no-eager", action="store_true", help="skip the CRATE eager-attention row")
+    p.add_argument("--attention-variants", action="store_true",
+                   help="with --gpu-preset: also CRATE with flex_attention and CRATE/ViT-B with SDPA forced to FlashAttention")
     p.add_argument("--gpu-preset", action="store_true",
                    help="CRATE-base vs ViT-S/16 and ViT-B/16, 224 px, bf16 autocast, batch 128, on cuda")
     p.add_argument("--output", default=None, help="JSON path (default benchmarks/results/bench_crate_<device>.json)")
@@ -187,6 +199,12 @@ def main(argv=None) -> int:
         ]
         if not args.no_eager:
             contenders.insert(1, ("crate-base (eager)", lambda: build_crate(args, 768, 12, 12, attn="eager")))
+        if args.attention_variants:
+            contenders += [
+                ("crate-base (flex_attention)", lambda: build_crate(args, 768, 12, 12, attn="flex_attention")),
+                ("crate-base (sdpa, flash kernel only)", lambda: build_crate(args, 768, 12, 12)),
+                ("vit-b16 (sdpa, flash kernel only)", lambda: build_vit(args, 768, 12, 12)),
+            ]
         baseline = "vit-s16 (sdpa)"
     else:
         h, L, K = args.hidden_size, args.layers, args.heads
@@ -196,10 +214,16 @@ def main(argv=None) -> int:
         contenders.append((f"vit d={h} L={L} K={K} (sdpa)", lambda: build_vit(args, h, L, K)))
         baseline = contenders[-1][0]
 
-    runners = {}
+    runners, failed = {}, {}
     for name, build in contenders:
         torch.manual_seed(0)
-        runners[name] = TrainingRunner(build(), args, device)
+        try:
+            runners[name] = TrainingRunner(build(), args, device, context=flash_only if "flash kernel only" in name else None)
+        except Exception as exc:  # an attention backend this machine cannot run: record it, time the others
+            failed[name] = f"{type(exc).__name__}: {exc}"[:2000]
+            print(f"{name}: failed ({failed[name][:200]})")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     # interleave the contenders round by round so that load changes hit all of them alike; report medians
     for _ in range(args.rounds):
         for runner in runners.values():
@@ -213,9 +237,9 @@ def main(argv=None) -> int:
     for name, ratio in ratios.items():
         print(f"ratio {name} / {baseline}: {ratio:.3f}x images/s")
     if args.gpu_preset:
-        crate_act = results["crate-base (sdpa)"].get("activation_memory_gib")
-        vitb_act = results["vit-b16 (sdpa)"].get("activation_memory_gib")
-        if crate_act is not None:
+        crate_act = results.get("crate-base (sdpa)", {}).get("activation_memory_gib")
+        vitb_act = results.get("vit-b16 (sdpa)", {}).get("activation_memory_gib")
+        if crate_act is not None and vitb_act:
             print(f"activation memory crate-base / vit-b16: {crate_act / vitb_act:.3f}")
     record = {
         "benchmark": "bench_crate",
@@ -224,6 +248,7 @@ def main(argv=None) -> int:
         "baseline": baseline,
         "results": results,
         "ratio_images_per_s_vs_baseline": ratios,
+        "failed": failed,
         "machine": machine_info(device),
     }
     out = args.output or os.path.join(ROOT, "benchmarks", "results", f"bench_crate_{device.type if device.type != 'cuda' else 'gpu'}.json")
@@ -231,6 +256,11 @@ def main(argv=None) -> int:
     with open(out, "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=2)
     print(f"wrote {out}")
+    return record
+
+
+def main(argv=None) -> int:
+    run(argv)
     return 0
 
 

@@ -79,8 +79,7 @@ def test_block_matches_formula(variant):
     model = _randomize(CrateModel(cfg)).double().eval()
     layer = model.encoder.layer[0]
     tokens = torch.randn(2, 7, cfg.hidden_size, dtype=torch.float64)
-    out, mid, probs = layer(tokens)
-    assert probs is None
+    out, mid = layer(tokens)
     for b in range(2):
         Z_half, Z_plus = _reference_block(layer, tokens[b].T, cfg)
         torch.testing.assert_close(mid[b], Z_half.T)
@@ -126,7 +125,7 @@ def test_crate_c_update_lies_in_span_of_U():
     cfg = _tiny("crate-c", head_dim=4)  # K p = 12 < d = 24
     layer = _randomize(CrateModel(cfg)).encoder.layer[0].double()
     tokens = torch.randn(1, 30, cfg.hidden_size, dtype=torch.float64)
-    _, mid, _ = layer(tokens)
+    _, mid = layer(tokens)
     delta = (mid - tokens)[0].T  # d x N
     U = layer.attention.qkv.weight.detach().T  # d x Kp
     proj = U @ torch.linalg.lstsq(U, delta).solution
@@ -153,6 +152,60 @@ def test_sdpa_and_eager_agree(variant):
     w = w.view(3, -1, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
     ref = torch.softmax(w @ w.transpose(-1, -2) / cfg.head_dim ** 0.5, dim=-1)
     torch.testing.assert_close(eager.attentions[1], ref)
+
+
+def _flex_attention_runs_here() -> bool:
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        q = torch.randn(1, 1, 4, 4)
+        flex_attention(q, q, q)
+        return True
+    except Exception:  # this torch build has no CPU flex attention
+        return False
+
+
+@pytest.mark.parametrize("variant", ["crate", "crate-t", "crate-n"])
+def test_attention_implementations_agree(variant):
+    """eager, sdpa and (where this torch runs it on CPU) flex_attention give the same outputs, float32, 1e-5."""
+    cfg = _tiny(variant)
+    torch.manual_seed(0)
+    base = _randomize(CrateForImageClassification(cfg)).eval()
+    x = torch.randn(3, 3, 8, 8)
+    implementations = ["eager", "sdpa"] + (["flex_attention"] if _flex_attention_runs_here() else [])
+    outputs = {}
+    for name in implementations:
+        base.set_attn_implementation(name)
+        assert base.config._attn_implementation == name
+        with torch.no_grad():
+            outputs[name] = base(x, output_hidden_states=True, output_mid_hidden_states=True)
+    ref = outputs["eager"]
+    for name in implementations[1:]:
+        out = outputs[name]
+        torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
+        for a, b in zip(out.hidden_states + out.mid_hidden_states, ref.hidden_states + ref.mid_hidden_states):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_recorded_states_are_block_inputs_and_outputs():
+    """hidden_states = (Z^0, Z^1, ..., Z^L) and mid_hidden_states = (Z^{1/2}, ...), recorded by forward hooks."""
+    cfg = _tiny()
+    model = _randomize(CrateModel(cfg)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        out = model(x, output_hidden_states=True, output_mid_hidden_states=True)
+        z = model.embeddings(x)
+        assert len(out.hidden_states) == cfg.num_hidden_layers + 1
+        assert len(out.mid_hidden_states) == cfg.num_hidden_layers
+        torch.testing.assert_close(out.hidden_states[0], z)
+        for i, layer in enumerate(model.encoder.layer):
+            z_next, mid = layer(z)
+            torch.testing.assert_close(out.mid_hidden_states[i], mid)
+            torch.testing.assert_close(out.hidden_states[i + 1], z_next)
+            z = z_next
+        torch.testing.assert_close(out.last_hidden_state, z)
+        as_tuple = model(x, output_hidden_states=True, return_dict=False)
+    torch.testing.assert_close(as_tuple[0], out.last_hidden_state)
 
 
 def test_output_attentions_on_sdpa_model_uses_eager_math():
@@ -301,7 +354,7 @@ def test_block_gradients_match_reference(variant):
     tokens = torch.randn(2, 6, cfg.hidden_size, dtype=torch.float64, requires_grad=True)
     g_out, g_mid = torch.randn(2, 6, cfg.hidden_size, dtype=torch.float64), torch.randn(2, 6, cfg.hidden_size, dtype=torch.float64)
     params = [tokens, layer.ista.weight, layer.attention.qkv.weight, layer.layernorm_after.weight]
-    out, mid, _ = layer(tokens)
+    out, mid = layer(tokens)
     grads = torch.autograd.grad((out * g_out).sum() + (mid * g_mid).sum(), params)
     ref_loss = 0
     for b in range(2):

@@ -16,16 +16,19 @@ so that ``save_pretrained`` can ship it for ``trust_remote_code`` loading.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ImageClassifierOutput
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.utils import ModelOutput, logging
+from transformers.utils.generic import can_return_tuple
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_crate import CrateConfig
 
@@ -146,6 +149,25 @@ class CrateEmbeddings(nn.Module):
         return self.dropout(tokens) if self.dropout.p > 0 else tokens
 
 
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``softmax(q k^T * scaling + mask) v`` in plain torch; returns ``(B, N, K, p)`` and the ``(B, K, N, N)`` probabilities."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    dropped = F.dropout(probs, p=dropout, training=module.training)
+    return torch.matmul(dropped, value).transpose(1, 2).contiguous(), probs
+
+
 class CrateMSSA(nn.Module):
     """Multi-head subspace self-attention: heads ``softmax((U_k^T Z)^T (U_k^T Z)/sqrt(p)) U_k^T Z`` mixed by the output matrix."""
 
@@ -158,6 +180,7 @@ class CrateMSSA(nn.Module):
         self.hidden_size = config.hidden_size
         self.scaling = self.head_dim**-0.5
         self.attention_dropout = config.attention_probs_dropout_prob
+        self.is_causal = False
         inner = self.num_heads * self.head_dim
         self.qkv = nn.Linear(config.hidden_size, inner, bias=False)
         if self.variant == "crate":
@@ -196,27 +219,29 @@ class CrateMSSA(nn.Module):
             return F.linear(heads, self.fixed_output)
         return heads
 
-    def forward(
-        self, hidden_states: torch.Tensor, output_attentions: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, tokens, _ = hidden_states.shape
         # (B, N, K*p) -> (B, K, N, p): w = U_k^T z, used as query, key and value
         w = self.qkv(hidden_states).view(batch, tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        dropout = self.attention_dropout if self.training else 0.0
-        use_eager = output_attentions or self.config._attn_implementation == "eager"
-        if use_eager:
-            scores = torch.matmul(w, w.transpose(-1, -2)) * self.scaling
-            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(w.dtype)
-            probs_dropped = F.dropout(probs, p=dropout, training=self.training)
-            heads = torch.matmul(probs_dropped, w)
-        else:
-            probs = None
-            heads = F.scaled_dot_product_attention(w, w, w, dropout_p=dropout, scale=self.scaling)
-        heads = heads.transpose(1, 2).reshape(batch, tokens, self.num_heads * self.head_dim)
-        out = self._project_out(heads)
+        implementation = self.config._attn_implementation
+        if kwargs.get("output_attentions"):
+            implementation = "eager"  # attention maps exist only on the eager path
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        heads, probs = attention_interface(
+            self,
+            w,
+            w,
+            w,
+            None,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            is_causal=False,
+        )
+        # every interface returns (B, N, K, p)
+        out = self._project_out(heads.reshape(batch, tokens, self.num_heads * self.head_dim))
         if self.dropout.p > 0:
             out = self.dropout(out)
-        return out, (probs if output_attentions else None)
+        return out, probs
 
 
 class CrateISTA(nn.Module):
@@ -244,7 +269,7 @@ class CrateISTA(nn.Module):
 
 
 class CrateLayer(GradientCheckpointingLayer):
-    """One CRATE block: ``Z_half = Z + MSSA(LN1(Z))``, ``Z_plus = ISTA(LN2(Z_half))``."""
+    """One CRATE block: ``Z_half = Z + MSSA(LN1(Z))``, ``Z_plus = ISTA(LN2(Z_half))``; returns ``(Z_plus, Z_half)``."""
 
     def __init__(self, config: CrateConfig):
         super().__init__()
@@ -253,46 +278,25 @@ class CrateLayer(GradientCheckpointingLayer):
         self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ista = CrateISTA(config)
 
-    def forward(
-        self, hidden_states: torch.Tensor, output_attentions: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        attn_out, probs = self.attention(self.layernorm_before(hidden_states), output_attentions=output_attentions)
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        attn_out, _ = self.attention(self.layernorm_before(hidden_states), **kwargs)
         mid = hidden_states + attn_out
-        out = self.ista(self.layernorm_after(mid))
-        return out, mid, probs
+        return self.ista(self.layernorm_after(mid)), mid
 
 
 class CrateEncoder(nn.Module):
+    """The stack of L blocks (``encoder.layer.<i>``, the weight names of every saved CRATE checkpoint)."""
+
     def __init__(self, config: CrateConfig):
         super().__init__()
         self.config = config
         self.layer = nn.ModuleList([CrateLayer(config) for _ in range(config.num_hidden_layers)])
         self.gradient_checkpointing = False
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        output_attentions: bool = False,
-        output_hidden_states: bool = False,
-        output_mid_hidden_states: bool = False,
-    ) -> CrateModelOutput:
-        all_hidden = (hidden_states,) if output_hidden_states else None
-        all_mid = () if output_mid_hidden_states else None
-        all_attn = () if output_attentions else None
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
         for layer in self.layer:
-            hidden_states, mid, probs = layer(hidden_states, output_attentions=output_attentions)
-            if output_hidden_states:
-                all_hidden = all_hidden + (hidden_states,)
-            if output_mid_hidden_states:
-                all_mid = all_mid + (mid,)
-            if output_attentions:
-                all_attn = all_attn + (probs,)
-        return CrateModelOutput(
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden,
-            mid_hidden_states=all_mid,
-            attentions=all_attn,
-        )
+            hidden_states, _ = layer(hidden_states, **kwargs)
+        return hidden_states
 
 
 class CratePreTrainedModel(PreTrainedModel):
@@ -304,9 +308,16 @@ class CratePreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["CrateEmbeddings", "CrateLayer"]
     _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
-    _supports_attention_backend = False
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    # recorded by forward hooks (``capture_outputs``): hidden_states = Z^0 (first block's input), then each block's
+    # output Z^l; mid_hidden_states = each block's Z^{l-1/2}; attentions = each MSSA's probabilities (eager path)
+    _can_record_outputs = {
+        "hidden_states": OutputRecorder(CrateLayer, index=0),
+        "mid_hidden_states": OutputRecorder(CrateLayer, index=1),
+        "attentions": OutputRecorder(CrateMSSA, index=1),
+    }
 
     def _init_weights(self, module):
         """Linear/LayerNorm as Transformers does; trunc-normal CLS/positions; Kaiming-uniform dictionary as the official code."""
@@ -321,18 +332,13 @@ class CratePreTrainedModel(PreTrainedModel):
             # fixed random output matrix, scaled so that it roughly preserves the norm of the concatenated heads
             init.normal_(module.fixed_output, mean=0.0, std=(module.num_heads * module.head_dim) ** -0.5)
 
-    def _resolve_flags(self, output_attentions, output_hidden_states, output_mid_hidden_states, return_dict):
-        cfg = self.config
-        output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
-        if output_mid_hidden_states is None:
-            output_mid_hidden_states = bool(getattr(cfg, "output_mid_hidden_states", False))
-        return_dict = cfg.return_dict if return_dict is None else return_dict
-        return bool(output_attentions), bool(output_hidden_states), bool(output_mid_hidden_states), return_dict
-
 
 class CrateModel(CratePreTrainedModel):
-    """Bare CRATE encoder returning token states ``Z^L`` and the pooled token."""
+    """Bare CRATE encoder returning token states ``Z^L`` and the pooled token.
+
+    ``output_hidden_states=True`` returns ``Z^0 ... Z^L``, ``output_mid_hidden_states=True`` the mid states
+    ``Z^{l-1/2}``, ``output_attentions=True`` the attention probabilities (computed on the eager path for that call).
+    """
 
     def __init__(self, config: CrateConfig):
         super().__init__(config)
@@ -344,43 +350,24 @@ class CrateModel(CratePreTrainedModel):
     def get_input_embeddings(self) -> CratePatchEmbeddings:
         return self.embeddings.patch_embeddings
 
+    @capture_outputs(tie_last_hidden_states=False)
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_mid_hidden_states: bool | None = None,
         interpolate_pos_encoding: bool = False,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> CrateModelOutput | tuple:
+    ) -> CrateModelOutput:
         if pixel_values is None:
             raise ValueError("CrateModel.forward: pixel_values is required")
         if not isinstance(pixel_values, torch.Tensor):
             raise TypeError(f"pixel_values must be a torch.Tensor, got {type(pixel_values).__name__}")
-        output_attentions, output_hidden_states, output_mid_hidden_states, return_dict = self._resolve_flags(
-            output_attentions, output_hidden_states, output_mid_hidden_states, return_dict
-        )
         expected_dtype = self.embeddings.patch_embeddings.projection.weight.dtype
         if pixel_values.dtype != expected_dtype:
             pixel_values = pixel_values.to(expected_dtype)
-        embeddings = self.embeddings(pixel_values, interpolate_pos_encoding=bool(interpolate_pos_encoding))
-        enc = self.encoder(
-            embeddings,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            output_mid_hidden_states=output_mid_hidden_states,
-        )
-        last = enc.last_hidden_state
-        pooled = last[:, 0] if self.config.pooling == "cls" else last.mean(dim=1)
-        out = CrateModelOutput(
-            last_hidden_state=last,
-            pooler_output=pooled,
-            hidden_states=enc.hidden_states,
-            mid_hidden_states=enc.mid_hidden_states,
-            attentions=enc.attentions,
-        )
-        return out if return_dict else out.to_tuple()
+        hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding=bool(interpolate_pos_encoding))
+        hidden_states = self.encoder(hidden_states, **kwargs)
+        pooled = hidden_states[:, 0] if self.config.pooling == "cls" else hidden_states.mean(dim=1)
+        return CrateModelOutput(last_hidden_state=hidden_states, pooler_output=pooled)
 
 
 class CrateForImageClassification(CratePreTrainedModel):
@@ -396,40 +383,28 @@ class CrateForImageClassification(CratePreTrainedModel):
         )
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_mid_hidden_states: bool | None = None,
         interpolate_pos_encoding: bool = False,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> CrateImageClassifierOutput | tuple:
-        output_attentions, output_hidden_states, output_mid_hidden_states, return_dict = self._resolve_flags(
-            output_attentions, output_hidden_states, output_mid_hidden_states, return_dict
-        )
-        outputs = self.crate(
-            pixel_values,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            output_mid_hidden_states=output_mid_hidden_states,
-            interpolate_pos_encoding=interpolate_pos_encoding,
-            return_dict=True,
+    ) -> CrateImageClassifierOutput:
+        outputs: CrateModelOutput = self.crate(
+            pixel_values, interpolate_pos_encoding=interpolate_pos_encoding, **kwargs
         )
         logits = self.classifier(self.classifier_norm(outputs.pooler_output))
         loss = None
         if labels is not None:
             loss = self.loss_function(labels, logits, self.config, **kwargs)
-        out = CrateImageClassifierOutput(
+        return CrateImageClassifierOutput(
             loss=loss,
             logits=logits,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             mid_hidden_states=outputs.mid_hidden_states,
         )
-        return out if return_dict else out.to_tuple()
 
 
 __all__ = [
