@@ -9,6 +9,8 @@ with its traceback and the others still run):
                    forced to its FlashAttention kernel (``benchmarks/bench_crate.py --gpu-preset``).
 * ``srr_pass``     ``layer_srr`` over 10,000 images on CRATE-B/16 against the bare forward pass over the same
                    images in the same batches (the measure's overhead on top of inference).
+* ``srr_profile``  one 250-image batch of that pass taken apart: forward with hooks vs the measure, the op
+                   table (torch.profiler), and Gram/Cholesky precision variants on the real state shapes.
 * ``trainer_step`` the hf-tdiag trainer's step under Accelerate, plain vs SRR-regularised
                    (``benchmarks/bench_train.py --gpu``).
 
@@ -179,6 +181,97 @@ def srr_pass_section(device: torch.device, smoke: bool) -> dict:
     return result
 
 
+def _timed(fn, device, repeats=3):
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _gram_logdet(A: torch.Tensor, scale: float, gram_dtype, chol_dtype) -> torch.Tensor:
+    """logdet(I + scale·Gram) on the smaller side, Gram in ``gram_dtype``, Cholesky in ``chol_dtype``."""
+    A = A.to(gram_dtype)
+    n, m = A.shape[-2], A.shape[-1]
+    gram = A.transpose(-2, -1) @ A if n >= m else A @ A.transpose(-2, -1)
+    mat = torch.eye(gram.shape[-1], device=A.device, dtype=chol_dtype) + scale * gram.to(chol_dtype)
+    L = torch.linalg.cholesky_ex(mat)[0]
+    return 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+
+
+def srr_profile_section(device: torch.device, smoke: bool) -> dict:
+    """Where one ``layer_srr`` batch spends its time: forward with hooks vs the measure, op tables, Gram precisions."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from hf_tdiag import CrateConfig, CrateForImageClassification
+    from hf_tdiag.probes.architecture import describe
+    from hf_tdiag.probes.srr import batch_srr_values
+    from hf_tdiag.probes.subspaces import subspaces
+    from hf_tdiag.probes.token_states import token_states
+
+    if smoke:
+        cfg = CrateConfig(image_size=16, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                          num_attention_heads=2, num_labels=10)
+        batch, dtype = 8, torch.float32
+    else:
+        cfg = CrateConfig.from_preset("crate-base", num_labels=1000)
+        batch, dtype = 250, torch.bfloat16
+    torch.manual_seed(0)
+    model = CrateForImageClassification(cfg).to(device=device, dtype=dtype).eval()
+    size = cfg.image_size if isinstance(cfg.image_size, int) else cfg.image_size[0]
+    x = torch.randn(batch, 3, size, size, device=device, dtype=dtype)
+    arch = describe(model)
+    U = [u.to(torch.float64) for u in subspaces(model, "query", detach=True)]
+
+    def bare():
+        with torch.no_grad():
+            model(pixel_values=x)
+
+    def states_only():
+        return token_states(model, x, projection_source="query", arch=arch)
+
+    def whole():
+        return batch_srr_values(model, x, arch=arch, U=U)
+
+    result = {"batch": batch, "model_dtype": str(dtype).replace("torch.", ""),
+              "forward_s": _timed(bare, device), "token_states_s": _timed(states_only, device),
+              "batch_srr_values_s": _timed(whole, device)}
+    result["measure_only_s"] = result["batch_srr_values_s"] - result["token_states_s"]
+    # Gram + Cholesky precision variants on the real state shapes of this batch (R on Z, Rc on the projections)
+    ts = states_only()
+    Z = ts.block_inputs[len(ts.block_inputs) // 2].to(torch.float32)
+    A = ts.projections[len(ts.block_inputs) // 2] if ts.projections else None
+    N, d = Z.shape[-2], Z.shape[-1]
+    variants = {"gram64_chol64": (torch.float64, torch.float64), "gram32_chol64": (torch.float32, torch.float64),
+                "gram32_chol32": (torch.float32, torch.float32)}
+    grams = {}
+    for name, (gd, cd) in variants.items():
+        grams[name] = {"R_s": _timed(lambda gd=gd, cd=cd: _gram_logdet(Z, d / (N * 0.01), gd, cd), device)}
+        if A is not None:
+            p = A.shape[-1]
+            grams[name]["Rc_s"] = _timed(lambda gd=gd, cd=cd: _gram_logdet(A, p / (N * 0.01), gd, cd), device)
+        ref = _gram_logdet(Z, d / (N * 0.01), torch.float64, torch.float64)
+        val = _gram_logdet(Z, d / (N * 0.01), gd, cd).to(torch.float64)
+        grams[name]["R_max_rel_diff"] = float(((val - ref).abs() / ref.abs().clamp_min(1.0)).max())
+    result["gram_precision_per_state"] = grams
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        whole()
+        _sync(device)
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    result["profile_by_device_time"] = prof.key_averages().table(sort_by=sort, row_limit=20, max_name_column_width=60)
+    result["profile_by_cpu_time"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15,
+                                                              max_name_column_width=60)
+    print(result["profile_by_device_time"], flush=True)
+    print({k: v for k, v in result.items() if not k.startswith("profile")}, flush=True)
+    del model, x
+    return result
+
+
 def trainer_step_section(device: torch.device, smoke: bool, out_dir: str) -> dict:
     import bench_train
 
@@ -194,7 +287,7 @@ def trainer_step_section(device: torch.device, smoke: bool, out_dir: str) -> dic
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on whatever device there is (checks the script)")
-    parser.add_argument("--sections", default="machine,train_step,srr_pass,trainer_step",
+    parser.add_argument("--sections", default="machine,train_step,srr_pass,srr_profile,trainer_step",
                         help="comma-separated subset of the sections")
     parser.add_argument("--output", default=None, help="JSON path (default benchmarks/results/gpu_suite.json)")
     args = parser.parse_args(argv)
@@ -213,6 +306,7 @@ def main(argv=None) -> dict:
         "machine": lambda: machine_section(device, args.smoke),
         "train_step": lambda: train_step_section(device, args.smoke, scratch),
         "srr_pass": lambda: srr_pass_section(device, args.smoke),
+        "srr_profile": lambda: srr_profile_section(device, args.smoke),
         "trainer_step": lambda: trainer_step_section(device, args.smoke, scratch),
     }
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
