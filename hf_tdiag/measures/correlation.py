@@ -11,11 +11,11 @@ hyperparameters of each trained run.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import scipy.stats
 
 __all__ = ["kendall_tau", "granulated_kendall", "GranulatedKendall"]
 
@@ -33,7 +33,8 @@ def _as_vector(x, name: str) -> np.ndarray:
 
 
 def kendall_tau(x, y) -> float:
-    """Kendall's τ-b: ``(n_c − n_d) / √((n₀ − n₁)(n₀ − n₂))`` over all pairs, ties in x (n₁) and y (n₂) excluded."""
+    """Kendall's τ-b: ``(n_c − n_d) / √((n₀ − n₁)(n₀ − n₂))`` over all pairs, ties in x (n₁) and y (n₂) excluded
+    (computed by ``scipy.stats.kendalltau``)."""
     x = _as_vector(x, "x")
     y = _as_vector(y, "y")
     if x.shape != y.shape:
@@ -41,16 +42,10 @@ def kendall_tau(x, y) -> float:
     n = x.shape[0]
     if n < 2:
         raise ValueError(f"x, y: expected at least 2 observations for a rank correlation, got {n}")
-    iu = np.triu_indices(n, k=1)
-    sx = np.sign(x[:, None] - x[None, :])[iu]
-    sy = np.sign(y[:, None] - y[None, :])[iu]
-    untied_x = int(np.count_nonzero(sx))  # n0 - n1
-    untied_y = int(np.count_nonzero(sy))  # n0 - n2
-    if untied_x == 0 or untied_y == 0:
-        which = "x" if untied_x == 0 else "y"
+    if np.all(x == x[0]) or np.all(y == y[0]):
+        which = "x" if np.all(x == x[0]) else "y"
         raise ValueError(f"{which}: all {n} values are equal; Kendall's tau is undefined for a constant sequence")
-    concordance = float(np.sum(sx * sy))  # n_c - n_d
-    return concordance / math.sqrt(float(untied_x) * float(untied_y))
+    return float(scipy.stats.kendalltau(x, y, variant="b").statistic)
 
 
 @dataclass

@@ -56,17 +56,15 @@ def measure_scatter(ax, records: Sequence[Mapping], measure: str, label: str | N
 
 def measure_scatter_grid(records: Sequence[Mapping], table: Sequence[Mapping], ncols: int = 3):
     """A figure with one :func:`measure_scatter` panel per row of the correlation ``table`` (and one shared legend)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     if not table:
         raise ValueError("table: expected at least one measure row, got none")
     n = len(table)
     ncols = max(1, min(ncols, n))
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.4 * ncols, 3.0 * nrows), squeeze=False)
+    fig = Figure(figsize=(3.4 * ncols, 3.0 * nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False)
     for i, row in enumerate(table):
         measure_scatter(axes[i // ncols][i % ncols], records, row["measure"], row=row)
     for j in range(n, nrows * ncols):

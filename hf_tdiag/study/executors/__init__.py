@@ -1,0 +1,29 @@
+"""Executors: who runs a study's uncached runs. Each takes the run specs and reports every finished run.
+
+An executor is a function ``(specs, *, jobs, threads, on_done) -> None`` that calls
+``on_done(spec, record, failure)`` once per spec, with ``record`` the run's record
+(already written to the cache by the worker) or ``failure`` a dict with ``hparams``,
+``error`` and ``traceback``. The per-run cache stays the single source of truth.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+__all__ = ["EXECUTORS", "get_executor", "failure_of"]
+
+EXECUTORS = ("local",)
+
+
+def failure_of(spec: dict, err: BaseException, tb: str) -> dict:
+    """The failure-log entry of a run that raised ``err``."""
+    return {"hparams": spec["hparams"], "error": f"{type(err).__name__}: {err}", "traceback": tb}
+
+
+def get_executor(name: str) -> Callable:
+    """The executor function called ``name``."""
+    if name == "local":
+        from .local import run_local
+
+        return run_local
+    raise ValueError(f"executor: expected one of {list(EXECUTORS)}, got {name!r}")

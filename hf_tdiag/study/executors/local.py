@@ -1,0 +1,81 @@
+"""The local executor: runs one after another in this process (``jobs == 1``) or in a pool of processes.
+
+In the pool each worker process gets ``threads`` torch CPU threads and, where GPUs
+are present, one GPU of its own (round-robin through ``CUDA_VISIBLE_DEVICES``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+import traceback
+from typing import Callable, Sequence
+
+from ..worker import execute
+from . import failure_of
+
+__all__ = ["run_local"]
+
+
+def _init_worker(threads: int, gpu_queue=None):
+    """Worker setup: CPU threads, and one GPU per worker (``CUDA_VISIBLE_DEVICES``) when GPUs are present."""
+    if gpu_queue is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_queue.get())
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken CUDA install must not stop a CPU study
+        return 0
+
+
+def _run_serial(specs: Sequence[dict], threads: int | None, on_done: Callable) -> None:
+    from ..._threads import torch_threads
+
+    with torch_threads(threads):
+        for spec in specs:
+            try:
+                rec = execute(spec)
+            except Exception as err:  # one failed run does not stop the study; it is retried next time
+                on_done(spec, None, failure_of(spec, err, traceback.format_exc()))
+            else:
+                on_done(spec, rec, None)
+
+
+def _run_pool(specs: Sequence[dict], jobs: int, threads: int, on_done: Callable) -> None:
+    ctx = mp.get_context("spawn")
+    gpus = _gpu_count()
+    gpu_queue = None
+    if gpus:
+        gpu_queue = ctx.Manager().Queue()
+        for i in range(jobs):
+            gpu_queue.put(i % gpus)  # several workers share a GPU when jobs > GPUs
+    with cf.ProcessPoolExecutor(
+        max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads, gpu_queue)
+    ) as pool:
+        futures = {pool.submit(execute, dict(spec, threads=threads)): spec for spec in specs}
+        for fut in cf.as_completed(futures):
+            spec = futures[fut]
+            try:
+                rec = fut.result()
+            except Exception as err:
+                tb = "".join(traceback.format_exception(err.__cause__ or err))
+                on_done(spec, None, failure_of(spec, err, tb))
+            else:
+                on_done(spec, rec, None)
+
+
+def run_local(specs: Sequence[dict], *, jobs: int = 1, threads: int | None = None, on_done: Callable) -> None:
+    """Run every spec; ``jobs == 1`` in this process (``threads`` torch threads, or unchanged if ``None``),
+    else in ``jobs`` worker processes with ``threads`` (default ``cpu_count // jobs``) threads each."""
+    if jobs == 1:
+        _run_serial(specs, threads, on_done)
+    else:
+        _run_pool(specs, jobs, threads or max(1, (os.cpu_count() or 1) // jobs), on_done)

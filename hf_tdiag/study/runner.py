@@ -1,0 +1,104 @@
+"""``run_study``: train every uncached run of a grid with an executor, then write the table and plots."""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import asdict
+from typing import Callable
+
+from .cache import STUDY_VERSION, read_record, record_path, remove_temporaries, run_key, write_json_atomic
+from .executors import get_executor
+from .grids import StudyGrid, resolve_grid
+from .measures import MeasureSettings
+from .table import summarize
+
+__all__ = ["run_study"]
+
+
+def _check_count(value, name: str, allow_none: bool = False) -> None:
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected a positive integer{' or None' if allow_none else ''}, got {value!r}")
+
+
+def _plan(grid: StudyGrid, study_dir: str, settings: MeasureSettings, train_fn, keep_models) -> tuple[list[dict], list[dict]]:
+    """The specs of the runs still to do, and the records of the cached ones."""
+    specs, records = [], []
+    for hp in grid.runs():
+        key = run_key(hp, grid.fixed, settings)
+        rec = read_record(record_path(study_dir, key), key)
+        if rec is not None:
+            records.append(rec)
+            continue
+        specs.append(
+            {
+                "key": key, "hparams": hp, "fixed": copy.deepcopy(grid.fixed), "settings": asdict(settings),
+                "study_dir": study_dir, "train_fn": train_fn, "keep_models": keep_models,
+            }
+        )
+    return specs, records
+
+
+def run_study(
+    grid: StudyGrid | str,
+    study_dir: str,
+    jobs: int = 1,
+    settings: MeasureSettings | None = None,
+    train_fn: str | None = None,
+    limit: int | None = None,
+    keep_models: bool = False,
+    plot: bool = True,
+    progress: bool = True,
+    on_record: Callable[[dict], None] | None = None,
+    threads: int | None = None,
+    executor: str = "local",
+) -> dict:
+    """Run (or continue) a study: train every uncached run of ``grid``, then write the table and plots.
+
+    ``train_fn`` is an importable ``"module:function"`` taking ``(hparams, fixed,
+    output_dir, max_examples=...)`` and returning ``(results, model, train_examples)`` with
+    ``results["generalization_gap"]`` and ``train_examples`` a ``(pixel_values,
+    labels)`` pair or a dataset of ``{"pixel_values", "labels"}`` items; the
+    default trains with :func:`hf_tdiag.training.train`. ``limit`` stops after that many new runs
+    (for smoke tests). ``threads`` is the number of torch CPU threads per job
+    (default: ``cpu_count // jobs`` in worker processes, unchanged when
+    ``jobs == 1``); results are reproducible bit for bit only at equal thread
+    counts. ``executor`` names who runs the runs (see :mod:`hf_tdiag.study.executors`).
+    Returns a summary with the table and the output paths.
+    """
+    from tqdm.auto import tqdm
+
+    grid = resolve_grid(grid)
+    _check_count(jobs, "jobs")
+    _check_count(threads, "threads", allow_none=True)
+    run_all = get_executor(executor)
+    settings = settings or MeasureSettings()
+    os.makedirs(os.path.join(study_dir, "runs"), exist_ok=True)
+    write_json_atomic(
+        os.path.join(study_dir, "study.json"),
+        {"grid": grid.to_dict(), "settings": asdict(settings), "version": STUDY_VERSION, "train_fn": train_fn},
+    )
+    remove_temporaries(study_dir)
+    specs, records = _plan(grid, study_dir, settings, train_fn, keep_models)
+    cached = len(records)
+    if limit is not None:
+        specs = specs[: max(0, int(limit))]
+    bar = tqdm(total=len(specs), desc=f"study {grid.name} ({cached} cached)", disable=not progress)
+    failures = []
+
+    def on_done(spec, rec, failure):
+        if failure is not None:
+            failures.append(failure)
+        else:
+            records.append(rec)
+            if on_record:
+                on_record(rec)
+        bar.update(1)
+
+    run_all(specs, jobs=jobs, threads=threads, on_done=on_done)
+    bar.close()
+    order = {run_key(hp, grid.fixed, settings): i for i, hp in enumerate(grid.runs())}
+    records.sort(key=lambda r: order.get(r["key"], len(order)))
+    return summarize(grid, records, study_dir, settings=settings, plot=plot, cached=cached, failures=failures)
