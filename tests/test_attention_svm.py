@@ -86,17 +86,14 @@ def test_frobenius_matches_cvxpy(n, T, d, seed):
     assert np.allclose(tight, 1.0, atol=1e-7)
 
 
-def test_dense_and_factored_kernels_agree():
+def test_dense_and_factored_kernels_agree(monkeypatch):
     X, z, sel = _instance(12, 30, 8, 3)  # m = 348: dense path
     dense = att_svm(X, z, sel)
-    import hf_tdiag.measures.attention_svm as mod
+    from hf_tdiag.measures.attention_svm import kernel
 
-    old = mod._ReducedKernel.__init__.__defaults__
-    mod._ReducedKernel.__init__.__defaults__ = (0, 0.0)  # force the matrix-free path
-    try:
-        factored = att_svm(X, z, sel)
-    finally:
-        mod._ReducedKernel.__init__.__defaults__ = old
+    monkeypatch.setattr(kernel, "DENSE_LIMIT", 0)  # force the matrix-free path
+    monkeypatch.setattr(kernel, "DENSE_FLOPS", 0.0)
+    factored = att_svm(X, z, sel)
     assert dense.solver.endswith("dense") and factored.solver.endswith("factored")
     assert factored.objective == pytest.approx(dense.objective, rel=1e-8)
     assert matrix_correlation(dense.W, factored.W) > 1 - 1e-10
