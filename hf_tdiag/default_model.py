@@ -57,17 +57,6 @@ def _file_lock(path: Path):
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def digits_test_images(limit: int | None = None):
-    """The digits recipe's held-out test images as PIL images (mode ``L``, 8×8) and their labels."""
-    from PIL import Image
-
-    from hf_tdiag.training.data import digits_split
-
-    _, x_test, _, y_test = digits_split()
-    count = len(y_test) if limit is None else min(int(limit), len(y_test))
-    return [Image.fromarray(x_test[i]) for i in range(count)], [int(y) for y in y_test[:count]]
-
-
 # the short recipe: small enough for seconds-to-a-minute on a CPU, good enough for meaningful attention maps
 DEFAULT_TRAIN_KWARGS = dict(
     preset="crate-digits",
@@ -127,7 +116,6 @@ __all__ = [
     "DEFAULT_TRAIN_KWARGS",
     "cache_root",
     "default_model_dir",
-    "digits_test_images",
     "ensure_default_model",
     "is_complete",
 ]

@@ -23,7 +23,8 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from hf_tdiag.report import figures
-from hf_tdiag.report.loading import LoadedModel, UserInputError, load_model, open_image, pixel_values_for
+from hf_tdiag.inputs import UserInputError, open_image
+from hf_tdiag.loading import LoadedModel, load_model, pixel_values_for
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +210,7 @@ def crate_tab(spec, image_path, layer, compare=None, progress=gr.Progress(track_
 @user_errors
 def digits_example(index) -> Image.Image:
     """A digits image (PIL, mode L) from the held-out split the default model was not trained on."""
-    from hf_tdiag.default_model import digits_test_images
+    from hf_tdiag.inputs import digits_test_images
 
     images, labels = digits_test_images()
     if index is None:
@@ -279,7 +280,7 @@ def concepts_tab(spec, image_path, n_concepts=4, layer=-1, extra_digits=31, prog
     """Concepts tab: Semi-NMF concepts of layer ``layer``'s patch tokens over the uploaded image plus
     ``extra_digits`` held-out digits images; heatmaps, top patches, KL vs bound, and the fidelity numbers."""
     import hf_tdiag
-    from hf_tdiag.default_model import digits_test_images
+    from hf_tdiag.inputs import digits_test_images
     from hf_tdiag.report.report import concept_plots, fidelity_rows
 
     loaded = get_model(spec)
@@ -389,7 +390,7 @@ def svm_head_tab(spec, image_path, layer=-1, head=0, extra_digits=15, progress=g
     """Head diagnostic: how max-margin-like head ``head`` of ``layer`` is on the image(s)."""
     import hf_tdiag
     from hf_tdiag.viz import attention_svm as viz_attention_svm
-    from hf_tdiag.default_model import digits_test_images
+    from hf_tdiag.inputs import digits_test_images
     from hf_tdiag.report.report import svm_table
 
     loaded = get_model(spec)

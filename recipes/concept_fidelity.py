@@ -51,7 +51,7 @@ def train_digits_vit(folder: str, epochs: int, seed: int = 0) -> str:
     import torch
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
-    from hf_tdiag.training.data import digits_split
+    from hf_tdiag.inputs import digits_split
 
     x_train, x_test, y_train, y_test = digits_split()
     processor = ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.5], image_std=[0.5])
@@ -99,10 +99,10 @@ def main(argv=None) -> int:
 
     import hf_tdiag  # noqa: F401  (registers CRATE)
     from hf_tdiag.commands.concepts import _json_ready, format_table
-    from hf_tdiag.data_inputs import load_images
-    from hf_tdiag.default_model import digits_test_images, ensure_default_model
+    from hf_tdiag.default_model import ensure_default_model
+    from hf_tdiag.inputs import digits_test_images, load_images
+    from hf_tdiag.loading import load_model, pixel_values_for
     from hf_tdiag.probes.concept_fidelity import compare_concepts
-    from hf_tdiag.report.loading import load_model, pixel_values_for
     from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
 
     if args.threads:

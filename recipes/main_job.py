@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import hf_tdiag  # noqa: F401  (registers the crate Auto classes)
     from hf_tdiag.cli import main as cli_main
-    from hf_tdiag.default_model import digits_test_images
+    from hf_tdiag.inputs import digits_test_images
     from hf_tdiag.training import make_args, train
 
     args = make_args(argv)

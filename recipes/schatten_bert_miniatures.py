@@ -33,7 +33,7 @@ def miniature_name(num_layers: int, hidden: int) -> str:
     return f"bert_uncased_L-{num_layers}_H-{hidden}_A-{hidden // 64}"
 
 
-def resolve(name: str, local_dir: str | None) -> str | None:
+def miniature_source(name: str, local_dir: str | None) -> str | None:
     """Local folder for ``name`` under ``local_dir`` (None when absent), or the Hub id without ``local_dir``."""
     if local_dir is None:
         return f"google/{name}"
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     for num_layers in args.layers:
         for hidden in args.hidden:
             name = miniature_name(num_layers, hidden)
-            where = resolve(name, args.local_dir)
+            where = miniature_source(name, args.local_dir)
             (jobs if where else missing).append((name, where))
     if missing:
         print(f"not found under {args.local_dir}: {', '.join(n for n, _ in missing)}", file=sys.stderr)

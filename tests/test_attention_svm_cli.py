@@ -12,7 +12,7 @@ pytest.importorskip("cvxpy")
 import hf_tdiag  # noqa: E402
 from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcessor  # noqa: E402
 from hf_tdiag.cli import main as cli_main  # noqa: E402
-from hf_tdiag.data_inputs import digits_images  # noqa: E402
+from hf_tdiag.inputs import digits_images  # noqa: E402
 
 
 @pytest.fixture(scope="module")

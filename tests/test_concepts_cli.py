@@ -48,7 +48,7 @@ def test_evaluate_module_matches_the_python_api(tmp_path):
     assert {"rec_loss", "gram_loss"} <= set(out["history"])
     assert len(out["per_image"]["kl"]) == 16
     # PIL images through evaluate's storage give the same activations as the processor's pixel values
-    from hf_tdiag.data_inputs import digits_images
+    from hf_tdiag.inputs import digits_images
 
     images = digits_images(limit=16).images
     out2 = cf.compute(model=str(tmp_path / "vit"), images=images, layer=1, n_concepts=4, max_iter=30,

@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 from transformers import ViTConfig, ViTForImageClassification
 
-from hf_tdiag.report.loading import load_model, pixel_values_for
+from hf_tdiag.loading import load_model, pixel_values_for
 
 
 @pytest.mark.parametrize("channels,mode", [(1, "L"), (3, "RGB")])

@@ -30,7 +30,7 @@ def test_input_errors_name_the_problem(name):
 
 
 def test_text_lines_reads_non_empty_lines_and_names_bad_files(tmp_path):
-    from hf_tdiag.data_inputs import text_lines
+    from hf_tdiag.inputs import text_lines
 
     path = tmp_path / "t.txt"
     path.write_text("  first \n\n second\nthird\n", encoding="utf-8")
@@ -45,7 +45,7 @@ def test_text_lines_reads_non_empty_lines_and_names_bad_files(tmp_path):
 
 def test_model_and_inputs_loads_once_and_batches_lazily(tmp_path):
     """The mixin's loader: pixel_values pass through, images go through the processor, batch_size gives lazy batches."""
-    from hf_tdiag.data_inputs import LazyBatches, digits_images
+    from hf_tdiag.inputs import LazyBatches, digits_images
     from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
 
     torch.manual_seed(0)

@@ -15,7 +15,8 @@ import hf_tdiag
 from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcessor
 from hf_tdiag.report import figures as F
 from hf_tdiag.report.html import Figure, Section, Table, dumps, format_value, render_html, to_jsonable
-from hf_tdiag.report.loading import UserInputError, load_model, open_image, pixel_values_for
+from hf_tdiag.inputs import UserInputError, open_image
+from hf_tdiag.loading import load_model, pixel_values_for
 from hf_tdiag.report.report import ReportOptions, build_report
 
 
@@ -335,3 +336,29 @@ def test_failing_figure_keeps_numbers_and_marks_error(crate_dir, monkeypatch):
     assert "attention_svm" in section.numbers and section.tables  # the computed numbers survive
     assert len(section.figures) == 2  # the attention maps drawn before the failure
     assert "attention" in report.errors
+
+
+def test_preset_matplotlib_backend_is_never_switched(tmp_path):
+    """A notebook user's backend stays: evaluate.load of a bundled metric, the report and every viz module import
+    and draw without matplotlib.use or pyplot (checked in a fresh interpreter, where nothing was imported yet)."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import matplotlib
+matplotlib.use("svg")
+import evaluate, hf_tdiag
+evaluate.load(hf_tdiag.metric_path("srr"))
+import hf_tdiag.report, hf_tdiag.report.figures as F, hf_tdiag.viz, hf_tdiag.viz.study, hf_tdiag.viz.schatten
+import hf_tdiag.viz.concepts, hf_tdiag.viz.attention_svm
+import numpy as np, sys
+F.figure_to_png(F.predictions_figure([np.zeros((4, 4))], ["a"], [0.5]))
+assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
+assert "matplotlib.pyplot" not in sys.modules, "pyplot was imported"
+print("backend kept")
+"""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "MPLBACKEND": ""}
+    env.pop("MPLBACKEND")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "backend kept" in proc.stdout, proc.stderr[-2000:]

@@ -105,7 +105,7 @@ def _recipe():
 def test_miniatures_recipe_on_local_copies(miniatures, tmp_path, capsys):
     recipe = _recipe()
     assert recipe.miniature_name(12, 768) == "bert_uncased_L-12_H-768_A-12"
-    assert recipe.resolve("bert_uncased_L-2_H-128_A-2", None) == "google/bert_uncased_L-2_H-128_A-2"
+    assert recipe.miniature_source("bert_uncased_L-2_H-128_A-2", None) == "google/bert_uncased_L-2_H-128_A-2"
     out = tmp_path / "out"
     rc = recipe.main(
         ["--output_dir", str(out), "--local_dir", str(miniatures), "--layers", "1", "2", "3", "--hidden", "64", "128"]

@@ -222,7 +222,7 @@ def test_browser_renders_report_of_trained_model(browser, trained_default):
     """The one-page report of the digits-trained CRATE (the main job's recipe) opened in Chromium."""
     from playwright.sync_api import expect
 
-    from hf_tdiag.default_model import digits_test_images
+    from hf_tdiag.inputs import digits_test_images
     from hf_tdiag.report.report import build_report
 
     images, labels = digits_test_images(24)

@@ -131,15 +131,3 @@ def test_two_processes_train_once(tmp_path):
         assert p.returncode == 0, err
     assert outs[0][0].strip() == outs[1][0].strip() != ""
     assert _calls(counter) == ["crate"]
-
-
-def test_digits_test_images_are_the_recipe_split():
-    from hf_tdiag.training.data import digits_split
-
-    _, x_test, _, y_test = digits_split()
-    images, labels = default_model.digits_test_images()
-    assert len(images) == len(y_test) == 360 and labels == [int(y) for y in y_test]
-    import numpy as np
-
-    assert all(np.array_equal(np.asarray(im), x) for im, x in zip(images[:20], x_test[:20]))
-    assert len(default_model.digits_test_images(5)[0]) == 5

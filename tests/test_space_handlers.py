@@ -164,7 +164,7 @@ def test_model_cache_reuses_loaded_models(crate_dir):
 
 
 def test_digits_example_returns_held_out_digit():
-    from hf_tdiag.default_model import digits_test_images
+    from hf_tdiag.inputs import digits_test_images
 
     images, labels = digits_test_images()
     image = H.digits_example(2)
@@ -192,8 +192,8 @@ def test_bounds_tab_matches_spectrum_bounds(crate_dir, bert_dir):
 
 def test_concepts_tab_reports_fidelity(crate_dir, digit_png):
     import hf_tdiag
-    from hf_tdiag.default_model import digits_test_images
-    from hf_tdiag.report.loading import load_model, pixel_values_for
+    from hf_tdiag.inputs import digits_test_images
+    from hf_tdiag.loading import load_model, pixel_values_for
 
     text, heat, top, kl, rows = H.concepts_tab(crate_dir, digit_png, 3, 1, 5)
     values = dict((q, v) for q, v in rows)
@@ -228,8 +228,8 @@ def test_svm_experiment_reports_gd_correlation_with_w_mm():
 
 def test_svm_head_tab_matches_diagnostic(crate_dir, digit_png, bert_dir):
     import hf_tdiag
-    from hf_tdiag.default_model import digits_test_images
-    from hf_tdiag.report.loading import load_model, pixel_values_for
+    from hf_tdiag.inputs import digits_test_images
+    from hf_tdiag.loading import load_model, pixel_values_for
 
     text, fig, rows = H.svm_head_tab(crate_dir, digit_png, -1, 1, 3)
     loaded = load_model(crate_dir)
@@ -255,7 +255,7 @@ def test_crate_tab_works_for_a_vit_classifier(tmp_path, digit_png):
     model = ViTForImageClassification(cfg).eval()
     model.save_pretrained(tmp_path)  # no processor saved: a ViT processor for the config's size is used
     labels, heads_fig, layers_fig, _, table = H.crate_tab(str(tmp_path), digit_png, 1)
-    from hf_tdiag.report.loading import load_model, pixel_values_for
+    from hf_tdiag.loading import load_model, pixel_values_for
 
     pv = pixel_values_for([Image.open(digit_png)], load_model(str(tmp_path)))
     assert pv.shape == (1, 3, 32, 32)

@@ -12,7 +12,7 @@ from transformers import BertConfig, BertForSequenceClassification, BertTokenize
 import hf_tdiag
 from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcessor, layer_srr
 from hf_tdiag.cli import main as cli_main
-from hf_tdiag.data_inputs import LazyBatches, digits_images, images_from_folder, load_images
+from hf_tdiag.inputs import LazyBatches, digits_images, images_from_folder, load_images
 from hf_tdiag.viz import plot_layer_srr, save_figure
 
 

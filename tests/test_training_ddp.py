@@ -48,7 +48,7 @@ def test_two_process_torchrun_counts_each_eval_sample_once(tmp_path):
     from transformers import AutoModelForImageClassification
 
     import hf_tdiag  # noqa: F401
-    from hf_tdiag.training.data import digits_split
+    from hf_tdiag.inputs import digits_split
 
     from PIL import Image
     from transformers import AutoImageProcessor

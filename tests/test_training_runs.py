@@ -146,7 +146,7 @@ def test_stop_at_train_loss_gap_results_and_model_card(tmp_path):
     # independent recomputation from the saved folder: eval-mode cross-entropy on the full train / test subsets
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-    from hf_tdiag.training.data import digits_split
+    from hf_tdiag.inputs import digits_split
 
     model = AutoModelForImageClassification.from_pretrained(str(out)).eval()
     processor = AutoImageProcessor.from_pretrained(str(out))

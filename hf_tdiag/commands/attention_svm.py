@@ -51,8 +51,8 @@ def _queries(spec: str):
 
 
 def _batch(args, loaded):
-    from hf_tdiag.data_inputs import load_images, text_lines
-    from hf_tdiag.report.loading import pixel_values_for
+    from hf_tdiag.inputs import load_images, text_lines
+    from hf_tdiag.loading import pixel_values_for
 
     if args.texts is not None:
         if loaded.modality != "text" or loaded.processor is None:
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     from hf_tdiag.probes.architecture import describe
     from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
-    from hf_tdiag.report.loading import load_model
+    from hf_tdiag.loading import load_model
     from hf_tdiag.viz import save_figure
     from hf_tdiag.viz.attention_svm import plot_head_diagnostic
 

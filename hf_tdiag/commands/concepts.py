@@ -76,9 +76,9 @@ def _json_ready(obj):
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_tdiag.data_inputs import load_images
+    from hf_tdiag.inputs import load_images
     from hf_tdiag.probes.concept_fidelity import compare_concepts, layer_activations
-    from hf_tdiag.report.loading import load_model, pixel_values_for
+    from hf_tdiag.loading import load_model, pixel_values_for
     from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
 
     if args.limit < 1 or args.batch_size < 1 or args.concepts < 1:

@@ -46,7 +46,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hf_tdiag.report.inputs import inputs_from_args
-    from hf_tdiag.report.loading import load_model
+    from hf_tdiag.loading import load_model
     from hf_tdiag.report.report import ReportOptions, build_report
 
     if args.max_images < 1:

@@ -40,8 +40,8 @@ def register(subparsers) -> None:
 
 
 def _inputs(args, loaded):
-    from hf_tdiag.data_inputs import LazyBatches, load_images, text_lines
-    from hf_tdiag.report.loading import pixel_values_for
+    from hf_tdiag.inputs import LazyBatches, load_images, text_lines
+    from hf_tdiag.loading import pixel_values_for
 
     if args.texts is not None:
         if loaded.modality != "text" or loaded.processor is None:
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from hf_tdiag.probes.srr import layer_srr
-    from hf_tdiag.report.loading import load_model
+    from hf_tdiag.loading import load_model
     from hf_tdiag.viz import plot_layer_srr, save_figure
 
     if args.limit < 1 or args.batch_size < 1:

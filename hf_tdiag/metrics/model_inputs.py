@@ -13,8 +13,8 @@ import os
 
 import torch
 
-from ..data_inputs import LazyBatches
-from ..report.loading import load_model, pixel_values_for
+from ..inputs import LazyBatches
+from ..loading import load_model, pixel_values_for
 
 
 class ModelInputsMixin:

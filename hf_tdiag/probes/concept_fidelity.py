@@ -68,7 +68,7 @@ def _size2(x) -> tuple[int, int]:
     return (int(x[0]), int(x[1])) if isinstance(x, (tuple, list)) else (int(x), int(x))
 
 
-def resolve(model: nn.Module) -> ConceptModel:
+def concept_model_parts(model: nn.Module) -> ConceptModel:
     """Find blocks, readout and head of a CRATE or ViT-like classifier; clear errors otherwise."""
     if not isinstance(model, nn.Module) or getattr(model, "config", None) is None:
         raise TypeError(f"model: expected a Transformers image classifier ({_SUPPORTED}), got {type(model).__name__}")
@@ -163,7 +163,7 @@ class LayerActivations:
 
 def layer_activations(model, inputs, layer: int, batch_size: int = 64, cm: ConceptModel | None = None) -> LayerActivations:
     """Run the model once and return layer-ℓ patch tokens (``hidden_states[ℓ][:, prefix:]``)."""
-    cm = cm or resolve(model)
+    cm = cm or concept_model_parts(model)
     layer = _check_layer(cm, layer)
     pixels = _pixel_values(inputs)
     device, dtype = model_device(model), model_dtype(model)
@@ -194,7 +194,7 @@ def suffix_runner(model, layer: int, prefix: torch.Tensor, cm: ConceptModel | No
     ``prefix`` holds the untouched prefix (CLS) tokens of all images at layer ℓ; ``index`` (a slice or
     index tensor) selects the images of a chunk, ``None`` means all of them.
     """
-    cm = cm or resolve(model)
+    cm = cm or concept_model_parts(model)
     layer = _check_layer(cm, layer)
     blocks = list(cm.blocks)[layer:]
 
@@ -355,7 +355,7 @@ def concept_fidelity(
     its two terms and how often the KL is below it, and the constants (``constants["estimated"]``
     lists the estimated ones).
     """
-    cm = resolve(model)
+    cm = concept_model_parts(model)
     layer = _check_layer(cm, layer)
     acts = layer_activations(model, inputs, layer, batch_size=batch_size, cm=cm)
     A = acts.patches
@@ -430,7 +430,7 @@ def supervised_concepts(model, inputs, layer: int, n_concepts: int, *, kl_weight
     """Fit classifier-supervised concepts at layer ℓ (``L_rec + λ·KL`` through the suffix; FACE-like baseline)."""
     from ..measures.concepts import ClassifierSupervisedSemiNMF
 
-    cm = resolve(model)
+    cm = concept_model_parts(model)
     layer = _check_layer(cm, layer)
     acts = layer_activations(model, inputs, layer, batch_size=batch_size, cm=cm)
     est = ClassifierSupervisedSemiNMF(n_concepts, kl_weight=kl_weight, batch_size=batch_size, **kwargs)
@@ -475,7 +475,7 @@ def compare_concepts(
 
     if not gram_weights and not supervised:
         raise ValueError("gram_weights: expected at least one μ (or supervised=True)")
-    cm = resolve(model)
+    cm = concept_model_parts(model)
     layer = _check_layer(cm, layer)
     pixels = _pixel_values(inputs)
     A = layer_activations(model, pixels, layer, batch_size=batch_size, cm=cm).patches

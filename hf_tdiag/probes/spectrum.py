@@ -166,7 +166,7 @@ class SpectrumBoundReport:
         return text
 
 
-def _resolve(model_or_path, load_kwargs) -> tuple[torch.nn.Module, str]:
+def _model_and_name(model_or_path, load_kwargs) -> tuple[torch.nn.Module, str]:
     if isinstance(model_or_path, torch.nn.Module):
         cfg = getattr(model_or_path, "config", None)
         name = getattr(cfg, "name_or_path", "") or type(model_or_path).__name__
@@ -174,14 +174,12 @@ def _resolve(model_or_path, load_kwargs) -> tuple[torch.nn.Module, str]:
     if isinstance(model_or_path, (str, os.PathLike)):
         from transformers import AutoModel
 
-        import hf_tdiag  # noqa: F401  (registers the crate model type)
+        from hf_tdiag.loading import load_pretrained
 
         name = os.fspath(model_or_path)
-        try:
-            model = AutoModel.from_pretrained(name, **load_kwargs)
-        except OSError as err:
-            raise ValueError(f"model_or_path: could not load {name!r} as a local folder or Hub id ({err})") from None
-        return model, name
+        kwargs = dict(load_kwargs)
+        trust = kwargs.pop("trust_remote_code", False)
+        return load_pretrained(name, AutoModel, trust_remote_code=trust, name="model_or_path", **kwargs), name
     raise TypeError(
         f"model_or_path: expected a Transformers model (torch.nn.Module), a local folder or a Hub id, "
         f"got {type(model_or_path).__name__}"
@@ -282,7 +280,8 @@ def spectrum_bounds(
 
     Args:
         model_or_path: a Transformers model (BERT-like, ViT-like or CRATE), a local folder or a Hub id
-            (loaded with ``AutoModel.from_pretrained(model_or_path, **load_kwargs)``).
+            (loaded with ``AutoModel.from_pretrained(model_or_path, **load_kwargs)`` through
+            :func:`hf_tdiag.loading.load_pretrained`: ``trust_remote_code=False`` unless passed as True).
         L_phi: Lipschitz constant of the FFN activation (1.13 for GELU).
         p_grid_m: grid resolution m of p ∈ {0, 1/m, …, 2}; default ⌈L + ln N⌉.
         rank_tol: singular values ≤ rank_tol · min(rows, cols) · max(σ₁, 1) are exact zeros.
@@ -299,7 +298,7 @@ def spectrum_bounds(
         raise ValueError(f"svd_method: expected 'auto' or 'svd', got {svd_method!r}")
     if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1):
         raise ValueError(f"num_workers: expected a positive integer or None, got {num_workers!r}")
-    model, name = _resolve(model_or_path, load_kwargs)
+    model, name = _model_and_name(model_or_path, load_kwargs)
     w = encoder_weights(model)
     L, N, H = w.num_layers, w.hidden_size, w.num_heads
     ps = S.p_grid(L, N, p_grid_m)

@@ -13,21 +13,23 @@ import math
 
 import numpy as np
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+def _subplots(rows: int, cols: int, figsize: tuple[float, float], **kwargs):
+    """``(figure, axes grid)`` on an Agg canvas, without pyplot (the user's backend is never touched)."""
+    fig = Figure(figsize=figsize, **kwargs)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(rows, cols, squeeze=False)
 
 
 def figure_to_png(fig: Figure, dpi: int = 110) -> bytes:
-    """PNG bytes of ``fig`` (the figure is closed afterwards)."""
+    """PNG bytes of ``fig``."""
     if not isinstance(fig, Figure):
         raise TypeError(f"fig: expected a matplotlib Figure, got {type(fig).__name__}")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
     return buf.getvalue()
 
 
@@ -82,7 +84,7 @@ def _overlay_grid(image, maps: np.ndarray, titles: list[str], suptitle: str) -> 
     n = len(titles)
     cols = min(n, 6)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.0 * rows + 0.3), squeeze=False)
+    fig, axes = _subplots(rows, cols, (1.9 * cols, 2.0 * rows + 0.3))
     for k in range(rows * cols):
         ax = axes[k // cols][k % cols]
         if k < n:
@@ -116,7 +118,7 @@ def predictions_figure(images: list, labels: list[str], probs: list[float], trut
         raise ValueError(f"images/labels/probs: expected equal non-zero lengths, got {n}, {len(labels)}, {len(probs)}")
     cols = min(n, 8)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.5 * cols, 1.7 * rows), squeeze=False)
+    fig, axes = _subplots(rows, cols, (1.5 * cols, 1.7 * rows))
     for i in range(rows * cols):
         ax = axes[i // cols][i % cols]
         ax.axis("off")
@@ -145,7 +147,8 @@ def optimal_p_heatmap(report) -> Figure:
     for m in report.matrices:
         grid[m.layer, col_index[(m.type, -1 if m.head is None else m.head)]] = m.p_opt
     width = min(16.0, 2.5 + 0.32 * len(columns))
-    fig, ax = plt.subplots(figsize=(width, 1.8 + 0.35 * report.num_layers), layout="constrained")
+    fig, axes = _subplots(1, 1, (width, 1.8 + 0.35 * report.num_layers), layout="constrained")
+    ax = axes[0][0]
     im = ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=2.0, aspect="auto", interpolation="nearest")
     labels = [t if h < 0 else f"{t} h{h}" for t, h in columns]
     ax.set_xticks(range(len(columns)), labels, rotation=90, fontsize=6 if len(columns) > 24 else 8)

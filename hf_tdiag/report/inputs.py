@@ -6,9 +6,9 @@ import os
 
 import torch
 
-from hf_tdiag.data_inputs import DIGITS_NAMES, load_images, text_lines
+from hf_tdiag.inputs import DIGITS_NAMES, digits_test_images, load_images, text_lines
+from hf_tdiag.loading import LoadedModel
 
-from .loading import LoadedModel, check_image_size
 from .report import ReportInputs, images_to_inputs
 
 
@@ -46,16 +46,12 @@ def inputs_from_args(
         spec = images if images is not None else dataset
         if images is not None and not os.path.isdir(images):
             raise ValueError(f"images: expected a folder of images, got {str(images)!r} (not a folder)")
-        found = load_images(spec, split=split if dataset is not None else None, limit=limit)
-        for image in found.images:
-            check_image_size(image)
+        found = load_images(spec, split=split if dataset is not None else None, limit=limit)  # size-checked
         names = None
         if found.labels is not None and found.label_names is not None:
             names = [found.label_names[i] for i in found.labels]
         return images_to_inputs(loaded, found.images, _label_ids(loaded, names), description=found.source)
     if dataset is not None:  # digits: the held-out split of the digits training recipe
-        from hf_tdiag.default_model import digits_test_images
-
         pil, labels = digits_test_images(limit)
         if not loaded.is_classifier or loaded.config.num_labels != 10:
             labels = None

@@ -32,7 +32,7 @@ import hf_tdiag
 
 from . import figures as F
 from .html import Figure, Section, Table, dumps, render_html, to_jsonable
-from .loading import LoadedModel, load_model, pixel_values_for
+from hf_tdiag.loading import LoadedModel, load_model, pixel_values_for
 
 logger = logging.getLogger(__name__)
 

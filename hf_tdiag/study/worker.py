@@ -26,7 +26,7 @@ _CONFIG_FIELDS = (
 )
 
 
-def _resolve(path: str) -> Callable:
+def _import_callable(path: str) -> Callable:
     module, _, attr = path.partition(":")
     if not attr:
         raise ValueError(f"train_fn: expected 'module:function', got {path!r}")
@@ -42,7 +42,9 @@ def default_train(hparams: Mapping[str, Any], fixed: Mapping[str, Any], output_d
     The run checkpoints every epoch and resumes from its latest checkpoint, so a
     study killed in the middle of a training continues that training too.
     """
-    from transformers import AutoImageProcessor, AutoModelForImageClassification
+    from transformers import AutoModelForImageClassification
+
+    from ..loading import load_image_processor, load_pretrained
 
     from ..training import train
     from ..training.args import make_args
@@ -55,8 +57,8 @@ def default_train(hparams: Mapping[str, Any], fixed: Mapping[str, Any], output_d
     if kwargs.get("checkpointing_steps") is not None:
         kwargs.setdefault("resume_from_checkpoint", "latest")
     results = train(output_dir=output_dir, **kwargs)
-    model = AutoModelForImageClassification.from_pretrained(output_dir, trust_remote_code=False)
-    processor = AutoImageProcessor.from_pretrained(output_dir, trust_remote_code=False)
+    model = load_pretrained(output_dir, AutoModelForImageClassification, name="output_dir")
+    processor = load_image_processor(output_dir)
     args = make_args(output_dir=output_dir, **kwargs)
     if max_examples:
         args.max_train_samples = min(args.max_train_samples or max_examples, max_examples)
@@ -94,7 +96,7 @@ def execute(spec: dict) -> dict:
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     t0 = time.time()
-    train_fn = _resolve(spec["train_fn"]) if spec.get("train_fn") else default_train
+    train_fn = _import_callable(spec["train_fn"]) if spec.get("train_fn") else default_train
     work_dir = os.path.join(spec["study_dir"], "work", spec["key"])
     settings = MeasureSettings(**spec["settings"])
     results, model, train_examples = train_fn(spec["hparams"], spec["fixed"], work_dir, max_examples=settings.max_examples)

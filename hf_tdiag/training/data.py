@@ -23,10 +23,9 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Sampler
 
+from ..inputs import digits_split, image_folder_splits, open_dataset, to_pil
 from .augment import build_augmentation
 
-DIGITS_TEST_SIZE = 0.2
-DIGITS_SPLIT_SEED = 0
 _IMAGE_COLUMNS = ("image", "img", "pixel_values", "picture")
 _LABEL_COLUMNS = ("label", "labels", "fine_label", "class", "target")
 
@@ -57,22 +56,6 @@ class RawImageData:
         return len(self.eval["labels"]) if self.is_digits else len(self.eval)
 
 
-def digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """scikit-learn digits as uint8 images in [0, 255]: ``(train_images, test_images, train_labels, test_labels)``."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    images = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
-    return train_test_split(
-        images,
-        digits.target.astype(np.int64),
-        test_size=DIGITS_TEST_SIZE,
-        random_state=DIGITS_SPLIT_SEED,
-        stratify=digits.target,
-    )
-
-
 def _load_digits() -> RawImageData:
     x_train, x_test, y_train, y_test = digits_split()
     return RawImageData(
@@ -99,35 +82,19 @@ def _pick_column(columns, wanted, candidates, what, flag) -> str:
     raise ValueError(f"{flag}: could not find the {what} column among {list(columns)}; pass {flag}")
 
 
-def _as_pil(value) -> Image.Image:
-    if isinstance(value, Image.Image):
-        return value
-    if isinstance(value, dict) and value.get("bytes") is not None:
-        import io
-
-        return Image.open(io.BytesIO(value["bytes"]))
-    array = np.asarray(value)
-    if array.dtype != np.uint8:
-        array = np.clip(array, 0, 255).astype(np.uint8)
-    return Image.fromarray(array)
-
-
 def _load_hf(args) -> RawImageData:
     import datasets
 
     if args.dataset_path:
         if not os.path.isdir(args.dataset_path):
             raise FileNotFoundError(f"dataset_path: {args.dataset_path!r} is not a folder written with save_to_disk")
-        ds = datasets.load_from_disk(args.dataset_path)
+        ds = open_dataset(args.dataset_path)
         dataset_id = os.path.abspath(args.dataset_path)
     elif args.dataset_name:
-        ds = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
+        ds = open_dataset(args.dataset_name, args.dataset_config_name)
         dataset_id = args.dataset_name
     else:
-        files = {"train": os.path.join(args.train_dir, "**")}
-        if args.validation_dir:
-            files["validation"] = os.path.join(args.validation_dir, "**")
-        ds = datasets.load_dataset("imagefolder", data_files=files)
+        ds = image_folder_splits(args.train_dir, args.validation_dir)
         dataset_id = os.path.abspath(args.train_dir)
     if isinstance(ds, datasets.Dataset):
         ds = datasets.DatasetDict({"train": ds})
@@ -162,7 +129,7 @@ def _load_hf(args) -> RawImageData:
         train = train.select(range(min(args.max_train_samples, len(train))))
     if args.max_eval_samples:
         evaluation = evaluation.select(range(min(args.max_eval_samples, len(evaluation))))
-    first = _as_pil(train[0][image_column])
+    first = to_pil(train[0][image_column], image_column)
     channels = 1 if first.mode in ("L", "1", "I", "F", "I;16") else 3
     return RawImageData(
         name=args.dataset_name or os.path.basename(os.path.normpath(args.dataset_path or args.train_dir)),
@@ -235,7 +202,7 @@ class ProcessedImageDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         example = self.dataset[int(index)]
-        img = _as_pil(example[self.image_column]).convert(self.mode)
+        img = to_pil(example[self.image_column], f"{self.image_column}[{index}]").convert(self.mode)
         if self.augmentation is not None:
             img = self.augmentation(img, np.random.default_rng([self.seed, self.epoch, int(index)]))
         pixel_values = self.processor(img, return_tensors="pt")["pixel_values"][0]

@@ -43,10 +43,12 @@ def publish(
     url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
     repo_id = url.repo_id
     if model is None or processor is None:
-        from transformers import AutoImageProcessor, AutoModelForImageClassification
+        from transformers import AutoModelForImageClassification
 
-        model = model or AutoModelForImageClassification.from_pretrained(output_dir)
-        processor = processor or AutoImageProcessor.from_pretrained(output_dir)
+        from ..loading import load_image_processor, load_pretrained
+
+        model = model or load_pretrained(output_dir, AutoModelForImageClassification, name="output_dir")
+        processor = processor or load_image_processor(output_dir)
     model.push_to_hub(repo_id, token=token, commit_message=commit_message)
     processor.push_to_hub(repo_id, token=token, commit_message="Upload image processor")
     extras = [name for name in EXTRA_FILES if os.path.isfile(os.path.join(output_dir, name))]

@@ -21,33 +21,30 @@ def build_model_and_processor(args, raw):
     id2label = {i: name for i, name in enumerate(raw.labels)}
     label2id = {name: i for i, name in id2label.items()}
     if args.model_name_or_path:
-        from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
+        from transformers import AutoModelForImageClassification
+
+        from ..loading import load_config, load_image_processor, load_pretrained
 
         overrides = {k: getattr(args, k) for k in ("pooling", "hidden_dropout_prob") if getattr(args, k) is not None}
         if args.variant is not None:
             overrides["variant"] = args.variant
-        config = AutoConfig.from_pretrained(
-            args.model_name_or_path,
-            num_labels=len(raw.labels),
-            id2label=id2label,
-            label2id=label2id,
-            trust_remote_code=args.trust_remote_code,
-            **overrides,
-        )
+        trust, flag = bool(args.trust_remote_code), "model_name_or_path"
+        config = load_config(args.model_name_or_path, trust_remote_code=trust, name=flag)
+        config.update({"num_labels": len(raw.labels), "id2label": id2label, "label2id": label2id, **overrides})
         if getattr(config, "model_type", None) != "crate":
             raise ValueError(
                 f"model_name_or_path: expected a CRATE checkpoint (model_type 'crate'), got {config.model_type!r}"
             )
-        model = AutoModelForImageClassification.from_pretrained(
+        model = load_pretrained(
             args.model_name_or_path,
+            AutoModelForImageClassification,
             config=config,
+            trust_remote_code=trust,
+            name=flag,
             ignore_mismatched_sizes=args.ignore_mismatched_sizes,
-            trust_remote_code=args.trust_remote_code,
         )
-        try:
-            processor = AutoImageProcessor.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
-        except (OSError, ValueError):
-            processor = CrateImageProcessor.for_config(model.config)
+        processor = load_image_processor(args.model_name_or_path, trust_remote_code=trust)
+        processor = processor or CrateImageProcessor.for_config(model.config)
         return model, processor, None
     preset = args.preset or default_preset(raw)
     if preset not in CRATE_PRESETS:

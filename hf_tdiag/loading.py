@@ -1,0 +1,254 @@
+"""Every model, image processor and tokenizer hf-tdiag loads: a Transformers model object, a local folder written
+by ``save_pretrained`` or a Hub id.
+
+Nothing is loaded with remote code unless the caller passes ``trust_remote_code=True`` (the user's explicit flag):
+a repository whose config names custom code (``auto_map``) is refused with a clear error — never a "run the custom
+code? [y/N]" prompt, even under a terminal. CRATE loads without remote code because importing hf_tdiag registers
+it with the Auto classes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+import hf_tdiag  # noqa: F401  (registers CRATE with the Auto classes)
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for diagnostics: the module (eval mode), its processor (or None) and where it came from."""
+
+    model: nn.Module
+    processor: Any
+    source: str
+    modality: str  # "image" | "text"
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def model_type(self) -> str:
+        return getattr(self.model.config, "model_type", "") or ""
+
+    @property
+    def is_classifier(self) -> bool:
+        return hasattr(self.model, "classifier") and int(getattr(self.model.config, "num_labels", 0) or 0) > 0
+
+
+def _short(err: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_trust(trust_remote_code) -> bool:
+    if not isinstance(trust_remote_code, bool):
+        raise TypeError(f"trust_remote_code: expected True or False, got {trust_remote_code!r}")
+    return trust_remote_code
+
+
+def check_source(source, name: str = "model") -> str:
+    """``source`` as a string after checking it is a folder with ``config.json`` or a well-formed Hub id."""
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"{name}: expected a local model folder or a Hub id (str), got {type(source).__name__}")
+    source = os.fspath(source).strip()
+    if not source:
+        raise ValueError(f"{name}: expected a local model folder or a Hub model id, got an empty string")
+    if os.path.exists(source) and not os.path.isdir(source):
+        raise ValueError(f"{name}: expected a model folder (with config.json) or a Hub id, got the file {source!r}")
+    if not os.path.exists(source) and not HUB_ID.fullmatch(source):
+        raise ValueError(
+            f"{name}: {source!r} is not an existing folder and not a valid Hub id (expected 'name' or 'namespace/name')"
+        )
+    if os.path.isdir(source) and not os.path.isfile(os.path.join(source, "config.json")):
+        raise ValueError(f"{name}: the folder {source!r} has no config.json; expected a folder written by save_pretrained")
+    return source
+
+
+def _refusal(source: str, name: str) -> str:
+    return (
+        f"{name}: {source!r} needs its own Python code to load (its config has an auto_map / unknown model type); "
+        "hf-tdiag loads with trust_remote_code=False and runs a repository's code only when you opt in with "
+        "trust_remote_code=True (--trust-remote-code on the command line)"
+    )
+
+
+def load_config(source, *, trust_remote_code: bool = False, name: str = "model"):
+    """``AutoConfig`` of ``source`` (folder or Hub id); a clear ValueError for a refused, missing or bad repo."""
+    from transformers import AutoConfig
+
+    source = check_source(source, name)
+    trust = _check_trust(trust_remote_code)
+    try:
+        return AutoConfig.from_pretrained(source, trust_remote_code=trust)
+    except ValueError as err:
+        if not trust and ("trust_remote_code" in str(err) or _has_auto_map(source)):
+            raise ValueError(_refusal(source, name)) from None
+        raise ValueError(f"{name}: {source!r} has a config Transformers cannot read ({_short(err)})") from None
+    except OSError as err:
+        raise ValueError(
+            f"{name}: {source!r} is neither a local model folder nor a model id reachable on the Hub ({_short(err)})"
+        ) from None
+
+
+def _has_auto_map(source: str) -> bool:
+    path = os.path.join(source, "config.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return "auto_map" in json.load(fh)
+    except (OSError, ValueError):
+        return False
+
+
+def load_pretrained(
+    source, auto_class=None, *, config=None, trust_remote_code: bool = False, name: str = "model", **kwargs
+) -> nn.Module:
+    """``auto_class.from_pretrained(source, trust_remote_code=..., **kwargs)`` with hf-tdiag's checks and errors.
+
+    ``auto_class`` defaults to ``AutoModelForImageClassification`` for image classifiers (and CRATE), else
+    ``AutoModel``; ``config`` (from :func:`load_config`) is read when not given. ValueError naming ``name`` for a
+    refused custom-code repo, a missing repo or unreadable weights.
+    """
+    from transformers import AutoModel, AutoModelForImageClassification
+
+    trust = _check_trust(trust_remote_code)
+    source = check_source(source, name)
+    if config is None:
+        config = load_config(source, trust_remote_code=trust, name=name)
+    if auto_class is None:
+        auto_class = AutoModelForImageClassification if _wants_classifier(config) else AutoModel
+    try:
+        return auto_class.from_pretrained(source, config=config, trust_remote_code=trust, **kwargs)
+    except ValueError as err:
+        if not trust and "trust_remote_code" in str(err):
+            raise ValueError(_refusal(source, name)) from None
+        raise ValueError(f"{name}: could not load {source!r} as {auto_class.__name__}: {_short(err)}") from None
+    except (OSError, KeyError, RuntimeError) as err:
+        raise ValueError(f"{name}: could not load weights of {source!r} as {auto_class.__name__}: {_short(err)}") from None
+
+
+def load_image_processor(source, *, trust_remote_code: bool = False):
+    """``AutoImageProcessor`` of ``source`` or None when it has none (never runs remote code unless asked)."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(source, trust_remote_code=_check_trust(trust_remote_code))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def load_tokenizer(source, *, trust_remote_code: bool = False):
+    """``AutoTokenizer`` of ``source`` or None when it has none (never runs remote code unless asked)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=_check_trust(trust_remote_code))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _is_vision_config(config) -> bool:
+    return getattr(config, "model_type", "") == "crate" or (
+        hasattr(config, "image_size") and hasattr(config, "patch_size") and hasattr(config, "num_channels")
+    )
+
+
+def _wants_classifier(config) -> bool:
+    archs = getattr(config, "architectures", None) or []
+    return any(a.endswith("ForImageClassification") for a in archs) or getattr(config, "model_type", "") == "crate"
+
+
+def default_image_processor(config):
+    """The processor an image model without a saved one gets: CRATE's own, else ViT's at the model's size."""
+    if getattr(config, "model_type", "") == "crate":
+        from hf_tdiag.models.crate import CrateImageProcessor
+
+        return CrateImageProcessor.for_config(config)
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
+    channels = int(getattr(config, "num_channels", 3))
+    fields = {"size": {"height": size, "width": size}}
+    if channels != 3:  # ImageNet statistics have 3 entries; other channel counts get 0.5/0.5 per channel
+        fields.update(image_mean=[0.5] * channels, image_std=[0.5] * channels)
+    if channels == 1:
+        fields["do_convert_rgb"] = False
+    return ViTImageProcessorPil(**fields)
+
+
+def _model_from_spec(spec, eager_attention: bool, trust: bool) -> tuple[nn.Module, str, str | None]:
+    """(model, source description, folder/id to look for a processor in) for a model object or a name."""
+    if isinstance(spec, nn.Module):
+        if getattr(spec, "config", None) is None:
+            raise TypeError(f"model: expected a Transformers model with a .config, got {type(spec).__name__}")
+        source = getattr(spec.config, "_name_or_path", "") or type(spec).__name__
+        return spec, source, source if source and os.path.isdir(source) else None
+    if isinstance(spec, (str, os.PathLike)):
+        source = check_source(spec)
+        config = load_config(source, trust_remote_code=trust)
+        kwargs = {"attn_implementation": "eager"} if eager_attention and config.model_type != "crate" else {}
+        return load_pretrained(source, config=config, trust_remote_code=trust, **kwargs), source, source
+    raise TypeError(f"model: expected a Transformers model, a folder path or a Hub id, got {type(spec).__name__}")
+
+
+def load_model(spec, *, eager_attention: bool = True, trust_remote_code: bool = False) -> LoadedModel:
+    """Load ``spec`` (a Transformers model, a local folder or a Hub id) for diagnostics, in eval mode, with its
+    image processor or tokenizer.
+
+    ``eager_attention`` switches the attention implementation to ``eager`` so attention maps are returned.
+    Raises ValueError naming ``model`` for an unknown id, an unreadable folder, a model without a config or a
+    repository that needs its own code (unless ``trust_remote_code=True``).
+    """
+    trust = _check_trust(trust_remote_code)
+    model, source, processor_source = _model_from_spec(spec, eager_attention, trust)
+    if eager_attention and hasattr(model, "set_attn_implementation") and model.config.model_type != "crate":
+        try:
+            model.set_attn_implementation("eager")
+        except (ValueError, AttributeError):
+            pass
+    model.eval()
+    if _is_vision_config(model.config):
+        processor = None if processor_source is None else load_image_processor(processor_source, trust_remote_code=trust)
+        return LoadedModel(model, processor or default_image_processor(model.config), source, "image")
+    tokenizer = None if processor_source is None else load_tokenizer(processor_source, trust_remote_code=trust)
+    return LoadedModel(model, tokenizer, source, "text")
+
+
+def pixel_values_for(images: list, loaded: LoadedModel) -> torch.Tensor:
+    """Processor output ``(B, C, H, W)`` for PIL images, converted to the model's channel count first."""
+    if loaded.modality != "image" or loaded.processor is None:
+        raise ValueError(f"model: {loaded.source!r} is not a vision model; images cannot be fed to it")
+    if not images:
+        raise ValueError("images: expected at least one image, got none")
+    channels = int(getattr(loaded.config, "num_channels", 3))
+    mode = "L" if channels == 1 else "RGB"
+    converted = [im.convert(mode) if getattr(im, "mode", mode) != mode else im for im in images]
+    pixel_values = loaded.processor(images=converted, return_tensors="pt")["pixel_values"]
+    if pixel_values.shape[1] != channels:
+        raise ValueError(
+            f"images: the processor produced {pixel_values.shape[1]} channels but the model expects {channels}"
+        )
+    return pixel_values
+
+
+__all__ = [
+    "HUB_ID",
+    "LoadedModel",
+    "check_source",
+    "default_image_processor",
+    "load_config",
+    "load_image_processor",
+    "load_model",
+    "load_pretrained",
+    "load_tokenizer",
+    "pixel_values_for",
+]
