@@ -1,4 +1,4 @@
-"""SRR evaluate module round trip (offline), hf-tdiag srr command, viz curves and data_inputs loaders."""
+"""SRR evaluate module round trip (offline), hf-tdiag srr command, viz curves and hf_tdiag.inputs loaders."""
 
 import json
 

@@ -117,7 +117,7 @@ def concept_model_parts(model: nn.Module) -> ConceptModel:
 
 def _pixel_values(inputs) -> torch.Tensor:
     if not isinstance(inputs, (torch.Tensor, Mapping, str, bytes)) and hasattr(inputs, "__iter__") and not hasattr(inputs, "keys"):
-        parts = list(inputs)  # an iterable of batches (e.g. hf_tdiag.data_inputs.LazyBatches)
+        parts = list(inputs)  # an iterable of batches (e.g. hf_tdiag.inputs.LazyBatches)
         if parts and all(isinstance(p, (torch.Tensor, Mapping)) or hasattr(p, "keys") for p in parts):
             return torch.cat([_pixel_values(p) for p in parts])
         raise TypeError(

@@ -45,7 +45,6 @@ def default_train(hparams: Mapping[str, Any], fixed: Mapping[str, Any], output_d
     from transformers import AutoModelForImageClassification
 
     from ..loading import load_image_processor, load_pretrained
-
     from ..training import train
     from ..training.args import make_args
     from ..training.data import build_datasets, load_raw_data
