@@ -30,10 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     from hf_tdiag.cli import main as cli_main
     from hf_tdiag.inputs import digits_test_images
     from hf_tdiag.training import make_args, train
+    from hf_tdiag.viz.srr import layer_srr_step
 
     args = make_args(argv)
     start = time.perf_counter()
-    results = train(args)
+    results = train(args, after_fit=[layer_srr_step])  # per-layer SRR of the trained model, after training
     train_seconds = time.perf_counter() - start
     out = args.output_dir
 

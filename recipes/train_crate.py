@@ -1,23 +1,26 @@
 #!/usr/bin/env python
-"""Train a CRATE image classifier with Accelerate.
+"""Train a CRATE image classifier with Accelerate, then report its per-layer SRR.
 
     python recipes/train_crate.py --output_dir runs/digits            # scikit-learn digits, offline
     accelerate launch recipes/train_crate.py --dataset_name cifar10 --preset crate-32 --output_dir runs/c10
     ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 recipes/train_crate.py --output_dir runs/ddp
 
 Flags follow Transformers' ``run_image_classification_no_trainer.py``; see ``--help``.
-The logic lives in :mod:`hf_tdiag.training`.
+The trainer's phases live in :mod:`hf_tdiag.training.loop`; the per-layer SRR report of the trained
+model (``--layer_srr_samples`` evaluation images: layer_srr.json, layer_srr.png, a console table, the
+model card's SRR table) is :func:`hf_tdiag.viz.srr.layer_srr_step`, run after training.
 """
 
 import sys
 
 from hf_tdiag.training.args import build_parser
 from hf_tdiag.training.loop import train
+from hf_tdiag.viz.srr import layer_srr_step
 
 
 def main(argv=None) -> int:
     args = build_parser(prog="train_crate.py").parse_args(argv)
-    train(args)
+    train(args, after_fit=[layer_srr_step])
     return 0
 
 

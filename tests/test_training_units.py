@@ -276,7 +276,7 @@ def test_evaluate_counts_and_means_against_direct_computation():
     model = _tiny_model().eval()
     x, y = torch.randn(10, 1, 8, 8), torch.randint(0, 10, (10,))
     dl = torch.utils.data.DataLoader(data.TensorImageDataset(x, y), batch_size=4)
-    metrics = gap.evaluate(model, dl, disable_tqdm=True)
+    metrics = gap.evaluate_classifier(model, dl, disable_tqdm=True)
     with torch.no_grad():
         logits = model(pixel_values=x).logits
     assert metrics["samples"] == 10
@@ -284,15 +284,34 @@ def test_evaluate_counts_and_means_against_direct_computation():
     assert metrics["accuracy"] == pytest.approx(float((logits.argmax(-1) == y).float().mean()))
 
 
-def test_packaged_template_is_a_copy_of_the_repository_template():
+def test_one_card_template_the_packaged_one():
     from hf_tdiag.training.model_card import TEMPLATE_NAME, template_path
 
     here = os.path.dirname(os.path.abspath(__file__))
-    repo = os.path.join(os.path.dirname(here), "model_cards", TEMPLATE_NAME)
     packaged = os.path.join(os.path.dirname(here), "hf_tdiag", "model_cards", TEMPLATE_NAME)
-    with open(repo, encoding="utf-8") as a, open(packaged, encoding="utf-8") as b:
-        assert a.read() == b.read()
-    assert os.path.samefile(template_path(), repo)
+    assert os.path.samefile(template_path(), packaged)
+    assert not os.path.exists(os.path.join(os.path.dirname(here), "model_cards"))  # no second copy to drift
+
+
+def test_model_card_has_no_local_paths_and_names_the_hub_base_model(tmp_path):
+    from types import SimpleNamespace
+
+    from hf_tdiag.training.model_card import build_model_card
+
+    model = _tiny_model()
+    folder = tmp_path / "my data"
+    folder.mkdir()
+    raw = SimpleNamespace(dataset_id=str(folder), name=str(folder), eval_split="validation", is_digits=False)
+    results = dict(eval_accuracy=0.5, eval_loss=1.0, train_loss=0.5, train_accuracy=0.75, generalization_gap=0.5)
+    for base, expected in (("someone/crate-base", "someone/crate-base"), (str(tmp_path / "base-run"), None)):
+        args = targs.make_args(output_dir=str(tmp_path / "out"), train_dir=str(folder), model_name_or_path=base)
+        card = build_model_card(model.config, results, args, raw)
+        text = str(card)
+        assert str(tmp_path) not in text, [line for line in text.splitlines() if str(tmp_path) in line]
+        assert card.data.base_model == expected
+        assert card.data.eval_results[0].dataset_type == "my data" and card.data.model_name.endswith("on my data")
+        assert ("Fine-tuned from:** [`someone/crate-base`]" in text) == (expected is not None)
+        assert ("local checkpoint `base-run`" in text) == (expected is None)
 
 
 def test_accelerate_configs_load():

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 
 @torch.no_grad()
-def evaluate(model, dataloader, accelerator=None, desc: str = "eval", disable_tqdm: bool = False) -> dict:
+def evaluate_classifier(model, dataloader, accelerator=None, desc: str = "eval", disable_tqdm: bool = False) -> dict:
     """Mean cross-entropy, accuracy and sample count of ``model`` over ``dataloader``.
 
     With an ``accelerate.Accelerator`` and a prepared dataloader, per-sample losses and predictions are gathered
@@ -51,4 +51,4 @@ def generalization_gap(val_loss: float, train_loss: float) -> float:
     return float(val_loss) - float(train_loss)
 
 
-__all__ = ["evaluate", "generalization_gap"]
+__all__ = ["evaluate_classifier", "generalization_gap"]

@@ -1,16 +1,19 @@
-"""The Accelerate training loop for CRATE image classifiers.
+"""The Accelerate training loop for CRATE image classifiers, in named phases.
 
-``train(args_or_kwargs)`` runs one training job end to end and returns the
-results dict also written to ``<output_dir>/all_results.json``:
+``train(args_or_kwargs)`` runs one job end to end and returns the results dict also written to
+``<output_dir>/all_results.json``. Read it like Accelerate's ``complete_cv_example.py``:
 
-1. data (:mod:`.data`) and model/processor (:mod:`.model`);
-2. optimizer (:mod:`.optim`), LR schedule with warmup, ``accelerator.prepare``;
-3. epochs of optimizer steps with gradient accumulation, optional SRR regularisation
-   (:mod:`.regularizers`), atomic rotated checkpoints (:mod:`.checkpointing`), an evaluation
-   with ``gather_for_metrics`` after every epoch, optional stop at a training-loss target;
-4. the generalization gap (:mod:`.gap`), ``save_pretrained`` of model and processor,
-   per-layer SRR of the trained model (JSON + figure), the model card (:mod:`.model_card`),
-   and optionally the Hub upload (:mod:`.hub`).
+1. :func:`prepare` — accelerator, data (:mod:`.data`), model/processor (:mod:`.model`), optimizer
+   (:mod:`.optim`), LR schedule with warmup, ``accelerator.prepare``, trackers;
+2. :func:`resume` — restore model/optimizer/scheduler/RNG and the loop counters from a checkpoint
+   (:mod:`.checkpointing`);
+3. per epoch :func:`train_epoch` (optimizer steps with gradient accumulation and the optional SRR
+   regulariser, :mod:`.regularizers`), :func:`evaluate_epoch` (``gather_for_metrics``, :mod:`.gap`)
+   and :func:`checkpoint` (atomic, rotated);
+4. :func:`finish` — train-set evaluation and the generalization gap, ``save_pretrained`` of model and
+   processor, the ``after_fit`` steps (e.g. the per-layer SRR report of the trained model, which lives in
+   :mod:`hf_tdiag.viz.srr`), the model card (:mod:`.model_card`), ``all_results.json`` and
+   optionally the Hub upload (:mod:`.hub`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +32,8 @@ from tqdm.auto import tqdm
 from .._threads import torch_threads
 from .args import is_digits, make_args
 from .checkpointing import clean_partial, load_checkpoint, resolve_checkpoint, save_checkpoint
-from .data import EpochShuffleSampler, build_datasets, load_raw_data
-from .gap import evaluate, generalization_gap
+from .data import build_datasets, load_raw_data
+from .gap import evaluate_classifier, generalization_gap
 from .model import build_model_and_processor, image_size_of
 from .optim import build_optimizer
 from .regularizers import model_srr_penalty
@@ -42,6 +47,82 @@ DIGITS_LR = {"adamw": 3e-3, "lion": 3e-4}
 # the patch LayerNorm over 4 values discards most of the signal), and pools the mean token
 DIGITS_MODEL = {"image_size": 16, "patch_size": 4, "pooling": "mean"}
 SMALL_MODEL_PARAMETERS = 10_000_000
+
+AfterFit = Callable[["TrainingRun"], dict]
+
+
+@dataclass
+class TrainingRun:
+    """Everything the phases share: the prepared objects and the loop's counters (what a checkpoint stores)."""
+
+    args: Any
+    accelerator: Any
+    raw: Any
+    datasets: Any
+    model: torch.nn.Module  # as prepared by the accelerator (runs the forward pass)
+    unwrapped: torch.nn.Module  # the bare model (weights, U for the regulariser, save_pretrained)
+    processor: Any
+    preset: str | None
+    optimizer: Any
+    lr_scheduler: Any
+    train_dl: Any
+    eval_dl: Any
+    train_eval_dl: Any
+    threads: int
+    start_time: float
+    completed_steps: int = 0
+    start_epoch: int = 0
+    resume_batches: int = 0
+    history: list = field(default_factory=list)
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    resumed_from: str | None = None
+    stopped_at_target: bool = False
+    srr_last: float | None = None
+    progress: Any = None
+
+    @property
+    def config(self):
+        return self.unwrapped.config
+
+    @property
+    def fsdp(self) -> bool:
+        from accelerate.utils import DistributedType
+
+        return self.accelerator.distributed_type == DistributedType.FSDP
+
+
+# ---------------------------------------------------------------------------------------------- entry point
+def train(args_or_kwargs=None, *, after_fit: Sequence[AfterFit] | None = None, **kwargs) -> dict:
+    """Train a CRATE classifier; ``args_or_kwargs``: argv list, ``argparse.Namespace`` or mapping (+ keyword flags).
+
+    ``after_fit``: steps run on the trained model before the model card is written, each
+    ``step(run) -> dict`` merged into the results; ``None`` (default) runs the per-layer SRR report
+    (:func:`hf_tdiag.viz.srr.layer_srr_step`) when ``--layer_srr_samples`` > 0.
+    Returns the results dict (accuracy, losses, generalization gap, runtime, ...), also written to
+    ``<output_dir>/all_results.json`` on the main process. The caller's torch thread count is restored.
+    """
+    args = make_args(args_or_kwargs, **kwargs)
+    _resolve_defaults(args)
+    if after_fit is None:
+        from ..viz.srr import layer_srr_step
+
+        after_fit = [layer_srr_step]
+    with torch_threads():  # prepare may set the count for small CPU models; the caller's comes back
+        run = prepare(args)
+        resume(run)
+        _announce(run)
+        for epoch in range(run.start_epoch, args.num_train_epochs):
+            if run.completed_steps >= args.max_train_steps:
+                break
+            train_epoch(run, epoch)
+            record = evaluate_epoch(run, epoch)
+            if args.checkpointing_steps is not None:
+                checkpoint(run, epoch + 1, 0)
+            if args.stop_at_train_loss is not None and record["train_loss"] <= args.stop_at_train_loss:
+                run.stopped_at_target = True
+                break
+        return finish(run, after_fit)
 
 
 def _resolve_defaults(args) -> None:
@@ -58,9 +139,10 @@ def _resolve_defaults(args) -> None:
         args.adam_beta2 = 0.99
 
 
+# ---------------------------------------------------------------------------------------------- 1. prepare
 def _make_accelerator(args):
     from accelerate import Accelerator
-    from accelerate.utils import ProjectConfiguration
+    from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 
     from .tracking import resolve_trackers
 
@@ -72,20 +154,31 @@ def _make_accelerator(args):
         mixed_precision=args.mixed_precision,
         log_with=log_with,
         project_config=ProjectConfiguration(project_dir=args.output_dir, logging_dir=os.path.join(args.output_dir, "logs")),
+        # epoch shuffling by Accelerate's SeedableRandomSampler: permutation = f(data_seed + epoch) on every
+        # process, so a resumed run sees the same batches as an uninterrupted one (tests/test_training_runs.py)
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
     )
 
 
-def _loader(dataset, batch_size, args, sampler=None, seed=0):
+def _loader(dataset, batch_size, args, shuffle=False):
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=batch_size,
-        sampler=sampler,
-        shuffle=False,
+        shuffle=shuffle,
         num_workers=args.dataloader_num_workers,
         drop_last=False,
         # a private generator: creating iterators must not consume the global torch RNG (resume equality)
-        generator=torch.Generator().manual_seed(seed),
+        generator=torch.Generator().manual_seed(args.seed),
     )
+
+
+def _set_threads(args, accelerator, num_parameters: int) -> int:
+    """``--num_threads``, else one intra-op thread for small models on CPU (thread sync costs more than it saves)."""
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    elif accelerator.device.type == "cpu" and num_parameters < SMALL_MODEL_PARAMETERS:
+        torch.set_num_threads(1)
+    return torch.get_num_threads()
 
 
 def _json_config(args) -> dict:
@@ -97,14 +190,104 @@ def _json_config(args) -> dict:
     return out
 
 
-def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
-    os.replace(tmp, path)
+def _schedule(args, accelerator, optimizer, batches_per_epoch: int):
+    """Resolve ``max_train_steps``/``num_train_epochs`` and build the warmup LR schedule."""
+    from transformers import get_scheduler
+
+    steps_per_epoch = math.ceil(batches_per_epoch / args.gradient_accumulation_steps)
+    if args.max_train_steps is None:
+        args.max_train_steps = args.num_train_epochs * steps_per_epoch
+    else:
+        args.num_train_epochs = math.ceil(args.max_train_steps / steps_per_epoch)
+    warmup = args.num_warmup_steps if args.num_warmup_steps is not None else int(args.warmup_ratio * args.max_train_steps)
+    return get_scheduler(
+        args.lr_scheduler_type,
+        optimizer=optimizer,
+        # the prepared scheduler steps once per process for every optimizer step
+        num_warmup_steps=warmup * accelerator.num_processes,
+        num_training_steps=args.max_train_steps * accelerator.num_processes,
+    )
 
 
+def prepare(args) -> TrainingRun:
+    """Accelerator, data, model, optimizer and schedule, all through ``accelerator.prepare``; trackers started."""
+    from accelerate.utils import DistributedType, set_seed
+
+    start_time = time.time()
+    accelerator = _make_accelerator(args)
+    if accelerator.distributed_type == DistributedType.FSDP and args.srr_weight > 0:
+        raise ValueError(
+            "srr_weight: the SRR regulariser reads U^l outside the forward pass, where FSDP keeps parameters "
+            "sharded; train with DDP (recipes/accelerate_configs/multi_gpu_ddp.yaml) or one device instead"
+        )
+    if accelerator.is_main_process:
+        os.makedirs(args.output_dir, exist_ok=True)
+        clean_partial(args.output_dir)
+    accelerator.wait_for_everyone()
+    set_seed(args.seed)
+
+    raw = load_raw_data(args)
+    model, processor, preset = build_model_and_processor(args, raw)
+    threads = _set_threads(args, accelerator, sum(p.numel() for p in model.parameters()))
+    datasets_ = build_datasets(args, raw, processor, model.config.num_channels, image_size_of(model.config))
+    train_dl = _loader(datasets_.train, args.per_device_train_batch_size, args, shuffle=True)
+    eval_dl = _loader(datasets_.eval, args.per_device_eval_batch_size, args)
+    train_eval_dl = _loader(datasets_.train_eval, args.per_device_eval_batch_size, args)
+    optimizer = build_optimizer(
+        model, args.optimizer, args.learning_rate, args.weight_decay, (args.adam_beta1, args.adam_beta2)
+    )
+    model, optimizer, train_dl, eval_dl, train_eval_dl = accelerator.prepare(
+        model, optimizer, train_dl, eval_dl, train_eval_dl
+    )
+    lr_scheduler = accelerator.prepare(_schedule(args, accelerator, optimizer, len(train_dl)))
+    if args.with_tracking:
+        accelerator.init_trackers("crate", _json_config(args))
+    return TrainingRun(
+        args=args, accelerator=accelerator, raw=raw, datasets=datasets_, model=model,
+        unwrapped=accelerator.unwrap_model(model), processor=processor, preset=preset, optimizer=optimizer,
+        lr_scheduler=lr_scheduler, train_dl=train_dl, eval_dl=eval_dl, train_eval_dl=train_eval_dl,
+        threads=threads, start_time=start_time,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- 2. resume
+def resume(run: TrainingRun) -> None:
+    """``--resume_from_checkpoint`` (a folder or ``latest``): weights, optimizer, scheduler, RNG and counters."""
+    args, accelerator = run.args, run.accelerator
+    if not args.resume_from_checkpoint:
+        return
+    path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    if path is None:
+        accelerator.print(f"resume_from_checkpoint=latest: no checkpoint in {args.output_dir}, starting fresh")
+        return
+    state = load_checkpoint(accelerator, path)
+    run.completed_steps = int(state["completed_steps"])
+    run.start_epoch = int(state["epoch"])
+    run.resume_batches = int(state["batches_in_epoch"])
+    run.history = list(state.get("history", []))
+    run.loss_sum, run.loss_count = float(state.get("epoch_loss_sum", 0.0)), int(state.get("epoch_loss_count", 0))
+    run.resumed_from = path
+    accelerator.print(f"resumed from {path}: step {run.completed_steps}, epoch {run.start_epoch}, batch {run.resume_batches}")
+
+
+def _announce(run: TrainingRun) -> None:
+    args, accelerator = run.args, run.accelerator
+    accelerator.print(
+        f"training {type(run.unwrapped).__name__} ({run.preset or args.model_name_or_path}, variant "
+        f"{run.config.variant}, {sum(p.numel() for p in run.unwrapped.parameters()):,} parameters) on {run.raw.name}: "
+        f"{run.raw.num_train} train / {run.raw.num_eval} eval images, {args.num_train_epochs} epochs, "
+        f"{args.max_train_steps} steps, {accelerator.num_processes} process(es) x {run.threads} thread(s), "
+        f"mixed precision {accelerator.mixed_precision}"
+    )
+    run.progress = tqdm(
+        total=args.max_train_steps,
+        initial=run.completed_steps,
+        desc="train",
+        disable=args.disable_tqdm or not accelerator.is_local_main_process,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- 3. train an epoch
 def compute_loss(model, unwrapped, batch, args, step: int):
     """``(loss, ce, penalty)`` of one batch: ``loss = CE(label smoothing) + β·SRR(Z^ℓ; U^ℓ)`` (penalty None if β = 0).
 
@@ -122,211 +305,139 @@ def compute_loss(model, unwrapped, batch, args, step: int):
     return ce + args.srr_weight * penalty.to(ce.dtype), ce, penalty
 
 
-def train(args_or_kwargs=None, **kwargs) -> dict:
-    """Train a CRATE classifier; ``args_or_kwargs``: argv list, ``argparse.Namespace`` or mapping (+ keyword flags).
-
-    Returns the results dict (accuracy, losses, generalization gap, per-layer SRR summary, runtime, ...), also
-    written to ``<output_dir>/all_results.json`` on the main process. The caller's torch thread count is
-    restored on return.
-    """
-    args = make_args(args_or_kwargs, **kwargs)
-    _resolve_defaults(args)
-    with torch_threads():  # _train may set the count for small CPU models; the caller's comes back
-        return _train(args)
-
-
-def _set_threads(args, accelerator, num_parameters: int) -> int:
-    """``--num_threads``, else one intra-op thread for small models on CPU (thread sync costs more than it saves)."""
-    if args.num_threads:
-        torch.set_num_threads(args.num_threads)
-    elif accelerator.device.type == "cpu" and num_parameters < SMALL_MODEL_PARAMETERS:
-        torch.set_num_threads(1)
-    return torch.get_num_threads()
+def _epoch_batches(run: TrainingRun, epoch: int):
+    """``(batches, first_index)``: the epoch's loader, its first ``resume_batches`` skipped when resuming into it."""
+    run.train_dl.set_epoch(epoch)
+    if hasattr(run.datasets.train, "set_epoch"):
+        run.datasets.train.set_epoch(epoch)
+    skip = run.resume_batches if epoch == run.start_epoch else 0
+    if not skip:
+        return run.train_dl, 0
+    active = run.accelerator.skip_first_batches(run.train_dl, skip)
+    active.set_epoch(epoch)
+    return active, skip
 
 
-def _train(args) -> dict:
-    start_time = time.time()
-    from accelerate.utils import set_seed
+def _optimizer_step(run: TrainingRun, batch) -> torch.Tensor:
+    """Forward, backward, clip, step under ``accelerator.accumulate``; returns the batch's cross-entropy."""
+    args, accelerator = run.args, run.accelerator
+    with accelerator.accumulate(run.model):
+        loss, ce, penalty = compute_loss(run.model, run.unwrapped, batch, args, run.completed_steps)
+        if penalty is not None:
+            run.srr_last = float(penalty.detach())
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and args.max_grad_norm:
+            accelerator.clip_grad_norm_(run.model.parameters(), args.max_grad_norm)
+        run.optimizer.step()
+        run.lr_scheduler.step()
+        run.optimizer.zero_grad()
+    return ce.detach()
 
-    accelerator = _make_accelerator(args)
-    from accelerate.utils import DistributedType
 
-    fsdp = accelerator.distributed_type == DistributedType.FSDP
-    if fsdp and args.srr_weight > 0:
-        raise ValueError(
-            "srr_weight: the SRR regulariser reads U^l outside the forward pass, where FSDP keeps parameters "
-            "sharded; train with DDP (recipes/accelerate_configs/multi_gpu_ddp.yaml) or one device instead"
-        )
-    if accelerator.is_main_process:
-        os.makedirs(args.output_dir, exist_ok=True)
-        clean_partial(args.output_dir)
-    accelerator.wait_for_everyone()
-    set_seed(args.seed)
-
-    raw = load_raw_data(args)
-    model, processor, preset = build_model_and_processor(args, raw)
-    config = model.config
-    image_size = image_size_of(config)
-    threads = _set_threads(args, accelerator, sum(p.numel() for p in model.parameters()))
-    datasets_ = build_datasets(args, raw, processor, config.num_channels, image_size)
-
-    sampler = EpochShuffleSampler(len(datasets_.train), args.seed)
-    train_dl = _loader(datasets_.train, args.per_device_train_batch_size, args, sampler=sampler, seed=args.seed)
-    eval_dl = _loader(datasets_.eval, args.per_device_eval_batch_size, args, seed=args.seed)
-    train_eval_dl = _loader(datasets_.train_eval, args.per_device_eval_batch_size, args, seed=args.seed)
-
-    optimizer = build_optimizer(
-        model, args.optimizer, args.learning_rate, args.weight_decay, (args.adam_beta1, args.adam_beta2)
-    )
-    model, optimizer, train_dl, eval_dl, train_eval_dl = accelerator.prepare(
-        model, optimizer, train_dl, eval_dl, train_eval_dl
-    )
-    steps_per_epoch = math.ceil(len(train_dl) / args.gradient_accumulation_steps)
-    if args.max_train_steps is None:
-        args.max_train_steps = args.num_train_epochs * steps_per_epoch
-    else:
-        args.num_train_epochs = math.ceil(args.max_train_steps / steps_per_epoch)
-    warmup = args.num_warmup_steps if args.num_warmup_steps is not None else int(args.warmup_ratio * args.max_train_steps)
-    from transformers import get_scheduler
-
-    lr_scheduler = get_scheduler(
-        args.lr_scheduler_type,
-        optimizer=optimizer,
-        # the prepared scheduler steps once per process for every optimizer step
-        num_warmup_steps=warmup * accelerator.num_processes,
-        num_training_steps=args.max_train_steps * accelerator.num_processes,
-    )
-    lr_scheduler = accelerator.prepare(lr_scheduler)
-    unwrapped = accelerator.unwrap_model(model)
-
-    if args.with_tracking:
-        accelerator.init_trackers("crate", _json_config(args))
-
-    # ---- resume -------------------------------------------------------------------------------------------
-    completed_steps, start_epoch, resume_batches = 0, 0, 0
-    history: list[dict] = []
-    loss_sum, loss_count = 0.0, 0
-    resumed_from = None
-    if args.resume_from_checkpoint:
-        path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
-        if path is None:
-            accelerator.print(f"resume_from_checkpoint=latest: no checkpoint in {args.output_dir}, starting fresh")
-        else:
-            state = load_checkpoint(accelerator, path)
-            completed_steps = int(state["completed_steps"])
-            start_epoch = int(state["epoch"])
-            resume_batches = int(state["batches_in_epoch"])
-            history = list(state.get("history", []))
-            loss_sum, loss_count = float(state.get("epoch_loss_sum", 0.0)), int(state.get("epoch_loss_count", 0))
-            resumed_from = path
-            accelerator.print(f"resumed from {path}: step {completed_steps}, epoch {start_epoch}, batch {resume_batches}")
-
+def train_epoch(run: TrainingRun, epoch: int) -> None:
+    """One pass over the training data (or until ``max_train_steps``), with mid-epoch checkpoints."""
+    args, accelerator = run.args, run.accelerator
+    run.model.train()
+    batches, batch_index = _epoch_batches(run, epoch)
+    num_batches = len(run.train_dl)
     every = int(args.checkpointing_steps) if (args.checkpointing_steps or "epoch").isdigit() else None
-
-    def checkpoint(epoch, batches):
-        state = {
-            "completed_steps": completed_steps,
-            "epoch": epoch,
-            "batches_in_epoch": batches,
-            "history": history,
-            "epoch_loss_sum": loss_sum,
-            "epoch_loss_count": loss_count,
-            "seed": args.seed,
-        }
-        save_checkpoint(accelerator, args.output_dir, completed_steps, state, keep=args.checkpoints_total_limit)
-
-    accelerator.print(
-        f"training {type(unwrapped).__name__} ({preset or args.model_name_or_path}, variant {config.variant}, "
-        f"{sum(p.numel() for p in unwrapped.parameters()):,} parameters) on {raw.name}: {raw.num_train} train / "
-        f"{raw.num_eval} eval images, {args.num_train_epochs} epochs, {args.max_train_steps} steps, "
-        f"{accelerator.num_processes} process(es) x {threads} thread(s), mixed precision {accelerator.mixed_precision}"
-    )
-    progress = tqdm(
-        total=args.max_train_steps,
-        initial=completed_steps,
-        desc="train",
-        disable=args.disable_tqdm or not accelerator.is_local_main_process,
-    )
-    stopped_at_target = False
-    srr_last = None
-    epoch = start_epoch
-    for epoch in range(start_epoch, args.num_train_epochs):
-        if completed_steps >= args.max_train_steps:
+    for batch in batches:
+        batch_index += 1
+        ce = float(_optimizer_step(run, batch))
+        run.loss_sum += ce
+        run.loss_count += 1
+        if not accelerator.sync_gradients:
+            continue
+        run.completed_steps += 1
+        run.progress.update(1)
+        if args.with_tracking and run.completed_steps % args.logging_steps == 0:
+            logs = {"train/loss_step": ce, "train/lr": run.lr_scheduler.get_last_lr()[0]}
+            if run.srr_last is not None:
+                logs["train/srr_penalty"] = run.srr_last
+            accelerator.log(logs, step=run.completed_steps)
+        if every and run.completed_steps % every == 0 and batch_index < num_batches:
+            checkpoint(run, epoch, batch_index)
+        if run.completed_steps >= args.max_train_steps:
             break
-        model.train()
-        train_dl.set_epoch(epoch)
-        if hasattr(datasets_.train, "set_epoch"):
-            datasets_.train.set_epoch(epoch)
-        skip = resume_batches if epoch == start_epoch else 0
-        active = accelerator.skip_first_batches(train_dl, skip) if skip else train_dl
-        if skip:
-            active.set_epoch(epoch)
-        num_batches = len(train_dl)
-        batch_index = skip
-        for batch in active:
-            batch_index += 1
-            with accelerator.accumulate(model):
-                loss, ce, penalty = compute_loss(model, unwrapped, batch, args, completed_steps)
-                if penalty is not None:
-                    srr_last = float(penalty.detach())
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                lr_scheduler.step()
-                optimizer.zero_grad()
-            loss_sum += float(ce.detach())
-            loss_count += 1
-            if accelerator.sync_gradients:
-                completed_steps += 1
-                progress.update(1)
-                if args.with_tracking and completed_steps % args.logging_steps == 0:
-                    logs = {"train/loss_step": float(ce.detach()), "train/lr": lr_scheduler.get_last_lr()[0]}
-                    if srr_last is not None:
-                        logs["train/srr_penalty"] = srr_last
-                    accelerator.log(logs, step=completed_steps)
-                if every and completed_steps % every == 0 and batch_index < num_batches:
-                    checkpoint(epoch, batch_index)
-                if completed_steps >= args.max_train_steps:
-                    break
-        # ---- end of epoch: mean training loss over processes, evaluation, checkpoint ----------------------
-        mean_loss = torch.tensor([loss_sum, float(loss_count)], device=accelerator.device, dtype=torch.float64)
-        mean_loss = accelerator.reduce(mean_loss, reduction="sum")
-        epoch_train_loss = float(mean_loss[0] / mean_loss[1]) if float(mean_loss[1]) > 0 else float("nan")
-        metrics = evaluate(model, eval_dl, accelerator, desc="eval", disable_tqdm=args.disable_tqdm)
-        record = {
-            "epoch": epoch + 1,
-            "step": completed_steps,
-            "train_loss": epoch_train_loss,
-            "eval_loss": metrics["loss"],
-            "eval_accuracy": metrics["accuracy"],
-            "eval_samples": metrics["samples"],
-        }
-        history.append(record)
-        progress.set_postfix(loss=f"{epoch_train_loss:.4f}", acc=f"{metrics['accuracy']:.4f}")
-        if args.with_tracking:
-            accelerator.log(
-                {"train/loss": epoch_train_loss, "eval/loss": metrics["loss"], "eval/accuracy": metrics["accuracy"], "epoch": epoch + 1},
-                step=completed_steps,
-            )
-        if args.disable_tqdm:
-            accelerator.print(
-                f"epoch {epoch + 1}: step {completed_steps} train_loss {epoch_train_loss:.4f} "
-                f"eval_loss {metrics['loss']:.4f} eval_accuracy {metrics['accuracy']:.4f}"
-            )
-        loss_sum, loss_count = 0.0, 0
-        if args.checkpointing_steps is not None:
-            checkpoint(epoch + 1, 0)
-        if args.stop_at_train_loss is not None and epoch_train_loss <= args.stop_at_train_loss:
-            stopped_at_target = True
-            break
-    progress.close()
-    train_runtime = time.time() - start_time
 
-    # ---- final measurements ---------------------------------------------------------------------------------
-    final = history[-1] if history else evaluate_record(model, eval_dl, accelerator, args, completed_steps)
-    train_metrics = evaluate(model, train_eval_dl, accelerator, desc="train-set eval", disable_tqdm=args.disable_tqdm)
-    results = {
+
+# ---------------------------------------------------------------------------------------------- evaluate
+def evaluate_epoch(run: TrainingRun, epoch: int) -> dict:
+    """End of an epoch: the mean training loss over processes and an evaluation; appends to the history."""
+    args, accelerator = run.args, run.accelerator
+    totals = torch.tensor([run.loss_sum, float(run.loss_count)], device=accelerator.device, dtype=torch.float64)
+    totals = accelerator.reduce(totals, reduction="sum")
+    train_loss = float(totals[0] / totals[1]) if float(totals[1]) > 0 else float("nan")
+    metrics = evaluate_classifier(run.model, run.eval_dl, accelerator, desc="eval", disable_tqdm=args.disable_tqdm)
+    record = {
+        "epoch": epoch + 1,
+        "step": run.completed_steps,
+        "train_loss": train_loss,
+        "eval_loss": metrics["loss"],
+        "eval_accuracy": metrics["accuracy"],
+        "eval_samples": metrics["samples"],
+    }
+    run.history.append(record)
+    run.loss_sum, run.loss_count = 0.0, 0
+    run.progress.set_postfix(loss=f"{train_loss:.4f}", acc=f"{metrics['accuracy']:.4f}")
+    if args.with_tracking:
+        accelerator.log(
+            {"train/loss": train_loss, "eval/loss": metrics["loss"], "eval/accuracy": metrics["accuracy"], "epoch": epoch + 1},
+            step=run.completed_steps,
+        )
+    if args.disable_tqdm:
+        accelerator.print(
+            f"epoch {epoch + 1}: step {run.completed_steps} train_loss {train_loss:.4f} "
+            f"eval_loss {metrics['loss']:.4f} eval_accuracy {metrics['accuracy']:.4f}"
+        )
+    return record
+
+
+def evaluate_record(run: TrainingRun) -> dict:
+    """An evaluation record when no epoch ran (e.g. resuming a finished run)."""
+    metrics = evaluate_classifier(run.model, run.eval_dl, run.accelerator, disable_tqdm=run.args.disable_tqdm)
+    return {
+        "epoch": 0,
+        "step": run.completed_steps,
+        "train_loss": float("nan"),
+        "eval_loss": metrics["loss"],
+        "eval_accuracy": metrics["accuracy"],
+        "eval_samples": metrics["samples"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------- checkpoint
+def checkpoint(run: TrainingRun, epoch: int, batches_in_epoch: int) -> str:
+    """Atomic ``checkpoint-<step>`` with the accelerator state and the loop counters; every process calls it."""
+    state = {
+        "completed_steps": run.completed_steps,
+        "epoch": epoch,
+        "batches_in_epoch": batches_in_epoch,
+        "history": run.history,
+        "epoch_loss_sum": run.loss_sum,
+        "epoch_loss_count": run.loss_count,
+        "seed": run.args.seed,
+    }
+    return save_checkpoint(run.accelerator, run.args.output_dir, run.completed_steps, state, keep=run.args.checkpoints_total_limit)
+
+
+# ---------------------------------------------------------------------------------------------- 4. finish
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def final_results(run: TrainingRun, train_runtime: float) -> dict:
+    """The results dict: last evaluation, eval-mode train-set loss, generalization gap and the run's settings."""
+    args, accelerator = run.args, run.accelerator
+    final = run.history[-1] if run.history else evaluate_record(run)
+    train_metrics = evaluate_classifier(
+        run.model, run.train_eval_dl, accelerator, desc="train-set eval", disable_tqdm=args.disable_tqdm
+    )
+    return {
         "eval_accuracy": final["eval_accuracy"],
         "eval_loss": final["eval_loss"],
         "eval_samples": final["eval_samples"],
@@ -336,104 +447,70 @@ def _train(args) -> dict:
         "generalization_gap": generalization_gap(final["eval_loss"], train_metrics["loss"]),
         "last_epoch_train_loss": final["train_loss"],
         "stop_at_train_loss": args.stop_at_train_loss,
-        "reached_train_loss_target": stopped_at_target,
-        "epochs": len(history) and history[-1]["epoch"],
-        "steps": completed_steps,
+        "reached_train_loss_target": run.stopped_at_target,
+        "epochs": len(run.history) and run.history[-1]["epoch"],
+        "steps": run.completed_steps,
         "train_runtime_s": train_runtime,
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
         "seed": args.seed,
-        "dataset": raw.dataset_id,
-        "eval_split": raw.eval_split,
-        "augmentation": datasets_.augmentation,
-        "preset": preset,
-        "variant": config.variant,
-        "num_parameters": sum(p.numel() for p in unwrapped.parameters()),
+        "dataset": run.raw.dataset_id,
+        "eval_split": run.raw.eval_split,
+        "augmentation": run.datasets.augmentation,
+        "preset": run.preset,
+        "variant": run.config.variant,
+        "num_parameters": sum(p.numel() for p in run.unwrapped.parameters()),
         "srr_weight": args.srr_weight,
         "srr_layer": args.srr_layer,
-        "resumed_from": resumed_from,
-        "history": history,
+        "resumed_from": run.resumed_from,
+        "history": run.history,
     }
 
-    accelerator.wait_for_everyone()
-    state_dict = accelerator.get_state_dict(model)  # collective under FSDP: every process calls it
-    if accelerator.is_main_process:
-        unwrapped.save_pretrained(args.output_dir, state_dict=state_dict)
-        processor.save_pretrained(args.output_dir)
 
-    if args.layer_srr_samples and fsdp:
-        accelerator.print("FSDP: skipping the in-loop per-layer SRR (parameters are sharded); run `hf-tdiag report` on the saved model")
-    elif args.layer_srr_samples:
-        from ..probes.srr import layer_srr
+def _save_model(run: TrainingRun) -> None:
+    run.accelerator.wait_for_everyone()
+    state_dict = run.accelerator.get_state_dict(run.model)  # collective under FSDP: every process calls it
+    if run.accelerator.is_main_process:
+        run.unwrapped.save_pretrained(run.args.output_dir, state_dict=state_dict)
+        run.processor.save_pretrained(run.args.output_dir)
 
-        count = min(args.layer_srr_samples, len(datasets_.eval))
-        subset = torch.utils.data.Subset(datasets_.eval, range(count))
-        srr_dl = torch.utils.data.DataLoader(subset, batch_size=args.per_device_eval_batch_size, shuffle=False)
-        report = layer_srr(
-            unwrapped,
-            srr_dl,
-            eps=args.srr_eps,
-            lam=args.srr_lambda,
-            batch_size=args.per_device_eval_batch_size,
-            accelerator=accelerator,
-            progress=not args.disable_tqdm,
+
+def _publish(run: TrainingRun, results: dict) -> None:
+    """Model card, ``all_results.json`` and (``--push_to_hub``) the upload; main process only."""
+    from .model_card import build_model_card
+
+    args = run.args
+    card = build_model_card(run.config, results, args, run.raw, preset=run.preset, output_dir=args.output_dir)
+    card.save(os.path.join(args.output_dir, "README.md"))
+    _write_json(os.path.join(args.output_dir, "all_results.json"), results)
+    run.accelerator.print(
+        f"done in {results['train_runtime_s']:.1f}s: eval_accuracy {results['eval_accuracy']:.4f} eval_loss "
+        f"{results['eval_loss']:.4f} train_loss {results['train_loss']:.4f} generalization_gap "
+        f"{results['generalization_gap']:.4f} -> {args.output_dir}"
+    )
+    if args.push_to_hub:
+        from .hub import publish
+
+        repo_id = args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))
+        results["hub_url"] = publish(
+            args.output_dir, repo_id, model=run.unwrapped, processor=run.processor, card=card,
+            token=args.hub_token, private=args.hub_private_repo,
         )
-        per_layer = report.mean["block_input"]["srr"]
-        results["layer_srr"] = per_layer
-        results["layer_srr_samples"] = report.num_samples
-        results["srr_mean_over_layers"] = float(sum(per_layer) / len(per_layer))
-        if accelerator.is_main_process:
-            report.to_json(os.path.join(args.output_dir, "layer_srr.json"))
-            _plot_layer_srr(report, os.path.join(args.output_dir, "layer_srr.png"), title=f"{config.variant} on {raw.dataset_id}")
-            accelerator.print("per-layer SRR (block input Z^l, mean over %d eval images):" % report.num_samples)
-            for i, value in enumerate(per_layer):
-                accelerator.print(
-                    f"  layer {i:2d}: SRR {value:9.4f}   R {report.mean['block_input']['R'][i]:9.4f}   "
-                    f"Rc {report.mean['block_input']['Rc'][i]:9.4f}   sparsity {report.mean['block_input']['sparsity'][i]:.4f}"
-                )
 
-    if accelerator.is_main_process:
-        from .model_card import build_model_card
 
-        card = build_model_card(unwrapped.config, results, args, raw, preset=preset, output_dir=args.output_dir)
-        card.save(os.path.join(args.output_dir, "README.md"))
-        _write_json(os.path.join(args.output_dir, "all_results.json"), results)
-        accelerator.print(
-            f"done in {train_runtime:.1f}s: eval_accuracy {results['eval_accuracy']:.4f} eval_loss {results['eval_loss']:.4f} "
-            f"train_loss {results['train_loss']:.4f} generalization_gap {results['generalization_gap']:.4f} -> {args.output_dir}"
-        )
-        if args.push_to_hub:
-            from .hub import publish
-
-            repo_id = args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))
-            results["hub_url"] = publish(
-                args.output_dir, repo_id, model=unwrapped, processor=processor, card=card,
-                token=args.hub_token, private=args.hub_private_repo,
-            )
-    accelerator.wait_for_everyone()
-    if args.with_tracking:
-        accelerator.end_training()
+def finish(run: TrainingRun, after_fit: Sequence[AfterFit] = ()) -> dict:
+    """Final measurements, ``save_pretrained``, the ``after_fit`` steps, model card, results file, Hub upload."""
+    run.progress.close()
+    results = final_results(run, train_runtime=time.time() - run.start_time)
+    _save_model(run)
+    for step in after_fit:
+        results.update(step(run) or {})
+    if run.accelerator.is_main_process:
+        _publish(run, results)
+    run.accelerator.wait_for_everyone()
+    if run.args.with_tracking:
+        run.accelerator.end_training()
     return results
 
 
-def evaluate_record(model, eval_dl, accelerator, args, completed_steps) -> dict:
-    """An evaluation record when no epoch ran (e.g. resuming a finished run)."""
-    metrics = evaluate(model, eval_dl, accelerator, disable_tqdm=args.disable_tqdm)
-    return {
-        "epoch": 0,
-        "step": completed_steps,
-        "train_loss": float("nan"),
-        "eval_loss": metrics["loss"],
-        "eval_accuracy": metrics["accuracy"],
-        "eval_samples": metrics["samples"],
-    }
-
-
-def _plot_layer_srr(report, path: str, title: str) -> None:
-    """Per-layer SRR curves of the trained model (:func:`hf_tdiag.viz.plot_layer_srr`) saved to ``path``."""
-    from .. import viz
-
-    viz.save_figure(viz.plot_layer_srr(report, title=title), path)
-
-
-__all__ = ["train"]
+__all__ = ["train", "TrainingRun", "prepare", "resume", "train_epoch", "evaluate_epoch", "checkpoint", "finish", "compute_loss"]

@@ -1,9 +1,11 @@
-"""Model cards for trained CRATE models, rendered from ``model_cards/crate_model_card.jinja``.
+"""Model cards for trained CRATE models, rendered from ``hf_tdiag/model_cards/crate_model_card.jinja``.
 
 The card's YAML front matter is a ``huggingface_hub.ModelCardData`` with the
-evaluation results as ``model-index`` entries; the body describes the variant
-(what its MSSA output matrix is), the size, the data and recipe, the results,
-the per-layer SRR table and figure, limitations and citations.
+evaluation results as ``model-index`` entries (and ``base_model`` for a
+fine-tune of a Hub model); the body describes the variant (what its MSSA
+output matrix is), the size, the data and recipe, the results, the per-layer
+SRR table and figure, limitations and citations. A card is published: it
+never carries a local absolute path (local folders appear by their name).
 """
 
 from __future__ import annotations
@@ -34,20 +36,23 @@ VARIANT_NAMES = {
 
 
 def template_path() -> str:
-    """The card template: the repository's ``model_cards/`` when run from a checkout, else the packaged copy."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [
-        os.path.join(os.path.dirname(os.path.dirname(here)), "model_cards", TEMPLATE_NAME),
-        os.path.join(os.path.dirname(here), "model_cards", TEMPLATE_NAME),
-    ]
-    for path in candidates:
-        if os.path.isfile(path):
-            return path
-    raise FileNotFoundError(f"model card template {TEMPLATE_NAME} not found in {candidates}")
+    """The card template shipped in the package (``hf_tdiag/model_cards/``)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_cards", TEMPLATE_NAME)
 
 
-def _is_hub_dataset_id(dataset_id: str) -> bool:
-    return bool(dataset_id) and dataset_id != "sklearn-digits" and not os.path.isabs(dataset_id) and not os.path.exists(dataset_id)
+def _is_local(value) -> bool:
+    return isinstance(value, str) and bool(value) and (os.path.isabs(value) or os.path.exists(value))
+
+
+def _public(value):
+    """``value`` as a published card may show it: a local path becomes its last component, anything else is kept."""
+    if _is_local(value):
+        return os.path.basename(os.path.normpath(value)) or value
+    return value
+
+
+def _is_hub_id(value) -> bool:
+    return isinstance(value, str) and bool(value) and value != "sklearn-digits" and not _is_local(value)
 
 
 def _command(args) -> str:
@@ -63,22 +68,17 @@ def _command(args) -> str:
         if value is True:
             parts.append(f"--{key}")
         elif value is not False:
-            parts += [f"--{key}", str(value)]
+            parts += [f"--{key}", str(_public(value))]
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def build_model_card(config, results: dict, args, raw, preset: str | None = None, output_dir: str | None = None,
-                     repo_id: str | None = None) -> ModelCard:
-    """Render the card for a model trained by :func:`hf_tdiag.training.train` from its results dict."""
-    variant = getattr(config, "variant", "crate")
-    repo_id = repo_id or getattr(args, "hub_model_id", None) or os.path.basename(os.path.normpath(args.output_dir))
-    model_name = f"{VARIANT_NAMES.get(variant, variant)} {('(' + preset + ') ') if preset else ''}on {raw.dataset_id}"
-    dataset_type = raw.dataset_id if _is_hub_dataset_id(raw.dataset_id) else raw.dataset_id.replace(os.sep, "/").strip("/")
+def _card_data(variant: str, model_name: str, results: dict, args, raw) -> ModelCardData:
+    """The YAML front matter: tags, dataset, ``base_model`` (Hub fine-tunes) and ``model-index`` eval results."""
     common = dict(
         task_type="image-classification",
         task_name="Image Classification",
-        dataset_type=dataset_type,
-        dataset_name=raw.name,
+        dataset_type=_public(raw.dataset_id),
+        dataset_name=_public(raw.name),
         dataset_split=raw.eval_split,
     )
     eval_results = [
@@ -91,16 +91,32 @@ def build_model_card(config, results: dict, args, raw, preset: str | None = None
             **common,
         ),
     ]
-    card_data = ModelCardData(
+    return ModelCardData(
         model_name=model_name,
         library_name="transformers",
         license="apache-2.0",
         pipeline_tag="image-classification",
         tags=["crate", "white-box-transformer", "sparse-rate-reduction", "hf-tdiag", variant],
-        datasets=[raw.dataset_id] if _is_hub_dataset_id(raw.dataset_id) else None,
+        datasets=[raw.dataset_id] if _is_hub_id(raw.dataset_id) else None,
+        base_model=_base_model(args),
         metrics=["accuracy"],
         eval_results=eval_results,
     )
+
+
+def _base_model(args) -> str | None:
+    """The Hub id a fine-tune started from (None when trained from scratch or from a local folder)."""
+    return args.model_name_or_path if _is_hub_id(args.model_name_or_path) else None
+
+
+def build_model_card(config, results: dict, args, raw, preset: str | None = None, output_dir: str | None = None,
+                     repo_id: str | None = None) -> ModelCard:
+    """Render the card for a model trained by :func:`hf_tdiag.training.train` from its results dict."""
+    variant = getattr(config, "variant", "crate")
+    repo_id = repo_id or getattr(args, "hub_model_id", None) or os.path.basename(os.path.normpath(args.output_dir))
+    dataset = _public(raw.dataset_id)
+    model_name = f"{VARIANT_NAMES.get(variant, variant)} {('(' + preset + ') ') if preset else ''}on {dataset}"
+    card_data = _card_data(variant, model_name, results, args, raw)
     figure = None
     if output_dir and os.path.isfile(os.path.join(output_dir, "layer_srr.png")):
         figure = "layer_srr.png"
@@ -112,7 +128,7 @@ def build_model_card(config, results: dict, args, raw, preset: str | None = None
         "Trained on the 8×8 scikit-learn digits: tiny grayscale images of handwritten digits. It is a demonstration "
         "and a research object for white-box diagnostics, not a general-purpose digit or image classifier."
         if raw.is_digits
-        else f"Trained only on {raw.name}; expect degraded accuracy on images from other distributions."
+        else f"Trained only on {_public(raw.name)}; expect degraded accuracy on images from other distributions."
     )
     return ModelCard.from_template(
         card_data,
@@ -136,8 +152,10 @@ def build_model_card(config, results: dict, args, raw, preset: str | None = None
         num_parameters=f"{results.get('num_parameters', 0):,}",
         num_labels=len(labels),
         labels=", ".join(labels[:20]) + (" …" if len(labels) > 20 else ""),
-        dataset_name=raw.name,
-        dataset_id=raw.dataset_id,
+        dataset_name=_public(raw.name),
+        dataset_id=dataset,
+        base_model=_base_model(args),
+        fine_tuned_from=_public(args.model_name_or_path),
         eval_split=raw.eval_split,
         eval_samples=results.get("eval_samples"),
         train_samples=results.get("train_samples"),
