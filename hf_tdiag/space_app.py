@@ -110,7 +110,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     l_phi = gr.Number(value=1.13, label="L_φ (Lipschitz constant of the FFN activation; GELU 1.13)")
                     bounds_btn = gr.Button("Compute bounds", variant="primary", elem_id="bounds-run")
                 bounds_text = gr.Markdown(elem_id="bounds-summary")
-                p_heatmap = gr.Plot(label="Optimal p per matrix", format="png", elem_id="bounds-heatmap")
+                p_heatmap = gr.Plot(label="Optimal p per matrix type", format="png", elem_id="bounds-heatmap")
                 with gr.Row():
                     spectra_plot = gr.Plot(label="Spectral decay", format="png", elem_id="bounds-spectra")
                     contrib_plot = gr.Plot(label="Contribution vs p", format="png", elem_id="bounds-contrib")

@@ -240,17 +240,24 @@ def _bounds_report(loaded: LoadedModel, L_phi: float):
 def _bounds_table(report) -> list[list]:
     return [
         [m.layer, "" if m.head is None else m.head, m.type, m.rank, round(m.spectral_norm, 6),
-         round(m.stable_rank, 4), round(m.p_opt, 4), round(m.min_contribution, 6)]
+         round(m.stable_rank, 4), round(m.p_opt, 4), round(m.min_contribution, 6), float(f"{m.flip_factor_down:.4g}")]
         for m in report.matrices
     ]
 
 
-BOUNDS_COLUMNS = ["layer", "head", "type", "rank", "spectral norm", "stable rank", "p_opt", "min_p c(W,p)"]
+BOUNDS_COLUMNS = ["layer", "head", "type", "rank", "spectral norm", "stable rank", "p_opt", "min_p c(W,p)",
+                  "κ↓ (×γαL for a larger p to win)"]
+
+
+def _markdown_table(headers, rows) -> str:
+    cell = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows])
 
 
 @user_errors
 def bounds_tab(spec, L_phi=1.13, progress=gr.Progress(track_tqdm=True)):
-    """Bounds tab: both proxies (markdown), optimal-p heatmap, spectra, contribution curves, per-matrix table."""
+    """Bounds tab: both proxies (markdown), optimal-p histogram, spectra, contribution curves, per-matrix table."""
     from hf_tdiag.viz import schatten as viz_schatten
 
     loaded = get_model(spec)
@@ -263,9 +270,13 @@ def bounds_tab(spec, L_phi=1.13, progress=gr.Progress(track_tqdm=True)):
         f"{len(report.matrices)} matrices, L_φ = {report.L_phi:g}, mean optimal p = "
         f"{float(np.mean([m.p_opt for m in report.matrices])):.3g}"
     )
+    note = report.degenerate_note()
+    if note:
+        text += f"\n\n**Note:** {note}"
+    text += "".join(f"\n\n{_markdown_table(*t)}" for t in report.breakdown_tables().values())
     return (
         text,
-        figures.optimal_p_heatmap(report),
+        viz_schatten.plot_optimal_p_histogram(report),
         viz_schatten.plot_spectral_decay(report),
         viz_schatten.plot_contribution_vs_p(report),
         _bounds_table(report),

@@ -83,7 +83,7 @@ def test_cli_schatten_writes_table_csv_json_and_figures(miniatures, tmp_path, ca
     assert len(mrows) == sum(len(r.matrices) for r in reports)
     assert mrows[0]["shape"] == "64x64" and mrows[0]["type"] == "qk"
     pngs = sorted(os.listdir(tmp_path / "plots"))
-    assert len(pngs) == 6 and all((tmp_path / "plots" / p).read_bytes()[:8] == PNG for p in pngs)
+    assert len(pngs) == 8 and all((tmp_path / "plots" / p).read_bytes()[:8] == PNG for p in pngs)
 
 
 def test_cli_reports_unsupported_models_as_errors(tmp_path, capsys):
@@ -119,39 +119,50 @@ def test_miniatures_recipe_on_local_copies(miniatures, tmp_path, capsys):
         rep = hf_tdiag.spectrum_bounds(str(miniatures / name))
         assert float(row["ours"]) == pytest.approx(rep.ours, rel=1e-12)
         assert float(row["edelman"]) == pytest.approx(rep.edelman, rel=1e-12)
-    base = rows["bert_uncased_L-1_H-64_A-1"]
-    assert float(base["ours_normalized"]) == 1.0 and float(base["edelman_normalized"]) == 1.0
-    big = rows["bert_uncased_L-2_H-128_A-2"]
-    assert float(big["ours_normalized"]) == pytest.approx(float(big["ours"]) / float(base["ours"]), rel=1e-12)
+    # per curve, as the paper: vs width at N = 128 (same L), vs depth at L = 2 (same N)
+    val = lambda L, H, k: float(rows[f"bert_uncased_L-{L}_H-{H}_A-{H // 64}"][k])  # noqa: E731
+    for L in (1, 2):
+        assert val(L, 128, "ours_norm_width") == 1.0
+        assert val(L, 64, "edelman_norm_width") == pytest.approx(val(L, 64, "edelman") / val(L, 128, "edelman"), rel=1e-12)
+    for H in (64, 128):
+        assert val(2, H, "edelman_norm_depth") == 1.0
+        assert val(1, H, "ours_norm_depth") == pytest.approx(val(1, H, "ours") / val(2, H, "ours"), rel=1e-12)
     data = json.loads((out / "miniatures.json").read_text())
-    assert data["normalized_to"] == "bert_uncased_L-1_H-64_A-1" and len(data["reports"]) == 4
+    assert data["normalized_at"] == {"hidden_size": 128, "num_layers": 2} and len(data["reports"]) == 4
     full = json.loads((out / "reports" / "bert_uncased_L-2_H-128_A-2.json").read_text())
     assert len(full["matrices"]) == 2 * (2 * 2 + 2) and "singular_values" in full["matrices"][0]
-    for fig in ("proxies_vs_width", "proxies_vs_depth", "spectral_decay", "optimal_p", "contribution_vs_p"):
+    for fig in ("proxies_vs_width", "proxies_vs_depth", "norm_scaling", "spectral_decay", "optimal_p",
+                "optimal_p_histogram", "contribution_vs_p"):
         assert (out / f"{fig}.png").read_bytes()[:8] == PNG
     with pytest.raises(SystemExit):
         recipe.main(["--output_dir", str(out), "--local_dir", str(tmp_path / "empty")])
 
 
-def test_scaling_figures_normalise_to_the_smallest_model():
-    from hf_tdiag.viz.schatten import plot_proxies_vs_depth, plot_proxies_vs_width
+def test_scaling_figures_normalise_each_curve_as_the_paper():
+    from hf_tdiag.viz.schatten import plot_proxies_vs_depth, plot_proxies_vs_width, scaling_curves
 
     rows = [
         {"num_layers": L, "hidden_size": N, "ours": 10.0 * L + N, "edelman": 100.0 * L * N}
         for L in (2, 4)
-        for N in (128, 256)
+        for N in (64, 128, 256)
     ]
     fig = plot_proxies_vs_width(rows)
     ax = fig.axes[0]
-    assert ax.get_yscale() == "log"
+    assert ax.get_yscale() == "log" and ax.get_ylabel() == "proxy / same curve at N=128"
     lines = {line.get_label(): line for line in ax.get_lines()}
-    ours_l2 = lines["B_ours (spectrum-adaptive), num layers=2"]
-    assert list(ours_l2.get_xdata()) == [128, 256]
-    assert list(ours_l2.get_ydata()) == pytest.approx([1.0, (20 + 256) / (20 + 128)])
-    ed_l4 = lines["B_Edelman, num layers=4"]
-    assert list(ed_l4.get_ydata()) == pytest.approx([4 * 128 / (2 * 128), 4 * 256 / (2 * 128)])
+    ours_l2 = lines["B_ours (spectrum-adaptive), L=2"]
+    assert list(ours_l2.get_xdata()) == [64, 128, 256]
+    assert list(ours_l2.get_ydata()) == pytest.approx([(20 + 64) / (20 + 128), 1.0, (20 + 256) / (20 + 128)])
+    ed_l4 = lines["B_Edelman, L=4"]  # each curve by its own N = 128 value: 400·N / (400·128)
+    assert list(ed_l4.get_ydata()) == pytest.approx([0.5, 1.0, 2.0])
     depth = plot_proxies_vs_depth(rows).axes[0]
-    ours_n256 = {line.get_label(): line for line in depth.get_lines()}["B_ours (spectrum-adaptive), hidden size=256"]
+    ours_n256 = {line.get_label(): line for line in depth.get_lines()}["B_ours (spectrum-adaptive), N=256"]
     assert list(ours_n256.get_xdata()) == [2, 4]
+    assert list(ours_n256.get_ydata()) == pytest.approx([1.0, (40 + 256) / (20 + 256)])
+    # a curve without the paper's point is normalised at its smallest x, and the label says so
+    curves = scaling_curves([r for r in rows if r["hidden_size"] != 128], "hidden_size")
+    assert curves[(4, "ours")]["at"] == 64 and list(curves[(4, "ours")]["y"]) == pytest.approx([1.0, 296 / 104])
     with pytest.raises(ValueError, match="edelman"):
         plot_proxies_vs_width([{"num_layers": 2, "hidden_size": 128, "ours": 1.0}])
+    with pytest.raises(ValueError, match="x_key"):
+        scaling_curves(rows, "heads")

@@ -308,3 +308,64 @@ def test_all_finite_matches_the_elementwise_mask():
     assert S.all_finite(huge)
     with pytest.raises(ValueError, match="NaN or inf"):
         S.singular_values(cases[3])
+
+
+# ----------------------------------------------------------------------------- (1,1) norm and flip factors
+
+
+def test_norm_1_1_by_hand():
+    w = torch.tensor([[1.0, -2.0, 0.0], [-0.5, 3.0, 4.0]], dtype=torch.float64)
+    assert float(S.norm_1_1(w)) == 1 + 2 + 0 + 0.5 + 3 + 4  # Σ|W_ij| = 10.5
+    batch = torch.stack([w, -2 * w, torch.zeros(2, 3, dtype=torch.float64)])
+    np.testing.assert_array_equal(S.norm_1_1(batch).numpy(), [10.5, 21.0, 0.0])
+    # (1,1) ≥ (2,1) ≥ Frobenius, with equality for a single nonzero column
+    col = torch.zeros(4, 3, dtype=torch.float64)
+    col[2, 1] = -7.0
+    assert float(S.norm_1_1(col)) == float(S.norm_2_1(col)) == 7.0
+    assert float(S.norm_1_1(w)) > float(S.norm_2_1(w)) > float(torch.linalg.matrix_norm(w))
+    with pytest.raises(ValueError, match="matrix"):
+        S.norm_1_1(torch.tensor([1.0, 2.0]))
+
+
+def _argmin_p(powers, ps, scale, N):
+    """Brute force with plain floats: the first p minimising (Σσᵖ)^{1/(p+2)} s^{p/(p+2)} N^{(p+1)/(p+2)}."""
+    vals = [powers[i] ** (1 / (p + 2)) * (scale ** (p / (p + 2)) if p else 1.0) * N ** ((p + 1) / (p + 2))
+            for i, p in enumerate(ps)]
+    return ps[int(np.argmin(vals))]
+
+
+@pytest.mark.parametrize("scale", [1e-3, 0.7, 30.0, 1e12])
+def test_flip_factors_are_where_the_argmin_changes(scale):
+    sigma = torch.tensor([5.0, 2.0, 1.0, 0.3, 0.05], dtype=torch.float64)
+    ps = [k / 4 for k in range(9)]
+    N = 16
+    powers = S.schatten_powers(sigma, ps)
+    down, up = (float(x) for x in S.flip_factors(powers, ps, scale, N))
+    pw = powers.tolist()
+    p_star = _argmin_p(pw, ps, scale, N)
+    assert 0.0 <= down <= 1.0 <= up
+    if down > 0:  # just below κ↓ a larger p wins, just above it p* still does
+        assert _argmin_p(pw, ps, scale * down * (1 - 1e-9), N) > p_star
+        assert _argmin_p(pw, ps, scale * down * (1 + 1e-9), N) == p_star
+    else:
+        assert p_star == ps[-1]
+    if math.isfinite(up):
+        assert _argmin_p(pw, ps, scale * up * (1 + 1e-9), N) < p_star
+        assert _argmin_p(pw, ps, scale * up * (1 - 1e-9), N) == p_star
+    else:
+        assert p_star == 0.0
+
+
+def test_flip_factor_of_rank_one_matrix_by_hand():
+    """σ = (s₁): c(0) = √N and c(p) = (s₁ s)^{p/(p+2)} N^{(p+1)/(p+2)}, so c(p) < c(0)
+    ⟺ (s₁ s)^{p/(p+2)} < N^{1/2 − (p+1)/(p+2)} = N^{−p/(2(p+2))} ⟺ s₁ s < N^{−1/2}, for every p > 0: κ↓ = N^{−1/2}/(s₁ s)."""
+    s1, N = 2.0, 9
+    ps = [0.0, 0.5, 1.0, 2.0]
+    powers = S.schatten_powers(torch.tensor([s1], dtype=torch.float64), ps)
+    scale = 10.0
+    down, up = S.flip_factors(powers, ps, scale, N)
+    assert float(down) == pytest.approx((N**-0.5 / s1) / scale, rel=1e-12)
+    assert math.isinf(float(up))
+    # a zero matrix never flips (every c is 0): NaN
+    zero = S.schatten_powers(torch.zeros(3, dtype=torch.float64), ps)
+    assert all(math.isnan(float(x)) for x in S.flip_factors(zero, ps, scale, N))

@@ -38,11 +38,12 @@ def bert_matrices(state_dict, num_layers, num_heads, prefix=None):
 
 
 def dense_reference(
-    state_dict, num_layers, num_heads, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, prefix=None, svd_call="values"
+    state_dict, num_layers, num_heads, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, prefix=None, svd_call="values",
+    convention="hf_tdiag",
 ):
     """B_ours, B_Edelman and per-matrix min contributions of a BERT state dict, one numpy SVD per explicit matrix."""
     layers = bert_matrices(state_dict, num_layers, num_heads, prefix)
-    return dense_reference_from_matrices(layers, L_phi, p_grid_m, rank_tol, svd_call)
+    return dense_reference_from_matrices(layers, L_phi, p_grid_m, rank_tol, svd_call, convention)
 
 
 SVD_CALLS = {
@@ -55,14 +56,29 @@ SVD_CALLS = {
 }
 
 
-def dense_reference_from_matrices(layers, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, svd_call="values"):
+CONVENTIONS = ("hf_tdiag", "authors")
+
+
+def dense_reference_from_matrices(
+    layers, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, svd_call="values", convention="hf_tdiag"
+):
     """The same on explicit matrices: ``layers[i] = {"qk": [N×N]*H, "v": [N×N]*H, "m_in": N×I, "m_out": I×N or None}``.
+
+    ``convention="hf_tdiag"`` sums σᵖ over the singular values above the rank threshold only;
+    ``"authors"`` is the authors' public code (``schatten_p_power_from_svals``): for p > 0 the sum runs over
+    **all** singular values of the dense SVD, round-off values of rank-deficient matrices included
+    (p = 0 is the thresholded rank in both).
+    Also returned, per matrix in the order of ``mins``: ``p_opt``, ``rank``, ``spectral``, ``stable_rank``,
+    ``norm_2_1``, ``norm_1_1``,
+    ``types``, and ``curves`` (c(W, p) on the grid).
 
     ``m_out = None`` stands for an identity M_out: norm 1 in the factors, no term of its own.
     ``svd_call`` picks how each matrix's SVD is called (``SVD_CALLS``: ``"values"``, ``"thin"``,
     ``"numpy_default"``); the spectra are the same, only the cost differs (the benchmark times all three).
     Matrix order of ``mins``: per layer, QK heads, Ṽ heads, M_in, M_out.
     """
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention: expected one of {CONVENTIONS}, got {convention!r}")
     L = len(layers)
     num_heads = len(layers[0]["qk"])
     N = layers[0]["qk"][0].shape[0]
@@ -95,23 +111,38 @@ def dense_reference_from_matrices(layers, L_phi=1.13, p_grid_m=None, rank_tol=1e
             a *= L_phi * nrm(spec[k]["m_in"]) * nrm(spec[k]["m_out"]) * s
         alpha.append(a)
 
-    def c(kept, p, gamma, a):
-        sp = float(len(kept)) if p == 0 else float(np.sum(kept**p))
+    def c(sv, p, gamma, a):
+        all_s, kept = sv
+        if p == 0:
+            sp = float(len(kept))
+        else:
+            sp = float(np.sum((all_s if convention == "authors" else kept) ** p))
         scale = 1.0 if p == 0 else (gamma * a * L) ** (p / (p + 2))
         return sp ** (1 / (p + 2)) * scale * N ** ((p + 1) / (p + 2))
 
-    mins = []
+    out = {k: [] for k in ("mins", "p_opt", "rank", "spectral", "stable_rank", "norm_2_1", "norm_1_1", "types", "curves")}
+
+    def add(typ, sv, x, gamma, a):
+        curve = [c(sv, p, gamma, a) for p in ps]
+        k = int(np.argmin(curve))  # first index on ties
+        srank = float(np.sum(sv[1] ** 2) / sv[0][0] ** 2) if len(sv[1]) else 0.0
+        for key, val in (("mins", curve[k]), ("p_opt", ps[k]), ("rank", len(sv[1])), ("spectral", sv[0][0]),
+                         ("stable_rank", srank),
+                         ("norm_2_1", col21(x)), ("norm_1_1", float(np.abs(x).sum())), ("types", typ),
+                         ("curves", curve)):
+            out[key].append(val)
+
     for i in range(L):
-        sp = spec[i]
+        sp, ly = spec[i], layers[i]
         fin, fout = nrm(sp["m_in"]), nrm(sp["m_out"])
         for h in range(num_heads):
-            g = 2 * nrm(sp["v"][h]) * fout * fin
-            mins.append(min(c(sp["qk"][h][1], p, g, alpha[i]) for p in ps))
+            add("qk", sp["qk"][h], ly["qk"][h], 2 * nrm(sp["v"][h]) * fout * fin, alpha[i])
         for h in range(num_heads):
-            mins.append(min(c(sp["v"][h][1], p, fout * fin, alpha[i]) for p in ps))
-        mins.append(min(c(sp["m_in"][1], p, fout, alpha[i]) for p in ps))
+            add("v", sp["v"][h], ly["v"][h], fout * fin, alpha[i])
+        add("m_in", sp["m_in"], ly["m_in"], fout, alpha[i])
         if sp["m_out"] is not None:
-            mins.append(min(c(sp["m_out"][1], p, 1.0, alpha[i]) for p in ps))
+            add("m_out", sp["m_out"], ly["m_out"], 1.0, alpha[i])
+    mins = out["mins"]
     ours = sum(mins) + math.sqrt(L)
 
     total = 0.0
@@ -127,7 +158,9 @@ def dense_reference_from_matrices(layers, L_phi=1.13, p_grid_m=None, rank_tol=1e
             xi += col21(ly["m_out"]) ** (2 / 3)
         total += alpha[i] ** (2 / 3) * xi
     edelman = (1 + total) ** 1.5
-    return {"ours": ours, "edelman": edelman, "mins": np.array(mins), "alpha": np.array(alpha), "p_grid": ps}
+    res = {k: np.array(v) for k, v in out.items()}
+    res.update({"ours": ours, "edelman": edelman, "alpha": np.array(alpha), "p_grid": ps})
+    return res
 
 
 def _tiny_bert(L, H, A, vocab=64, seed=0, std=None):

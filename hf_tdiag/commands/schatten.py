@@ -27,6 +27,12 @@ def register(subparsers) -> None:
     p.add_argument("--csv", default=None, metavar="PATH", help="write one summary row per model as CSV")
     p.add_argument("--matrices-csv", default=None, metavar="PATH", help="write one row per analysed matrix as CSV")
     p.add_argument("--plots", default=None, metavar="DIR", help="write spectral-decay, optimal-p and contribution figures")
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="print per-type contributions at p in {0, 1/2, 1, 2} and the per-layer alpha for every model "
+        "(always printed for a model whose p_opt is 0 for every matrix)",
+    )
     p.set_defaults(func=run)
 
 
@@ -38,8 +44,34 @@ def _write_csv(path: str, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+def _print_table(headers: list[str], rows: list[list]) -> None:
+    def cell(v):
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    table = [headers] + [[cell(v) for v in row] for row in rows]
+    widths = [max(len(r[j]) for r in table) for j in range(len(headers))]
+    for i, r in enumerate(table):
+        print("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)))
+        if i == 0:
+            print("  " + "  ".join("-" * w for w in widths))
+
+
+def print_breakdown(report) -> None:
+    """The degenerate-case note (if any), per-type Σ c(W, p) at p ∈ {0, ½, 1, 2}, and α_ℓ per layer."""
+    from hf_tdiag.viz.schatten import model_label
+
+    print(f"\n{model_label(report.model)}:")
+    note = report.degenerate_note()
+    if note:
+        print(f"  NOTE: {note}")
+    for headers, rows in report.breakdown_tables().values():
+        _print_table(headers, rows)
+        print()
+
+
 def run(args: argparse.Namespace) -> int:
     from hf_tdiag.probes.spectrum import spectrum_bounds
+    from hf_tdiag.viz.schatten import model_label
 
     reports = []
     for model in args.models:
@@ -53,9 +85,12 @@ def run(args: argparse.Namespace) -> int:
     print("-" * len(header))
     for r in reports:
         print(
-            f"{r.model[-44:]:<44} {r.num_layers:>3} {r.hidden_size:>5} {r.num_heads:>3} {r.ours:>12.6g} "
+            f"{model_label(r.model)[-44:]:<44} {r.num_layers:>3} {r.hidden_size:>5} {r.num_heads:>3} {r.ours:>12.6g} "
             f"{r.edelman:>12.6g} {r.edelman / r.ours:>9.3g}"
         )
+    for r in reports:
+        if args.breakdown or r.degenerate:
+            print_breakdown(r)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -251,6 +251,12 @@ def norm_2_1(matrix) -> torch.Tensor:
     return torch.linalg.vector_norm(w, dim=-2).sum(dim=-1)
 
 
+def norm_1_1(matrix) -> torch.Tensor:
+    """‖W‖_{1,1} = Σ_{i,j} |W_ij| (sum of absolute entries); batched over leading dims."""
+    w = _tensor(matrix, "matrix", min_dim=2)
+    return w.abs().sum(dim=(-2, -1))
+
+
 # ----------------------------------------------------------------------------- the bound
 
 
@@ -325,6 +331,41 @@ def contributions(powers, ps, gamma, alpha, num_layers: int, hidden_size: int) -
     return torch.exp(log_c)
 
 
+def flip_factors(powers, ps, scale, hidden_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factors κ↓ ≤ 1 ≤ κ↑ by which the scale s = γα_ℓL must be multiplied for arg-min_p c(W, p) to change.
+
+    With t = ln s, ln c(W, p) = a_p + k_p t, a_p = ln(Σσᵖ)/(p+2) + ln N·(p+1)/(p+2), k_p = p/(p+2):
+    lines in t, so p* = arg-min keeps winning until the nearest crossing
+    t_p = (a_{p*} − a_p)/(k_p − k_{p*}). κ↓ = exp(max_{p>p*} t_p − t) (a larger p wins below it; 0 when
+    p* is the largest p), κ↑ = exp(min_{p<p*} t_p − t) (a smaller p wins above it; inf when p* = 0).
+    NaN where every c(W, p) is 0 (a zero matrix) or s = 0. ``powers`` is ``(..., P)``, ``scale`` broadcasts to ``(...)``.
+    """
+    s = _tensor(powers, "powers", min_dim=1)
+    p = _p_values(ps, "ps").reshape(-1).to(s.device)
+    if s.shape[-1] != p.shape[0]:
+        raise ValueError(f"powers: last dimension {s.shape[-1]} does not match len(ps) = {p.shape[0]}")
+    sc = torch.broadcast_to(_tensor(scale, "scale").to(s.device), s.shape[:-1])
+    N = _positive_int(hidden_size, "hidden_size")
+    a = torch.log(s) / (p + 2) + math.log(N) * (p + 1) / (p + 2)  # (..., P)
+    k = p / (p + 2)
+    t = torch.log(sc).unsqueeze(-1)  # (..., 1)
+    log_c = a + torch.where(k == 0, torch.zeros_like(t * k), t * k)
+    star = torch.argmin(log_c, dim=-1, keepdim=True)  # first index on ties, as optimal_contribution
+    a_star = torch.gather(a, -1, star)
+    k_star = k[star]
+    dk = k - k_star
+    with torch.no_grad():
+        cross = (a_star - a) / torch.where(dk == 0, torch.ones_like(dk), dk)
+    inf = torch.tensor(math.inf, dtype=s.dtype, device=s.device)
+    down = torch.where(dk > 0, cross, -inf).amax(dim=-1)
+    up = torch.where(dk < 0, cross, inf).amin(dim=-1)
+    t0 = t.squeeze(-1)
+    kd, ku = torch.exp(down - t0), torch.exp(up - t0)
+    bad = ~torch.isfinite(a_star.squeeze(-1)) | ~torch.isfinite(t0)
+    nan = torch.full_like(kd, math.nan)
+    return torch.where(bad, nan, kd), torch.where(bad, nan, ku)
+
+
 def optimal_contribution(curve, ps) -> tuple[torch.Tensor, torch.Tensor]:
     """min_p c(W, p) and the arg-min p (the smallest p on ties); ``curve`` is ``(..., P)``."""
     c = _tensor(curve, "curve", min_dim=1)
@@ -383,9 +424,11 @@ __all__: Sequence[str] = [
     "contributions",
     "edelman_bound",
     "edelman_layer_terms",
+    "flip_factors",
     "frobenius_norm",
     "layer_gain",
     "low_rank_product_spectrum",
+    "norm_1_1",
     "norm_2_1",
     "nuclear_norm",
     "numerical_rank",

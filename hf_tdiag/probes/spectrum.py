@@ -39,6 +39,11 @@ from .bert_weights import EncoderWeights, encoder_weights
 MATRIX_TYPES = ("qk", "v", "m_in", "ista", "m_out")
 
 
+def _json_float(x: float) -> float | str | None:
+    """JSON has no inf/NaN: a non-finite value (κ↑ = inf when p_opt = 0; NaN for a zero matrix) is written as null."""
+    return x if math.isfinite(x) else None
+
+
 @dataclass
 class MatrixRecord:
     """One analysed matrix (row-vector orientation) and its place in the bound."""
@@ -52,11 +57,14 @@ class MatrixRecord:
     frobenius_norm: float
     nuclear_norm: float
     norm_2_1: float
+    norm_1_1: float
     stable_rank: float
     gamma: float
     alpha: float
     p_opt: float
     min_contribution: float
+    flip_factor_down: float  # κ↓: γα_ℓL × κ↓ makes a larger p win (0: p_opt is the largest p)
+    flip_factor_up: float  # κ↑: γα_ℓL × κ↑ makes a smaller p win (inf: p_opt = 0)
     singular_values: np.ndarray  # kept (nonzero) singular values, descending
     contributions: np.ndarray  # c(W, p) on the report's p grid
 
@@ -71,11 +79,14 @@ class MatrixRecord:
             "frobenius_norm": self.frobenius_norm,
             "nuclear_norm": self.nuclear_norm,
             "norm_2_1": self.norm_2_1,
+            "norm_1_1": self.norm_1_1,
             "stable_rank": self.stable_rank,
             "gamma": self.gamma,
             "alpha": self.alpha,
             "p_opt": self.p_opt,
             "min_contribution": self.min_contribution,
+            "flip_factor_down": _json_float(self.flip_factor_down),
+            "flip_factor_up": _json_float(self.flip_factor_up),
         }
         if include_spectra:
             d["singular_values"] = self.singular_values.tolist()
@@ -104,6 +115,62 @@ class SpectrumBoundReport:
     xi: np.ndarray  # (L,) Edelman layer terms ξ_ℓ
     matrices: list[MatrixRecord] = field(default_factory=list)
     layers_path: str = ""  # module path of the analysed layer list, e.g. "encoder.layer"
+    layer_gains: np.ndarray | None = None  # (L,) f_k, α_ℓ = Π_{k>ℓ} f_k
+
+    @property
+    def degenerate(self) -> bool:
+        """True when p_opt = 0 for every matrix: B_ours = Σ_W √(rank(W)·N) + √L depends only on shapes and ranks."""
+        return bool(self.matrices) and all(m.p_opt == 0 for m in self.matrices)
+
+    def type_contributions(self, ps=(0.0, 0.5, 1.0, 2.0)) -> dict[str, np.ndarray]:
+        """Σ_{W of each type} c(W, p) at each p in ``ps`` (any p ≥ 0, on the grid or not), from the kept spectra."""
+        out: dict[str, np.ndarray] = {}
+        for t in MATRIX_TYPES:
+            recs = self.by_type(t)
+            if recs:
+                out[t] = np.sum([_curve(m, ps, self.num_layers, self.hidden_size) for m in recs], axis=0)
+        return out
+
+    def fixed_p_bounds(self, ps=(0.0, 0.5, 1.0, 2.0)) -> np.ndarray:
+        """Σ_W c(W, p) + √L with one p for every matrix, at each p in ``ps`` (B_ours is never larger than any of them)."""
+        return np.sum(list(self.type_contributions(ps).values()), axis=0) + math.sqrt(self.num_layers)
+
+    def breakdown_tables(self, ps=(0.0, 0.5, 1.0, 2.0)) -> dict[str, tuple[list[str], list[list]]]:
+        """What differs between models when p_opt is uninformative: name -> (headers, rows).
+
+        ``"types"``: Σ c(W, p) per matrix type at each p in ``ps`` and the fixed-p bound Σ_W c(W, p) + √L;
+        ``"layers"``: per layer f_ℓ, α_ℓ and the smallest flip factor κ↓ of its matrices (how far from p > 0 winning).
+        """
+        per_type = self.type_contributions(ps)
+        fixed = self.fixed_p_bounds(ps)
+        heads = ["type", "matrices", "p_opt = 0 (count)"] + [f"Σ c(W, {p:g})" for p in ps]
+        rows = [
+            [t, len(self.by_type(t)), sum(m.p_opt == 0 for m in self.by_type(t)), *map(float, v)]
+            for t, v in per_type.items()
+        ]
+        rows.append(["all (+ √L)", len(self.matrices), sum(m.p_opt == 0 for m in self.matrices), *map(float, fixed)])
+        gains = self.layer_gains if self.layer_gains is not None else np.full(self.num_layers, np.nan)
+        layer_rows = []
+        for layer in range(self.num_layers):
+            downs = [m.flip_factor_down for m in self.matrices if m.layer == layer and math.isfinite(m.flip_factor_down)]
+            layer_rows.append([layer, float(gains[layer]), float(self.alpha[layer]), max(downs) if downs else float("nan")])
+        layer_heads = ["layer", "gain f_ℓ", "α_ℓ = Π_{k>ℓ} f_k", "largest κ↓ (×γα_ℓL for p > 0 to win)"]
+        return {"types": (heads, rows), "layers": (layer_heads, layer_rows)}
+
+    def degenerate_note(self) -> str | None:
+        """One sentence for readers when :attr:`degenerate`, else None."""
+        if not self.degenerate:
+            return None
+        shape_only = sum(math.sqrt(m.rank * self.hidden_size) for m in self.matrices) + math.sqrt(self.num_layers)
+        scales = [m.gamma * m.alpha * self.num_layers for m in self.matrices]
+        kmax = max(m.flip_factor_down for m in self.matrices if math.isfinite(m.flip_factor_down))
+        return (
+            f"p_opt = 0 for all {len(self.matrices)} matrices: B_ours = Σ_W √(rank(W)·N) + √L = {shape_only:.6g} depends "
+            f"only on shapes and ranks, not on the singular values. The scales γα_ℓL (from {min(scales):.3g} to "
+            f"{max(scales):.3g}; α of the first layer = {self.alpha[0]:.3g}, a product of {self.num_layers - 1} layer "
+            f"gains) make every p > 0 lose: they would have to shrink by a factor of at least {1 / kmax:.3g} for any "
+            "matrix to prefer p > 0."
+        )
 
     @property
     def contribution_curves(self) -> np.ndarray:
@@ -154,6 +221,8 @@ class SpectrumBoundReport:
             "alpha": self.alpha.tolist(),
             "xi": self.xi.tolist(),
             "layers_path": self.layers_path,
+            "layer_gains": None if self.layer_gains is None else self.layer_gains.tolist(),
+            "degenerate": self.degenerate,
             "matrices": [m.to_dict(include_spectra) for m in self.matrices],
         }
 
@@ -164,6 +233,14 @@ class SpectrumBoundReport:
             with open(path, "w", encoding="utf-8") as fh:
                 fh.write(text)
         return text
+
+
+def _curve(m: MatrixRecord, ps, num_layers: int, hidden_size: int) -> np.ndarray:
+    """c(W, p) of one record at the given p values, from its kept singular values, γ and α."""
+    p = torch.as_tensor(np.asarray(ps, dtype=np.float64))
+    sigma = torch.as_tensor(m.singular_values, dtype=torch.float64)
+    powers = S.schatten_powers(sigma, p, min(m.shape))
+    return S.contributions(powers, p, m.gamma, m.alpha, num_layers, hidden_size).numpy()
 
 
 def _model_and_name(model_or_path, load_kwargs) -> tuple[torch.nn.Module, str]:
@@ -200,13 +277,16 @@ def _head_spectra(w: EncoderWeights, layer: int) -> dict[str, torch.Tensor]:
     out = {}
     out["qk_sigma"], out["qk_cols"] = S._low_rank_product_spectrum(q.mT, k)  # QK_h = W_Q,hᵀ W_K,h
     out["v_sigma"], out["v_cols"] = S._low_rank_product_spectrum(v.mT, o)  # Ṽ_h = W_V,hᵀ (W_O)ᵀ[h]
+    # ‖·‖_{1,1} needs the entries: the N×N products are formed here, one head at a time
+    out["qk_11"] = torch.stack([(q[h].mT @ k[h]).abs().sum() for h in range(q.shape[0])])
+    out["v_11"] = torch.stack([(v[h].mT @ o[h]).abs().sum() for h in range(v.shape[0])])
     return out
 
 
 def _ffn_spectrum(weight: torch.Tensor, svd_method: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """σ and column norms of an FFN matrix in row-vector orientation (``weight`` is the ``(out, in)`` Linear weight)."""
+    """σ, column norms and ‖·‖_{1,1} of an FFN matrix in row-vector orientation (``weight`` is the ``(out, in)`` Linear weight)."""
     m = weight.to(torch.float64).mT
-    return S._singular_values(m, svd_method), torch.linalg.vector_norm(m, dim=-2)
+    return S._singular_values(m, svd_method), torch.linalg.vector_norm(m, dim=-2), m.abs().sum()
 
 
 # Below this many entries per FFN matrix a thread pool costs more than it saves.
@@ -243,8 +323,8 @@ def _all_spectra(w: EncoderWeights, svd_method: str, num_workers: int, progress:
         i, kind, weight = job
         if kind == "heads":
             return _head_spectra(w, i)
-        sigma, cols = _ffn_spectrum(weight, svd_method)
-        return {f"{kind}_sigma": sigma, f"{kind}_cols": cols}
+        sigma, cols, n11 = _ffn_spectrum(weight, svd_method)
+        return {f"{kind}_sigma": sigma, f"{kind}_cols": cols, f"{kind}_11": n11}
 
     per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(L)]
     with torch_threads(1), threadpool_limits(limits=1, user_api="blas"), tqdm(
@@ -263,6 +343,69 @@ def _all_spectra(w: EncoderWeights, svd_method: str, num_workers: int, progress:
             if num_workers > 1:
                 pool.shutdown(cancel_futures=True)
     return per_layer
+
+
+def _type_stats(sigma, cols, n11, g, a, n_full, ps, L, N, rank_tol) -> dict[str, np.ndarray]:
+    """Everything the records of one matrix type need, batched over (layer[, head])."""
+    powers = S.schatten_powers(sigma, ps, n_full, rank_tol)
+    curves = S.contributions(powers, ps, g, a, L, N)
+    best, p_opt = S.optimal_contribution(curves, ps)
+    scale = torch.broadcast_to(g * a * L, best.shape)
+    down, up = S.flip_factors(powers, ps, scale, N)
+    clean = S.clean_spectrum(sigma, n_full, rank_tol)
+    fro2 = powers[..., -1] if float(ps[-1]) == 2.0 else S.schatten_power(sigma, 2.0, n_full, rank_tol)
+    stats = {
+        "sigma": clean,
+        "rank": (clean > 0).sum(-1),
+        "spectral": S.spectral_norm(clean),
+        "fro": fro2.sqrt(),
+        "nuc": clean.sum(-1),
+        "n21": cols.sum(-1),
+        "n11": n11,
+        "srank": S.stable_rank(sigma, n_full, rank_tol),
+        "gamma": torch.broadcast_to(g, best.shape),
+        "alpha": torch.broadcast_to(a, best.shape),
+        "p_opt": p_opt,
+        "best": best,
+        "curves": curves,
+        "down": down,
+        "up": up,
+    }
+    return {k: v.cpu().numpy() for k, v in stats.items()}
+
+
+def _records(stats: dict[str, dict[str, np.ndarray]], shapes: dict, L: int, H: int) -> list[MatrixRecord]:
+    """One :class:`MatrixRecord` per matrix: per layer, QK heads, Ṽ heads, M_in (or ISTA), M_out."""
+    records: list[MatrixRecord] = []
+    for layer in range(L):
+        for typ, st in stats.items():
+            for h in range(H) if typ in ("qk", "v") else [None]:
+                idx = (layer, h) if h is not None else (layer,)
+                sig = st["sigma"][idx]
+                records.append(
+                    MatrixRecord(
+                        layer=layer,
+                        head=h,
+                        type=typ,
+                        shape=shapes[typ],
+                        rank=int(st["rank"][idx]),
+                        spectral_norm=float(st["spectral"][idx]),
+                        frobenius_norm=float(st["fro"][idx]),
+                        nuclear_norm=float(st["nuc"][idx]),
+                        norm_2_1=float(st["n21"][idx]),
+                        norm_1_1=float(st["n11"][idx]),
+                        stable_rank=float(st["srank"][idx]),
+                        gamma=float(st["gamma"][idx]),
+                        alpha=float(st["alpha"][idx]),
+                        p_opt=float(st["p_opt"][idx]),
+                        min_contribution=float(st["best"][idx]),
+                        flip_factor_down=float(st["down"][idx]),
+                        flip_factor_up=float(st["up"][idx]),
+                        singular_values=sig[sig > 0].copy(),
+                        contributions=st["curves"][idx].copy(),
+                    )
+                )
+    return records
 
 
 def spectrum_bounds(
@@ -328,75 +471,24 @@ def spectrum_bounds(
         out_norm = torch.ones(L, dtype=torch.float64, device=dev)
         out_21 = torch.zeros(L, dtype=torch.float64, device=dev)
 
+    gains = S.layer_gain(in_norm, out_norm, v_norm, qk_norm, L_phi)
     alpha = S.propagation_factors(in_norm, out_norm, v_norm, qk_norm, L_phi)
     gamma = S.type_factors(in_norm, out_norm, v_norm)
-    ps_dev = ps.to(dev)
 
     groups = [
-        ("qk", qk_sigma, qk_cols, gamma["qk"], alpha[:, None], full["qk"]),
-        ("v", v_sigma, v_cols, gamma["v"][:, None].expand(L, H), alpha[:, None], full["v"]),
-        (w.ffn_in_type, in_sigma, in_cols, gamma["m_in"], alpha, full["in"]),
+        ("qk", qk_sigma, qk_cols, stack("qk_11"), gamma["qk"], alpha[:, None], full["qk"]),
+        ("v", v_sigma, v_cols, stack("v_11"), gamma["v"][:, None].expand(L, H), alpha[:, None], full["v"]),
+        (w.ffn_in_type, in_sigma, in_cols, stack("in_11"), gamma["m_in"], alpha, full["in"]),
     ]
     if has_out:
-        groups.append(("m_out", out_sigma, out_cols, gamma["m_out"], alpha, full["in"]))
+        groups.append(("m_out", out_sigma, out_cols, stack("out_11"), gamma["m_out"], alpha, full["in"]))
 
-    stats = {}
-    all_mins = []
-    for typ, sigma, cols, g, a, n_full in groups:
-        powers = S.schatten_powers(sigma, ps_dev, n_full, rank_tol)
-        curves = S.contributions(powers, ps_dev, g, a, L, N)
-        best, p_opt = S.optimal_contribution(curves, ps_dev)
-        clean = S.clean_spectrum(sigma, n_full, rank_tol)
-        top = S.spectral_norm(clean)
-        fro2 = powers[..., -1] if float(ps[-1]) == 2.0 else S.schatten_power(sigma, 2.0, n_full, rank_tol)
-        stats[typ] = {
-            "sigma": clean.cpu().numpy(),
-            "rank": (clean > 0).sum(-1).cpu().numpy(),
-            "spectral": top.cpu().numpy(),
-            "fro": fro2.sqrt().cpu().numpy(),
-            "nuc": clean.sum(-1).cpu().numpy(),
-            "n21": cols.sum(-1).cpu().numpy(),
-            "srank": S.stable_rank(sigma, n_full, rank_tol).cpu().numpy(),
-            "gamma": torch.broadcast_to(g, best.shape).cpu().numpy(),
-            "alpha": torch.broadcast_to(a, best.shape).cpu().numpy(),
-            "p_opt": p_opt.cpu().numpy(),
-            "best": best.cpu().numpy(),
-            "curves": curves.cpu().numpy(),
-        }
-        all_mins.append(best.reshape(-1))
-    ours = float(S.spectrum_adaptive_bound(torch.cat(all_mins), L))
+    stats = {g[0]: _type_stats(*g[1:], ps.to(dev), L, N, rank_tol) for g in groups}
+    ours = float(S.spectrum_adaptive_bound(torch.cat([torch.as_tensor(st["best"]).reshape(-1) for st in stats.values()]), L))
     xi = S.edelman_layer_terms(in_norm, out_norm, v_norm, qk_cols.sum(-1), v_cols.sum(-1), in_cols.sum(-1), out_21)
     edelman = float(S.edelman_bound(alpha, xi))
-
     shapes = {"qk": (N, N), "v": (N, N), w.ffn_in_type: (N, w.intermediate_size), "m_out": (w.intermediate_size, N)}
-    records: list[MatrixRecord] = []
-    for layer in range(L):
-        for typ, *_ in groups:
-            st = stats[typ]
-            heads = range(H) if typ in ("qk", "v") else [None]
-            for h in heads:
-                idx = (layer, h) if h is not None else (layer,)
-                sig = st["sigma"][idx]
-                records.append(
-                    MatrixRecord(
-                        layer=layer,
-                        head=h,
-                        type=typ,
-                        shape=shapes[typ],
-                        rank=int(st["rank"][idx]),
-                        spectral_norm=float(st["spectral"][idx]),
-                        frobenius_norm=float(st["fro"][idx]),
-                        nuclear_norm=float(st["nuc"][idx]),
-                        norm_2_1=float(st["n21"][idx]),
-                        stable_rank=float(st["srank"][idx]),
-                        gamma=float(st["gamma"][idx]),
-                        alpha=float(st["alpha"][idx]),
-                        p_opt=float(st["p_opt"][idx]),
-                        min_contribution=float(st["best"][idx]),
-                        singular_values=sig[sig > 0].copy(),
-                        contributions=st["curves"][idx].copy(),
-                    )
-                )
+    records = _records(stats, shapes, L, H)
     return SpectrumBoundReport(
         model=name,
         model_type=w.model_type,
@@ -415,6 +507,7 @@ def spectrum_bounds(
         xi=xi.cpu().numpy(),
         matrices=records,
         layers_path=w.layer_paths[0].rsplit(".", 1)[0],
+        layer_gains=gains.cpu().numpy(),
     )
 
 

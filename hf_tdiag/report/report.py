@@ -264,31 +264,35 @@ def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: 
     report = hf_tdiag.spectrum_bounds(loaded.model, L_phi=options.L_phi)
     rows = [
         [m.layer, "—" if m.head is None else m.head, m.type, m.rank, m.spectral_norm, m.stable_rank, m.p_opt,
-         m.min_contribution]
+         m.min_contribution, m.flip_factor_down]
         for m in report.matrices
     ]
+    note = report.degenerate_note()
+    breakdown = report.breakdown_tables()
     section = Section(
         "schatten",
         "Generalization-bound proxies (spectrum-adaptive Schatten vs Edelman)",
         summary=(
             f"Spectrum-adaptive proxy B_ours = {report.ours:.6g}; Edelman et al. proxy B_Edelman = "
             f"{report.edelman:.6g} (ratio {report.edelman / report.ours:.3g}×), from the weights alone "
-            f"({len(report.matrices)} matrices, L_φ = {report.L_phi})."
+            f"({len(report.matrices)} matrices, L_φ = {report.L_phi})." + (f" {note}" if note else "")
         ),
         tables=[
+            Table("Σ c(W, p) per matrix type at fixed p (B_ours takes the minimum per matrix)", *breakdown["types"]),
+            Table("Layer gains f_ℓ and propagation factors α_ℓ", *breakdown["layers"]),
             Table(
-                "Per-matrix spectra and optimal p",
-                ["layer", "head", "type", "rank", "‖W‖₂", "stable rank", "p_opt", "min_p c(W,p)"],
+                "Per-matrix spectra and optimal p (κ↓: factor on γα_ℓL at which a larger p would win)",
+                ["layer", "head", "type", "rank", "‖W‖₂", "stable rank", "p_opt", "min_p c(W,p)", "κ↓"],
                 rows,
-            )
+            ),
         ],
         numbers=report.to_dict(include_spectra=False),
     )
     from hf_tdiag.viz import schatten as VS
 
     _add_figures(section, lambda: [
-        ("Optimal Schatten index p per matrix (layers × matrix type / head)", F.optimal_p_heatmap(report)),
-        ("Spectral decay σᵢ/σ₁ per matrix type", VS.plot_spectral_decay(report)),
+        ("Optimal Schatten index p per matrix type (histogram)", VS.plot_optimal_p_histogram(report)),
+        ("Spectral decay σᵢ/σ₁ per matrix type (colour: layer)", VS.plot_spectral_decay(report)),
         ("Contribution c(W, p) against p (minimum marked)", VS.plot_contribution_vs_p(report)),
     ])
     return section

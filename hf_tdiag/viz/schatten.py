@@ -7,6 +7,7 @@ scaling plots any rows with ``num_layers``, ``hidden_size``, ``ours`` and ``edel
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -14,6 +15,28 @@ from matplotlib.figure import Figure
 
 TYPE_LABELS = {"qk": "QK (per head)", "v": "Ṽ (per head)", "m_in": "M_in", "ista": "ISTA D (as M_in)", "m_out": "M_out"}
 PROXY_STYLE = {"ours": ("B_ours (spectrum-adaptive)", "-", "o"), "edelman": ("B_Edelman", "--", "s")}
+
+
+AXIS_LABELS = {"hidden_size": ("hidden size N", "N"), "num_layers": ("depth L", "L")}
+# the paper normalises every curve at its smallest miniature: N = 128 (vs width) and L = 2 (vs depth)
+PAPER_NORMALIZE_AT = {"hidden_size": 128, "num_layers": 2}
+NORM_LABELS = {"norm_2_1": "(2,1) norm ‖W‖_{2,1}", "norm_1_1": "(1,1) norm ‖W‖_{1,1}", "spectral_norm": "spectral norm ‖W‖₂"}
+
+
+def model_label(name: str) -> str:
+    """A model name fit for a title: a Hub id as is; a local folder as its last two path components (no local path)."""
+    name = str(name).rstrip("/\\")
+    if os.path.isabs(name) or os.path.exists(name) or name.startswith("."):
+        parts = [p for p in name.replace("\\", "/").split("/") if p and p != "."]
+        return "/".join(parts[-2:]) if parts else name
+    return name
+
+
+def _title_name(report) -> str:
+    return (
+        f"{model_label(report.model)} ({report.model_type}, L={report.num_layers}, N={report.hidden_size}, "
+        f"H={report.num_heads})"
+    )
 
 
 def _rows(rows: Iterable[Mapping[str, Any] | Any]) -> list[dict[str, Any]]:
@@ -29,42 +52,62 @@ def _rows(rows: Iterable[Mapping[str, Any] | Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _normalizers(rows: list[dict[str, Any]]) -> dict[str, float]:
-    base = min(rows, key=lambda r: (r["num_layers"], r["hidden_size"]))
-    return {k: float(base[k]) for k in PROXY_STYLE}
+def scaling_curves(rows, x_key: str, normalize_at: Mapping[str, int] | None = None) -> dict[tuple, dict[str, Any]]:
+    """Per-curve normalised proxies, as the paper plots them: ``(group, proxy) -> {"x", "y", "raw", "at"}``.
 
-
-def _scaling(rows, x_key: str, group_key: str, title: str) -> Figure:
+    A curve is one proxy (``"ours"`` or ``"edelman"``) against ``x_key`` (``"hidden_size"`` or ``"num_layers"``)
+    at one value of the other axis (``group``); it is divided by its own value at ``normalize_at[x_key]``
+    (default N = 128, L = 2, the paper's choice), or at its smallest x when that value is not on the curve.
+    """
+    if x_key not in AXIS_LABELS:
+        raise ValueError(f"x_key: expected 'hidden_size' or 'num_layers', got {x_key!r}")
     rows = _rows(rows)
-    norm = _normalizers(rows)
-    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
-    ax = fig.add_subplot()
-    groups = sorted({r[group_key] for r in rows})
-    colors = [f"C{i % 10}" for i in range(len(groups))]
-    for color, g in zip(colors, groups):
+    group_key = "num_layers" if x_key == "hidden_size" else "hidden_size"
+    at = dict(PAPER_NORMALIZE_AT, **(normalize_at or {}))[x_key]
+    curves = {}
+    for g in sorted({r[group_key] for r in rows}):
         sel = sorted((r for r in rows if r[group_key] == g), key=lambda r: r[x_key])
         xs = [r[x_key] for r in sel]
+        base_i = xs.index(at) if at in xs else 0
+        for key in PROXY_STYLE:
+            raw = np.array([float(r[key]) for r in sel])
+            curves[(g, key)] = {"x": xs, "y": raw / raw[base_i], "raw": raw, "at": xs[base_i]}
+    return curves
+
+
+def _scaling(rows, x_key: str, title: str, normalize_at=None, ax=None) -> Figure:
+    curves = scaling_curves(rows, x_key, normalize_at)
+    group_key = "num_layers" if x_key == "hidden_size" else "hidden_size"
+    if ax is None:
+        fig = Figure(figsize=(6.4, 4.4), layout="constrained")
+        ax = fig.add_subplot()
+    groups = sorted({g for g, _ in curves})
+    ats = sorted({c["at"] for c in curves.values()})
+    for i, g in enumerate(groups):
         for key, (label, ls, marker) in PROXY_STYLE.items():
-            ys = [r[key] / norm[key] for r in sel]
-            ax.plot(xs, ys, ls=ls, marker=marker, color=color, label=f"{label}, {group_key.replace('_', ' ')}={g}")
+            c = curves[(g, key)]
+            ax.plot(c["x"], c["y"], ls=ls, marker=marker, color=f"C{i % 10}",
+                    label=f"{label}, {AXIS_LABELS[group_key][1]}={g}")
     ax.set_yscale("log")
-    ax.set_xlabel("hidden size N" if x_key == "hidden_size" else "depth L")
-    ax.set_ylabel("proxy / proxy of the smallest model")
-    ax.set_title(title)
-    ax.set_xticks(sorted({r[x_key] for r in rows}))
+    ax.set_xlabel(AXIS_LABELS[x_key][0])
+    sym = AXIS_LABELS[x_key][1]
+    at_text = f"{sym}={ats[0]}" if len(ats) == 1 else f"the curve's smallest {sym}"
+    ax.set_ylabel(f"proxy / same curve at {at_text}")
+    ax.set_title(title, fontsize=10)
+    ax.set_xticks(sorted({x for c in curves.values() for x in c["x"]}))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=6, ncol=2)
-    return fig
+    return ax.figure
 
 
-def plot_proxies_vs_width(rows) -> Figure:
-    """Both proxies vs N, one line pair per depth L, normalised to the smallest model (log scale)."""
-    return _scaling(rows, "hidden_size", "num_layers", "Bound proxies vs width (fixed depth)")
+def plot_proxies_vs_width(rows, normalize_at: Mapping[str, int] | None = None, title: str | None = None, ax=None) -> Figure:
+    """Both proxies vs N, one line pair per depth L, each curve divided by its value at N = 128 (log scale)."""
+    return _scaling(rows, "hidden_size", title or "Bound proxies vs width (fixed depth)", normalize_at, ax)
 
 
-def plot_proxies_vs_depth(rows) -> Figure:
-    """Both proxies vs L, one line pair per width N, normalised to the smallest model (log scale)."""
-    return _scaling(rows, "num_layers", "hidden_size", "Bound proxies vs depth (fixed width)")
+def plot_proxies_vs_depth(rows, normalize_at: Mapping[str, int] | None = None, title: str | None = None, ax=None) -> Figure:
+    """Both proxies vs L, one line pair per width N, each curve divided by its value at L = 2 (log scale)."""
+    return _scaling(rows, "num_layers", title or "Bound proxies vs depth (fixed width)", normalize_at, ax)
 
 
 def _types(report) -> list[str]:
@@ -88,7 +131,8 @@ def plot_spectral_decay(report) -> Figure:
         ax.set_title(TYPE_LABELS[t], fontsize=9)
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("σᵢ / σ₁")
-    fig.suptitle(f"Spectral decay — {report.model} (colour: layer, dark = first)", fontsize=9)
+    _layer_colorbar(fig, axes, report.num_layers)
+    fig.suptitle(f"Spectral decay — {_title_name(report)}", fontsize=9)
     return fig
 
 
@@ -109,7 +153,7 @@ def plot_optimal_p(report) -> Figure:
     ax.set_ylabel("optimal p")
     ax.set_ylim(-0.05, 2.05)
     ax.set_xticks(range(report.num_layers))
-    ax.set_title(f"Optimal Schatten index per matrix — {report.model}", fontsize=9)
+    ax.set_title(f"Optimal Schatten index per matrix — {_title_name(report)}", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     return fig
@@ -136,7 +180,8 @@ def plot_contribution_vs_p(report) -> Figure:
         ax.set_title(TYPE_LABELS[t], fontsize=9)
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("c(W, p)  (mean over heads)")
-    fig.suptitle(f"Contribution vs Schatten index — {report.model} (colour: layer)", fontsize=9)
+    _layer_colorbar(fig, axes, report.num_layers)
+    fig.suptitle(f"Contribution vs Schatten index — {_title_name(report)}", fontsize=9)
     return fig
 
 
@@ -147,15 +192,103 @@ def _layer_colors(n: int) -> list:
     return [cmap(i / max(n - 1, 1)) for i in range(n)]
 
 
-def save_report_figures(report, out_dir: str, prefix: str = "") -> dict[str, str]:
-    """Write the three per-model figures as PNG into ``out_dir``; returns name -> path."""
-    import os
+def _layer_colorbar(fig: Figure, axes, num_layers: int) -> None:
+    """A colour bar mapping the line colours of :func:`_layer_colors` to layer indices 0 … L−1."""
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import BoundaryNorm
 
+    bounds = np.arange(num_layers + 1) - 0.5
+    cmap = colormaps["viridis"].resampled(max(num_layers, 2))
+    sm = ScalarMappable(norm=BoundaryNorm(bounds, cmap.N), cmap=cmap)
+    bar = fig.colorbar(sm, ax=list(axes), label="layer ℓ", pad=0.01, aspect=30)
+    step = max(1, num_layers // 8)
+    bar.set_ticks(range(0, num_layers, step))
+
+
+def optimal_p_counts(report) -> dict[str, np.ndarray]:
+    """How many matrices of each type have each p of the grid as their optimum: type -> counts aligned with ``p_grid``."""
+    grid = np.asarray(report.p_grid)
+    out = {}
+    for t in _types(report):
+        ps = np.array([m.p_opt for m in report.matrices if m.type == t])
+        out[t] = np.array([(np.isclose(ps, p, rtol=0, atol=1e-12)).sum() for p in grid])
+    return out
+
+
+def plot_optimal_p_histogram(report) -> Figure:
+    """Histogram of the optimal p per matrix type (grouped bars on the p grid); says so when every p_opt is 0."""
+    counts = optimal_p_counts(report)
+    grid = np.asarray(report.p_grid)
+    fig = Figure(figsize=(6.4, 3.8), layout="constrained")
+    ax = fig.add_subplot()
+    step = grid[1] - grid[0] if len(grid) > 1 else 1.0
+    width = 0.8 * step / max(len(counts), 1)
+    for i, (t, c) in enumerate(counts.items()):
+        offset = (i - (len(counts) - 1) / 2) * width
+        ax.bar(grid + offset, c, width=width, color=f"C{i}", label=f"{TYPE_LABELS[t]} ({int(c.sum())})")
+    ax.set_xlabel("optimal Schatten index p (grid {0, 1/m, …, 2})")
+    ax.set_ylabel("number of matrices")
+    ax.set_xlim(-step, 2 + step)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    title = f"Optimal p per matrix type — {_title_name(report)}"
+    if getattr(report, "degenerate", False):
+        title += "\np_opt = 0 for every matrix: B_ours depends only on shapes and ranks"
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def norm_scaling_rows(reports, num_layers: int | None = 2) -> list[dict[str, Any]]:
+    """One row per matrix of every report with ``num_layers`` layers (all when None): type, layer, head, N, norms."""
+    rows = []
+    for r in reports:
+        if num_layers is not None and r.num_layers != num_layers:
+            continue
+        for m in r.matrices:
+            rows.append({"model": r.model, "hidden_size": r.hidden_size, "num_layers": r.num_layers, "type": m.type,
+                         "layer": m.layer, "head": m.head, **{k: getattr(m, k) for k in NORM_LABELS}})
+    if not rows:
+        raise ValueError(f"reports: none has num_layers = {num_layers}; got {sorted({r.num_layers for r in reports})}")
+    return rows
+
+
+def plot_norm_scaling(reports, num_layers: int | None = 2) -> Figure:
+    """(2,1), (1,1) and spectral norms of every matrix vs N at fixed depth (the paper's norm-scaling figure), log-log.
+
+    Dots: single matrices (heads and layers); lines: the mean per matrix type.
+    """
+    rows = norm_scaling_rows(reports, num_layers)
+    types = [t for t in TYPE_LABELS if any(r["type"] == t for r in rows)]
+    widths = sorted({r["hidden_size"] for r in rows})
+    fig = Figure(figsize=(12.0, 3.8), layout="constrained")
+    axes = fig.subplots(1, len(NORM_LABELS))
+    for ax, (key, label) in zip(axes, NORM_LABELS.items()):
+        for i, t in enumerate(types):
+            sel = [r for r in rows if r["type"] == t]
+            ax.scatter([r["hidden_size"] for r in sel], [r[key] for r in sel], s=6, color=f"C{i}", alpha=0.35)
+            means = [np.mean([r[key] for r in sel if r["hidden_size"] == n]) for n in widths]
+            ax.plot(widths, means, marker="o", color=f"C{i}", label=TYPE_LABELS[t])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(widths, [str(n) for n in widths])
+        ax.set_xlabel("hidden size N")
+        ax.set_title(label, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    depth = f"L = {num_layers}" if num_layers is not None else "all depths"
+    fig.suptitle(f"Norms of the bound's matrices vs width ({depth}; dots: matrices, lines: mean per type)", fontsize=9)
+    return fig
+
+
+def save_report_figures(report, out_dir: str, prefix: str = "") -> dict[str, str]:
+    """Write the four per-model figures as PNG into ``out_dir``; returns name -> path."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {}
     for name, fn in (
         ("spectral_decay", plot_spectral_decay),
         ("optimal_p", plot_optimal_p),
+        ("optimal_p_histogram", plot_optimal_p_histogram),
         ("contribution_vs_p", plot_contribution_vs_p),
     ):
         path = os.path.join(out_dir, f"{prefix}{name}.png")
@@ -165,10 +298,16 @@ def save_report_figures(report, out_dir: str, prefix: str = "") -> dict[str, str
 
 
 __all__ = [
+    "model_label",
+    "norm_scaling_rows",
+    "optimal_p_counts",
     "plot_contribution_vs_p",
+    "plot_norm_scaling",
     "plot_optimal_p",
+    "plot_optimal_p_histogram",
     "plot_proxies_vs_depth",
     "plot_proxies_vs_width",
     "plot_spectral_decay",
     "save_report_figures",
+    "scaling_curves",
 ]
