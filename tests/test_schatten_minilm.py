@@ -121,7 +121,7 @@ def test_cli_on_minilm(minilm, dense, tmp_path, capsys):
 
 
 def test_report_section_space_tab_and_figure_data_on_minilm(minilm, dense):
-    from hf_tdiag.report.loading import load_model
+    from hf_tdiag.loading import load_model
     from hf_tdiag.report.report import ReportOptions, section_schatten
     from hf_tdiag.space_handlers import bounds_tab
     from hf_tdiag.viz.schatten import norm_scaling_rows, optimal_p_counts, plot_optimal_p_histogram
