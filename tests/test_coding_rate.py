@@ -270,3 +270,20 @@ def test_token_mask_equals_measuring_only_the_kept_tokens():
         coding_rate(Z, token_mask=mask[:, :3])
     with pytest.raises(ValueError, match="at least one"):
         coding_rate(Z, token_mask=torch.zeros(3, 9))
+
+
+def test_unit_tokens_and_official_compression_rate():
+    from hf_tdiag.measures.coding_rate import official_compression_rate, unit_tokens
+
+    A = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    A[0, 1, 2] = 0.0  # an all-zero token stays zero instead of becoming NaN
+    Ahat = unit_tokens(A)
+    norms = Ahat.norm(dim=-1)
+    assert torch.allclose(norms[norms > 0], torch.ones_like(norms[norms > 0])) and float(norms[0, 1, 2]) == 0.0
+    # scale-invariant per token, and Σ_k ½ logdet(I + p/(Nε²) Âₖ Âₖᵀ) on the token side by hand
+    scaled = A * torch.rand(2, 3, 5, 1, dtype=torch.float64).add(0.5)
+    value = official_compression_rate(A, eps=0.1)
+    torch.testing.assert_close(value, official_compression_rate(scaled, eps=0.1))
+    eye = torch.eye(5, dtype=torch.float64)
+    by_hand = 0.5 * torch.linalg.slogdet(eye + 4 / (5 * 0.01) * Ahat @ Ahat.transpose(-1, -2))[1].sum(-1)
+    torch.testing.assert_close(value, by_hand)

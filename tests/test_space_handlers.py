@@ -68,7 +68,8 @@ def test_crate_tab_prediction_matches_direct_forward(crate_dir, digit_png):
     srr = hf_tdiag.layer_srr(model, pv, progress=False)
     srr_panel = next(ax for ax in srr_fig.axes if ax.get_title().startswith("SRR"))
     lines = srr_panel.get_lines()
-    np.testing.assert_allclose(lines[0].get_ydata(), srr.mean["block_input"]["srr"], rtol=1e-9)
+    # x = 0 the embeddings Z^0, x = l the output of block l
+    np.testing.assert_allclose(lines[0].get_ydata(), [srr.embeddings["mean"]["srr"]] + srr.mean["output"]["srr"], rtol=1e-9)
     top = max(labels, key=labels.get)
     assert f"| crate (this model) | {top} | {labels[top]:.3f} |" in table
 
@@ -86,7 +87,7 @@ def test_crate_tab_compares_variants(crate_dir, digit_png, monkeypatch, tmp_path
     labels, _, _, srr_fig, table = H.crate_tab(crate_dir, digit_png, 0, ["crate-c"])
     assert "| crate-c (default digits model) |" in table
     panel = next(ax for ax in srr_fig.axes if ax.get_title().startswith("SRR"))
-    assert len(panel.get_lines()) >= 2  # this model and crate-c (solid block input; dashed mid states)
+    assert len(panel.get_lines()) >= 2  # this model and crate-c (solid block outputs; dashed mid states)
     with pytest.raises(gr.Error) as excinfo:
         H.crate_tab(crate_dir, digit_png, 0, ["crate-x"])
     assert "unknown variant" in _message(excinfo)

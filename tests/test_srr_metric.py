@@ -41,11 +41,17 @@ def test_evaluate_round_trip_images_pixel_values_and_add_batch(crate_dir, srr_mo
     images = digits_images(limit=9).images
     expected = layer_srr(model, _pixel_values(model, images), eps=0.2, progress=False)
     out = srr_module.compute(model=path, images=images, eps=0.2, batch_size=4, progress=False)
-    assert out["layers"] == [0, 1] and out["num_samples"] == 9
+    assert out["layers"] == [1, 2] and out["num_samples"] == 9
     for term in ("R", "Rc", "sparsity", "srr"):
-        np.testing.assert_allclose(out[term], expected.mean["block_input"][term], rtol=1e-9)
-        np.testing.assert_allclose(out[f"{term}_std"], expected.std["block_input"][term], rtol=1e-7, atol=1e-12)
+        np.testing.assert_allclose(out[term], expected.mean["output"][term], rtol=1e-9)
+        np.testing.assert_allclose(out[f"{term}_std"], expected.std["output"][term], rtol=1e-7, atol=1e-12)
+        np.testing.assert_allclose(out[f"input_{term}"], expected.mean["input"][term], rtol=1e-9)
         np.testing.assert_allclose(out[f"mid_{term}"], expected.mean["mid"][term], rtol=1e-9)
+        assert out["embeddings"][term] == pytest.approx(expected.embeddings["mean"][term], rel=1e-9)
+    official = srr_module.compute(model=path, images=images, measurement="official", batch_size=4, progress=False)
+    expected_official = layer_srr(model, _pixel_values(model, images), measurement="official", progress=False)
+    np.testing.assert_allclose(official["Rc"], expected_official.mean["official"]["Rc"], rtol=1e-9)
+    assert "embeddings" not in official and official["settings"]["measurement"] == "official"
     assert out["summary"]["srr_mean_over_layers"] == pytest.approx(np.mean(out["srr"]))
     assert out["settings"]["eps"] == 0.2 and out["settings"]["variant"] == "crate-n"
     # the same with a model object, with pixel values, and with add_batch
@@ -71,7 +77,7 @@ def test_evaluate_texts_with_local_tokenizer(tmp_path, srr_module):
     out = srr_module.compute(model=str(folder), texts=texts, source="key", progress=False)
     batch = dict(tok(texts, padding=True, return_tensors="pt"))
     expected = layer_srr(model, batch, source="key", progress=False)
-    np.testing.assert_allclose(out["Rc"], expected.mean["block_input"]["Rc"], rtol=1e-6)
+    np.testing.assert_allclose(out["Rc"], expected.mean["output"]["Rc"], rtol=1e-6)
     assert "mid_srr" not in out and out["settings"]["source"] == "key"
 
 
@@ -102,7 +108,7 @@ def test_cli_writes_json_and_png_matching_the_api(crate_dir, tmp_path):
     data = json.loads((out_dir / "srr.json").read_text())
     rep = data["reports"]["N"]
     expected = layer_srr(model, _pixel_values(model, digits_images(limit=10).images), eps=0.3, progress=False)
-    np.testing.assert_allclose(rep["mean"]["block_input"]["srr"], expected.mean["block_input"]["srr"], rtol=1e-9)
+    np.testing.assert_allclose(rep["mean"]["output"]["srr"], expected.mean["output"]["srr"], rtol=1e-9)
     assert rep["num_samples"] == 10 and rep["settings"]["eps"] == 0.3
     with Image.open(out_dir / "srr.png") as im:
         assert im.format == "PNG" and im.size[0] > 300
@@ -146,12 +152,17 @@ def test_plot_layer_srr_several_models(tmp_path):
     axes = [ax for ax in fig.axes if ax.get_visible()]
     assert len(axes) == 4
     for ax in axes:
-        assert len(ax.lines) == 4  # 2 models x 2 states
+        assert len(ax.lines) == 4  # 2 models x 2 states (block outputs, mid states)
     srr_ax = axes[3]
-    np.testing.assert_allclose(srr_ax.lines[0].get_ydata(), reports["crate-c"].mean["block_input"]["srr"])
+    c = reports["crate-c"]
+    # x = 0: the embeddings Z^0; x = l: the output of block l; mid states at l - 1/2
+    np.testing.assert_allclose(srr_ax.lines[0].get_xdata(), [0, 1, 2])
+    np.testing.assert_allclose(srr_ax.lines[0].get_ydata(), [c.embeddings["mean"]["srr"]] + c.mean["output"]["srr"])
+    np.testing.assert_allclose(srr_ax.lines[1].get_xdata(), [0.5, 1.5])
+    np.testing.assert_allclose(srr_ax.lines[1].get_ydata(), c.mean["mid"]["srr"])
     fig2 = plot_layer_srr([r.to_dict() for r in reports.values()], labels=["C", "N"], terms=["Rc"], states=["mid"])
     assert len(fig2.axes[0].lines) == 2
-    assert [line.get_label() for line in fig2.axes[0].lines] == ["C · $Z^{\\ell+1/2}$", "N · $Z^{\\ell+1/2}$"]
+    assert [line.get_label() for line in fig2.axes[0].lines] == ["C", "N"]
     path = save_figure(fig, tmp_path / "sub" / "f.png")
     assert Image.open(path).format == "PNG"
     with pytest.raises(ValueError, match="terms"):

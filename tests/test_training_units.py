@@ -214,27 +214,40 @@ def _tiny_model():
     return CrateForImageClassification(config)
 
 
-def test_srr_penalty_matches_naive_formula_and_reaches_U():
+def test_srr_penalty_last_is_the_last_block_output_and_reaches_its_ista_and_U():
     model = _tiny_model()
     x = torch.randn(4, 1, 8, 8)
     out = model(pixel_values=x, output_hidden_states=True)
+    assert len(out.hidden_states) == 4  # Z^0 .. Z^3
     penalty, layers = regularizers.model_srr_penalty(model, out.hidden_states, "last", step=0, seed=0, eps=0.5, lam=1.0)
-    assert layers == [2]
-    W = model.crate.encoder.layer[2].attention.qkv.weight.detach()  # rows k*p:(k+1)*p are U_k^T
+    assert layers == [3]  # block L = 3
+    last = model.crate.encoder.layer[2]  # block 3 in code
+    W = last.attention.qkv.weight.detach()  # rows k*p:(k+1)*p are U_k^T of block 3
     U_list = [W[k * 8 : (k + 1) * 8].T for k in range(2)]
-    Z = out.hidden_states[2].detach()  # input of block 2
+    Z = out.hidden_states[3].detach()  # Z^L, the output of the last block (its ISTA output)
     naive = torch.stack([_naive_srr(Z[b], U_list, 0.5, 1.0) for b in range(4)]).mean()
     torch.testing.assert_close(penalty.detach(), naive, rtol=1e-9, atol=1e-9)
     (penalty * 1.0).backward()
-    grad = model.crate.encoder.layer[2].attention.qkv.weight.grad
+    # the gradient reaches the last block's ISTA dictionary (through Z^L) and its U
+    ista_grads = [p.grad for p in last.ista.parameters() if p.requires_grad]
+    assert ista_grads and all(g is not None and float(g.abs().sum()) > 0 for g in ista_grads)
+    grad = last.attention.qkv.weight.grad
     assert grad is not None and float(grad.abs().sum()) > 0
-    # the gradient w.r.t. U of block 2 is the naive formula's gradient (through Rc only, Z held fixed)
+    # the head is not part of the penalty
+    assert model.classifier.weight.grad is None
+    # the gradient w.r.t. U of block 3 contains the naive formula's gradient through Rc with Z held fixed:
+    # recompute with Z detached to isolate it
+    model.zero_grad()
+    out2 = model(pixel_values=x, output_hidden_states=True)
+    states = [h.detach() for h in out2.hidden_states]
+    penalty2, _ = regularizers.model_srr_penalty(model, states, "last", step=0, seed=0, eps=0.5, lam=1.0)
+    penalty2.backward()
     W_var = W.clone().requires_grad_(True)
     naive_u = torch.stack(
         [_naive_srr(Z[b], [W_var[k * 8 : (k + 1) * 8].T for k in range(2)], 0.5, 1.0) for b in range(4)]
     ).mean()
     (gu,) = torch.autograd.grad(naive_u, W_var)
-    torch.testing.assert_close(grad.double(), gu.double(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(last.attention.qkv.weight.grad.double(), gu.double(), rtol=1e-4, atol=1e-6)
 
 
 def test_srr_regularisation_changes_the_loss_and_its_gradient():
@@ -257,13 +270,18 @@ def test_srr_regularisation_changes_the_loss_and_its_gradient():
 
 
 def test_srr_layer_choice():
+    # blocks are numbered 1..L: "layer l" is the output of block l
     seen = {regularizers.srr_layers_for_step("random", 4, step, seed=1)[0] for step in range(60)}
-    assert seen == {0, 1, 2, 3}
+    assert seen == {1, 2, 3, 4}
     assert regularizers.srr_layers_for_step("random", 4, 17, 1) == regularizers.srr_layers_for_step("random", 4, 17, 1)
-    assert regularizers.srr_layers_for_step(-1, 4, 0, 0) == [3]
-    assert regularizers.srr_layers_for_step("all", 3, 0, 0) == [0, 1, 2]
-    with pytest.raises(ValueError, match="srr_layer"):
-        regularizers.srr_layers_for_step(4, 4, 0, 0)
+    assert regularizers.srr_layers_for_step("last", 4, 0, 0) == [4]
+    assert regularizers.srr_layers_for_step(-1, 4, 0, 0) == [4]
+    assert regularizers.srr_layers_for_step(1, 4, 0, 0) == [1]
+    assert regularizers.srr_layers_for_step("all", 3, 0, 0) == [1, 2, 3]
+    for bad in (0, 5, -5):
+        with pytest.raises(ValueError, match="srr_layer"):
+            regularizers.srr_layers_for_step(bad, 4, 0, 0)
+    assert targs.make_args(output_dir="x").srr_layer == "last"  # the paper's main setting is the default
 
 
 def test_generalization_gap_definition():
@@ -312,6 +330,7 @@ def test_model_card_has_no_local_paths_and_names_the_hub_base_model(tmp_path):
         assert card.data.eval_results[0].dataset_type == "my data" and card.data.model_name.endswith("on my data")
         assert ("Fine-tuned from:** [`someone/crate-base`]" in text) == (expected is not None)
         assert ("local checkpoint `base-run`" in text) == (expected is None)
+        assert "`--srr_layer last` would choose the block output" in text  # the regulariser's choice, recorded
 
 
 def test_accelerate_configs_load():

@@ -27,10 +27,13 @@ def register(subparsers) -> None:
     p.add_argument("--limit", type=int, default=256, help="number of inputs to measure (default 256)")
     p.add_argument("--source", default="query", choices=["query", "key", "value", "all"],
                    help="projection giving U for non-CRATE models (default query; 'all' = one curve per source)")
+    p.add_argument("--measurement", default="design", choices=["design", "official"],
+                   help="design: layer l = output Z^l of block l with U^l (default); official: the official CRATE "
+                   "hooks (Rc of each block's qkv output with unit-norm tokens per head, sparsity at the ISTA output)")
     p.add_argument("--eps", type=float, default=0.1, help="epsilon of the coding rates (default 0.1)")
     p.add_argument("--lam", type=float, default=1.0, help="weight of the sparsity term (default 1.0)")
     p.add_argument("--layernorm", action="store_true", help="measure LN(Z) with each block's pre-attention LayerNorm")
-    p.add_argument("--no-mid", action="store_true", help="CRATE: skip the states Z^{l+1/2} after attention")
+    p.add_argument("--no-mid", action="store_true", help="CRATE: skip the states Z^{l-1/2} after attention")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=128, help="token limit for --texts (default 128)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -88,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
                 loaded.model,
                 inputs,
                 source=source,
+                measurement=args.measurement,
                 eps=args.eps,
                 lam=args.lam,
                 apply_layernorm=args.layernorm,

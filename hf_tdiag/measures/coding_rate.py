@@ -30,6 +30,8 @@ __all__ = [
     "coding_rate",
     "compression_rate",
     "compression_rate_from_projections",
+    "unit_tokens",
+    "official_compression_rate",
     "sparsity",
     "sparse_rate_reduction",
     "srr_terms",
@@ -198,6 +200,24 @@ def compression_rate(
     eps = _check_eps(eps)
     A = head_projections(Z, U)
     return _compression_rate(A, eps, _check_mask(token_mask, Z))
+
+
+def unit_tokens(A: torch.Tensor) -> torch.Tensor:
+    """Each token (row) of ``A`` (..., N, p) scaled to unit ℓ2 norm, ``a_i / ‖a_i‖`` (all-zero rows stay zero)."""
+    _check_tensor(A, "A", 2, "of shape (..., N, p)")
+    A = A.to(torch.float64) if A.dtype == torch.float64 else A.to(torch.float32)
+    return A / torch.linalg.vector_norm(A, dim=-1, keepdim=True).clamp_min(torch.finfo(A.dtype).tiny)
+
+
+def official_compression_rate(
+    A: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Official CRATE ``Rᶜ = Σ_k ½ logdet(I + p/(Nε²) Âₖ Âₖᵀ)``, ``Âₖ`` = head k's tokens of ``A`` (..., K, N, p) at unit norm.
+
+    ``A`` is the ``qkv`` output ``U_kᵀ LN₁(Z)`` of a block (``vis_utils/coding_rate.py`` of the official code
+    takes ``eps`` as ε², 0.01; here ε = 0.1). Computed on the smaller Gram side like every ``Rᶜ`` here.
+    """
+    return compression_rate_from_projections(unit_tokens(A), eps, token_mask=token_mask)
 
 
 def sparsity(Z: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:

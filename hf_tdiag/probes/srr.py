@@ -1,10 +1,23 @@
-"""Layer-by-layer sparse rate reduction of a model over a dataset (Hu, Zou & Xu 2024).
+"""Layer-by-layer sparse rate reduction of a model over a dataset (Yu et al. 2023; Hu, Zou & Xu 2024).
 
 Wires :mod:`hf_tdiag.probes.token_states` and :mod:`hf_tdiag.probes.subspaces`
-to :func:`hf_tdiag.measures.srr_terms`: for each block ℓ it measures ``R``,
-``Rᶜ(·; U^ℓ)``, ``sparsity`` and ``SRR`` at the block input ``Z^ℓ`` and, for
-CRATE, at ``Z^{ℓ+½}`` (after MSSA, with the same ``U^ℓ``), per sample, and
-reports the mean and standard deviation over samples.
+to :mod:`hf_tdiag.measures.coding_rate`. Blocks are numbered ℓ = 1…L; block ℓ's
+states are all measured with its own subspaces ``U^ℓ`` (DESIGN.md, "Which
+states"):
+
+* ``output`` — ``Z^ℓ``, the output of block ℓ (``hidden_states[ℓ]``). **"Layer ℓ"
+  means this state** in every summary, table and figure;
+* ``input`` — ``Z^{ℓ−1}``, the input of block ℓ (``hidden_states[ℓ−1]``);
+* ``mid`` — CRATE only, ``Z^{ℓ−½} = Z^{ℓ−1} + MSSA(LN₁(Z^{ℓ−1}))``;
+* ``embeddings`` — the embedding output ``Z^0`` (with ``U^1``), reported once.
+
+``measurement="official"`` reproduces the official CRATE measurement
+(``vis_utils/crate_hook.py`` + ``coding_rate.py``) as one state ``official``
+per block ℓ: ``Rc`` from block ℓ's own ``qkv`` output ``U_kᵀ LN₁(Z^{ℓ−1})`` with
+every token scaled to unit ℓ2 norm per head (:func:`official_compression_rate`),
+``sparsity`` and ``R`` at the block output ``Z^ℓ`` (ISTA's output), and
+``srr = Rc − R + λ·sparsity`` of those. Values are per sample; reports keep the
+mean and standard deviation over samples.
 """
 
 from __future__ import annotations
@@ -20,25 +33,44 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..measures.coding_rate import srr_terms
+from ..measures.coding_rate import (
+    coding_rate,
+    compression_rate,
+    compression_rate_from_projections,
+    official_compression_rate,
+    sparsity,
+)
 from .architecture import describe
 from .subspaces import check_source, subspaces
 from .token_states import model_device, token_states
 
 TERMS: Tuple[str, ...] = ("R", "Rc", "sparsity", "srr")
-STATES: Tuple[str, ...] = ("block_input", "mid")
+STATES: Tuple[str, ...] = ("output", "input", "mid")
+MEASUREMENTS: Tuple[str, ...] = ("design", "official")
 STATE_DESCRIPTIONS = {
-    "block_input": "Z^l, the input of block l",
-    "mid": "Z^{l+1/2} = Z^l + MSSA(LN1(Z^l)), after block l's attention (CRATE only)",
+    "output": "Z^l, the output of block l (hidden_states[l]), with block l's U^l; 'layer l' means this state",
+    "input": "Z^{l-1}, the input of block l (hidden_states[l-1]), with block l's U^l",
+    "mid": "Z^{l-1/2} = Z^{l-1} + MSSA(LN1(Z^{l-1})), block l's state after attention, with U^l (CRATE only)",
+    "official": "official CRATE measurement of block l: Rc of its qkv output U^T LN1(Z^{l-1}) with unit-norm "
+    "tokens per head; R and sparsity of its output Z^l",
+    "embeddings": "Z^0, the embedding output (hidden_states[0]), with block 1's U^1",
 }
+
+
+def _mean_std(values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    return values.mean(0), values.std(0, correction=0)
 
 
 @dataclass
 class SRRReport:
     """Per-layer mean/std over samples of ``R``, ``Rc``, ``sparsity``, ``srr`` at each measured state.
 
-    ``mean[state][term]`` and ``std[state][term]`` are lists with one float per layer (std with ddof=0).
-    ``values`` (optional) holds the per-sample numbers, shape ``(num_samples, len(states), num_layers, 4)``.
+    ``layers`` are the block numbers ``1…L``; ``mean[state][term]`` and ``std[state][term]`` hold one float per
+    block (std with ddof=0), ``[ℓ−1]`` for block ℓ. ``embeddings`` (``None`` for the official measurement) is
+    ``{"mean": {term: float}, "std": {term: float}}`` of ``Z^0``. ``values`` (optional) holds the per-sample
+    numbers, shape ``(num_samples, len(states), num_layers, 4)``, and ``embedding_values`` ``(num_samples, 4)``.
+    The first state is the report's primary one (``output``, or ``official``): what :meth:`per_layer` and the
+    unprefixed :meth:`summary` keys describe.
     """
 
     states: Tuple[str, ...]
@@ -48,45 +80,78 @@ class SRRReport:
     std: Dict[str, Dict[str, List[float]]]
     settings: Dict[str, Any] = field(default_factory=dict)
     values: Optional[torch.Tensor] = None
+    embeddings: Optional[Dict[str, Dict[str, float]]] = None
+    embedding_values: Optional[torch.Tensor] = None
 
     @classmethod
-    def from_values(cls, values: torch.Tensor, states: Tuple[str, ...], settings: Dict[str, Any]) -> "SRRReport":
-        """Build a report from per-sample values ``(num_samples, S, L, 4)``."""
+    def from_values(
+        cls,
+        values: torch.Tensor,
+        states: Tuple[str, ...],
+        settings: Dict[str, Any],
+        embedding_values: Optional[torch.Tensor] = None,
+    ) -> "SRRReport":
+        """Build a report from per-sample values ``(num_samples, S, L, 4)`` (and ``(num_samples, 4)`` of ``Z^0``)."""
         if values.ndim != 4 or values.shape[1] != len(states) or values.shape[3] != len(TERMS):
             raise ValueError(f"values: expected shape (num_samples, {len(states)}, L, {len(TERMS)}), got {tuple(values.shape)}")
         if values.shape[0] == 0:
             raise ValueError("values: no samples were measured (the inputs were empty)")
         values = values.to(torch.float64)
-        mean_t = values.mean(0)
-        std_t = values.std(0, correction=0)
+        mean_t, std_t = _mean_std(values)
         mean = {s: {t: mean_t[i, :, j].tolist() for j, t in enumerate(TERMS)} for i, s in enumerate(states)}
         std = {s: {t: std_t[i, :, j].tolist() for j, t in enumerate(TERMS)} for i, s in enumerate(states)}
-        return cls(tuple(states), values.shape[2], values.shape[0], mean, std, dict(settings), values)
+        embeddings = None
+        if embedding_values is not None:
+            if tuple(embedding_values.shape) != (values.shape[0], len(TERMS)):
+                raise ValueError(
+                    f"embedding_values: expected shape ({values.shape[0]}, {len(TERMS)}), got {tuple(embedding_values.shape)}"
+                )
+            embedding_values = embedding_values.to(torch.float64)
+            e_mean, e_std = _mean_std(embedding_values)
+            embeddings = {"mean": dict(zip(TERMS, e_mean.tolist())), "std": dict(zip(TERMS, e_std.tolist()))}
+        return cls(tuple(states), values.shape[2], values.shape[0], mean, std, dict(settings), values, embeddings, embedding_values)
 
     @property
     def layers(self) -> List[int]:
-        return list(range(self.num_layers))
+        """Block numbers ``1…L`` (``mean[state][term][ℓ−1]`` is block ℓ)."""
+        return list(range(1, self.num_layers + 1))
+
+    def per_layer(self, term: str = "srr", state: Optional[str] = None) -> List[float]:
+        """Means of ``term`` for blocks ``1…L`` at ``state`` (default: the primary state, block outputs ``Z^ℓ``)."""
+        state = state or self.states[0]
+        if state not in self.mean or term not in TERMS:
+            raise ValueError(f"state/term: expected one of {list(self.mean)} and {list(TERMS)}, got {state!r}, {term!r}")
+        return list(self.mean[state][term])
 
     def summary(self) -> Dict[str, float]:
-        """Averages over layers and last-layer values, e.g. ``srr_mean_over_layers``, ``mid_Rc_last_layer``."""
+        """Averages over blocks ``1…L`` and last-block values: ``srr_mean_over_layers``, ``srr_last_layer`` (Z^L), ...
+
+        Keys of the primary state are unprefixed; other states are prefixed (``input_Rc_last_layer``,
+        ``mid_srr_mean_over_layers``); ``embeddings_<term>`` are ``Z^0``'s values.
+        """
         out: Dict[str, float] = {}
         for state in self.states:
-            prefix = "" if state == "block_input" else f"{state}_"
+            prefix = "" if state == self.states[0] else f"{state}_"
             for term in TERMS:
                 per_layer = self.mean[state][term]
                 out[f"{prefix}{term}_mean_over_layers"] = float(sum(per_layer) / len(per_layer))
                 out[f"{prefix}{term}_last_layer"] = float(per_layer[-1])
+        if self.embeddings is not None:
+            for term in TERMS:
+                out[f"embeddings_{term}"] = float(self.embeddings["mean"][term])
         return out
 
     def to_dict(self, include_samples: bool = False) -> Dict[str, Any]:
-        """JSON-ready dict: settings, layers, per-state per-term mean/std lists, summary (and samples if asked)."""
+        """JSON-ready dict: settings, layers, per-state per-term mean/std lists, embeddings, summary (+ samples)."""
         out: Dict[str, Any] = {
             "measure": "sparse_rate_reduction",
+            "measurement": self.settings.get("measurement", "design"),
             "settings": self.settings,
             "num_samples": self.num_samples,
             "layers": self.layers,
             "states": {s: STATE_DESCRIPTIONS.get(s, s) for s in self.states},
             "terms": list(TERMS),
+            "embeddings": self.embeddings,
             "mean": self.mean,
             "std": self.std,
             "summary": self.summary(),
@@ -97,6 +162,8 @@ class SRRReport:
             out["samples"] = {
                 s: {t: self.values[:, i, :, j].tolist() for j, t in enumerate(TERMS)} for i, s in enumerate(self.states)
             }
+            if self.embedding_values is not None:
+                out["embedding_samples"] = {t: self.embedding_values[:, j].tolist() for j, t in enumerate(TERMS)}
         return out
 
     def to_json(self, path: str | None = None, include_samples: bool = False, indent: int = 2) -> str:
@@ -111,12 +178,17 @@ class SRRReport:
     def from_dict(cls, data: Mapping) -> "SRRReport":
         """Inverse of :meth:`to_dict` (per-sample values only if they were included)."""
         states = tuple(data["states"])
-        values = None
+        values = embedding_values = None
         if "samples" in data:
             values = torch.tensor(
                 [[data["samples"][s][t] for t in TERMS] for s in states], dtype=torch.float64
             ).permute(2, 0, 3, 1)  # (S, 4, n, L) -> (n, S, L, 4)
-        return cls(states, len(data["layers"]), int(data["num_samples"]), data["mean"], data["std"], dict(data["settings"]), values)
+        if data.get("embedding_samples") is not None:
+            embedding_values = torch.tensor([data["embedding_samples"][t] for t in TERMS], dtype=torch.float64).T
+        return cls(
+            states, len(data["layers"]), int(data["num_samples"]), data["mean"], data["std"], dict(data["settings"]),
+            values, data.get("embeddings"), embedding_values,
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -176,7 +248,7 @@ def _batches(inputs, batch_size: int, accelerator) -> Iterable:
     return inputs
 
 
-def _check_settings(eps, lam, batch_size, max_batches):
+def _check_settings(eps, lam, batch_size, max_batches, measurement, apply_layernorm):
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
         raise ValueError(f"eps: expected a finite positive number, got {eps!r}")
     if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam):
@@ -185,11 +257,69 @@ def _check_settings(eps, lam, batch_size, max_batches):
         raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
     if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
         raise ValueError(f"max_batches: expected a positive int or None, got {max_batches!r}")
+    if measurement not in MEASUREMENTS:
+        raise ValueError(f"measurement: expected one of {list(MEASUREMENTS)}, got {measurement!r}")
+    if measurement == "official" and apply_layernorm:
+        raise ValueError("apply_layernorm: the official measurement fixes its states (qkv output of LN1(Z)); pass False")
 
 
 # ---------------------------------------------------------------------------
 # the measurement
 # ---------------------------------------------------------------------------
+
+
+class _StateTerms:
+    """The four terms of one state, ``(B, 4)``; ``R`` and sparsity paid once per distinct tensor.
+
+    Without a LayerNorm, block ℓ's output ``Z^ℓ`` is the very tensor block ℓ+1 receives as input
+    (and ``Z^0`` is block 1's input): only ``Rᶜ`` differs between them, through ``U``.
+    """
+
+    def __init__(self, eps: float, lam: float, token_mask):
+        self.eps, self.lam, self.mask = eps, lam, token_mask
+        self._cache: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def _r_sparsity(self, Z):
+        hit = self._cache.get(id(Z))
+        if hit is None or hit[0] is not Z:
+            hit = (Z, coding_rate(Z, self.eps, token_mask=self.mask), sparsity(Z, token_mask=self.mask))
+            self._cache[id(Z)] = hit
+        return hit[1], hit[2]
+
+    def __call__(self, Z, Rc, R_of=None) -> torch.Tensor:
+        """``Rc`` given; ``R`` and sparsity of ``R_of`` (default ``Z``)."""
+        R, sp = self._r_sparsity(Z if R_of is None else R_of)
+        return torch.stack([R, Rc, sp, Rc - R + self.lam * sp], dim=-1)
+
+    def rc(self, Z, U, A=None):
+        if A is not None:
+            return compression_rate_from_projections(A, self.eps, token_mask=self.mask)
+        return compression_rate(Z, U.to(Z.device), self.eps, token_mask=self.mask)
+
+
+def _design_values(ts, U, terms: _StateTerms, states) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(B, S, L, 4)`` for ``states`` ⊆ (output, input, mid) and ``(B, 4)`` of the embeddings ``Z^0``."""
+    L = len(ts.block_outputs)
+    reuse = ts.projections or [None] * L
+    inputs = [terms(Z, terms.rc(Z, U[i], reuse[i])) for i, Z in enumerate(ts.block_inputs)]
+    groups = {
+        "output": lambda: [terms(Z, terms.rc(Z, U[i])) for i, Z in enumerate(ts.block_outputs)],
+        "input": lambda: inputs,
+        "mid": lambda: [terms(Z, terms.rc(Z, U[i])) for i, Z in enumerate(ts.mid_states)],
+    }
+    values = torch.stack([torch.stack(groups[s](), dim=1) for s in states], dim=1)
+    return values, inputs[0]
+
+
+def _official_values(ts, terms: _StateTerms) -> torch.Tensor:
+    """``(B, 1, L, 4)``: official ``Rc`` of each block's qkv output, ``R`` and sparsity of its output ``Z^ℓ``."""
+    per_block = []
+    for i, Z in enumerate(ts.block_outputs):
+        A = ts.source_outputs[i] if ts.source_outputs else None
+        if A is None:
+            raise ValueError(f"model: block {i + 1}'s attention projection was not observed in the forward pass")
+        per_block.append(terms(Z, official_compression_rate(A, terms.eps, token_mask=terms.mask)))
+    return torch.stack(per_block, dim=1).unsqueeze(1)
 
 
 def batch_srr_values(
@@ -204,113 +334,78 @@ def batch_srr_values(
     reuse_projections: bool = True,
     arch=None,
     U: Optional[List[torch.Tensor]] = None,
-) -> torch.Tensor:
-    """Per-sample values of one batch, shape ``(B, S, L, 4)`` (states × layers × (R, Rc, sparsity, srr))."""
+    measurement: str = "design",
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Per-sample values of one batch: ``(B, S, L, 4)`` (states × blocks × terms) and ``(B, 4)`` of ``Z^0``
+    (``None`` for ``measurement="official"``). States as :func:`layer_srr` reports them."""
     arch = arch or describe(model)
     if U is None:
         U = [u.to(torch.float64) for u in subspaces(model, source, detach=True)]
+    official = measurement == "official"
     ts = token_states(
         model,
         batch,
         apply_layernorm=apply_layernorm,
-        mid=include_mid,
-        projection_source=source if reuse_projections else None,
+        mid=include_mid and not official,
+        projection_source=source if (reuse_projections or official) else None,
         arch=arch,
     )
-    groups = [ts.block_inputs] + ([ts.mid_states] if ts.mid_states is not None else [])
-    out = []
-    for g, states in enumerate(groups):
-        per_layer = []
-        for i, Z in enumerate(states):
-            A = ts.projections[i] if (g == 0 and ts.projections is not None) else None
-            if A is not None:
-                terms = srr_terms(Z, projections=A, eps=eps, lam=lam, token_mask=ts.token_mask)
-            else:
-                terms = srr_terms(Z, U[i].to(Z.device), eps=eps, lam=lam, token_mask=ts.token_mask)
-            per_layer.append(torch.stack([terms[t] for t in TERMS], dim=-1))  # (B, 4)
-        out.append(torch.stack(per_layer, dim=1))  # (B, L, 4)
-    return torch.stack(out, dim=1)  # (B, S, L, 4)
+    terms = _StateTerms(eps, lam, ts.token_mask)
+    if official:
+        return _official_values(ts, terms), None
+    return _design_values(ts, U, terms, _states(arch, include_mid, measurement))
 
 
-def layer_srr(
-    model: nn.Module,
-    inputs,
-    *,
-    source: str = "query",
-    eps: float = 0.1,
-    lam: float = 1.0,
-    apply_layernorm: bool = False,
-    include_mid: bool = True,
-    batch_size: int = 32,
-    max_batches: int | None = None,
-    reuse_projections: bool = True,
-    accelerator=None,
-    progress: bool = True,
-) -> SRRReport:
-    """Sparse rate reduction of every layer of ``model``, averaged over the samples of ``inputs``.
+def _states(arch, include_mid: bool, measurement: str) -> Tuple[str, ...]:
+    if measurement == "official":
+        return ("official",)
+    return ("output", "input", "mid") if include_mid and arch.family == "crate" else ("output", "input")
 
-    ``inputs``: a tensor of model inputs (e.g. ``pixel_values``), a dict batch (e.g. a processor's output,
-    ``attention_mask`` restricts the tokens measured), or a DataLoader / iterable of such batches (or of
-    ``(inputs, labels)`` pairs). Runs on the model's device batch by batch with a progress bar.
-    ``source`` picks ``U`` for non-CRATE models (``query``/``key``/``value``; CRATE has one shared ``U``).
-    With an ``accelerate.Accelerator`` the batches are sharded across processes (a DataLoader is prepared if
-    it is not already) and per-sample values are gathered with ``gather_for_metrics``, so each sample counts once.
-    """
-    check_source(source)
-    _check_settings(eps, lam, batch_size, max_batches)
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module (a Transformers model), got {type(model).__name__}")
-    if accelerator is not None:
-        model = accelerator.unwrap_model(model)
-    arch = describe(model)
-    device = model_device(model)
-    U = [u.to(device=device, dtype=torch.float64) for u in subspaces(model, source, detach=True)]
-    states = ("block_input", "mid") if include_mid and arch.family == "crate" else ("block_input",)
-    batches = _batches(inputs, batch_size, accelerator)
-    total = None
+
+def _total(batches, max_batches):
     try:
         total = len(batches)
     except TypeError:
-        pass
-    if max_batches is not None and total is not None:
-        total = min(total, max_batches)
+        return None
+    return min(total, max_batches) if max_batches is not None else total
+
+
+def _measure(model, batches, accelerator, max_batches, progress, **kwargs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Values of every batch (gathered across processes), in eval mode; the model's mode is restored."""
     show = progress and (accelerator is None or accelerator.is_local_main_process)
     was_training = model.training
     model.eval()
-    chunks = []
+    chunks, embedding_chunks = [], []
     try:
-        for b, batch in enumerate(tqdm(batches, total=total, desc="SRR", unit="batch", disable=not show)):
+        for b, batch in enumerate(tqdm(batches, total=_total(batches, max_batches), desc="SRR", unit="batch", disable=not show)):
             if max_batches is not None and b >= max_batches:
                 break
-            values = batch_srr_values(
-                model,
-                batch,
-                source=source,
-                eps=eps,
-                lam=lam,
-                apply_layernorm=apply_layernorm,
-                include_mid=include_mid,
-                reuse_projections=reuse_projections,
-                arch=arch,
-                U=U,
-            )
+            values, embeddings = batch_srr_values(model, batch, **kwargs)
             if accelerator is not None:
                 values = accelerator.gather_for_metrics(values)
+                embeddings = accelerator.gather_for_metrics(embeddings) if embeddings is not None else None
             chunks.append(values.detach().cpu())
+            if embeddings is not None:
+                embedding_chunks.append(embeddings.detach().cpu())
     finally:
         model.train(was_training)
     if not chunks:
         raise ValueError("inputs: no batches to measure (empty inputs)")
-    values = torch.cat(chunks)
+    return torch.cat(chunks), (torch.cat(embedding_chunks) if embedding_chunks else None)
+
+
+def _settings(model, arch, device, accelerator, states, **given) -> Dict[str, Any]:
     config = getattr(model, "config", None)
-    settings = {
-        "eps": float(eps),
-        "lam": float(lam),
-        "source": source if arch.family != "crate" else "qkv (shared U)",
-        "apply_layernorm": bool(apply_layernorm),
-        "layernorm_applied": bool(apply_layernorm and any(h.attention_norm is not None for h in arch.layers)),
+    return {
+        "eps": float(given["eps"]),
+        "lam": float(given["lam"]),
+        "measurement": given["measurement"],
+        "source": given["source"] if arch.family != "crate" else "qkv (shared U)",
+        "apply_layernorm": bool(given["apply_layernorm"]),
+        "layernorm_applied": bool(given["apply_layernorm"] and any(h.attention_norm is not None for h in arch.layers)),
         "include_mid": "mid" in states,
-        "reuse_projections": bool(reuse_projections),
+        "reuse_projections": bool(given["reuse_projections"]),
+        "layers": "blocks 1..L; layer l = the output Z^l of block l; embeddings = Z^0",
         "model": getattr(config, "_name_or_path", "") or type(model).__name__,
         "model_type": arch.model_type,
         "variant": getattr(config, "variant", None),
@@ -326,7 +421,54 @@ def layer_srr(
         "torch": torch.__version__,
         "platform": platform.platform(),
     }
-    return SRRReport.from_values(values, states, settings)
 
 
-__all__ = ["SRRReport", "TERMS", "STATES", "batch_srr_values", "layer_srr"]
+def layer_srr(
+    model: nn.Module,
+    inputs,
+    *,
+    source: str = "query",
+    eps: float = 0.1,
+    lam: float = 1.0,
+    apply_layernorm: bool = False,
+    include_mid: bool = True,
+    batch_size: int = 32,
+    max_batches: int | None = None,
+    reuse_projections: bool = True,
+    measurement: str = "design",
+    accelerator=None,
+    progress: bool = True,
+) -> SRRReport:
+    """Sparse rate reduction of every block of ``model``, averaged over the samples of ``inputs``.
+
+    Reports, per block ℓ = 1…L with its ``U^ℓ``, the states ``output`` (``Z^ℓ`` = "layer ℓ"), ``input``
+    (``Z^{ℓ−1}``) and for CRATE ``mid`` (``Z^{ℓ−½}``, unless ``include_mid=False``), plus ``embeddings``
+    (``Z^0``); ``measurement="official"``: the official CRATE measurement instead (module docstring).
+    ``inputs``: a tensor of model inputs (e.g. ``pixel_values``), a dict batch (e.g. a processor's output,
+    ``attention_mask`` restricts the tokens measured), or a DataLoader / iterable of such batches (or of
+    ``(inputs, labels)`` pairs). Runs on the model's device batch by batch with a progress bar.
+    ``source`` picks ``U`` for non-CRATE models (``query``/``key``/``value``; CRATE has one shared ``U``).
+    With an ``accelerate.Accelerator`` the batches are sharded across processes (a DataLoader is prepared if
+    it is not already) and per-sample values are gathered with ``gather_for_metrics``, so each sample counts once.
+    """
+    check_source(source)
+    _check_settings(eps, lam, batch_size, max_batches, measurement, apply_layernorm)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module (a Transformers model), got {type(model).__name__}")
+    if accelerator is not None:
+        model = accelerator.unwrap_model(model)
+    arch = describe(model)
+    device = model_device(model)
+    U = [u.to(device=device, dtype=torch.float64) for u in subspaces(model, source, detach=True)]
+    states = _states(arch, include_mid, measurement)
+    given = dict(source=source, eps=eps, lam=lam, apply_layernorm=apply_layernorm, reuse_projections=reuse_projections,
+                 measurement=measurement)
+    values, embeddings = _measure(
+        model, _batches(inputs, batch_size, accelerator), accelerator, max_batches, progress,
+        include_mid=include_mid, arch=arch, U=U, **given,
+    )
+    settings = _settings(model, arch, device, accelerator, states, **given)
+    return SRRReport.from_values(values, states, settings, embedding_values=embeddings)
+
+
+__all__ = ["SRRReport", "TERMS", "STATES", "MEASUREMENTS", "STATE_DESCRIPTIONS", "batch_srr_values", "layer_srr"]

@@ -1,13 +1,18 @@
-"""Per-layer token states of one batch, read with forward hooks during one forward pass.
+"""Per-block token states of one batch, read with forward hooks during one forward pass.
 
-For every block ℓ: the block input ``Z^ℓ`` (B, N, d); for CRATE also
-``Z^{ℓ+½} = Z^ℓ + MSSA(LN₁(Z^ℓ))``. With ``apply_layernorm=True`` each state
-is passed through the block's own pre-attention LayerNorm (the official CRATE
-measurement did this; post-norm blocks such as BERT's have none, and their
-block inputs are left as they are). Optionally the forward pass's own head
-projections of the measured ``Z^ℓ`` are returned too (when the state measured
-is exactly what the ``query``/``key``/``value`` linear saw), so a measure can
-skip recomputing them.
+Blocks are numbered ℓ = 1…L as in the papers (code: ``layer[ℓ−1]``). For every
+block: its input ``Z^{ℓ−1}`` (``block_inputs[ℓ−1]``; ``block_inputs[0]`` is the
+embedding output ``Z^0``), for CRATE its mid state
+``Z^{ℓ−½} = Z^{ℓ−1} + MSSA(LN₁(Z^{ℓ−1}))``, and its output ``Z^ℓ``
+(``block_outputs[ℓ−1]``, what Transformers returns as ``hidden_states[ℓ]``).
+With ``apply_layernorm=True`` each of block ℓ's states is passed through block
+ℓ's own pre-attention LayerNorm (the official CRATE measurement measures the
+normalised input; post-norm blocks such as BERT's have none and are left as
+they are). With ``projection_source`` the forward pass's own head projections
+are returned too: ``source_outputs[ℓ−1]`` is what block ℓ's
+query/key/value (CRATE: ``qkv``) linear computed, bias removed, and
+``projections[ℓ−1]`` the same tensor where its input is exactly the measured
+``block_inputs[ℓ−1]`` (so a measure can skip recomputing ``U_kᵀZ``).
 """
 
 from __future__ import annotations
@@ -28,13 +33,15 @@ _NON_INPUT_KEYS = ("labels", "label", "label_ids")
 
 @dataclass
 class TokenStates:
-    """Token states of one batch; lists are indexed by layer."""
+    """Token states of one batch; lists are indexed by block, ``[ℓ−1]`` for block ℓ; tensors (B, N, d)."""
 
-    block_inputs: List[torch.Tensor]  # Z^ℓ (or LN(Z^ℓ)), (B, N, d)
-    mid_states: Optional[List[torch.Tensor]]  # CRATE: Z^{ℓ+½} (or LN₁(Z^{ℓ+½})); None otherwise
-    projections: Optional[List[Optional[torch.Tensor]]]  # (B, K, N, p) projections of block_inputs[ℓ], or None
+    block_inputs: List[torch.Tensor]  # Z^{ℓ−1} (or LN₁^ℓ(Z^{ℓ−1})); block_inputs[0] = Z^0, the embeddings
+    mid_states: Optional[List[torch.Tensor]]  # CRATE: Z^{ℓ−½} (or LN₁^ℓ(Z^{ℓ−½})); None otherwise
+    block_outputs: List[torch.Tensor]  # Z^ℓ (or LN₁^ℓ(Z^ℓ)) = hidden_states[ℓ]
+    projections: Optional[List[Optional[torch.Tensor]]]  # (B, K, N, p) projections of block_inputs[ℓ−1], or None
     token_mask: Optional[torch.Tensor]  # (B, N) bool from the batch's attention_mask, or None
     layernorm_applied: bool  # True when block states were passed through a pre-attention LayerNorm
+    source_outputs: Optional[List[Optional[torch.Tensor]]] = None  # (B, K, N, p) the source linear's own output
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -87,6 +94,51 @@ def _first_tensor(args, kwargs) -> torch.Tensor:
     raise ValueError("model: could not read a block's input hidden states in its forward pre-hook")
 
 
+def _block_output(output) -> torch.Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def _heads(out: torch.Tensor, linear: nn.Linear, head_dim: int) -> torch.Tensor:
+    """A source linear's output (B, N, K·p) without its bias, as (B, K, N, p)."""
+    if linear.bias is not None:
+        out = out - linear.bias
+    return out.unflatten(-1, (out.shape[-1] // head_dim, head_dim)).movedim(-2, -3)
+
+
+def _register(arch, captured, norms, want_mid, linears):
+    """Forward hooks filling ``captured`` (block inputs, outputs, mids, LN outputs, source linear I/O)."""
+
+    def pre_hook(i):
+        def fn(module, args, kwargs):
+            captured["input"][i] = _first_tensor(args, kwargs)
+
+        return fn
+
+    def post_hook(i):
+        def fn(module, args, output):
+            captured["output"][i] = _block_output(output)
+            if want_mid:
+                captured["mid"][i] = output[1]
+
+        return fn
+
+    def store(key, i, io=False):
+        def fn(module, args, output):
+            captured[key][i] = (args[0], output) if io else output
+
+        return fn
+
+    hooks = []
+    for i, handles in enumerate(arch.layers):
+        hooks.append(handles.block.register_forward_pre_hook(pre_hook(i), with_kwargs=True))
+        hooks.append(handles.block.register_forward_hook(post_hook(i)))
+        if norms[i] is not None:
+            hooks.append(norms[i].register_forward_hook(store("normed", i)))
+        if linears:
+            hooks.append(linears[i].register_forward_hook(store("source", i, io=True)))
+    return hooks
+
+
 def token_states(
     model: nn.Module,
     batch,
@@ -100,92 +152,53 @@ def token_states(
     """Run ``model`` on ``batch`` once and return every block's token states (see module docstring).
 
     ``projection_source`` (``query``/``key``/``value``): also return the forward pass's own projections
-    of the measured block states onto that source's subspaces, where they coincide (else ``None`` per layer).
+    (``source_outputs``, and ``projections`` where they are projections of the measured block inputs).
     ``grad=False`` runs under ``torch.no_grad()``.
     """
     arch = arch or describe(model)
     if projection_source is not None:
         check_source(projection_source)
     L = arch.num_layers
-    inputs: list = [None] * L
-    normed: list = [None] * L
-    mids: list = [None] * L
-    proj: list = [None] * L  # (input, output) of the source linear
+    captured = {key: [None] * L for key in ("input", "output", "mid", "normed", "source")}
     want_mid = mid and arch.family == "crate"
     norms = [h.attention_norm if apply_layernorm else None for h in arch.layers]
-    hooks = []
-
-    def pre_hook(i):
-        def fn(module, args, kwargs):
-            inputs[i] = _first_tensor(args, kwargs)
-
-        return fn
-
-    def norm_hook(i):
-        def fn(module, args, output):
-            normed[i] = output
-
-        return fn
-
-    def mid_hook(i):
-        def fn(module, args, output):
-            mids[i] = output[1]
-
-        return fn
-
-    def proj_hook(i):
-        def fn(module, args, output):
-            proj[i] = (args[0], output)
-
-        return fn
-
     linears = [layer_projection(arch, i, projection_source) for i in range(L)] if projection_source else []
-    shared = len({id(m) for m in linears}) != len(linears)  # weight-tied layers: reuse is ambiguous
+    if len({id(m) for m in linears}) != len(linears):
+        linears = []  # weight-tied layers: whose projection a hook saw is ambiguous
+    hooks = _register(arch, captured, norms, want_mid, linears)
     try:
-        for i, handles in enumerate(arch.layers):
-            hooks.append(handles.block.register_forward_pre_hook(pre_hook(i), with_kwargs=True))
-            if norms[i] is not None:
-                hooks.append(norms[i].register_forward_hook(norm_hook(i)))
-            if want_mid:
-                hooks.append(handles.block.register_forward_hook(mid_hook(i)))
-            if linears and not shared:
-                hooks.append(linears[i].register_forward_hook(proj_hook(i)))
         kwargs = forward_kwargs(arch.base_model, batch)
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
             arch.base_model(**kwargs)
-            missing = [i for i in range(L) if inputs[i] is None or (norms[i] is not None and normed[i] is None)]
+            missing = [i + 1 for i in range(L) if captured["output"][i] is None or (norms[i] is not None and captured["normed"][i] is None)]
             if missing:
                 raise ValueError(f"model: the forward pass did not run blocks {missing}; cannot read their token states")
-            states = [normed[i] if norms[i] is not None else inputs[i] for i in range(L)]
-            mid_states = None
-            if want_mid:
-                mid_states = [norms[i](mids[i]) if norms[i] is not None else mids[i] for i in range(L)]
+            norm = [(lambda z, n=n: n(z)) if n is not None else (lambda z: z) for n in norms]
+            inputs = [captured["normed"][i] if norms[i] is not None else captured["input"][i] for i in range(L)]
+            outputs = [norm[i](captured["output"][i]) for i in range(L)]
+            mid_states = [norm[i](captured["mid"][i]) for i in range(L)] if want_mid else None
     finally:
         for h in hooks:
             h.remove()
 
-    projections = None
-    if linears:
-        projections = []
-        for i in range(L):
-            got = proj[i]
-            if got is None or shared or got[0] is not states[i]:
-                projections.append(None)
-                continue
-            out = got[1]
-            if linears[i].bias is not None:
-                out = out - linears[i].bias
-            p = arch.layers[i].head_dim
-            projections.append(out.unflatten(-1, (out.shape[-1] // p, p)).movedim(-2, -3))
+    source_outputs = projections = None
+    if projection_source:
+        source_outputs, projections = [None] * L, [None] * L
+        for i, got in enumerate(captured["source"]):
+            if got is not None:
+                source_outputs[i] = _heads(got[1], linears[i], arch.layers[i].head_dim)
+                projections[i] = source_outputs[i] if got[0] is inputs[i] else None
 
     mask = kwargs.get("attention_mask")
     token_mask = None
-    if isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape == states[0].shape[:2]:
+    if isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape == inputs[0].shape[:2]:
         token_mask = mask.bool()
     return TokenStates(
-        block_inputs=states,
+        block_inputs=inputs,
         mid_states=mid_states,
+        block_outputs=outputs,
         projections=projections,
         token_mask=token_mask,
         layernorm_applied=any(n is not None for n in norms),
+        source_outputs=source_outputs,
     )

@@ -230,14 +230,19 @@ def section_srr(loaded: LoadedModel, inputs: ReportInputs | None, options: Repor
     title = "Sparse rate reduction per layer"
     if inputs is None:
         return _skip("srr", title, "needs inputs (images or texts): SRR measures the token representations")
+    from hf_tdiag.probes.srr import STATE_DESCRIPTIONS
+
     report = hf_tdiag.layer_srr(
         loaded.model, inputs.batch, source=options.srr_source, eps=options.srr_eps, lam=options.srr_lam, progress=False
     )
     columns = ["layer"] + [f"{t} mean" for t in ("R", "Rc", "sparsity", "srr")]
     tables = []
+    if report.embeddings is not None:
+        rows = [[0] + [report.embeddings["mean"][t] for t in ("R", "Rc", "sparsity", "srr")]]
+        tables.append(Table("Embeddings Z^0 (with U^1)", columns, rows))
     for state in report.states:
-        rows = [[i] + [report.mean[state][t][i] for t in ("R", "Rc", "sparsity", "srr")] for i in report.layers]
-        tables.append(Table(f"State {state}", columns, rows))
+        rows = [[ell] + [report.mean[state][t][ell - 1] for t in ("R", "Rc", "sparsity", "srr")] for ell in report.layers]
+        tables.append(Table(f"State {state}: {STATE_DESCRIPTIONS[state]}", columns, rows))
     section = Section(
         "srr",
         title,

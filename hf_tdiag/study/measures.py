@@ -78,7 +78,7 @@ def _srr_columns(out: _Collector, model, x, settings: MeasureSettings, progress:
             model, x, batch_size=settings.batch_size, eps=settings.srr_eps, lam=settings.srr_lambda,
             include_mid=False, progress=progress,
         )
-        per_layer = [float(v) for v in report.mean["block_input"]["srr"]]
+        per_layer = [float(v) for v in report.per_layer("srr")]  # block outputs Z^1..Z^L
     except (ValueError, RuntimeError) as err:
         out.values["srr_mean"] = out.values["srr_last"] = None
         out.errors["srr_mean"] = out.errors["srr_last"] = f"{type(err).__name__}: {err}"

@@ -125,8 +125,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     reg.add_argument(
         "--srr_layer",
         type=str,
-        default="random",
-        help="Layer(s) the SRR regulariser acts on: an index, 'last', 'random' (a new layer every step) or 'all'.",
+        default="last",
+        help="Block output(s) Z^l the SRR regulariser acts on: 'last' (Z^L, default, as Hu et al.'s main result), "
+        "a block number 1..L (negative from the end), 'random' (a new block every step) or 'all'.",
     )
     reg.add_argument("--srr_eps", type=float, default=0.1, help="epsilon of the coding rates.")
     reg.add_argument("--srr_lambda", type=float, default=1.0, help="lambda of the sparsity term.")
@@ -237,7 +238,7 @@ def _finite(args, name, low=None, high=None, allow_none=True):
 
 
 def parse_srr_layer(spec: str | int) -> str | int:
-    """``'last'``, ``'random'``, ``'all'`` or an int layer index (negative counts from the end)."""
+    """``'last'``, ``'random'``, ``'all'`` or an int block number 1…L (negative counts from the end)."""
     if isinstance(spec, int) and not isinstance(spec, bool):
         return spec
     if isinstance(spec, str):
@@ -247,7 +248,7 @@ def parse_srr_layer(spec: str | int) -> str | int:
             return int(spec)
         except ValueError:
             pass
-    raise ValueError(f"srr_layer: expected an integer index, 'last', 'random' or 'all', got {spec!r}")
+    raise ValueError(f"srr_layer: expected a block number, 'last', 'random' or 'all', got {spec!r}")
 
 
 def validate_args(args: argparse.Namespace) -> None:

@@ -187,6 +187,7 @@ def build_model_card(config, results: dict, args, raw, preset: str | None = None
         generalization_gap=results["generalization_gap"],
         srr_mean=results.get("srr_mean_over_layers"),
         layer_srr=results.get("layer_srr"),
+        layer_srr_embeddings=results.get("layer_srr_embeddings"),
         layer_srr_samples=results.get("layer_srr_samples"),
         srr_figure=figure,
         limitations_data=limitations_data,

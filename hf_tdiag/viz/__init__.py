@@ -28,8 +28,16 @@ SRR_TERM_LABELS = {
     "sparsity": "sparsity ‖Z‖₀ / (dN)",
     "srr": "SRR = Rᶜ − R + λ·sparsity",
 }
-SRR_STATE_LABELS = {"block_input": r"$Z^{\ell}$", "mid": r"$Z^{\ell+1/2}$"}
-_STATE_STYLE = {"block_input": ("-", "o"), "mid": ("--", "s")}
+SRR_STATE_LABELS = {
+    "output": r"$Z^{\ell}$",
+    "input": r"$Z^{\ell-1}$ (with $U^{\ell}$)",
+    "mid": r"$Z^{\ell-1/2}$",
+    "official": "official",
+}
+_STATE_STYLE = {"output": ("-", "o"), "input": (":", "^"), "mid": ("--", "s"), "official": ("-", "D")}
+# x position of block l's state: the embeddings Z^0 at 0, block l's output at l, its mid state at l - 1/2
+_STATE_OFFSET = {"output": 0.0, "official": 0.0, "mid": -0.5, "input": -1.0}
+DEFAULT_SRR_STATES = ("output", "mid", "official")
 
 
 def new_figure(width: float = 6.4, height: float = 4.4, **kwargs) -> Figure:
@@ -83,6 +91,20 @@ def _named_reports(reports, labels) -> List[Tuple[str, Dict[str, Any]]]:
     return [(lab if lab is not None else _default_label(d), d) for lab, d in items]
 
 
+def _state_curve(data: Mapping, state: str, term: str, with_std: bool):
+    """``(x, mean, std)`` of one state; the block outputs start at x = 0 with the embeddings ``Z^0``."""
+    layers = list(data["layers"])
+    x = [ell + _STATE_OFFSET.get(state, 0.0) for ell in layers]
+    mean = list(data["mean"][state][term])
+    std = list(data["std"][state][term]) if with_std and "std" in data else None
+    embeddings = data.get("embeddings")
+    if state == "output" and embeddings:
+        x, mean = [0] + x, [embeddings["mean"][term]] + mean
+        if std is not None:
+            std = [embeddings["std"][term]] + std
+    return x, mean, std
+
+
 def plot_layer_srr(
     reports,
     *,
@@ -95,14 +117,17 @@ def plot_layer_srr(
     """Per-layer mean (± std band) of each SRR term, one panel per term, one colour per report.
 
     ``reports``: an ``SRRReport`` (or its ``to_dict()``), a list of them, or a ``{label: report}`` dict —
-    e.g. CRATE vs CRATE-C vs CRATE-N vs CRATE-T, or a ViT's query/key/value. Solid lines are block inputs
-    ``Z^ℓ``, dashed lines CRATE's ``Z^{ℓ+½}``. ``states`` restricts which states are drawn.
+    e.g. CRATE vs CRATE-C vs CRATE-N vs CRATE-T, or a ViT's query/key/value. x = 0 is the embedding output
+    ``Z^0``, x = ℓ the output ``Z^ℓ`` of block ℓ (solid); CRATE's mid states ``Z^{ℓ−½}`` sit at ℓ − ½ (dashed).
+    ``states`` picks the states drawn (default: ``output``, ``mid`` and ``official``; add ``input`` for the
+    block inputs ``Z^{ℓ−1}`` measured with ``U^ℓ``, dotted at ℓ − 1).
     """
     named = _named_reports(reports, labels)
     terms = list(terms)
     unknown = [t for t in terms if t not in SRR_TERM_LABELS]
     if unknown or not terms:
         raise ValueError(f"terms: expected a non-empty subset of {list(SRR_TERM_LABELS)}, got {terms}")
+    wanted = tuple(states) if states is not None else DEFAULT_SRR_STATES
     cols = min(len(terms), 2)
     rows = (len(terms) + cols - 1) // cols
     fig = new_figure(5.2 * cols, 3.6 * rows)
@@ -111,30 +136,26 @@ def plot_layer_srr(
     drawn = 0
     for ax, term in zip(axes, terms):
         for color, (label, data) in zip(colors, named):
-            layers = list(data["layers"])
-            for state in data["mean"]:
-                if states is not None and state not in states:
-                    continue
-                mean = data["mean"][state][term]
+            shown = [s for s in data["mean"] if s in wanted]
+            for state in shown:
+                x, mean, std = _state_curve(data, state, term, show_std)
                 style, marker = _STATE_STYLE.get(state, (":", "^"))
-                multi_state = len(data["mean"]) > 1
-                line_label = f"{label} · {SRR_STATE_LABELS.get(state, state)}" if multi_state else label
-                ax.plot(layers, mean, linestyle=style, marker=marker, color=color, markersize=4, label=line_label)
-                if show_std and "std" in data:
-                    std = data["std"][state][term]
+                line_label = f"{label} · {SRR_STATE_LABELS.get(state, state)}" if len(shown) > 1 else label
+                ax.plot(x, mean, linestyle=style, marker=marker, color=color, markersize=4, label=line_label)
+                if std is not None:
                     lo = [m - s for m, s in zip(mean, std)]
                     hi = [m + s for m, s in zip(mean, std)]
-                    ax.fill_between(layers, lo, hi, color=color, alpha=0.12, linewidth=0)
+                    ax.fill_between(x, lo, hi, color=color, alpha=0.12, linewidth=0)
                 drawn += 1
         ax.set_title(SRR_TERM_LABELS[term], fontsize=10)
-        ax.set_xlabel("layer ℓ")
+        ax.set_xlabel("layer ℓ (0 = embeddings, ℓ = output of block ℓ)")
         ax.grid(True, alpha=0.3)
         if named and named[0][1]["layers"]:
-            ax.set_xticks(list(named[0][1]["layers"]))
+            ax.set_xticks([0] + list(named[0][1]["layers"]))
     for ax in axes[len(terms) :]:
         ax.set_visible(False)
     if drawn == 0:
-        raise ValueError(f"states: none of {list(states or [])} is in the reports")
+        raise ValueError(f"states: none of {list(wanted)} is in the reports")
     handles, texts = axes[0].get_legend_handles_labels()
     fig.legend(handles, texts, loc="outside lower center", ncol=min(4, len(texts)), fontsize=8, frameon=False)
     if title is None:
@@ -149,4 +170,4 @@ def plot_layer_srr(
     return fig
 
 
-__all__ = ["SRR_TERM_LABELS", "new_figure", "save_figure", "plot_layer_srr"]
+__all__ = ["SRR_TERM_LABELS", "SRR_STATE_LABELS", "DEFAULT_SRR_STATES", "new_figure", "save_figure", "plot_layer_srr"]

@@ -13,15 +13,20 @@ import os
 from . import plot_layer_srr, save_figure
 
 
-def layer_srr_table(report, state: str = "block_input") -> str:
-    """One line per layer: SRR, R, Rᶜ and sparsity (means over samples) of ``state``."""
+def _row(name: str, srr: float, R: float, Rc: float, sp: float) -> str:
+    return f"  {name:<10}: SRR {srr:9.4f}   R {R:9.4f}   Rc {Rc:9.4f}   sparsity {sp:.4f}"
+
+
+def layer_srr_table(report, state: str | None = None) -> str:
+    """One line per layer (``embeddings`` = ``Z^0``, ``layer ℓ`` = block ℓ's output): SRR, R, Rᶜ, sparsity means."""
+    state = state or report.states[0]
     mean = report.mean[state]
     lines = [f"per-layer SRR ({state}, mean over {report.num_samples} samples):"]
-    for i, value in enumerate(mean["srr"]):
-        lines.append(
-            f"  layer {report.layers[i]:2d}: SRR {value:9.4f}   R {mean['R'][i]:9.4f}   "
-            f"Rc {mean['Rc'][i]:9.4f}   sparsity {mean['sparsity'][i]:.4f}"
-        )
+    if report.embeddings is not None and state == "output":
+        e = report.embeddings["mean"]
+        lines.append(_row("embeddings", e["srr"], e["R"], e["Rc"], e["sparsity"]))
+    for i, ell in enumerate(report.layers):
+        lines.append(_row(f"layer {ell:2d}", mean["srr"][i], mean["R"][i], mean["Rc"][i], mean["sparsity"][i]))
     return "\n".join(lines)
 
 
@@ -60,9 +65,10 @@ def layer_srr_step(run) -> dict:
     if accelerator.is_main_process:
         write_layer_srr(report, args.output_dir, title=f"{run.config.variant} on {run.raw.name}")
         accelerator.print(layer_srr_table(report))
-    per_layer = report.mean["block_input"]["srr"]
+    per_layer = report.per_layer("srr")  # block outputs Z^1..Z^L
     return {
         "layer_srr": per_layer,
+        "layer_srr_embeddings": report.embeddings["mean"]["srr"] if report.embeddings else None,
         "layer_srr_samples": report.num_samples,
         "srr_mean_over_layers": float(sum(per_layer) / len(per_layer)),
     }

@@ -29,8 +29,10 @@ Sparse rate reduction of every layer of a transformer (CRATE, ViT, DeiT, BERT, R
 Per sample with N tokens Z (N x d), eps = epsilon: R(Z) = 1/2 logdet(I + d/(N eps^2) Z^T Z),
 Rc(Z; U) = sum_k 1/2 logdet(I + p/(N eps^2) (U_k^T Z)^T (U_k^T Z)), sparsity = ||Z||_0 / (dN),
 SRR = Rc - R + lam * sparsity (lower is better). U_k is CRATE's shared per-head projection, or for other
-models head k's query, key or value projection. Measured at each block input Z^l and, for CRATE, at
-Z^{l+1/2} (after the attention step). Log-determinants in float64 on the smaller side of each Gram matrix.
+models head k's query, key or value projection. Layer l = the output Z^l of block l (l = 1..L), with block l's
+U^l; the embedding output Z^0 is reported once; block inputs Z^{l-1} and CRATE's Z^{l-1/2} (after the attention
+step) are reported too. measurement="official": the official CRATE measurement (Rc of each block's qkv output
+with unit-norm tokens per head, R and sparsity at the block output). Log-determinants on the smaller Gram side.
 """
 
 _KWARGS_DESCRIPTION = """
@@ -40,6 +42,7 @@ Args:
     pixel_values: a tensor (B, C, H, W) already processed for the model; or
     texts: strings for a text encoder (tokenized with the model folder's tokenizer or `tokenizer=`).
     source (`str`, default "query"): U from the "query", "key" or "value" projection (ignored for CRATE).
+    measurement (`str`, default "design"): "design" (DESIGN.md's states) or "official" (the official CRATE hooks).
     eps (`float`, default 0.1): epsilon of the coding rates.
     lam (`float`, default 1.0): weight of the sparsity term.
     apply_layernorm (`bool`, default False): measure LN(Z) with each block's pre-attention LayerNorm.
@@ -49,9 +52,10 @@ Args:
     return_report (`bool`, default False): also return the full report dict (settings, std, all states).
     progress (`bool`, default True): show a progress bar.
 Returns:
-    layers: layer indices; R, Rc, sparsity, srr: per-layer means at the block inputs; R_std, Rc_std,
-    sparsity_std, srr_std: per-layer standard deviations over samples; mid_R, mid_Rc, mid_sparsity, mid_srr
-    (CRATE): per-layer means at Z^{l+1/2}; summary: averages over layers and last-layer values;
+    layers: block numbers 1..L; R, Rc, sparsity, srr: per-layer means at the block outputs Z^l; R_std, Rc_std,
+    sparsity_std, srr_std: per-layer standard deviations over samples; embeddings: {term: mean} of Z^0;
+    input_R, ... : per-layer means at the block inputs Z^{l-1}; mid_R, mid_Rc, mid_sparsity, mid_srr
+    (CRATE): per-layer means at Z^{l-1/2}; summary: averages over layers and last-layer values;
     num_samples; settings; report (when return_report=True).
 Examples:
     >>> import evaluate, hf_tdiag
@@ -81,6 +85,7 @@ class SRR(ModelInputsMixin, evaluate.Measurement):
         pixel_values=None,
         model=None,
         source="query",
+        measurement="design",
         eps=0.1,
         lam=1.0,
         apply_layernorm=False,
@@ -99,6 +104,7 @@ class SRR(ModelInputsMixin, evaluate.Measurement):
             loaded.model,
             inputs,
             source=source,
+            measurement=measurement,
             eps=eps,
             lam=lam,
             apply_layernorm=apply_layernorm,
@@ -107,13 +113,16 @@ class SRR(ModelInputsMixin, evaluate.Measurement):
             accelerator=accelerator,
             progress=progress,
         )
+        primary = report.states[0]
         out = {"layers": report.layers}
         for term in TERMS:
-            out[term] = report.mean["block_input"][term]
-            out[f"{term}_std"] = report.std["block_input"][term]
-        if "mid" in report.states:
+            out[term] = report.mean[primary][term]
+            out[f"{term}_std"] = report.std[primary][term]
+        if report.embeddings is not None:
+            out["embeddings"] = dict(report.embeddings["mean"])
+        for state in report.states[1:]:
             for term in TERMS:
-                out[f"mid_{term}"] = report.mean["mid"][term]
+                out[f"{state}_{term}"] = report.mean[state][term]
         out["summary"] = report.summary()
         out["num_samples"] = report.num_samples
         out["settings"] = report.settings
