@@ -84,6 +84,7 @@ def build_grid(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from hf_tdiag.study import MeasureSettings, load_records, run_key, run_study, summarize
+    from hf_tdiag.study.lock import StudyLockedError
 
     grid = build_grid(args)
     out = args.output_dir or f"runs/study_{args.grid}"
@@ -95,10 +96,14 @@ def run(args: argparse.Namespace) -> int:
         records = [r for r in load_records(out) if r["key"] in keys]
         summary = summarize(grid, records, out, settings=settings, plot=not args.no_plot, cached=len(records))
     else:
-        summary = run_study(
-            grid, out, jobs=args.jobs, settings=settings, train_fn=args.train_fn, limit=args.limit,
-            keep_models=args.keep_models, plot=not args.no_plot, threads=args.threads,
-        )
+        try:
+            summary = run_study(
+                grid, out, jobs=args.jobs, settings=settings, train_fn=args.train_fn, limit=args.limit,
+                keep_models=args.keep_models, plot=not args.no_plot, threads=args.threads,
+            )
+        except StudyLockedError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
     print(f"study {grid.name}: {summary['n_runs']}/{summary['n_expected']} runs finished "
           f"({summary['cached']} from the cache), {summary['reached_stop']} reached the target training loss")
     for f in summary["failures"]:

@@ -10,6 +10,7 @@ from typing import Callable
 from .cache import STUDY_VERSION, read_record, record_path, remove_temporaries, run_key, write_json_atomic
 from .executors import get_executor
 from .grids import StudyGrid, resolve_grid
+from .lock import study_lock
 from .measures import MeasureSettings
 from .table import summarize
 
@@ -41,40 +42,10 @@ def _plan(grid: StudyGrid, study_dir: str, settings: MeasureSettings, train_fn, 
     return specs, records
 
 
-def run_study(
-    grid: StudyGrid | str,
-    study_dir: str,
-    jobs: int = 1,
-    settings: MeasureSettings | None = None,
-    train_fn: str | None = None,
-    limit: int | None = None,
-    keep_models: bool = False,
-    plot: bool = True,
-    progress: bool = True,
-    on_record: Callable[[dict], None] | None = None,
-    threads: int | None = None,
-    executor: str = "local",
-) -> dict:
-    """Run (or continue) a study: train every uncached run of ``grid``, then write the table and plots.
-
-    ``train_fn`` is an importable ``"module:function"`` taking ``(hparams, fixed,
-    output_dir, max_examples=...)`` and returning ``(results, model, train_examples)`` with
-    ``results["generalization_gap"]`` and ``train_examples`` a ``(pixel_values,
-    labels)`` pair or a dataset of ``{"pixel_values", "labels"}`` items; the
-    default trains with :func:`hf_tdiag.training.train`. ``limit`` stops after that many new runs
-    (for smoke tests). ``threads`` is the number of torch CPU threads per job
-    (default: ``cpu_count // jobs`` in worker processes, unchanged when
-    ``jobs == 1``); results are reproducible bit for bit only at equal thread
-    counts. ``executor`` names who runs the runs (see :mod:`hf_tdiag.study.executors`).
-    Returns a summary with the table and the output paths.
-    """
+def _run_uncached(grid, study_dir, settings, run_all, *, jobs, threads, train_fn, limit, keep_models, progress, on_record):
+    """Train every uncached run (at most ``limit``); return all records in grid order, the cached count, the failures."""
     from tqdm.auto import tqdm
 
-    grid = resolve_grid(grid)
-    _check_count(jobs, "jobs")
-    _check_count(threads, "threads", allow_none=True)
-    run_all = get_executor(executor)
-    settings = settings or MeasureSettings()
     os.makedirs(os.path.join(study_dir, "runs"), exist_ok=True)
     write_json_atomic(
         os.path.join(study_dir, "study.json"),
@@ -101,4 +72,45 @@ def run_study(
     bar.close()
     order = {run_key(hp, grid.fixed, settings): i for i, hp in enumerate(grid.runs())}
     records.sort(key=lambda r: order.get(r["key"], len(order)))
-    return summarize(grid, records, study_dir, settings=settings, plot=plot, cached=cached, failures=failures)
+    return records, cached, failures
+
+
+def run_study(
+    grid: StudyGrid | str,
+    study_dir: str,
+    jobs: int = 1,
+    settings: MeasureSettings | None = None,
+    train_fn: str | None = None,
+    limit: int | None = None,
+    keep_models: bool = False,
+    plot: bool = True,
+    progress: bool = True,
+    on_record: Callable[[dict], None] | None = None,
+    threads: int | None = None,
+    executor: str = "local",
+) -> dict:
+    """Run (or continue) a study: train every uncached run of ``grid``, then write the table and plots.
+
+    ``train_fn`` is an importable ``"module:function"`` taking ``(hparams, fixed,
+    output_dir, max_examples=...)`` and returning ``(results, model, train_examples)`` with
+    ``results["generalization_gap"]`` and ``train_examples`` a ``(pixel_values,
+    labels)`` pair or a dataset of ``{"pixel_values", "labels"}`` items; the
+    default trains with :func:`hf_tdiag.training.train`. ``limit`` stops after that many new runs
+    (for smoke tests). ``threads`` is the number of torch CPU threads per job
+    (default: ``cpu_count // jobs`` in worker processes, unchanged when
+    ``jobs == 1``); results are reproducible bit for bit only at equal thread
+    counts. ``executor`` names who runs the runs (see :mod:`hf_tdiag.study.executors`).
+    Only one study runs in a folder at a time: a second one raises :class:`StudyLockedError`.
+    Returns a summary with the table and the output paths.
+    """
+    grid = resolve_grid(grid)
+    _check_count(jobs, "jobs")
+    _check_count(threads, "threads", allow_none=True)
+    run_all = get_executor(executor)
+    settings = settings or MeasureSettings()
+    with study_lock(study_dir):
+        records, cached, failures = _run_uncached(
+            grid, study_dir, settings, run_all, jobs=jobs, threads=threads, train_fn=train_fn, limit=limit,
+            keep_models=keep_models, progress=progress, on_record=on_record,
+        )
+        return summarize(grid, records, study_dir, settings=settings, plot=plot, cached=cached, failures=failures)

@@ -2,13 +2,21 @@
 
 In the pool each worker process gets ``threads`` torch CPU threads and, where GPUs
 are present, one GPU of its own (round-robin through ``CUDA_VISIBLE_DEVICES``).
+Workers die with the study process, even when it is killed with SIGKILL: on Linux
+the kernel sends them SIGKILL (``prctl(PR_SET_PDEATHSIG)``); elsewhere a daemon
+thread in each worker exits it as soon as its parent process is gone.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing as mp
+import ctypes
 import os
+import signal
+import sys
+import threading
+import time
 import traceback
 from typing import Callable, Sequence
 
@@ -18,8 +26,35 @@ from . import failure_of
 __all__ = ["run_local"]
 
 
-def _init_worker(threads: int, gpu_queue=None):
-    """Worker setup: CPU threads, and one GPU per worker (``CUDA_VISIBLE_DEVICES``) when GPUs are present."""
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _watch_parent(parent_pid: int, interval: float = 0.5) -> None:
+    """Exit this process as soon as its parent is no longer ``parent_pid`` (it died; we were re-parented)."""
+    while os.getppid() == parent_pid:
+        time.sleep(interval)
+    os._exit(1)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Make this worker process end when the study process ends, however it ends."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            ok = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            ok = False
+        if ok:
+            if os.getppid() != parent_pid:  # the parent died before prctl took effect
+                os._exit(1)
+            return
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="study-parent-watch").start()
+
+
+def _init_worker(threads: int, gpu_queue=None, parent_pid: int | None = None):
+    """Worker setup: die with the study process, CPU threads, one GPU per worker when GPUs are present."""
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
     if gpu_queue is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_queue.get())
     import torch
@@ -54,11 +89,11 @@ def _run_pool(specs: Sequence[dict], jobs: int, threads: int, on_done: Callable)
     gpus = _gpu_count()
     gpu_queue = None
     if gpus:
-        gpu_queue = ctx.Manager().Queue()
+        gpu_queue = ctx.Queue()  # a pipe, handed to each worker at its start (no manager process to outlive us)
         for i in range(jobs):
             gpu_queue.put(i % gpus)  # several workers share a GPU when jobs > GPUs
     with cf.ProcessPoolExecutor(
-        max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads, gpu_queue)
+        max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads, gpu_queue, os.getpid())
     ) as pool:
         futures = {pool.submit(execute, dict(spec, threads=threads)): spec for spec in specs}
         for fut in cf.as_completed(futures):
