@@ -14,6 +14,8 @@ nonlinear-head section: ``(x_{it} − x_{iτ})ᵀ W z_i = 0`` for ``t, τ ∈ O_
 Modules (one job each)
 ----------------------
 * ``solve``: the entry points :func:`att_svm` and :func:`att_svm_self`;
+* ``causal``: the sequence-to-sequence and causal forms (§7 of the paper): one constraint set per query
+  position, ``causal=True`` keeping only the tokens ``t ≤ k`` that position ``k`` can see;
 * ``problem``: problem reduction (orthonormal bases of the token / query spans, exact and
   norm-preserving) and the constraint structure ``a_k = (x_{iα} − x_{it}) z_iᵀ``, whose dual kernel
   ``K[(i,t),(j,s)] = ((x_{iα}−x_{it})ᵀ(x_{jα}−x_{js}))·(z_iᵀz_j)`` is applied by batched products

@@ -80,7 +80,7 @@ def selection(selected, n: int, T: int, valid: torch.Tensor, name: str = "select
         if tuple(selected.shape) != (n, T):
             raise ValueError(f"{name}: a boolean selected-set mask must have shape {(n, T)}, got {tuple(selected.shape)}")
         if (selected & ~valid).any():
-            raise ValueError(f"{name}: selects tokens that token_mask marks as padding")
+            raise ValueError(f"{name}: selects tokens the query cannot see (padding in token_mask, or future positions with causal=True)")
         counts = selected.sum(1)
         if (counts == 0).any():
             bad = torch.nonzero(counts == 0).squeeze(1)[:5].tolist()
@@ -98,7 +98,7 @@ def selection(selected, n: int, T: int, valid: torch.Tensor, name: str = "select
     if (ref < 0).any() or (ref >= T).any():
         raise ValueError(f"{name}: token indices must lie in [0, {T}), got range [{int(ref.min())}, {int(ref.max())}]")
     if not valid[torch.arange(n, device=device), ref].all():
-        raise ValueError(f"{name}: selects tokens that token_mask marks as padding")
+        raise ValueError(f"{name}: selects tokens the query cannot see (padding in token_mask, or future positions with causal=True)")
     kind[valid] = 1
     kind[torch.arange(n, device=device), ref] = 0
     return ref, kind

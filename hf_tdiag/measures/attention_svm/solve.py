@@ -1,5 +1,6 @@
-"""The public Att-SVM / Gen-SVM entry points: :func:`att_svm` (one query per input) and :func:`att_svm_self`
-(self-attention: every token of a sequence is a query with its own constraint set), both through :func:`solve`.
+"""The public Att-SVM / Gen-SVM entry points: :func:`att_svm` (one query per input, or ``K`` per input in the
+sequence-to-sequence form) and :func:`att_svm_self` (self-attention: every token of a sequence is a query with
+its own constraint set); ``causal=True`` restricts each query position to its prefix. All go through :func:`solve`.
 
 ``solve`` reduces the problem (orthonormal bases of the spans), rejects zero features, runs the dual
 active-set / projected-Newton solvers (an LP decides feasibility when the active-set steps do not
@@ -15,6 +16,7 @@ import time
 import numpy as np
 import torch
 
+from .causal import query_layout
 from .certificate import certificate_lp, infeasible_result, zero_feature_result
 from .inputs import check_norm, selection, to_f64, valid_mask
 from .kernel import ReducedKernel
@@ -33,6 +35,8 @@ def att_svm(
     norm: str = "fro",
     *,
     token_mask=None,
+    causal: bool = False,
+    query_mask=None,
     tol: float = 1e-10,
     max_iter: int = 2000,
     feas_tol: float = 1e-7,
@@ -42,10 +46,21 @@ def att_svm(
 
     ``selected``: token indices ``(n,)`` (Att-SVM) or a boolean selected-set mask
     ``(n, T)`` (Gen-SVM). ``token_mask (n, T)`` marks real (non-padding) tokens.
+    Sequence-to-sequence form: ``z (n, K, d_z)`` gives ``K`` queries per input, ``selected``
+    ``(n, K)`` (or ``(n, K, T)`` sets), each query its own constraint set; ``causal=True``
+    restricts query ``k`` to the tokens ``t ≤ k`` (``query_mask (n, K)`` picks queries).
+    Result arrays are then indexed by query, ``result.query_index[j] = (i, k)``.
     ``tol``: relative duality gap at which the Frobenius solver stops.
     ``feas_tol``: a margin below ``feas_tol · max_k ‖a_k‖`` counts as infeasible.
     """
     X = to_f64(X, "X", 3)
+    if isinstance(z, (torch.Tensor, np.ndarray)) and z.ndim == 3:
+        return _att_svm_queries(X, to_f64(z, "z", 3, device=X.device), selected, norm, token_mask, query_mask, causal,
+                                tol, max_iter, feas_tol, progress)
+    if causal:
+        raise ValueError("causal: one query per input has no position; pass z of shape (n, K, d_z) (one query per position)")
+    if query_mask is not None:
+        raise ValueError("query_mask: only used with several queries per input (z of shape (n, K, d_z))")
     z = to_f64(z, "z", 2, device=X.device)
     n, T, _ = X.shape
     if z.shape[0] != n:
@@ -66,6 +81,7 @@ def att_svm_self(
     query_mask=None,
     token_mask=None,
     queries=None,
+    causal: bool = False,
     tol: float = 1e-10,
     max_iter: int = 2000,
     feas_tol: float = 1e-7,
@@ -73,43 +89,33 @@ def att_svm_self(
 ) -> AttSVMResult:
     """Self-attention Att-SVM: the queries are the tokens ``x_{bq}`` of ``X (B, T, d)`` themselves.
 
-    Query ``(b, q)`` has its own constraint set ``(x_{b α_{bq}} − x_{bt})ᵀ W x_{bq} ≥ 1``.
+    Query ``(b, q)`` has its own constraint set ``(x_{b α_{bq}} − x_{bt})ᵀ W x_{bq} ≥ 1``
+    (``causal=True``: only over ``t ≤ q``, as a decoder's masked attention sees them).
     ``selected``: ``(B, T)`` token index per query token, or ``(B, T, T)`` boolean sets.
-    ``query_mask (B, T)``: which tokens act as queries (default: all real tokens).
+    ``query_mask (B, T)``: which tokens act as queries (default: all real tokens; causal: all but
+    position 0, which sees only itself).
     ``queries``: optional ``(B, T, d_z)`` query vectors to use instead of ``X`` (e.g. ``[x, 1]``
     to model a key bias); the constraint sets are still the tokens of ``X``.
     Result arrays are indexed by query, ``result.query_index[k] = (b, q)``.
     """
     X = to_f64(X, "X", 3)
     B, T, _ = X.shape
-    if T < 2:
-        raise ValueError(f"X: expected at least 2 tokens per sequence, got T={T}")
-    valid = valid_mask(token_mask, (B, T), X.device)
-    qmask = valid.clone() if query_mask is None else valid_mask(query_mask, (B, T), X.device, "query_mask") & valid
-    qidx = torch.nonzero(qmask)
-    if qidx.shape[0] == 0:
-        raise ValueError("query_mask: no query tokens selected")
     Q = X if queries is None else to_f64(queries, "queries", 3, device=X.device)
     if Q.shape[:2] != X.shape[:2]:
         raise ValueError(f"queries: expected shape ({B}, {T}, d_z), got {tuple(Q.shape)}")
-    if isinstance(selected, np.ndarray):
-        selected = torch.from_numpy(selected)
-    if not isinstance(selected, torch.Tensor):
-        raise TypeError(f"selected: expected a tensor (B, T) of indices or (B, T, T) mask, got {type(selected).__name__}")
-    selected = selected.to(X.device)
-    if selected.dtype == torch.bool:
-        if tuple(selected.shape) != (B, T, T):
-            raise ValueError(f"selected: a boolean mask must have shape {(B, T, T)}, got {tuple(selected.shape)}")
-    elif tuple(selected.shape) != (B, T):
-        raise ValueError(f"selected: expected token indices of shape {(B, T)}, got {tuple(selected.shape)}")
-    sel_q = selected[qidx[:, 0], qidx[:, 1]]
-    n = qidx.shape[0]
-    ref, kind = selection(sel_q, n, T, valid[qidx[:, 0]])
-    z = Q[qidx[:, 0], qidx[:, 1]]
+    return _att_svm_queries(X, Q, selected, norm, token_mask, query_mask, causal, tol, max_iter, feas_tol, progress)
+
+
+def _att_svm_queries(X, Q, selected, norm, token_mask, query_mask, causal, tol, max_iter, feas_tol, progress) -> AttSVMResult:
+    """Several queries per token set (self-attention, sequence-to-sequence, causal): one constraint set each."""
+    T = X.shape[1]
+    if T < 2:
+        raise ValueError(f"X: expected at least 2 tokens per sequence, got T={T}")
+    qidx, z, sel_q, visible = query_layout(X, Q, selected, query_mask=query_mask, token_mask=token_mask, causal=causal)
+    ref, kind = selection(sel_q, qidx.shape[0], T, visible)
     res = solve(X, z, qidx[:, 0].contiguous(), ref, kind, check_norm(norm), tol, max_iter, feas_tol, progress)
     res.query_index = qidx
     return res
-
 
 def _dual_solve(prob: Problem, op: ReducedKernel, tol, max_iter, feas_tol, progress, lp_check: bool):
     """``(λ, K'λ, status, iterations)``: active-set steps, an exact LP feasibility check if they stall, projected Newton."""
