@@ -13,7 +13,7 @@ from .problem import Problem
 __all__ = ["ReducedKernel", "DENSE_LIMIT", "DENSE_FLOPS", "FACE_FLOPS"]
 
 DENSE_LIMIT = 3000  # form K when it has at most this many rows ...
-DENSE_FLOPS = 2e9  # ... and forming it costs at most this many multiply-adds
+DENSE_FLOPS = 5e7  # ... and forming it costs at most this many multiply-adds (the factored matvec wins beyond)
 FACE_FLOPS = 2e9  # form a face block K_FF directly when it costs at most this many multiply-adds
 
 
