@@ -1,21 +1,26 @@
 """How max-margin-like is one trained attention head? (Att-SVM diagnostic, after Tarzanagh et al. 2023.)
 
-For one head ``h`` of block ``layer`` of a CRATE, ViT-like or BERT-like model and
-a batch of inputs:
+For one head ``h`` of block ``layer`` of a CRATE, ViT-like or BERT-like encoder, or of a GPT-2 or
+Llama-style decoder, and a batch of inputs:
 
 1. the head's input tokens are read with a forward pre-hook on its query
    projection — the pre-attention LayerNorm output for pre-norm blocks (CRATE,
-   ViT), the block input for post-norm BERT;
+   ViT, GPT-2, Llama), the block input for post-norm BERT;
 2. the head's attention ``softmax((W_Q x_q + b_Q)ᵀ(W_K x_t + b_K)/√p)`` is
-   recomputed in float64 from those tokens and the head's weights; each query's
-   attended token (the argmax) is its selection;
+   recomputed in float64 from those tokens and the head's weights (decoders: causal
+   mask, and the rotary embedding for Llama-style heads); each query's attended token
+   (the argmax) is its selection;
 3. the self-attention Att-SVM is solved in the head's input space for a sample
-   of queries: ``(x_{α} − x_{t})ᵀ W x_q ≥ 1`` (each query its own constraint set);
+   of queries: ``(x_{α} − x_{t})ᵀ W x_q ≥ 1`` (each query its own constraint set;
+   decoders: the causal Att-SVM, only over the tokens ``t ≤ q`` the query can see);
 4. the head is compared with ``W_mm`` in the same orientation: the logit of key
    ``t`` for query ``q`` is ``x_tᵀ (W_Kᵀ W_Q) x_q / √p`` (+ ``x_tᵀ W_Kᵀ b_Q/√p``), so the
    head's matrix is ``W_h = W_Kᵀ W_Q / √p`` (for CRATE ``U_k U_kᵀ/√p``); when the query
    projection has a bias, queries are augmented to ``[x_q, 1]`` and
    ``W_h = W_Kᵀ [W_Q, b_Q] / √p`` (query-independent terms cancel in the softmax).
+
+For a rotary head the logit matrix depends on the offset ``q − t`` (``W_Kᵀ R_{q−t} W_Q``): ``W_h`` is its form
+at offset 0 and the head's margins are its true logit gaps ``log s_α − log s_t`` (``rotary=True``).
 
 Reported: ``correlation = ⟨W_h, W_mm⟩/(‖W_h‖‖W_mm‖)``; the same after projecting
 ``W_h`` onto the subspaces the data can see (within-sequence token differences ⊗
@@ -35,11 +40,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..measures.attention_svm import AttSVMResult, att_svm_self, attention_probs, matrix_correlation
-from .architecture import describe
+from ..measures.attention_svm import AttSVMResult, att_svm_self, matrix_correlation
+from .attention_heads import HeadWeights, head_weights
 from .token_states import forward_kwargs
 
-__all__ = ["AttentionSVMDiagnostic", "attention_svm_diagnostic", "head_qk"]
+__all__ = ["AttentionSVMDiagnostic", "attention_svm_diagnostic", "head_qk", "visible_projection"]
 
 
 @dataclass
@@ -65,6 +70,8 @@ class AttentionSVMDiagnostic:
     selected: torch.Tensor  # (n,) attended token of each sampled query
     W_head: torch.Tensor  # (d, d_z) head matrix in the x_tᵀ W z orientation
     svm: AttSVMResult
+    causal: bool = False  # decoder head: the causal Att-SVM (constraints over each query's prefix)
+    rotary: bool = False  # rotary head: W_head is the offset-0 form, head margins are true logit gaps
     extra: dict = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
@@ -76,6 +83,8 @@ class AttentionSVMDiagnostic:
             "family": self.family,
             "norm": self.norm,
             "include_bias": self.include_bias,
+            "causal": self.causal,
+            "rotary": self.rotary,
             "num_queries": int(hm.numel()),
             "feasible": self.svm.feasible,
             "correlation": self.correlation,
@@ -105,31 +114,20 @@ class AttentionSVMDiagnostic:
 
 
 def head_qk(model: nn.Module, layer: int, head: int):
-    """``(W_Q, b_Q, W_K, b_K, p, family)`` of one head: rows ``head·p:(head+1)·p`` of the query/key linears."""
-    arch = describe(model)
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < arch.num_layers:
-        raise ValueError(f"layer: expected an int in [0, {arch.num_layers}), got {layer!r}")
-    handles = arch.layers[layer]
-    if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < handles.num_heads:
-        raise ValueError(f"head: expected an int in [0, {handles.num_heads}), got {head!r}")
-    p = handles.head_dim
-    rows = slice(head * p, (head + 1) * p)
-    q, k = handles.query, handles.key
-    Wq = q.weight[rows].detach()
-    Wk = k.weight[rows].detach()
-    bq = q.bias[rows].detach() if q.bias is not None else None
-    bk = k.bias[rows].detach() if k.bias is not None else None
-    return Wq, bq, Wk, bk, p, arch.family, handles
+    """``(W_Q, b_Q, W_K, b_K, p, family)`` of one head (see :func:`hf_tdiag.probes.attention_heads.head_weights`)."""
+    hw = head_weights(model, layer, head)
+    return hw.W_Q, hw.b_Q, hw.W_K, hw.b_K, hw.head_dim, hw.family
 
 
-def _capture_head_input(model: nn.Module, handles, kwargs: dict) -> torch.Tensor:
+def _capture_head_input(model: nn.Module, module: nn.Module, kwargs: dict) -> torch.Tensor:
+    """The first input of ``module`` during one forward pass of ``model`` (eval mode, no grad)."""
     captured: list[torch.Tensor] = []
 
     def hook(_module, args, kw=None):
         x = args[0] if args else (kw or {}).get("input")
         captured.append(x.detach())
 
-    handle = handles.query.register_forward_pre_hook(hook)
+    handle = module.register_forward_pre_hook(hook)
     was_training = model.training
     model.eval()
     try:
@@ -143,12 +141,14 @@ def _capture_head_input(model: nn.Module, handles, kwargs: dict) -> torch.Tensor
     return captured[0]
 
 
-def _sample_queries(valid: torch.Tensor, queries, max_queries: int | None, seed: int) -> torch.Tensor:
-    """Boolean (B, N) mask of the query tokens to use."""
+def _sample_queries(valid: torch.Tensor, queries, max_queries: int | None, seed: int, causal: bool = False) -> torch.Tensor:
+    """Boolean (B, N) mask of the query tokens to use (causal: never position 0, which sees only itself)."""
     B, N = valid.shape
     if queries == "all":
         cand = valid.clone()
     elif queries == "cls":
+        if causal:
+            raise ValueError("queries: 'cls' (position 0) has nothing to attend to in a causal decoder; use 'all' or positions ≥ 1")
         cand = torch.zeros_like(valid)
         cand[:, 0] = valid[:, 0]
     elif isinstance(queries, (list, tuple)) and all(isinstance(q, int) and not isinstance(q, bool) for q in queries):
@@ -160,9 +160,11 @@ def _sample_queries(valid: torch.Tensor, queries, max_queries: int | None, seed:
         cand &= valid
     else:
         raise ValueError(f"queries: expected 'all', 'cls' or a list of token positions, got {queries!r}")
+    if causal:
+        cand[:, 0] = False
     flat = torch.nonzero(cand.reshape(-1)).squeeze(1)
     if flat.numel() == 0:
-        raise ValueError("queries: no valid query token in the batch")
+        raise ValueError("queries: no valid query token in the batch" + (" (position 0 is never a causal query)" if causal else ""))
     if max_queries is not None and flat.numel() > max_queries:
         g = torch.Generator().manual_seed(seed)
         flat = flat[torch.randperm(flat.numel(), generator=g)[:max_queries]]
@@ -172,9 +174,97 @@ def _sample_queries(valid: torch.Tensor, queries, max_queries: int | None, seed:
 
 
 def _span_basis(M: torch.Tensor, rel_tol: float = 1e-10) -> torch.Tensor:
+    """Orthonormal basis (columns) of the row span of ``M``."""
     _, s, vh = torch.linalg.svd(M, full_matrices=False)
     r = int((s > rel_tol * s[0]).sum()) if s.numel() and s[0] > 0 else 0
     return vh[:r].T
+
+
+def visible_projection(X: torch.Tensor, valid: torch.Tensor, query_index: torch.Tensor, Z: torch.Tensor, W: torch.Tensor):
+    """``W_vis = Π_P W Π_S``: ``W`` projected onto what the inputs can see — on the left the span ``P`` of the
+    within-sequence token differences (tokens centred per sequence that holds a query), on the right the span
+    ``S`` of the queries ``Z``. Returns ``(W_vis, rank P, rank S)``."""
+    centered = []
+    for b in torch.unique(query_index[:, 0]).tolist():
+        xb = X[b][valid[b]]
+        centered.append(xb - xb.mean(0, keepdim=True))
+    P = _span_basis(torch.cat(centered, 0))
+    S = _span_basis(Z)
+    return P @ (P.T @ W @ S) @ S.T, int(P.shape[1]), int(S.shape[1])
+
+
+def _logits(hw: HeadWeights, X: torch.Tensor) -> torch.Tensor:
+    """The head's attention logits ``scale · qᵀk`` (B, N, N) in float64 (rotary heads: with the rotary embedding)."""
+    q = X @ hw.W_Q.to(X.device, torch.float64).T
+    k = X @ hw.W_K.to(X.device, torch.float64).T
+    if hw.b_Q is not None:
+        q = q + hw.b_Q.to(X.device, torch.float64)
+    if hw.b_K is not None:
+        k = k + hw.b_K.to(X.device, torch.float64)
+    if hw.rotary:
+        positions = torch.arange(X.shape[1], device=X.device).expand(X.shape[0], -1)
+        cos, sin = hw.rotary_emb(X, positions)
+        q, k = hw.apply_rotary(q[:, None], k[:, None], cos.to(torch.float64), sin.to(torch.float64))
+        q, k = q[:, 0], k[:, 0]
+    return torch.matmul(q, k.transpose(-1, -2)) * hw.scale
+
+
+def _log_probs(hw: HeadWeights, X: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``log softmax`` of the head's logits over the keys each query sees (padding masked; causal: ``t ≤ q``)."""
+    N = X.shape[1]
+    visible = valid[:, None, :].expand(-1, N, -1)
+    if hw.causal:
+        visible = visible & torch.ones(N, N, dtype=torch.bool, device=X.device).tril()
+    return torch.log_softmax(_logits(hw, X).masked_fill(~visible, -math.inf), dim=-1)
+
+
+def _head_matrix(hw: HeadWeights, X: torch.Tensor, use_bias: bool):
+    """``(W_h, Z)``: ``W_h = scale · W_Kᵀ W_Q`` (+ the column ``scale · W_Kᵀ b_Q`` with queries ``[x, 1]``)."""
+    Wq64, Wk64 = hw.W_Q.to(X.device, torch.float64), hw.W_K.to(X.device, torch.float64)
+    W_head = (Wk64.T @ Wq64) * hw.scale
+    if not use_bias:
+        return W_head, X
+    bq = hw.b_Q.to(X.device, torch.float64) if hw.b_Q is not None else torch.zeros(Wq64.shape[0], dtype=torch.float64, device=X.device)
+    bcol = (Wk64.T @ bq).unsqueeze(1) * hw.scale
+    Z = torch.cat([X, torch.ones(*X.shape[:2], 1, dtype=X.dtype, device=X.device)], dim=2)
+    return torch.cat([W_head, bcol], dim=1), Z
+
+
+def _head_margins(res: AttSVMResult, X, Z, W_head, logp, norm: str, rotary: bool) -> torch.Tensor:
+    """``min_t (x_α − x_t)ᵀ W_h z / ‖W_h‖`` per query over its constraints (rotary: true logit gaps / ‖W_h‖)."""
+    qi = res.query_index
+    rows = torch.arange(qi.shape[0], device=X.device)
+    if rotary:
+        lq = logp[qi[:, 0], qi[:, 1]]  # (n, N) log-probabilities: differences are logit gaps
+    else:
+        lq = torch.einsum("ntd,de,ne->nt", X[qi[:, 0]], W_head, Z[qi[:, 0], qi[:, 1]])
+    gaps = lq[rows, res.selected][:, None] - lq
+    ineq = res.constraint == 1
+    head_norm = float(torch.linalg.matrix_norm(W_head, ord="nuc" if norm == "nuc" else "fro"))
+    return torch.where(ineq, gaps, torch.full_like(gaps, math.inf)).min(1).values / head_norm
+
+
+def _check_arguments(model, one_hot_threshold, max_queries) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a Transformers model (torch.nn.Module), got {type(model).__name__}")
+    if not (isinstance(one_hot_threshold, (int, float)) and 0 < one_hot_threshold <= 1):
+        raise ValueError(f"one_hot_threshold: expected a number in (0, 1], got {one_hot_threshold!r}")
+    if max_queries is not None and (isinstance(max_queries, bool) or not isinstance(max_queries, int) or max_queries < 1):
+        raise ValueError(f"max_queries: expected a positive int or None (all queries), got {max_queries!r}")
+
+
+def _head_inputs(model, hw: HeadWeights, inputs):
+    """``(X (B, N, d) float64, valid (B, N))``: the head's input tokens and the real-token mask."""
+    kwargs = forward_kwargs(model, inputs)
+    X = _capture_head_input(model, hw.input_module, kwargs).to(torch.float64)
+    if X.ndim != 3:
+        raise ValueError(f"model: expected the head input to be (batch, tokens, features), got shape {tuple(X.shape)}")
+    B, N, _ = X.shape
+    mask = kwargs.get("attention_mask")
+    valid = torch.ones(B, N, dtype=torch.bool, device=X.device) if mask is None else mask.to(X.device).bool()
+    if valid.shape != (B, N):
+        raise ValueError(f"inputs: attention_mask has shape {tuple(valid.shape)}, expected {(B, N)}")
+    return X, valid
 
 
 def attention_svm_diagnostic(
@@ -196,102 +286,47 @@ def attention_svm_diagnostic(
 
     ``inputs``: pixel values / input ids (tensor) or a dict batch (``attention_mask``
     marks padding for text models). ``queries``: ``"all"`` tokens, ``"cls"`` (position 0)
-    or a list of positions; at most ``max_queries`` are sampled (seeded) for the SVM.
+    or a list of positions; at most ``max_queries`` are sampled (seeded) for the SVM
+    (``None``: all). Decoder heads (GPT-2, Llama-style) get the causal Att-SVM.
     ``include_bias``: augment queries with a constant 1 so the query bias's key-dependent
     term is part of the comparison (default: when the query projection has a bias).
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model: expected a Transformers model (torch.nn.Module), got {type(model).__name__}")
-    if not (isinstance(one_hot_threshold, (int, float)) and 0 < one_hot_threshold <= 1):
-        raise ValueError(f"one_hot_threshold: expected a number in (0, 1], got {one_hot_threshold!r}")
-    if max_queries is not None and (isinstance(max_queries, bool) or not isinstance(max_queries, int) or max_queries < 1):
-        raise ValueError(f"max_queries: expected a positive int or None, got {max_queries!r}")
-    Wq, bq, Wk, bk, p, family, handles = head_qk(model, layer, head)
-    kwargs = forward_kwargs(model, inputs)
-    X = _capture_head_input(model, handles, kwargs).to(torch.float64)  # (B, N, d)
-    if X.ndim != 3:
-        raise ValueError(f"model: expected the head input to be (batch, tokens, features), got shape {tuple(X.shape)}")
-    B, N, d = X.shape
-    mask = kwargs.get("attention_mask")
-    valid = torch.ones(B, N, dtype=torch.bool, device=X.device) if mask is None else mask.to(X.device).bool()
-    if valid.shape != (B, N):
-        raise ValueError(f"inputs: attention_mask has shape {tuple(valid.shape)}, expected {(B, N)}")
-
-    Wq64, Wk64 = Wq.to(X.device, torch.float64), Wk.to(X.device, torch.float64)
-    q = X @ Wq64.T + (bq.to(X.device, torch.float64) if bq is not None else 0.0)
-    k = X @ Wk64.T + (bk.to(X.device, torch.float64) if bk is not None else 0.0)
-    probs = attention_probs(q, k, key_mask=valid, scale=p**-0.5)  # (B, N, N)
-    max_p, selected = probs.max(-1)
-
-    use_bias = (bq is not None and bool(bq.abs().max() > 0)) if include_bias is None else bool(include_bias)
-    W_head = (Wk64.T @ Wq64) * p**-0.5
-    Z = X
-    if use_bias:
-        bcol = (Wk64.T @ bq.to(X.device, torch.float64)).unsqueeze(1) * p**-0.5 if bq is not None else torch.zeros(d, 1, dtype=torch.float64, device=X.device)
-        W_head = torch.cat([W_head, bcol], dim=1)
-        Z = torch.cat([X, torch.ones(B, N, 1, dtype=X.dtype, device=X.device)], dim=2)
-
-    qmask = _sample_queries(valid.cpu(), queries, max_queries, seed).to(X.device)
-    res = att_svm_self(X, selected, norm, query_mask=qmask, token_mask=valid, queries=Z, tol=tol, progress=progress)
+    _check_arguments(model, one_hot_threshold, max_queries)
+    hw = head_weights(model, layer, head)
+    X, valid = _head_inputs(model, hw, inputs)
+    logp = _log_probs(hw, X, valid)  # (B, N, N)
+    max_p, selected = logp.exp().max(-1)
+    use_bias = (hw.b_Q is not None and bool(hw.b_Q.abs().max() > 0)) if include_bias is None else bool(include_bias)
+    W_head, Z = _head_matrix(hw, X, use_bias)
+    qmask = _sample_queries(valid.cpu(), queries, max_queries, seed, hw.causal).to(X.device)
+    res = att_svm_self(X, selected, norm, query_mask=qmask, token_mask=valid, queries=Z, causal=hw.causal, tol=tol, progress=progress)
     qi = res.query_index
-    mp = max_p[qi[:, 0], qi[:, 1]]
-    all_mp = max_p[valid]
-    one_hot = float((mp >= one_hot_threshold).to(torch.float64).mean())
-    one_hot_all = float((all_mp >= one_hot_threshold).to(torch.float64).mean())
-
-    # the head's own margins on the same constraints: logit gaps, normalized
-    zq = Z[qi[:, 0], qi[:, 1]]  # (n, d_z)
-    Xq = X[qi[:, 0]]  # (n, N, d)
-    scores = torch.einsum("ntd,de,ne->nt", Xq, W_head, zq)
-    ref = res.selected
-    gaps = scores[torch.arange(qi.shape[0]), ref][:, None] - scores
-    ineq = res.constraint == 1
-    inf = torch.full_like(gaps, math.inf)
-    head_norm = float(torch.linalg.matrix_norm(W_head, ord="nuc" if norm == "nuc" else "fro"))
-    head_margins = torch.where(ineq, gaps, inf).min(1).values / head_norm
-
+    head_margins = _head_margins(res, X, Z, W_head, logp, norm, hw.rotary)
+    common = dict(
+        layer=layer, head=head, family=hw.family, norm=norm, include_bias=use_bias, head_margins=head_margins.cpu(),
+        max_probs=max_p[qi[:, 0], qi[:, 1]].cpu(), one_hot_threshold=float(one_hot_threshold), query_index=qi.cpu(),
+        selected=res.selected.cpu(), W_head=W_head.cpu(), svm=res, causal=hw.causal, rotary=hw.rotary,
+        one_hot_fraction=float((max_p[qi[:, 0], qi[:, 1]] >= one_hot_threshold).to(torch.float64).mean()),
+        one_hot_fraction_all=float((max_p[valid & _query_positions(valid, hw.causal)] >= one_hot_threshold).to(torch.float64).mean()),
+    )
     if not res.feasible:
         nan = math.nan
-        return AttentionSVMDiagnostic(
-            layer=layer, head=head, family=family, norm=norm, include_bias=use_bias,
-            correlation=nan, correlation_in_span=nan, margin_ratio=nan,
-            head_margins=head_margins.cpu(), svm_margins=torch.full_like(head_margins, nan).cpu(), svm_margin=0.0,
-            max_probs=mp.cpu(), one_hot_fraction=one_hot, one_hot_fraction_all=one_hot_all,
-            one_hot_threshold=float(one_hot_threshold), query_index=qi.cpu(), selected=ref.cpu(),
-            W_head=W_head.cpu(), svm=res,
-            extra={"message": res.message},
-        )
-    W_mm = res.W
-    svm_margins = res.query_margins() / res.objective
-    # what the inputs can see: within-sequence token differences (left) ⊗ queries (right)
-    seqs = torch.unique(qi[:, 0])
-    centered = []
-    for b in seqs.tolist():
-        xb = X[b][valid[b]]
-        centered.append(xb - xb.mean(0, keepdim=True))
-    P = _span_basis(torch.cat(centered, 0))
-    S = _span_basis(zq)
-    W_vis = P @ (P.T @ W_head @ S) @ S.T
-    corr_span = matrix_correlation(W_vis, W_mm) if float(torch.linalg.norm(W_vis)) > 0 else math.nan
+        return AttentionSVMDiagnostic(correlation=nan, correlation_in_span=nan, margin_ratio=nan,
+                                      svm_margins=torch.full_like(head_margins, nan).cpu(), svm_margin=0.0,
+                                      extra={"message": res.message}, **common)
+    W_vis, rank_p, rank_s = visible_projection(X, valid, qi, Z[qi[:, 0], qi[:, 1]], W_head)
+    corr_span = matrix_correlation(W_vis, res.W) if float(torch.linalg.norm(W_vis)) > 0 else math.nan
     return AttentionSVMDiagnostic(
-        layer=layer,
-        head=head,
-        family=family,
-        norm=norm,
-        include_bias=use_bias,
-        correlation=matrix_correlation(W_head, W_mm),
-        correlation_in_span=corr_span,
-        margin_ratio=float(head_margins.min()) * res.objective,
-        head_margins=head_margins.cpu(),
-        svm_margins=svm_margins.cpu(),
+        correlation=matrix_correlation(W_head, res.W), correlation_in_span=corr_span,
+        margin_ratio=float(head_margins.min()) * res.objective, svm_margins=(res.query_margins() / res.objective).cpu(),
         svm_margin=1.0 / res.objective,
-        max_probs=mp.cpu(),
-        one_hot_fraction=one_hot,
-        one_hot_fraction_all=one_hot_all,
-        one_hot_threshold=float(one_hot_threshold),
-        query_index=qi.cpu(),
-        selected=ref.cpu(),
-        W_head=W_head.cpu(),
-        svm=res,
-        extra={"visible_rank": [int(P.shape[1]), int(S.shape[1])], "head_dim": p, "tokens_per_sequence": N},
+        extra={"visible_rank": [rank_p, rank_s], "head_dim": hw.head_dim, "tokens_per_sequence": X.shape[1]}, **common,
     )
+
+
+def _query_positions(valid: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Tokens that can act as queries: every real token (causal: all but position 0)."""
+    ok = torch.ones_like(valid)
+    if causal:
+        ok[:, 0] = False
+    return ok
