@@ -1,7 +1,8 @@
 """The Space served on localhost: driven with gradio_client, and end to end in a real headless Chromium.
 
 Chromium is Debian's ``chromium`` package (``apt-get install -y chromium``; ``.ci/run`` installs it), driven by
-Playwright through ``executable_path``. Screenshots go to ``tmp/artifacts/`` at the repository root.
+Playwright through ``executable_path``. Screenshots go to ``$HF_TDIAG_ARTIFACTS`` when set (to look at them), else to
+a pytest tmp folder.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcess
 from hf_tdiag import space_handlers as H
 
 CHROMIUM = os.environ.get("HF_TDIAG_CHROMIUM", "/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parents[1] / "tmp" / "artifacts"
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -90,6 +90,12 @@ def digit_png(tmp_path):
     path = tmp_path / "digit.png"
     Image.fromarray(arr).save(path)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> Path:
+    folder = os.environ.get("HF_TDIAG_ARTIFACTS")
+    return Path(folder) if folder else tmp_path_factory.mktemp("artifacts")
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +185,11 @@ def test_client_bad_inputs_get_clear_messages(app_url, crate_dir, tmp_path):
 # ----------------------------------------------------------------------------- real browser
 
 
-def test_browser_crate_tab_end_to_end(app_url, browser, digit_png):
+def test_browser_crate_tab_end_to_end(app_url, browser, digit_png, artifacts):
     """Default model (empty model box): upload a digit, run the CRATE tab, see a prediction and rendered plots."""
     from playwright.sync_api import expect
 
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    artifacts.mkdir(parents=True, exist_ok=True)
     page = browser.new_page()
     try:
         page.goto(app_url)
@@ -195,13 +201,13 @@ def test_browser_crate_tab_end_to_end(app_url, browser, digit_png):
             img = page.locator(plot)
             expect(img).to_be_visible(timeout=60_000)
             assert img.evaluate("e => e.complete && e.naturalWidth") > 100
-        page.screenshot(path=str(ARTIFACTS / "space_crate_tab.png"), full_page=True)
+        page.screenshot(path=str(artifacts / "space_crate_tab.png"), full_page=True)
     finally:
         page.close()
-    assert (ARTIFACTS / "space_crate_tab.png").stat().st_size > 10_000
+    assert (artifacts / "space_crate_tab.png").stat().st_size > 10_000
 
 
-def test_browser_shows_error_for_non_image(app_url, browser, tmp_path):
+def test_browser_shows_error_for_non_image(app_url, browser, tmp_path, artifacts):
     from playwright.sync_api import expect
 
     bad = tmp_path / "fake.png"
@@ -213,12 +219,12 @@ def test_browser_shows_error_for_non_image(app_url, browser, tmp_path):
         page.locator("#crate-run").click()
         expect(page.get_by_text(re.compile("is not an image file"))).to_be_visible(timeout=30_000)
         page.wait_for_timeout(600)  # let the toast finish fading in
-        page.screenshot(path=str(ARTIFACTS / "space_bad_input.png"))
+        page.screenshot(path=str(artifacts / "space_bad_input.png"))
     finally:
         page.close()
 
 
-def test_browser_renders_report_of_trained_model(browser, trained_default):
+def test_browser_renders_report_of_trained_model(browser, trained_default, artifacts):
     """The one-page report of the digits-trained CRATE (the main job's recipe) opened in Chromium."""
     from playwright.sync_api import expect
 
@@ -228,8 +234,8 @@ def test_browser_renders_report_of_trained_model(browser, trained_default):
     images, labels = digits_test_images(24)
     report = build_report(str(trained_default), images=images, labels=labels, progress=False)
     assert report.errors == {}, report.errors
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    html_path, _ = report.save(ARTIFACTS / "report_trained_model.html")
+    artifacts.mkdir(parents=True, exist_ok=True)
+    html_path, _ = report.save(artifacts / "report_trained_model.html")
     page = browser.new_page()
     try:
         page.goto(html_path.resolve().as_uri())
@@ -243,10 +249,10 @@ def test_browser_renders_report_of_trained_model(browser, trained_default):
             img = images_on_page.nth(i)
             img.scroll_into_view_if_needed()
             assert img.evaluate("e => e.complete && e.naturalWidth") > 50
-        page.screenshot(path=str(ARTIFACTS / "report_trained_model.png"), full_page=True)
+        page.screenshot(path=str(artifacts / "report_trained_model.png"), full_page=True)
     finally:
         page.close()
-    assert (ARTIFACTS / "report_trained_model.png").stat().st_size > 50_000
+    assert (artifacts / "report_trained_model.png").stat().st_size > 50_000
 
 
 def test_space_front_matter_and_thin_app(trained_default, monkeypatch):
