@@ -2,14 +2,21 @@
 
 It implements the endpoints ``huggingface_hub`` (2.x) calls for ``create_repo``,
 ``upload_file``/``upload_folder``/``create_commit`` (regular, base64 uploads),
-``ModelCard.push_to_hub`` (``validate-yaml``), Transformers' ``push_to_hub`` and
-file downloads (``/resolve/``), keeping every repo's files in memory with a
-commit log, so a test can check exactly what arrived. Point a *fresh* process at
-it with ``HF_ENDPOINT=<hub.url>`` (``huggingface_hub`` reads the endpoint when it
-is imported). Requests it does not implement get a 501 and are recorded in
+``ModelCard.push_to_hub`` (``validate-yaml``), Transformers' ``push_to_hub``, and
+the download side that ``from_pretrained``, ``hf_hub_download`` and
+``snapshot_download`` use: repo info (``/api/models/<id>`` and ``.../revision/<rev>``),
+file listings (``.../tree/<rev>[/<path>]``) and files (``HEAD``/``GET /<id>/resolve/<rev>/<file>``
+with ``X-Repo-Commit`` and ``ETag``), answering a missing repo, revision or file
+with the 404 error codes the client maps to ``RepositoryNotFoundError`` /
+``RevisionNotFoundError`` / ``EntryNotFoundError``. Every repo's files live in
+memory with a commit log, so a test can check exactly what arrived; ``add_folder``
+serves a local ``save_pretrained`` folder under a repo id. Point a *fresh* process
+at it with ``HF_ENDPOINT=<hub.url>`` (``huggingface_hub`` reads the endpoint when
+it is imported). Requests it does not implement get a 501 and are recorded in
 ``hub.unhandled``.
 
     with LocalHub() as hub:
+        hub.add_folder("org/name", "path/to/saved_model")
         subprocess.run([...], env={**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0"})
         assert "model.safetensors" in hub.files("tester/my-model")
 
@@ -21,6 +28,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -72,7 +80,28 @@ class LocalHub:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    # ---- content ----
+    def add_folder(self, repo_id: str, folder, private: bool = False) -> str:
+        """Serve every file under ``folder`` (recursively) as repo ``repo_id`` in one commit; returns its sha."""
+        files = {}
+        for root, _, names in os.walk(folder):
+            for name in names:
+                path = os.path.join(root, name)
+                with open(path, "rb") as fh:
+                    files[os.path.relpath(path, folder).replace(os.sep, "/")] = fh.read()
+        with self.lock:
+            repo = self.repos.setdefault(repo_id, _Repo(repo_id, "model", private))
+            repo.files.update(files)
+            repo.head = _commit_oid(repo_id, len(repo.commits), "add_folder")
+            repo.commits.append({"oid": repo.head, "summary": "add_folder", "added": sorted(files), "deleted": []})
+        return repo.head
+
     # ---- inspection ----
+    def downloads(self, repo_id: str) -> list[str]:
+        """Files of ``repo_id`` fetched with GET so far (in order)."""
+        prefix = f"/{repo_id}/resolve/"
+        return [p[len(prefix):].split("/", 1)[1] for m, p in self.requests if m == "GET" and p.startswith(prefix)]
+
     def files(self, repo_id: str) -> dict[str, bytes]:
         return dict(self.repos[repo_id].files)
 
@@ -145,6 +174,8 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "POST" and path == "/api/validate-yaml":
                 self._body()
                 return self._send(200, {"errors": [], "warnings": []})
+            if method == "GET" and path == "/api/agent-harnesses":  # huggingface_hub's agent registry: none
+                return self._send(200, {"standardEnvVars": [], "harnesses": {}})
             if method == "GET" and path.startswith("/api/whoami"):
                 return self._send(200, {"type": "user", "name": hub.user, "orgs": [], "auth": {"type": "access_token"}})
             if parts[:1] == ["api"] and len(parts) >= 4 and parts[1] in ("models", "datasets", "spaces"):
@@ -192,6 +223,8 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "POST" and action == "commit":
             return self._commit(repo)
         if method == "GET" and action in ("", "revision"):
+            if action == "revision" and len(rest) > 1 and rest[1] not in ("main", repo.head):
+                return self._error(404, "RevisionNotFound", f"Invalid rev id: {rest[1]}")
             siblings = [{"rfilename": p, "size": len(b)} for p, b in sorted(repo.files.items())]
             return self._send(
                 200,
@@ -209,11 +242,7 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
         if method == "GET" and action == "tree":
-            entries = [
-                {"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
-                for p, b in sorted(repo.files.items())
-            ]
-            return self._send(200, entries)
+            return self._tree(repo, rest[1] if len(rest) > 1 else "main", "/".join(rest[2:]))
         hub.unhandled.append((method, "/".join(["api", repo_id, *rest])))
         self._body()
         return self._error(501, "NotImplemented", f"local hub: {method} {action} is not implemented")
@@ -247,6 +276,20 @@ class _Handler(BaseHTTPRequestHandler):
         return self._send(
             200, {"commitUrl": f"{hub.url}/{repo.repo_id}/commit/{oid}", "commitOid": oid, "pullRequestUrl": None}
         )
+
+    def _tree(self, repo: _Repo, revision: str, folder: str):
+        """Every file under ``folder`` (recursive listing), or 404 when the folder does not exist."""
+        if revision not in ("main", repo.head):
+            return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        prefix = folder.strip("/") + "/" if folder.strip("/") else ""
+        entries = [
+            {"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
+            for p, b in sorted(repo.files.items())
+            if p.startswith(prefix)
+        ]
+        if prefix and not entries:
+            return self._error(404, "EntryNotFound", f"{folder} does not exist on {revision}")
+        return self._send(200, entries)
 
     def _resolve(self, method: str, repo_id: str, revision: str, filename: str):
         hub = self.owner
