@@ -223,6 +223,43 @@ def load_model(spec, *, eager_attention: bool = True, trust_remote_code: bool = 
     return LoadedModel(model, tokenizer, source, "text")
 
 
+# files a model needs to load without running code: configs, safetensors weights, tokenizer / processor files
+HUB_MODEL_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken")
+
+
+def load_hub_model(repo_id, *, eager_attention: bool = True, trust_remote_code: bool = False) -> LoadedModel:
+    """:func:`load_model` of a Hub id that is never looked up on the local disk: the repo's configs, safetensors
+    weights and tokenizer files are downloaded (``snapshot_download``, cached as usual), then loaded from there.
+
+    For front ends where a typed name must not reach the server's folders. ValueError naming ``model`` for a
+    malformed id, a repo the Hub does not have (or hides), or an unreachable Hub.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    if not isinstance(repo_id, str):
+        raise TypeError(f"model: expected a Hub id (str), got {type(repo_id).__name__}")
+    repo_id = repo_id.strip()
+    if not HUB_ID.fullmatch(repo_id):
+        raise ValueError(f"model: expected a Hub id such as 'google/vit-base-patch16-224', got {repo_id!r}")
+    patterns = list(HUB_MODEL_FILES) + (["*.py"] if trust_remote_code else [])
+    try:
+        folder = snapshot_download(repo_id, allow_patterns=patterns)
+    except RepositoryNotFoundError:
+        raise ValueError(f"model: {repo_id!r} is not a model repository on the Hub (or it is private)") from None
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
+        raise ValueError(f"model: could not download {repo_id!r} from the Hub ({_short(err)})") from None
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise ValueError(f"model: the Hub repository {repo_id!r} has no config.json; it is not a Transformers model")
+    try:
+        loaded = load_model(folder, eager_attention=eager_attention, trust_remote_code=trust_remote_code)
+    except ValueError as err:  # name the repo, not the cache folder
+        raise ValueError(str(err).replace(repr(folder), repr(repo_id)).replace(folder, repo_id)) from None
+    loaded.model.config._name_or_path = repo_id  # what from_pretrained(repo_id) records, not the cache folder
+    loaded.source = repo_id
+    return loaded
+
+
 def pixel_values_for(images: list, loaded: LoadedModel) -> torch.Tensor:
     """Processor output ``(B, C, H, W)`` for PIL images, converted to the model's channel count first."""
     if loaded.modality != "image" or loaded.processor is None:
@@ -246,6 +283,7 @@ __all__ = [
     "check_source",
     "default_image_processor",
     "load_config",
+    "load_hub_model",
     "load_image_processor",
     "load_model",
     "load_pretrained",

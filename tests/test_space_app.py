@@ -8,6 +8,7 @@ a pytest tmp folder.
 from __future__ import annotations
 
 import html
+import importlib.util
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ import torch
 from PIL import Image
 
 from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcessor
-from hf_tdiag import space_handlers as H
+from hf_tdiag.gradio_app import handlers as H
 
 CHROMIUM = os.environ.get("HF_TDIAG_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -42,6 +43,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _local_models_allowed():
+    """These tests feed save_pretrained folders, which the Space accepts only when the operator allows them."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(H.LOCAL_MODELS_ENV, "1")
+        yield
+
+
 @pytest.fixture(scope="module")
 def crate_dir(tmp_path_factory):
     torch.manual_seed(0)
@@ -55,7 +64,7 @@ def crate_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained_default(tmp_path_factory):
     """The Space's default model, trained by the digits recipe (short budget) into a fresh cache."""
-    from hf_tdiag import default_model
+    from hf_tdiag.gradio_app import default_model
 
     cache = tmp_path_factory.mktemp("hf_tdiag_cache")
     with pytest.MonkeyPatch.context() as mp:
@@ -68,7 +77,7 @@ def trained_default(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app_url(trained_default):
-    from hf_tdiag.space_app import CSS, MAX_FILE_SIZE, build_demo
+    from hf_tdiag.gradio_app.layout import CSS, MAX_FILE_SIZE, build_demo
 
     demo = build_demo(default_model="")  # empty model box = the default digits CRATE
     port = _free_port()
@@ -143,7 +152,7 @@ def test_default_model_is_trained_once_and_served(app_url, trained_default, digi
 
     from gradio_client import Client, handle_file
 
-    from hf_tdiag import default_model
+    from hf_tdiag.gradio_app import default_model
 
     assert default_model.is_complete(trained_default)
     results = json.loads((trained_default / "all_results.json").read_text())
@@ -155,7 +164,7 @@ def test_default_model_is_trained_once_and_served(app_url, trained_default, digi
     client = Client(app_url, verbose=False)
     label, *_ = client.predict("", handle_file(digit_png), -1, [], api_name="/crate")
     assert label["label"] in {str(i) for i in range(10)}
-    assert "default-digits-crate" in client.predict("", api_name="/model_summary")
+    assert "**default digits CRATE (crate)** — `crate`" in client.predict("", api_name="/model_summary")  # no cache path
 
 
 def test_client_bad_inputs_get_clear_messages(app_url, crate_dir, tmp_path):
@@ -255,14 +264,16 @@ def test_browser_renders_report_of_trained_model(browser, trained_default, artif
     assert (artifacts / "report_trained_model.png").stat().st_size > 50_000
 
 
-def test_space_front_matter_and_thin_app(trained_default, monkeypatch):
-    """space/README.md has the Space metadata; space/app.py builds the Blocks from the package (no launch)."""
+def test_space_front_matter_and_thin_app(monkeypatch, tmp_path):
+    """space/README.md has the Space metadata; space/app.py only builds the Blocks from the installed package (no
+    sys.path edits, nothing trained at import); space/requirements.txt is what pyproject.toml says."""
     import runpy
+    import sys
 
     import gradio as gr
     from huggingface_hub import SpaceCard
 
-    from hf_tdiag import default_model
+    from hf_tdiag.gradio_app import default_model
 
     space = Path(__file__).resolve().parents[1] / "space"
     meta = SpaceCard.load(space / "README.md").data
@@ -270,12 +281,100 @@ def test_space_front_matter_and_thin_app(trained_default, monkeypatch):
     assert (space / meta.app_file).is_file()
     assert tuple(int(x) for x in str(meta.python_version).split(".")) >= (3, 11)
     assert meta.tags and meta.models and len(meta.short_description) <= 60
-    requirements = (space / "requirements.txt").read_text()
-    for package in ("torch", "transformers", "safetensors", "scikit-learn", "matplotlib", "cvxpy"):
-        assert package in requirements
 
-    monkeypatch.setenv(default_model.CACHE_ENV, str(trained_default.parent))
+    spec = importlib.util.spec_from_file_location("space_requirements", space.parent / "scripts" / "space_requirements.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    assert (space / "requirements.txt").read_text() == generator.space_requirements()
+    import tomllib
+
+    project = tomllib.loads((space.parent / "pyproject.toml").read_text())["project"]
+    for dep in project["dependencies"] + project["optional-dependencies"]["svm"]:
+        assert f"\n{dep}\n" in (space / "requirements.txt").read_text()
+
+    monkeypatch.setenv(default_model.CACHE_ENV, str(tmp_path / "empty_cache"))
+    path_before = list(sys.path)
     app = runpy.run_path(str(space / meta.app_file), run_name="space_app_under_test")
+    assert sys.path == path_before and "sys.path" not in (space / meta.app_file).read_text()
+    assert not (tmp_path / "empty_cache").exists()  # no default model trained (or even looked for) at import
     assert isinstance(app["demo"], gr.Blocks)
     names = {dep.get("api_name") for dep in app["demo"].config["dependencies"]}
     assert {"crate", "bounds", "concepts", "svm_experiment", "svm_head", "model_summary"} <= names
+
+
+# ----------------------------------------------------------------------------- Hub ids over real HTTP
+
+
+@pytest.fixture(scope="module")
+def hub_app(tmp_path_factory):
+    """The app served by a separate process whose Hub is tests/hub_server.py (HF_ENDPOINT), local paths off."""
+    import subprocess
+    import sys
+    import time
+
+    from gradio_client import Client
+
+    from hub_server import LocalHub
+
+    root = tmp_path_factory.mktemp("space_hub")
+    torch.manual_seed(0)
+    cfg = CrateConfig.from_preset("crate-digits", num_labels=10, id2label={i: f"digit {i}" for i in range(10)})
+    CrateForImageClassification(cfg).save_pretrained(root / "crate")
+    CrateImageProcessor.for_config(cfg).save_pretrained(root / "crate")
+    from test_loading import write_custom_code_repo
+
+    write_custom_code_repo(root / "custom")
+    port = _free_port()
+    code = (
+        "from hf_tdiag.gradio_app.layout import build_demo, launch\n"
+        f"launch(build_demo(), warm=False, server_name='127.0.0.1', server_port={port}, quiet=True)\n"
+    )
+    with LocalHub() as hub:
+        hub.add_folder("org/crate", root / "crate")
+        hub.add_folder("org/custom", root / "custom")
+        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_HOME": str(root / "hf_home"),
+               "CUSTOM_CODE_MARKER": str(root / "marker.txt"), "GRADIO_ANALYTICS_ENABLED": "False"}
+        env.pop(H.LOCAL_MODELS_ENV, None)
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+                    break
+                except Exception:  # noqa: BLE001 - not up yet
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"the app did not start: {proc.stderr.read()[-2000:]}") from None
+                    time.sleep(1)
+            yield client, hub, root
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def test_space_model_box_takes_hub_ids_over_http(hub_app, digit_png, monkeypatch):
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    client, hub, root = hub_app
+    summary = client.predict("org/crate", api_name="/model_summary")
+    assert "**org/crate** — `crate`" in summary and "10 classes" in summary
+    assert {"config.json", "model.safetensors", "preprocessor_config.json"} <= set(hub.downloads("org/crate"))
+    label, *_ = client.predict("org/crate", handle_file(digit_png), -1, [], api_name="/crate")
+    monkeypatch.setenv(H.LOCAL_MODELS_ENV, "1")
+    direct, *_ = H.crate_tab(str(root / "crate"), digit_png, -1)  # the same weights, read from the local folder
+    top = max(direct, key=direct.get)
+    assert label["label"] == top
+    assert {c["label"]: c["confidence"] for c in label["confidences"]}[top] == pytest.approx(direct[top], rel=1e-5)
+
+    with pytest.raises(AppError) as excinfo:
+        client.predict("org/custom", api_name="/model_summary")
+    assert "needs its own Python code" in html.unescape(str(excinfo.value))
+    assert not (root / "marker.txt").exists() and "modeling_tiny.py" not in hub.downloads("org/custom")
+    with pytest.raises(AppError) as excinfo:
+        client.predict("org/missing", api_name="/model_summary")
+    assert "'org/missing' is not a model repository on the Hub" in html.unescape(str(excinfo.value))
+    with pytest.raises(AppError) as excinfo:  # a server path: refused without looking at the disk
+        client.predict(str(root / "crate"), api_name="/model_summary")
+    assert "local paths are turned off" in html.unescape(str(excinfo.value))

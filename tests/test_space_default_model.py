@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from hf_tdiag import default_model
+from hf_tdiag.gradio_app import default_model
 
 FAKE_TRAIN = """
 def fake_train(counter, delay=0.0, fail=False, **kwargs):
@@ -110,7 +110,7 @@ def test_two_processes_train_once(tmp_path):
         f"""
         import os, sys, time
         import hf_tdiag.training as training
-        from hf_tdiag import default_model
+        from hf_tdiag.gradio_app import default_model
         {textwrap.indent(FAKE_TRAIN, ' ' * 8).strip()}
         training.train = lambda **kw: fake_train({str(counter)!r}, 1.5, False, **kw)
         open(os.path.join({str(barrier)!r}, sys.argv[1]), "w").close()

@@ -12,7 +12,15 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcessor
-from hf_tdiag import space_handlers as H
+from hf_tdiag.gradio_app import handlers as H
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _local_models_allowed():
+    """These tests feed save_pretrained folders, which the Space accepts only when the operator allows them."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(H.LOCAL_MODELS_ENV, "1")
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +84,7 @@ def test_crate_tab_prediction_matches_direct_forward(crate_dir, digit_png):
 
 def test_crate_tab_compares_variants(crate_dir, digit_png, monkeypatch, tmp_path):
     # the default model of a variant is another saved CRATE: point the default cache at prepared folders
-    from hf_tdiag import default_model
+    from hf_tdiag.gradio_app import default_model
 
     monkeypatch.setenv(default_model.CACHE_ENV, str(tmp_path))
     cfg = CrateConfig.from_preset("crate-digits", num_labels=10, variant="crate-c")
@@ -201,8 +209,10 @@ def test_concepts_tab_reports_fidelity(crate_dir, digit_png):
     loaded = load_model(crate_dir)
     pv = pixel_values_for([Image.open(digit_png)] + digits_test_images(5)[0], loaded)
     direct = hf_tdiag.concept_fidelity(loaded.model, pv, 1, 3, estimate=False, progress=False)
-    assert values["δ_rec = ‖A − Â‖_F (mean over images)"] == pytest.approx(direct["delta_rec"], rel=1e-6)
-    assert values["δ_gram = √L_gram"] == pytest.approx(direct["delta_gram"], rel=1e-6)
+    # shown rounded to 4 significant digits (people read the table; the JSON-able numbers stay in the API)
+    assert values["δ_rec = ‖A − Â‖_F (mean over images)"] == f"{direct['delta_rec']:.4g}"
+    assert values["δ_gram = √L_gram"] == f"{direct['delta_gram']:.4g}"
+    assert all(len(v.replace("-", "").replace(".", "").split("e")[0].lstrip("0")) <= 4 for v in values.values())
     assert "3 concepts after block 1" in text and "6 images" in text
     assert all(isinstance(f, Figure) for f in (heat, top, kl))
     with pytest.raises(gr.Error) as excinfo:
@@ -222,6 +232,8 @@ def test_svm_experiment_reports_gd_correlation_with_w_mm():
     assert f"| W | fro | {final:.4f} |" in text and "| KQ | nuc |" in text
     assert "Over-parameterized (d ≥ max(T−1, n)): **True**" in text
     assert isinstance(fig, Figure) and len(fig.axes[0].get_lines()) >= 2
+    # both runs take the slider's number of steps (the (K, Q) curve used to run twice as long as the slider said)
+    assert {int(line.get_xdata()[-1]) for line in fig.axes[0].get_lines() if len(line.get_xdata()) > 2} == {200}
     with pytest.raises(gr.Error) as excinfo:
         H.svm_experiment(3, 4, 500, 200, 0)
     assert "d: expected an integer in [2, 64]" in _message(excinfo)
@@ -237,7 +249,7 @@ def test_svm_head_tab_matches_diagnostic(crate_dir, digit_png, bert_dir):
     pv = pixel_values_for([Image.open(digit_png)] + digits_test_images(3)[0], loaded)
     diag = hf_tdiag.attention_svm_diagnostic(loaded.model, pv, 3, 1, max_queries=64)
     values = dict((q, v) for q, v in rows)
-    assert values["corr(W_h, W_mm)"] == pytest.approx(diag.correlation, rel=1e-9)
+    assert values["corr(W_h, W_mm)"] == f"{diag.correlation:.4g}"
     assert f"{diag.correlation:.4f}" in text and "Head 1 of layer 3 on 4 images" in text
     assert isinstance(fig, Figure)
     for args, needle in (((crate_dir, digit_png, 0, 9, 0), "head: expected 0..3"),
@@ -265,3 +277,26 @@ def test_crate_tab_works_for_a_vit_classifier(tmp_path, digit_png):
     np.testing.assert_allclose([labels[f"LABEL_{i}"] for i in range(3)], probs.numpy(), rtol=1e-5)
     assert sum(1 for ax in heads_fig.axes if len(ax.images) == 2) == 4
     assert "| vit (this model) |" in table
+
+
+def test_server_paths_are_refused_unless_the_operator_allows_them(crate_dir, tmp_path, monkeypatch):
+    """A visitor cannot load or even probe the server's folders: an existing model folder, an existing folder
+    without config.json and a missing path all get the same answer, naming only what was typed."""
+    monkeypatch.delenv(H.LOCAL_MODELS_ENV)
+    (tmp_path / "empty").mkdir()
+    answers = []
+    for spec in (crate_dir, str(tmp_path / "empty"), str(tmp_path / "missing"), "../etc", "./runs/main", "~/x"):
+        with pytest.raises(gr.Error) as excinfo:
+            H.model_summary(spec)
+        message = _message(excinfo)
+        assert "local paths are turned off" in message
+        answers.append(message.replace(repr(spec), "SPEC"))
+    assert len(set(answers)) == 1
+    # a name that is a Hub id goes to the Hub, even when a folder of that name exists under the working directory
+    monkeypatch.chdir(tmp_path)
+    CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10)).save_pretrained("org/name")
+    with pytest.raises(gr.Error) as excinfo:
+        H.model_summary("org/name")  # tests run offline: the Hub is unreachable, the local folder never read
+    assert "could not download 'org/name' from the Hub" in _message(excinfo)
+    monkeypatch.setenv(H.LOCAL_MODELS_ENV, "1")
+    assert "`crate`" in H.model_summary(crate_dir)

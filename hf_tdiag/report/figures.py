@@ -111,6 +111,43 @@ def attention_layers_figure(image, attentions: torch.Tensor, grid: tuple[int, in
     return _overlay_grid(image, maps, titles, "CLS attention (mean over heads) per layer")
 
 
+def token_attention_figure(tokens: list[str], attentions: torch.Tensor, layer: int) -> Figure:
+    """Token-to-token attention of ``layer``, mean over heads, tokens as tick labels (attentions ``(L, K, N, N)``)."""
+    if attentions.dim() != 4 or attentions.shape[-1] != len(tokens):
+        raise ValueError(f"attentions: expected (layers, heads, {len(tokens)}, {len(tokens)}), got {tuple(attentions.shape)}")
+    matrix = attentions[layer].mean(0).detach().to(torch.float64).cpu().numpy()
+    n = len(tokens)
+    side = min(9.0, 2.0 + 0.28 * n)
+    fig, axes = _subplots(1, 1, (side + 1.2, side), layout="constrained")
+    ax = axes[0][0]
+    im = ax.imshow(matrix, cmap="inferno", interpolation="nearest")
+    size = 7 if n <= 32 else 5
+    ax.set_xticks(range(n), tokens, rotation=90, fontsize=size)
+    ax.set_yticks(range(n), tokens, fontsize=size)
+    ax.set_xlabel("attended token (key)")
+    ax.set_ylabel("query token")
+    ax.set_title(f"Attention, layer {layer}, mean over heads", fontsize=10)
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    return fig
+
+
+def first_token_attention_figure(tokens: list[str], attentions: torch.Tensor) -> Figure:
+    """Attention of the first token to every token, mean over heads: layers (rows) × tokens (columns)."""
+    if attentions.dim() != 4 or attentions.shape[-1] != len(tokens):
+        raise ValueError(f"attentions: expected (layers, heads, {len(tokens)}, {len(tokens)}), got {tuple(attentions.shape)}")
+    rows = attentions[:, :, 0, :].mean(1).detach().to(torch.float64).cpu().numpy()
+    n, layers = len(tokens), rows.shape[0]
+    fig, axes = _subplots(1, 1, (min(12.0, 2.5 + 0.3 * n), 1.6 + 0.32 * layers), layout="constrained")
+    ax = axes[0][0]
+    im = ax.imshow(rows, cmap="inferno", aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(n), tokens, rotation=90, fontsize=7 if n <= 32 else 5)
+    ax.set_yticks(range(layers), [str(i) for i in range(layers)], fontsize=8)
+    ax.set_ylabel("layer")
+    ax.set_title(f"Attention of {tokens[0]!s} to each token, mean over heads", fontsize=10)
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    return fig
+
+
 def predictions_figure(images: list, labels: list[str], probs: list[float], truths: list[str] | None = None) -> Figure:
     """Small gallery of inputs with the predicted label and its probability (and the true label if known)."""
     n = len(images)
@@ -168,6 +205,8 @@ __all__ = [
     "attention_heads_figure",
     "attention_layers_figure",
     "cls_attention_grid",
+    "first_token_attention_figure",
+    "token_attention_figure",
     "figure_to_png",
     "png_to_data_uri",
     "predictions_figure",

@@ -410,16 +410,12 @@ def section_attention(loaded: LoadedModel, inputs: ReportInputs | None, options:
     section = Section("attention", title)
     _, attn = _forward(loaded, ReportInputs(inputs.batch[:1] if isinstance(inputs.batch, torch.Tensor) else
                                             {k: v[:1] for k, v in inputs.batch.items()}), output_attentions=True)
-    if attn is not None and loaded.modality == "image":
-        pv = inputs.batch[0]
-        grid = patch_grid(loaded.config, pv)
-        shown = pv[0].numpy() if pv.shape[0] == 1 else pv.permute(1, 2, 0).numpy()
-        _add_figures(section, lambda: [
-            ("CLS attention, mean over heads, per layer (first input)", F.attention_layers_figure(shown, attn, grid)),
-            (f"CLS attention of each head of layer {layer} (first input)",
-             F.attention_heads_figure(shown, attn, grid, layer)),
-        ])
-        section.numbers["cls_attention_first_input"] = F.cls_attention_grid(attn, grid)
+    if attn is None:
+        section.note = "no attention maps: the model returned none (it has no eager attention path)"
+    elif loaded.modality == "image":
+        _image_attention_figures(section, loaded, inputs, attn, layer)
+    else:
+        _token_attention_figures(section, loaded, inputs, attn, layer)
     head = int(options.attention_head)
     if not 0 <= head < arch.num_heads:
         raise ValueError(f"attention_head: expected 0 <= head < {arch.num_heads}, got {head}")
@@ -436,6 +432,47 @@ def section_attention(loaded: LoadedModel, inputs: ReportInputs | None, options:
     section.numbers["attention_svm"] = diag.to_dict()
     _add_figures(section, lambda: svm_plots(diag))
     return section
+
+
+def cls_pooling_note(config) -> str:
+    """A sentence for CLS attention maps of a model whose head does not read the CLS token ('' when it does)."""
+    if getattr(config, "pooling", "cls") == "mean":
+        return (
+            "This model classifies the mean of all tokens (pooling='mean'): the CLS token does not drive its "
+            "prediction, so these maps show what CLS attends to, not what the classifier reads."
+        )
+    return ""
+
+
+def _image_attention_figures(section: Section, loaded: LoadedModel, inputs: ReportInputs, attn, layer: int) -> None:
+    pv = inputs.batch[0]
+    grid = patch_grid(loaded.config, pv)
+    shown = pv[0].numpy() if pv.shape[0] == 1 else pv.permute(1, 2, 0).numpy()
+    note = cls_pooling_note(loaded.config)
+    suffix = f" {note}" if note else ""
+    _add_figures(section, lambda: [
+        (f"CLS attention, mean over heads, per layer (first input).{suffix}", F.attention_layers_figure(shown, attn, grid)),
+        (f"CLS attention of each head of layer {layer} (first input).{suffix}",
+         F.attention_heads_figure(shown, attn, grid, layer)),
+    ])
+    section.numbers["cls_attention_first_input"] = F.cls_attention_grid(attn, grid)
+
+
+def _token_attention_figures(section: Section, loaded: LoadedModel, inputs: ReportInputs, attn, layer: int) -> None:
+    ids = inputs.batch["input_ids"][0]
+    mask = inputs.batch.get("attention_mask")
+    keep = int(mask[0].sum()) if mask is not None else int(ids.shape[0])
+    tokens = loaded.processor.convert_ids_to_tokens(ids[:keep].tolist()) if loaded.processor is not None else None
+    if tokens is None:
+        tokens = [str(int(i)) for i in ids[:keep]]
+    attn = attn[:, :, :keep, :keep]
+    _add_figures(section, lambda: [
+        (f"Token-to-token attention of layer {layer}, mean over heads (first input, padding removed)",
+         F.token_attention_figure(tokens, attn, layer)),
+        ("Attention of the first token (e.g. [CLS]) to every token, mean over heads, per layer (first input)",
+         F.first_token_attention_figure(tokens, attn)),
+    ])
+    section.numbers["token_attention_first_input"] = {"tokens": tokens, "mean_over_heads": attn.mean(1)}
 
 
 def svm_table(summary: dict) -> Table:
@@ -511,7 +548,7 @@ def build_report(
     unknown = [k for k in keys if k not in SECTION_ORDER]
     if unknown:
         raise ValueError(f"sections: unknown {unknown}; expected a subset of {list(SECTION_ORDER)}")
-    settings = {"model": str(loaded.source), **options.to_dict()}
+    settings = {"model": str(loaded.source), **_resolved_options(loaded, options)}
     if inputs is not None:
         settings["inputs"] = f"{inputs.description} ({inputs.num_samples} samples)"
     settings["device"] = str(next(loaded.model.parameters()).device)
@@ -540,6 +577,20 @@ def build_report(
         section.numbers.setdefault("seconds", round(time.perf_counter() - start, 3))
         report.sections.append(section)
     return report
+
+
+def _resolved_options(loaded: LoadedModel, options: ReportOptions) -> dict:
+    """The options as the sections use them: the default layers (None) replaced by the layer actually used."""
+    values = options.to_dict()
+    try:
+        num_layers = _arch(loaded).num_layers
+    except (ValueError, TypeError, AttributeError):
+        return values
+    if values["concept_layer"] is None:
+        values["concept_layer"] = f"{_default_concept_layer(num_layers)} (default: the middle block)"
+    if values["attention_layer"] is None:
+        values["attention_layer"] = f"{num_layers - 1} (default: the last block)"
+    return values
 
 
 def images_to_inputs(loaded: LoadedModel, images: list, labels=None, description: str = "images") -> ReportInputs:

@@ -1,17 +1,20 @@
-"""The Gradio 6 Blocks of the hf-tdiag Space. Layout and wiring only; the work is in :mod:`hf_tdiag.space_handlers`.
+"""The Gradio 6 Blocks of the hf-tdiag Space. Layout and wiring only; the work is in :mod:`hf_tdiag.gradio_app.handlers`.
 
-``build_demo()`` returns the Blocks (tests launch it on localhost); ``space/app.py`` builds and launches it with
-``launch(max_file_size=MAX_FILE_SIZE, css=CSS)``.
+``build_demo()`` returns the Blocks (tests launch it on localhost); :func:`launch` builds and serves them, as
+``space/app.py`` does. Nothing is trained at import: the default digits CRATE is built on first use (and cached on
+disk); ``launch`` starts building it in the background so the first visitor waits less.
 """
 
 from __future__ import annotations
 
 import html
+import logging
+import threading
 import types
 
 import gradio as gr
 
-from hf_tdiag import space_handlers as H
+from hf_tdiag.gradio_app import handlers as H
 from hf_tdiag.models.crate import CRATE_VARIANTS
 
 MAX_FILE_SIZE = "25mb"
@@ -21,8 +24,8 @@ CSS = """
 """
 
 INTRO = """# hf-tdiag — white-box transformers and transformer diagnostics
-Pick a model (empty = a small **CRATE** trained on scikit-learn's 8×8 digits, trained on first start and cached;
-or a local folder written by `save_pretrained`, or a Hub id — loaded with `trust_remote_code=False`), then explore:
+Pick a model (empty = a small **CRATE** trained on scikit-learn's 8×8 digits, trained on first use and cached; or a
+Hub id — downloaded and loaded with `trust_remote_code=False`, so no code from a typed id ever runs), then explore:
 attention maps and per-layer sparse rate reduction (**CRATE**), generalization-bound proxies (**Bounds**),
 Semi-NMF concepts and their fidelity (**Concepts**), and attention as a max-margin SVM (**Attention as SVM**)."""
 
@@ -51,7 +54,7 @@ def _guard_image_input(component: gr.Image) -> gr.Image:
 
 def _image_input(label: str, elem_id: str) -> gr.Image:
     return _guard_image_input(
-        gr.Image(label=label, type="filepath", format="png", image_mode=None, sources=["upload", "clipboard"],
+        gr.Image(label=label, type="filepath", format="png", show_label=False, image_mode=None, sources=["upload", "clipboard"],
                  elem_id=elem_id, height=260)
     )
 
@@ -62,9 +65,9 @@ def build_demo(default_model: str = "") -> gr.Blocks:
         gr.Markdown(INTRO)
         with gr.Row():
             model_box = gr.Textbox(
-                label="Model (empty = default digits CRATE; local folder or Hub id)",
+                label="Model (empty = default digits CRATE, or a Hub id)",
                 value=default_model,
-                placeholder="e.g. ./runs/main/model or google/vit-base-patch16-224",
+                placeholder="e.g. google/vit-base-patch16-224  (default:crate-c = the digits CRATE-C)",
                 scale=4,
                 elem_id="model-box",
             )
@@ -89,9 +92,9 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                         run_btn = gr.Button("Run", variant="primary", elem_id="crate-run")
                     with gr.Column(scale=2):
                         prediction = gr.Label(num_top_classes=3, label="Prediction", elem_id="crate-prediction")
-                        heads_plot = gr.Plot(label="Attention per head", format="png", elem_id="crate-heads")
-                        layers_plot = gr.Plot(label="Attention per layer", format="png", elem_id="crate-layers")
-                        srr_plot = gr.Plot(label="Per-layer SRR of this image", format="png", elem_id="crate-srr")
+                        heads_plot = gr.Plot(label="Attention per head", format="png", show_label=False, elem_id="crate-heads")
+                        layers_plot = gr.Plot(label="Attention per layer", format="png", show_label=False, elem_id="crate-layers")
+                        srr_plot = gr.Plot(label="Per-layer SRR of this image", format="png", show_label=False, elem_id="crate-srr")
                         compare_table = gr.Markdown(elem_id="crate-compare-table")
                 example_btn.click(H.digits_example, inputs=example_index, outputs=image, api_name="digits_example")
                 run_btn.click(
@@ -110,10 +113,10 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     l_phi = gr.Number(value=1.13, label="L_φ (Lipschitz constant of the FFN activation; GELU 1.13)")
                     bounds_btn = gr.Button("Compute bounds", variant="primary", elem_id="bounds-run")
                 bounds_text = gr.Markdown(elem_id="bounds-summary")
-                p_heatmap = gr.Plot(label="Optimal p per matrix type", format="png", elem_id="bounds-heatmap")
-                with gr.Row():
-                    spectra_plot = gr.Plot(label="Spectral decay", format="png", elem_id="bounds-spectra")
-                    contrib_plot = gr.Plot(label="Contribution vs p", format="png", elem_id="bounds-contrib")
+                p_heatmap = gr.Plot(label="Optimal p per matrix type", format="png", show_label=False, elem_id="bounds-heatmap")
+                # one figure per row: each has three panels and a title the Plot label must not cover
+                spectra_plot = gr.Plot(label="Spectral decay", format="png", show_label=False, elem_id="bounds-spectra")
+                contrib_plot = gr.Plot(label="Contribution vs p", format="png", show_label=False, elem_id="bounds-contrib")
                 bounds_table = gr.Dataframe(headers=H.BOUNDS_COLUMNS, label="Per-matrix numbers", interactive=False)
                 bounds_btn.click(
                     H.bounds_tab,
@@ -137,9 +140,10 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                         concepts_btn = gr.Button("Fit concepts", variant="primary", elem_id="concepts-run")
                     with gr.Column(scale=2):
                         concepts_text = gr.Markdown(elem_id="concepts-summary")
-                        heatmaps = gr.Plot(label="Concept heatmaps", format="png", elem_id="concepts-heatmaps")
-                        top_patches = gr.Plot(label="Top patches per concept", format="png")
-                        kl_plot = gr.Plot(label="Empirical KL vs bound", format="png")
+                        heatmaps = gr.Plot(label="Concept heatmaps", format="png", show_label=False, elem_id="concepts-heatmaps")
+                        gr.Markdown("**Top-activating patches per concept** (cyan box; the value above is the code)")
+                        top_patches = gr.Plot(label="Top patches per concept", format="png", show_label=False)
+                        kl_plot = gr.Plot(label="Empirical KL vs bound", format="png", show_label=False)
                         fidelity_table = gr.Dataframe(headers=["quantity", "value"], label="Fidelity", interactive=False)
                 concepts_btn.click(
                     H.concepts_tab,
@@ -158,11 +162,11 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     svm_n = gr.Slider(1, 32, value=6, step=1, label="n (inputs)")
                     svm_T = gr.Slider(2, 32, value=8, step=1, label="T (tokens per input)")
                     svm_d = gr.Slider(2, 64, value=16, step=1, label="d (dimension)")
-                    svm_steps = gr.Slider(10, 5000, value=1000, step=10, label="GD steps")
+                    svm_steps = gr.Slider(10, 5000, value=2000, step=10, label="GD steps (each run: W and (K, Q))")
                     svm_seed = gr.Number(value=0, precision=0, label="seed")
                 svm_btn = gr.Button("Run experiment", variant="primary", elem_id="svm-run")
                 svm_text = gr.Markdown(elem_id="svm-summary")
-                svm_plot = gr.Plot(label="Correlation with W_mm", format="png", elem_id="svm-curves")
+                svm_plot = gr.Plot(label="Correlation with W_mm", format="png", show_label=False, elem_id="svm-curves")
                 svm_btn.click(
                     H.svm_experiment,
                     inputs=[svm_n, svm_T, svm_d, svm_steps, svm_seed],
@@ -182,7 +186,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                         head_btn = gr.Button("Diagnose head", variant="primary", elem_id="svm-head-run")
                     with gr.Column(scale=2):
                         head_text = gr.Markdown(elem_id="svm-head-summary")
-                        head_plot = gr.Plot(label="Margins and attention", format="png", elem_id="svm-head-plot")
+                        head_plot = gr.Plot(label="Margins and attention", format="png", show_label=False, elem_id="svm-head-plot")
                         head_table = gr.Dataframe(headers=["quantity", "value"], label="Diagnostic", interactive=False)
                 head_btn.click(
                     H.svm_head_tab,
@@ -193,4 +197,21 @@ def build_demo(default_model: str = "") -> gr.Blocks:
     return demo
 
 
-__all__ = ["build_demo", "CSS", "MAX_FILE_SIZE"]
+def _warm_default_model() -> None:
+    try:
+        H.get_model(H.DEFAULT_SPEC)
+    except Exception:  # noqa: BLE001 - a failure shows up again, as a message, when a visitor asks for the model
+        logging.getLogger(__name__).exception("building the default model in the background failed")
+
+
+def launch(demo: gr.Blocks | None = None, *, warm: bool = True, **launch_kwargs):
+    """Serve the app (``build_demo()`` unless ``demo`` is given) with the Space's queue, file-size limit and CSS;
+    ``warm`` builds the default model in a background thread first. Returns what ``Blocks.launch`` returns."""
+    demo = demo or build_demo()
+    if warm:
+        threading.Thread(target=_warm_default_model, name="hf-tdiag-default-model", daemon=True).start()
+    launch_kwargs = {"max_file_size": MAX_FILE_SIZE, "css": CSS, **launch_kwargs}
+    return demo.queue(max_size=32).launch(**launch_kwargs)
+
+
+__all__ = ["build_demo", "launch", "CSS", "MAX_FILE_SIZE"]

@@ -1,12 +1,14 @@
-"""Handlers behind the Gradio Space (``space/app.py`` only lays out components and wires these).
+"""Handlers behind the Gradio app (:mod:`hf_tdiag.gradio_app.layout` lays out components and wires these).
 
 Every handler takes plain Python values (model spec string, image file path, numbers) and returns plain values
 (label dicts, matplotlib figures, markdown, tables), so tests call them directly. Bad input never escapes as a
 traceback: :func:`user_errors` turns it into ``gr.Error`` with a message naming what was wrong.
 
 Model specs: ``""`` or ``"default"`` is the small CRATE trained on the digits data (see
-:mod:`hf_tdiag.default_model`), ``"default:crate-c"`` etc. the same recipe for another variant; anything else is a
-local folder written by ``save_pretrained`` or a Hub id, loaded with ``trust_remote_code=False``.
+:mod:`hf_tdiag.gradio_app.default_model`), ``"default:crate-c"`` etc. the same recipe for another variant; anything
+else is a Hub id, downloaded from the Hub and loaded with ``trust_remote_code=False`` — never looked up on the
+server's disk, so a visitor learns nothing about its folders. Local folders are accepted only when the operator sets
+``HF_TDIAG_SPACE_LOCAL_MODELS=1`` (e.g. for a Space run on one's own machine).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import functools
 import html
 import logging
+import os
 import threading
 from collections import OrderedDict
 
@@ -23,16 +26,18 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from hf_tdiag.report import figures
+from hf_tdiag.report.report import cls_pooling_note
 from hf_tdiag.inputs import UserInputError, open_image
-from hf_tdiag.loading import LoadedModel, load_model, pixel_values_for
+from hf_tdiag.loading import HUB_ID, LoadedModel, load_hub_model, load_model, pixel_values_for
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SPEC = "default"
+LOCAL_MODELS_ENV = "HF_TDIAG_SPACE_LOCAL_MODELS"
 _MODEL_CACHE_SIZE = 6
 
 _cache_lock = threading.Lock()
-_model_cache: OrderedDict[str, LoadedModel] = OrderedDict()
+_model_cache: OrderedDict[tuple[str, bool], LoadedModel] = OrderedDict()
 
 
 def user_errors(fn):
@@ -56,42 +61,58 @@ def user_errors(fn):
     return wrapper
 
 
-# ----------------------------------------------------------------------------- inputs
-
-
 # ----------------------------------------------------------------------------- models
+
+
+def local_models_allowed() -> bool:
+    """True when the operator allowed local model folders (``HF_TDIAG_SPACE_LOCAL_MODELS=1``)."""
+    return os.environ.get(LOCAL_MODELS_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _is_default(spec: str) -> bool:
     return spec == "" or spec == DEFAULT_SPEC or spec.startswith(DEFAULT_SPEC + ":")
 
 
-def resolve_spec(spec) -> str:
+def normalize_spec(spec) -> str:
     """Normalise a model spec typed in the UI ('' -> 'default')."""
     if spec is None:
         return DEFAULT_SPEC
     if not isinstance(spec, str):
-        raise UserInputError(f"model: expected a folder path or Hub id (text), got {type(spec).__name__}")
+        raise UserInputError(f"model: expected a Hub id (text), got {type(spec).__name__}")
     spec = spec.strip()
     return DEFAULT_SPEC if spec == "" else spec
 
 
-def get_model(spec) -> LoadedModel:
-    """Load (or reuse) the model named by ``spec``; trust_remote_code is always False for typed ids."""
-    spec = resolve_spec(spec)
-    with _cache_lock:
-        if spec in _model_cache:
-            _model_cache.move_to_end(spec)
-            return _model_cache[spec]
+def _load(spec: str) -> LoadedModel:
     if _is_default(spec):
-        from hf_tdiag import default_model
+        from hf_tdiag.gradio_app import default_model
 
         variant = spec.split(":", 1)[1] if ":" in spec else "crate"
         loaded = load_model(str(default_model.ensure_default_model(variant=variant)))
-    else:
-        loaded = load_model(spec)
+        loaded.source = f"default digits CRATE ({variant})"
+        loaded.model.config._name_or_path = loaded.source  # figure titles name the model, not the cache folder
+        return loaded
+    if local_models_allowed():
+        return load_model(spec)
+    if not HUB_ID.fullmatch(spec):  # the same answer whether or not such a path exists on the server
+        raise UserInputError(
+            f"model: expected a Hub id such as 'google/vit-base-patch16-224' (or nothing, for the default digits "
+            f"CRATE), got {spec!r}; local paths are turned off on this Space"
+        )
+    return load_hub_model(spec)
+
+
+def get_model(spec) -> LoadedModel:
+    """Load (or reuse) the model named by ``spec``; trust_remote_code is always False for typed ids."""
+    spec = normalize_spec(spec)
+    key = (spec, local_models_allowed())
     with _cache_lock:
-        _model_cache[spec] = loaded
+        if key in _model_cache:
+            _model_cache.move_to_end(key)
+            return _model_cache[key]
+    loaded = _load(spec)
+    with _cache_lock:
+        _model_cache[key] = loaded
         while len(_model_cache) > _MODEL_CACHE_SIZE:
             _model_cache.popitem(last=False)
     return loaded
@@ -204,6 +225,9 @@ def crate_tab(spec, image_path, layer, compare=None, progress=gr.Progress(track_
         reports[f"{variant} (default)" if variant in reports else variant] = _srr_report(other, other_pv.unsqueeze(0))
     srr_fig = viz.plot_layer_srr(reports, show_std=False, title="Per-layer sparse rate reduction of this image")
     table = "| model | prediction | probability |\n|---|---|---|\n" + "\n".join(rows)
+    note = cls_pooling_note(loaded.config)
+    if note:
+        table = f"*Attention maps:* {note}\n\n{table}"
     return labels, heads_fig, layers_fig, srr_fig, table
 
 
@@ -328,7 +352,16 @@ def concepts_tab(spec, image_path, n_concepts=4, layer=-1, extra_digits=31, prog
         f"Empirical KL {result['kl']:.3g} vs bound {result.get('bound', float('nan')):.3g} "
         f"(KL ≤ bound for {100 * result.get('frac_kl_below_bound', float('nan')):.0f}% of images)."
     )
-    return text, plots[0], plots[1], plots[2], [[q, float(v)] for q, v in rows]
+    return text, plots[0], plots[1], plots[2], [[q, _rounded(v)] for q, v in rows]
+
+
+def _rounded(value) -> str:
+    """A table cell for a person: 4 significant digits (15.962614149589578 -> '15.96'), integers as they are."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        return str(value)
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    return f"{float(value):.4g}"
 
 
 # ----------------------------------------------------------------------------- Attention as SVM tab
@@ -349,7 +382,7 @@ def _int_in(value, name: str) -> int:
 
 
 @user_errors
-def svm_experiment(n=6, T=8, d=16, steps=1000, seed=0, progress=gr.Progress(track_tqdm=True)):
+def svm_experiment(n=6, T=8, d=16, steps=2000, seed=0, progress=gr.Progress(track_tqdm=True)):
     """1-layer experiment of Tarzanagh et al.: normalized GD on W (vs the Frobenius Att-SVM) and on (K, Q)
     (vs the nuclear-norm Att-SVM); correlation curves and the global/local verdict."""
     from hf_tdiag.viz import attention_svm as viz_attention_svm
@@ -362,7 +395,7 @@ def svm_experiment(n=6, T=8, d=16, steps=1000, seed=0, progress=gr.Progress(trac
     curves, lines = {}, []
     runs = [("W", "fro", 0.5, steps)]
     if d <= NUCLEAR_MAX_D:
-        runs.append(("KQ", "nuc", 0.05, 2 * steps))
+        runs.append(("KQ", "nuc", 0.05, steps))
     else:
         gr.Warning(f"d = {d} > {NUCLEAR_MAX_D}: the (K, Q) run against the nuclear-norm SVM is skipped")
     w_run = None
@@ -437,5 +470,5 @@ def svm_head_tab(spec, image_path, layer=-1, head=0, extra_digits=15, progress=g
         f"Head {head} of layer {layer} on {len(images)} images: corr(W_h, W_mm) = **{diag.correlation:.4f}**, "
         f"margin ratio {diag.margin_ratio:.3g}, nearly one-hot queries {100 * diag.one_hot_fraction:.0f}%."
     )
-    rows = [[q, v if isinstance(v, (int, float)) else str(v)] for q, v in table.rows]
+    rows = [[q, _rounded(v)] for q, v in table.rows]
     return text, viz_attention_svm.plot_head_diagnostic(diag), rows
