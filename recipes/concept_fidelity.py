@@ -3,7 +3,7 @@
 on a trained CRATE and a trained ViT, with the KL bound, written as a results table and figures.
 
 Models: ``--crate PATH`` and ``--vit PATH`` (local folders or Hub ids). Without them the recipe uses
-the cached default digits CRATE (``hf_tdiag.default_model.ensure_default_model``, trained on first
+the cached default digits CRATE (``hf_tdiag.gradio_app.default_model.ensure_default_model``, trained on first
 use) and trains a small ViT on scikit-learn digits here (``--vit-epochs``). Images: the held-out
 digits test split (``--limit``), or ``--images DIR`` / ``--dataset NAME``.
 
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
 
     import hf_tdiag  # noqa: F401  (registers CRATE)
     from hf_tdiag.commands.concepts import _json_ready, format_table
-    from hf_tdiag.default_model import ensure_default_model
+    from hf_tdiag.gradio_app.default_model import ensure_default_model
     from hf_tdiag.inputs import digits_test_images, load_images
     from hf_tdiag.loading import load_model, pixel_values_for
     from hf_tdiag.probes.concept_fidelity import compare_concepts
