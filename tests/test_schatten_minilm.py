@@ -120,10 +120,12 @@ def test_cli_on_minilm(minilm, dense, tmp_path, capsys):
     np.testing.assert_allclose([m["min_contribution"] for m in data["matrices"]], dense["mins"], rtol=1e-9)
 
 
-def test_report_section_space_tab_and_figure_data_on_minilm(minilm, dense):
+def test_report_section_space_tab_and_figure_data_on_minilm(minilm, dense, monkeypatch):
+    from hf_tdiag.gradio_app.handlers import LOCAL_MODELS_ENV, bounds_tab
     from hf_tdiag.loading import load_model
     from hf_tdiag.report.report import ReportOptions, section_schatten
-    from hf_tdiag.space_handlers import bounds_tab
+
+    monkeypatch.setenv(LOCAL_MODELS_ENV, "1")  # the Space reads local folders only when its operator allows it
     from hf_tdiag.viz.schatten import norm_scaling_rows, optimal_p_counts, plot_optimal_p_histogram
 
     section = section_schatten(load_model(minilm), None, ReportOptions())
