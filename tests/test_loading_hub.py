@@ -171,3 +171,49 @@ def test_missing_repo_is_a_clear_error(hub, tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "ERROR model: 'org/missing' is neither a local model folder nor a model id reachable on the Hub" in proc.stdout
     assert "org/missing" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_commands_take_hub_ids_over_http(hub, folders, tmp_path):
+    """hf-tdiag srr | schatten | concepts | report with org/name: downloaded over HTTP, the same numbers as the
+    local folders they were uploaded from."""
+    crate, bert = str(folders / "crate"), str(folders / "bert")
+    proc = run_with_hub(hub, f"""
+        import json
+        from hf_tdiag.cli import main
+
+        def srr(model, out):
+            assert main(["srr", model, "--dataset", "digits", "--limit", "8", "--output-dir", out]) == 0
+            return json.load(open(out + "/srr.json"))
+
+        def schatten(models, out):
+            assert main(["schatten", *models, "--json", out]) == 0
+            return json.load(open(out))
+
+        result = dict(
+            srr=(srr("org/crate", "hub_srr"), srr({crate!r}, "local_srr")),
+            schatten=(schatten(["org/bert", "org/crate"], "hub.json"), schatten([{bert!r}, {crate!r}], "local.json")),
+            concepts=main(["concepts", "org/crate", "--dataset", "digits", "--limit", "8", "--concepts", "2",
+                           "--layer", "1", "--no-bound", "--no-figures", "--output-dir", "concepts_out"]),
+            report=main(["report", "org/crate", "--dataset", "digits", "--max-images", "8",
+                         "--sections", "summary", "srr", "-o", "report_out/report.html"]),
+        )
+        print(json.dumps(result))
+    """, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    hub_srr, local_srr = out["srr"]
+    assert _numbers(hub_srr) == _numbers(local_srr) and _numbers(hub_srr)
+    hub_s, local_s = out["schatten"]
+    assert [r["ours"] for r in hub_s] == [r["ours"] for r in local_s] and len(hub_s) == 2
+    assert out["concepts"] == 0 and (tmp_path / "concepts_out" / "concepts.json").is_file()
+    assert out["report"] == 0 and "org/crate" in (tmp_path / "report_out" / "report.json").read_text()
+    assert {"config.json", "model.safetensors"} <= set(hub.downloads("org/bert"))
+
+
+def _numbers(value):
+    """Every number in a JSON value, in order (names and paths left out)."""
+    if isinstance(value, dict):
+        return [x for k in sorted(value) for x in _numbers(value[k])]
+    if isinstance(value, list):
+        return [x for v in value for x in _numbers(v)]
+    return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
