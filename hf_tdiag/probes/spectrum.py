@@ -226,6 +226,30 @@ class SpectrumBoundReport:
             "matrices": [m.to_dict(include_spectra) for m in self.matrices],
         }
 
+    @classmethod
+    def from_json(cls, path_or_text: str | os.PathLike) -> "SpectrumBoundReport":
+        """A report written by :meth:`to_json` (with spectra), read back from a file path or a JSON string."""
+        text = str(path_or_text)
+        if not text.lstrip().startswith("{"):
+            with open(path_or_text, encoding="utf-8") as fh:
+                text = fh.read()
+        d = json.loads(text)
+        if "singular_values" not in (d["matrices"][0] if d["matrices"] else {"singular_values": 1}):
+            raise ValueError("path_or_text: the report was written without spectra (include_spectra=False)")
+        mats = []
+        for m in d["matrices"]:
+            m = dict(m, shape=tuple(m["shape"]), singular_values=np.asarray(m["singular_values"], dtype=np.float64),
+                     contributions=np.asarray(m["contributions"], dtype=np.float64))
+            zero = m["rank"] == 0
+            down, up = m["flip_factor_down"], m["flip_factor_up"]
+            m["flip_factor_down"] = math.nan if down is None else down
+            m["flip_factor_up"] = (math.nan if zero else math.inf) if up is None else up
+            mats.append(MatrixRecord(**m))
+        arrays = {k: np.asarray(d[k], dtype=np.float64) for k in ("p_grid", "alpha", "xi")}
+        gains = None if d.get("layer_gains") is None else np.asarray(d["layer_gains"], dtype=np.float64)
+        skip = {"matrices", "degenerate", "layer_gains", *arrays}
+        return cls(**{k: v for k, v in d.items() if k not in skip}, **arrays, matrices=mats, layer_gains=gains)
+
     def to_json(self, path: str | os.PathLike | None = None, include_spectra: bool = True, indent: int | None = None) -> str:
         """Serialise :meth:`to_dict`; also write it to ``path`` when given."""
         text = json.dumps(self.to_dict(include_spectra), indent=indent)

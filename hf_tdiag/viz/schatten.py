@@ -110,6 +110,74 @@ def plot_proxies_vs_depth(rows, normalize_at: Mapping[str, int] | None = None, t
     return _scaling(rows, "num_layers", title or "Bound proxies vs depth (fixed width)", normalize_at, ax)
 
 
+def plot_init_vs_trained(rows_init, rows_trained, x_key: str, normalize_at: Mapping[str, int] | None = None) -> Figure:
+    """Both proxies vs ``x_key`` at initialisation and after training, side by side, normalised per curve (log scale).
+
+    The y-limits are shared, so the growth of each proxy can be compared between the panels.
+    """
+    fig = Figure(figsize=(11.0, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    what = "width (fixed depth)" if x_key == "hidden_size" else "depth (fixed width)"
+    for ax, rows, stage in zip(axes, (rows_init, rows_trained), ("at initialisation", "after training")):
+        _scaling(rows, x_key, f"Bound proxies vs {what}, {stage}", normalize_at, ax)
+    return fig
+
+
+def p_opt_summary(rows, types: Iterable[str] = ("qk", "v", "m_in", "m_out")) -> dict[str, dict[str, float]]:
+    """Mean over grid rows of ``mean_p_opt_<type>`` and ``frac_p0_<type>`` (rows from :func:`hf_tdiag.schatten_grid.grid_rows`)."""
+    rows = list(rows)
+    return {t: {"mean_p_opt": float(np.mean([r[f"mean_p_opt_{t}"] for r in rows])),
+                "frac_p0": float(np.mean([r[f"frac_p0_{t}"] for r in rows]))} for t in types}
+
+
+def plot_p_opt_init_vs_trained(rows_init, rows_trained) -> Figure:
+    """Per matrix type: the mean optimal p against depth, one line per width, at initialisation (dashed) and trained."""
+    rows_init, rows_trained = list(rows_init), list(rows_trained)
+    types = [t for t in ("qk", "v", "m_in", "m_out") if f"mean_p_opt_{t}" in rows_init[0]]
+    widths = sorted({r["hidden_size"] for r in rows_init})
+    fig = Figure(figsize=(3.0 * len(types), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(types), sharey=True)
+    for ax, t in zip(axes, types):
+        for i, n in enumerate(widths):
+            for rows, ls, stage in ((rows_init, "--", "init"), (rows_trained, "-", "trained")):
+                sel = sorted((r for r in rows if r["hidden_size"] == n), key=lambda r: r["num_layers"])
+                ax.plot([r["num_layers"] for r in sel], [r[f"mean_p_opt_{t}"] for r in sel], ls=ls, marker="o",
+                        ms=3, color=f"C{i}", label=f"N={n}, {stage}")
+        ax.set_title(TYPE_LABELS[t], fontsize=9)
+        ax.set_xlabel("depth L")
+        ax.set_ylim(-0.05, 2.05)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("mean optimal p")
+    axes[0].legend(fontsize=6)
+    fig.suptitle("Optimal Schatten index per matrix type: at initialisation (dashed) and after training (solid)",
+                 fontsize=9)
+    return fig
+
+
+def plot_spectra_init_vs_trained(report_init, report_trained) -> Figure:
+    """σᵢ/σ₁ of every matrix of one model at initialisation (grey) and after training (coloured by layer)."""
+    types = _types(report_trained)
+    fig = Figure(figsize=(3.2 * len(types), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(types), squeeze=False)[0]
+    cmap = _layer_colors(report_trained.num_layers)
+    for ax, t in zip(axes, types):
+        for rep, trained in ((report_init, False), (report_trained, True)):
+            for m in rep.matrices:
+                if m.type != t or m.rank == 0:
+                    continue
+                s = m.singular_values
+                ax.plot(np.arange(1, len(s) + 1), s / s[0], color=cmap[m.layer] if trained else "0.6",
+                        lw=0.8 if trained else 0.6, alpha=0.8 if trained else 0.5)
+        ax.set_yscale("log")
+        ax.set_xlabel("index i")
+        ax.set_title(TYPE_LABELS[t], fontsize=9)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("σᵢ / σ₁  (grey: at initialisation)")
+    _layer_colorbar(fig, axes, report_trained.num_layers)
+    fig.suptitle(f"Spectral decay at initialisation and after training — {_title_name(report_trained)}", fontsize=9)
+    return fig
+
+
 def _types(report) -> list[str]:
     return [t for t in TYPE_LABELS if any(m.type == t for m in report.matrices)]
 
@@ -301,8 +369,12 @@ __all__ = [
     "model_label",
     "norm_scaling_rows",
     "optimal_p_counts",
+    "p_opt_summary",
     "plot_contribution_vs_p",
+    "plot_init_vs_trained",
     "plot_norm_scaling",
+    "plot_p_opt_init_vs_trained",
+    "plot_spectra_init_vs_trained",
     "plot_optimal_p",
     "plot_optimal_p_histogram",
     "plot_proxies_vs_depth",

@@ -1,0 +1,127 @@
+"""hf_tdiag.schatten_grid and recipes/schatten_trained_grid.py: cells, cache/resume, and every number vs the dense reference."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from test_schatten_reference import dense_reference_from_matrices
+
+from hf_tdiag import schatten_grid as G
+
+RECIPE = os.path.join(os.path.dirname(__file__), "..", "recipes", "schatten_trained_grid.py")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def vit_matrices(model, cell):
+    """Explicit matrices by ViT parameter names (vit.layers.i.attention.{q,k,v,o}_proj, mlp.fc1/fc2), not the probe."""
+    sd = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    dh, H = cell.head_dim, cell.num_heads
+    layers = []
+    for i in range(cell.num_layers):
+        W = lambda name: sd[f"vit.layers.{i}.{name}.weight"]  # noqa: E731, B023
+        q, k, v, o = W("attention.q_proj"), W("attention.k_proj"), W("attention.v_proj"), W("attention.o_proj")
+        rows = [slice(h * dh, (h + 1) * dh) for h in range(H)]
+        layers.append({"qk": [q[r].T @ k[r] for r in rows], "v": [v[r].T @ o.T[r] for r in rows],
+                       "m_in": W("mlp.fc1").T, "m_out": W("mlp.fc2").T})
+    return layers
+
+
+def _recipe():
+    spec = importlib.util.spec_from_file_location("schatten_trained_grid", RECIPE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_cells_keys_and_validation():
+    a = G.GridCell(2, 64)
+    assert a.num_heads == 2 and a.key() == G.GridCell(2, 64).key()
+    assert a.key() != G.GridCell(2, 64, steps=201).key() != G.GridCell(4, 64).key()
+    cells = G.grid_cells("cpu")
+    assert {(c.num_layers, c.hidden_size) for c in cells} == {(L, N) for L in (2, 4, 6, 8) for N in (64, 128, 256)}
+    assert all(c.num_heads == c.hidden_size // 32 for c in cells)
+    gpu = G.grid_cells("gpu")
+    assert len(gpu) == 24 and all(c.num_heads == c.hidden_size // 64 for c in gpu)
+    assert [c.steps for c in G.grid_cells("cpu", [2], [64], steps=7)] == [7]
+    with pytest.raises(ValueError, match="hidden_size"):
+        G.GridCell(2, 48)
+    with pytest.raises(ValueError, match="num_layers"):
+        G.GridCell(0, 64)
+    with pytest.raises(ValueError, match="name"):
+        G.grid_cells("huge")
+    with pytest.raises(ValueError, match="jobs"):
+        G.run_grid([], "x", jobs=0)
+
+
+def test_tiny_grid_numbers_cache_and_figures(tmp_path, capsys, one_torch_thread):
+    recipe = _recipe()
+    out = tmp_path / "grid"
+    assert recipe.main(["--output-dir", str(out), "--grid", "tiny", "--detail-cell", "2", "32"]) == 0
+    assert "2 trained now" in capsys.readouterr().out
+    cells = G.grid_cells("tiny")
+    for cell in cells:
+        rec = G.load_record(cell, str(out))
+        # initialisation: the same seed rebuilds the same weights; trained: the deterministic run again
+        model = G.build_model(cell)
+        ref_init = dense_reference_from_matrices(vit_matrices(model, cell))
+        assert rec["init"]["ours"] == pytest.approx(ref_init["ours"], rel=1e-9)
+        assert rec["init"]["edelman"] == pytest.approx(ref_init["edelman"], rel=1e-9)
+        metrics = G.train(model, cell, G.digits_tensors())
+        ref = dense_reference_from_matrices(vit_matrices(model, cell))
+        assert rec["trained"]["ours"] == pytest.approx(ref["ours"], rel=1e-9)
+        assert rec["trained"]["edelman"] == pytest.approx(ref["edelman"], rel=1e-9)
+        assert rec["trained"]["mean_p_opt_qk"] == pytest.approx(np.mean(ref["p_opt"][ref["types"] == "qk"]), abs=1e-12)
+        assert rec["trained"]["frac_p0_m_in"] == np.mean(ref["p_opt"][ref["types"] == "m_in"] == 0)
+        assert rec["metrics"]["test_accuracy"] == metrics["test_accuracy"]
+    # the full reports read back (spectra included) carry the record's numbers
+    rep_init, rep_trained = G.load_report_pair(rec, str(out))
+    assert rep_trained.ours == rec["trained"]["ours"] and rep_init.edelman == rec["init"]["edelman"]
+    assert [m.p_opt for m in rep_trained.matrices] == list(ref["p_opt"])
+    assert rep_trained.to_json() == type(rep_trained).from_json(rep_trained.to_json()).to_json()
+    with open(out / "grid.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["stage"], int(r["num_layers"])) for r in rows] == [("init", 1), ("init", 2), ("trained", 1), ("trained", 2)]
+    by = {(r["stage"], int(r["num_layers"])): r for r in rows}
+    for stage in ("init", "trained"):  # per-curve normalisation at L = 2 (vs depth); one width: N = 32 (vs width)
+        assert float(by[(stage, 2)]["ours_norm_depth"]) == 1.0
+        assert float(by[(stage, 1)]["edelman_norm_depth"]) == pytest.approx(
+            float(by[(stage, 1)]["edelman"]) / float(by[(stage, 2)]["edelman"]), rel=1e-12)
+        assert float(by[(stage, 1)]["ours_norm_width"]) == 1.0
+    for fig in ("proxies_vs_depth", "proxies_vs_width", "p_opt", "spectra"):
+        assert (out / f"{fig}.png").read_bytes()[:8] == PNG
+    # resume: everything cached; a damaged record is trained again
+    first = G.load_record(cells[0], str(out))
+    with open(out / "runs" / f"{cells[0].key()}.json", "w") as fh:
+        fh.write("{not json")
+    assert recipe.main(["--output-dir", str(out), "--grid", "tiny"]) == 0
+    assert "1 trained now" in capsys.readouterr().out
+    again = G.load_record(cells[0], str(out))
+    assert again["trained"]["ours"] == pytest.approx(first["trained"]["ours"], rel=1e-12)
+    data = json.loads((out / "grid.json").read_text())
+    assert len(data["records"]) == 2 and len(data["rows"]) == 4
+
+
+def test_grid_figures_plot_the_rows():
+    from hf_tdiag.viz.schatten import p_opt_summary, plot_init_vs_trained, plot_p_opt_init_vs_trained
+
+    def rows(scale):
+        return [{"num_layers": L, "hidden_size": N, "ours": scale * L * N, "edelman": scale * L * L * N,
+                 **{f"mean_p_opt_{t}": 0.1 * L * scale for t in ("qk", "v", "m_in", "m_out")},
+                 **{f"frac_p0_{t}": 0.5 for t in ("qk", "v", "m_in", "m_out")}}
+                for L in (2, 4) for N in (64, 128)]
+
+    fig = plot_init_vs_trained(rows(1.0), rows(2.0), "num_layers")
+    left, right = fig.axes[:2]
+    ed = {ln.get_label(): ln for ln in right.get_lines()}["B_Edelman, N=64"]
+    assert list(ed.get_xdata()) == [2, 4] and list(ed.get_ydata()) == pytest.approx([1.0, 4.0])
+    assert "after training" in right.get_title() and "initialisation" in left.get_title()
+    pfig = plot_p_opt_init_vs_trained(rows(1.0), rows(2.0))
+    trained = {ln.get_label(): ln for ln in pfig.axes[0].get_lines()}["N=128, trained"]
+    assert list(trained.get_ydata()) == pytest.approx([0.4, 0.8])
+    assert p_opt_summary(rows(1.0))["qk"] == {"mean_p_opt": pytest.approx(0.3), "frac_p0": 0.5}
