@@ -8,6 +8,7 @@ import json
 import os
 
 import evaluate
+import numpy as np
 import pytest
 import torch
 from test_schatten_reference import dense_reference
@@ -166,3 +167,22 @@ def test_scaling_figures_normalise_each_curve_as_the_paper():
         plot_proxies_vs_width([{"num_layers": 2, "hidden_size": 128, "ours": 1.0}])
     with pytest.raises(ValueError, match="x_key"):
         scaling_curves(rows, "heads")
+
+
+def test_norm_scaling_figure_plots_the_dense_norms_at_fixed_depth(miniatures):
+    """The paper's norm-scaling figure: per type, the mean (2,1)/(1,1)/spectral norm vs N at L = 2, from the dense reference."""
+    from hf_tdiag.viz.schatten import plot_norm_scaling
+
+    folders = {H: str(miniatures / f"bert_uncased_L-2_H-{H}_A-{H // 64}") for H in (64, 128)}
+    reports = [hf_tdiag.spectrum_bounds(f) for f in folders.values()]
+    reports.append(hf_tdiag.spectrum_bounds(str(miniatures / "bert_uncased_L-1_H-64_A-1")))  # other depth: left out
+    fig = plot_norm_scaling(reports, num_layers=2)
+    refs = {H: dense_reference(BertModel.from_pretrained(f).state_dict(), 2, H // 64) for H, f in folders.items()}
+    for ax, key in zip(fig.axes, ("norm_2_1", "norm_1_1", "spectral")):
+        lines = {ln.get_label(): ln for ln in ax.get_lines()}
+        for label, t in (("QK (per head)", "qk"), ("M_out", "m_out")):
+            assert list(lines[label].get_xdata()) == [64, 128]
+            expect = [np.mean(refs[H][key][refs[H]["types"] == t]) for H in (64, 128)]
+            np.testing.assert_allclose(lines[label].get_ydata(), expect, rtol=1e-9)
+    with pytest.raises(ValueError, match="num_layers = 3"):
+        plot_norm_scaling(reports, num_layers=3)
