@@ -80,23 +80,3 @@ def test_figures_for_the_recipe_rows():
     assert len(fig.axes) == 2
     with pytest.raises(ValueError, match="curves"):
         plot_correlation_curves({})
-
-
-def test_recipe_smoke_run_writes_tables_and_figures(tmp_path):
-    import importlib.util
-    import os
-
-    spec = importlib.util.spec_from_file_location("recipe_attention_svm", os.path.join(os.path.dirname(__file__), "..", "recipes", "attention_svm.py"))
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
-    out = tmp_path / "r"
-    assert recipe.main(["--output_dir", str(out), "--scale", "0.05", "--only", "correlation", "rank"]) == 0
-    res = json.loads((out / "results.json").read_text())
-    assert {"correlation", "rank", "settings"} <= set(res)
-    for row in res["correlation"]:
-        assert row["feasible"] and -1 <= row["final_correlation"] <= 1
-    for row in res["rank"]:
-        assert row["rank"] <= min(row["m"], row["d"])  # W = K Qᵀ with K, Q ∈ R^{d×m}
-        assert row["rank_nuclear_svm"] <= row["n"] and row["rank_frobenius_svm"] <= row["n"]  # W_mm = Σ_i g_i z_iᵀ
-    assert (out / "correlation.png").exists() and (out / "rank.png").exists()
-    assert "| d | param |" in (out / "results.md").read_text()

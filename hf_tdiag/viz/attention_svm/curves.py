@@ -1,12 +1,9 @@
-"""Figures for the attention-as-SVM experiments and the head diagnostic (``Figure`` objects, no pyplot state).
+"""Figures of the 1-layer experiments in the shape the Space and older recipes use (``Figure`` objects, no pyplot).
 
 * :func:`plot_correlation_curves` — correlation of GD's direction with ``W_mm`` per iteration;
 * :func:`plot_global_frequency` — share of runs converging globally / locally vs ``d``;
-* :func:`plot_rank` — rank of ``W_mm`` / of GD's solution vs ``m`` and ``n``;
-* :func:`plot_gen_svm` — Gen-SVM prediction correlation and selected-set sizes;
-* :func:`plot_head_diagnostic` — a head's margins against the SVM margin, and its attention peakedness.
-
-Save with :func:`hf_tdiag.viz.save_figure`.
+* :func:`plot_rank` — a value (e.g. rank) against ``x`` with one line per series;
+* :func:`plot_gen_svm` — Gen-SVM prediction correlation and selected-set sizes per run.
 """
 
 from __future__ import annotations
@@ -17,14 +14,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from . import new_figure
-
-
-def _arr(x) -> np.ndarray:
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x, dtype=float)
-
+from .. import new_figure
+from ._common import as_array as _arr
 
 def plot_correlation_curves(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, title: str | None = None,
                             threshold: float | None = 0.99) -> Figure:
@@ -112,46 +103,4 @@ def plot_gen_svm(rows: Sequence[Mapping[str, Any]], *, title: str | None = None)
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="lower right")
     ax.set_title(title or "Gen-SVM prediction of GD with a nonlinear head")
-    return fig
-
-
-def _hist_range(*arrays: np.ndarray) -> tuple[float, float] | None:
-    """A histogram range covering the finite values, widened when they (nearly) coincide so the bins have width."""
-    values = np.concatenate([a[np.isfinite(a)] for a in arrays]) if arrays else np.empty(0)
-    if values.size == 0:
-        return None
-    lo, hi = float(values.min()), float(values.max())
-    if hi - lo <= 1e-9 * max(1.0, abs(hi)):
-        half = max(1e-3 * abs(hi), 1e-3)
-        lo, hi = lo - half, hi + half
-    return lo, hi
-
-
-def plot_head_diagnostic(diag, *, title: str | None = None) -> Figure:
-    """Histogram of the head's normalized margins (with the SVM margin marked) and of its max attention."""
-    d = diag.to_dict() if hasattr(diag, "to_dict") else dict(diag)
-    fig = new_figure(9.0, 3.8)
-    ax1, ax2 = fig.subplots(1, 2)
-    hm = _arr(d["head_margins"])
-    sm = _arr(d.get("svm_margins", []))
-    span = _hist_range(hm, sm)
-    ax1.hist(hm[np.isfinite(hm)], bins=20, range=span, alpha=0.7, label="head (W_h/‖W_h‖)")
-    if sm.size:
-        ax1.hist(sm[np.isfinite(sm)], bins=20, range=span, alpha=0.5, label="SVM (W_mm/‖W_mm‖)")
-    if d.get("svm_margin"):
-        ax1.axvline(d["svm_margin"], color="k", ls="--", lw=1, label="SVM margin 1/‖W_mm‖")
-    ax1.set_xlabel("smallest normalized logit gap per query")
-    ax1.set_ylabel("queries")
-    ax1.legend(fontsize=7)
-    ax2.hist(_arr(d["max_probs"]), bins=20, range=(0, 1), color="tab:green", alpha=0.8)
-    ax2.axvline(d["one_hot_threshold"], color="k", ls="--", lw=1)
-    ax2.set_xlabel("largest attention probability")
-    ax2.set_ylabel("queries")
-    corr = d.get("correlation")
-    fig.suptitle(
-        title
-        or f"layer {d['layer']} head {d['head']}: corr(W_h, W_mm) = {corr:.3f}, "
-        f"margin ratio = {d['margin_ratio']:.3f}, one-hot = {d['one_hot_fraction']:.2f}",
-        fontsize=9,
-    )
     return fig

@@ -1,0 +1,142 @@
+"""The paper experiments (hf_tdiag.measures.attention_gd.paper) on tiny settings, their figures' data, and the recipe."""
+
+import importlib.util
+import itertools
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("cvxpy")
+
+from scipy.optimize import nnls  # noqa: E402
+
+from hf_tdiag.measures.attention_gd import make_trajectory_data, score_gap  # noqa: E402
+from hf_tdiag.measures.attention_gd.paper import (  # noqa: E402
+    QUICK,
+    gamma_filtered_instances,
+    run_convergence,
+    run_multitoken_tau,
+    run_nonlinear,
+    run_svm_rank,
+    run_trajectories,
+    waterfill_support,
+)
+from hf_tdiag.viz import attention_svm as V  # noqa: E402
+
+
+def _ldp(G):
+    """argmin ‖x‖ s.t. G x ≥ 1 (Lawson & Hanson's NNLS reduction): an SVM solver independent of hf_tdiag."""
+    n = G.shape[1]
+    E = np.vstack([G.T, np.ones((1, G.shape[0]))])
+    f = np.zeros(n + 1)
+    f[-1] = 1.0
+    u, _ = nnls(E, f)
+    r = E @ u - f
+    return -r[:n] / r[-1]
+
+
+def test_waterfill_support_hand_worked_and_brute_force():
+    g = torch.tensor([1.0, 0.5, 0.0], dtype=torch.float64)
+    # λ = 0.2: μ_2 = (1.5 − 0.4)/2 = 0.55 > 0.5 → one token; λ = 0.5: μ_3 = (1.5 − 1)/3 > 0 → two; λ = 1: three
+    assert [int(waterfill_support(g, lam)) for lam in (0.0, 0.2, 0.5, 1.0)] == [1, 1, 2, 3]
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        scores = rng.normal(size=5)
+        lam = float(rng.uniform(0.05, 2.0))
+        best, best_k = -np.inf, None
+        for k in range(1, 6):  # brute force over supports: the optimum restricted to the top-k tokens
+            top = np.sort(scores)[::-1][:k]
+            s = (top - (top.sum() - 2 * lam) / k) / (2 * lam)
+            if (s >= 0).all():
+                val = s @ top - lam * (s @ s)
+                if val > best:
+                    best, best_k = val, k
+        assert int(waterfill_support(torch.tensor(scores), lam)) == best_k
+
+
+def test_trajectories_directions_against_an_independent_svm():
+    cfg = dict(QUICK["trajectories"], steps=60)
+    res = run_trajectories(cfg)
+    data = make_trajectory_data(seed=cfg["seed"], T=cfg["T"])
+    X, z, opt = data.X.numpy(), data.z.numpy(), data.optimal.numpy()
+    G = np.array([np.outer(X[i, opt[i]] - X[i, t], z[i]).ravel() for i in range(2) for t in range(cfg["T"]) if t != opt[i]])
+    W = _ldp(G).reshape(2, 2)
+    np.testing.assert_allclose(np.array(res["svm_directions"]["fro"]), (W @ z.T).T, rtol=1e-6, atol=1e-9)
+    top2 = np.sort((X @ data.v.numpy()) * data.Y.numpy()[:, None], axis=1)[:, -2:]
+    assert res["score_gap"] == pytest.approx(float((top2[:, 1] - top2[:, 0]).min()))
+    assert res["passes_gamma_0.1"] == (res["score_gap"] >= 0.1)
+    assert np.array(res["paths"]["W"]).shape == (2, 61, 2)
+    fig = V.plot_trajectories(res)
+    assert len(fig.axes) == 1
+
+
+def test_gamma_filtered_instances_keep_only_gaps_of_gamma():
+    kept, tried = gamma_filtered_instances(6, 8, 5, 3, 0.1, base_seed=7)
+    assert len(kept) == 3 and tried >= 3
+    for data in kept:
+        sc = (data.Y[:, None] * (data.X @ data.v)).numpy()
+        top2 = np.sort(sc, axis=1)[:, -2:]
+        assert (top2[:, 1] - top2[:, 0]).min() >= 0.1
+        assert float(score_gap(data)) >= 0.1
+
+
+def test_convergence_rows_and_their_figures():
+    cfg = dict(QUICK["convergence"], d=[8], runs=3, steps=120)
+    res = run_convergence(cfg)
+    row = res["rows"][0]
+    for param in ("W", "KQ"):
+        assert sum(row[param][k] for k in ("global", "local", "undetermined")) == pytest.approx(1.0)
+    assert 0 <= row["assumption_B1"] <= 1 and row["runs"] == 3 and len(res["runs"]) == 3
+    fig = V.plot_convergence(res, param="KQ")
+    heights = [p.get_height() for p in fig.axes[0].patches]
+    assert heights == pytest.approx([row["KQ"]["global"], row["KQ"]["local"], row["KQ"]["undetermined"], row["assumption_B1"]])
+    fig = V.plot_margins(res)
+    xs = np.concatenate([c.get_offsets()[:, 0] for c in fig.axes[0].collections])
+    assert sorted(xs) == pytest.approx(sorted(r["global_margin"] for r in res["runs"]))
+
+
+def test_nonlinear_runs_respect_the_exclusion_rule():
+    cfg = dict(QUICK["nonlinear"], d=[6], runs=2, steps=201, chunk=16, max_seeds=200)
+    res = run_nonlinear(cfg)
+    row = res["rows"][0]
+    assert row["kept"] <= 2
+    assert all(g <= 1e-6 for g in row["Gamma"])  # kept runs have every masked probability ≤ 1e-6
+    for key in ("svm_eq", "gen_svm", "one_token"):
+        assert all(-1 - 1e-12 <= c <= 1 + 1e-12 for c in row["final_correlation"][key])
+    if row["kept"]:
+        fig = V.plot_gamma(res)
+        pts = fig.axes[0].collections[0].get_offsets()
+        np.testing.assert_allclose(pts[:, 0], np.maximum(row["Gamma"], 1e-300))
+
+
+def test_tau_and_svm_rank_rows():
+    res = run_multitoken_tau(dict(QUICK["multitoken_tau"], runs=1, steps=200))
+    for row in res["rows"]:
+        assert row["within_tau"] == (row["max_selected"] <= row["tau"])
+    res = run_svm_rank(dict(QUICK["svm_rank"], d=[3, 6]))
+    for row in res["rows"]:
+        if row["feasible"]:
+            assert row["rank_fro"] <= min(row["n"], row["d"]) and row["rank_nuc"] <= row["rank_fro"] + 1e-9
+    fig = V.plot_svm_rank(res)
+    assert list(fig.axes[0].lines[0].get_ydata()) == [r["rank_fro"] for r in res["rows"] if r["feasible"]]
+
+
+def test_recipe_quick_writes_a_png_and_json_per_figure(tmp_path):
+    spec = importlib.util.spec_from_file_location("recipe_attention_svm", os.path.join(os.path.dirname(__file__), "..", "recipes", "attention_svm.py"))
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    out = tmp_path / "r"
+    assert recipe.main(["--quick", "--output-dir", str(out), "--only", "trajectories", "rank_m", "multitoken_lambda"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["figures"] == ["fig2_trajectories", "rank_vs_m", "fig10_lambda"]
+    for name in summary["figures"]:
+        assert (out / f"{name}.png").exists()
+    rank = json.loads((out / "rank_vs_m.json").read_text())
+    for row in rank["rows"]:
+        assert row["rank_mean"] <= row["m"]  # W = K Qᵀ with K, Q ∈ R^{d×m}
+    lam = json.loads((out / "fig10_lambda.json").read_text())
+    assert lam["rows"][0]["lam"] == 0.0 and lam["rows"][0]["predicted_mean_selected"] == 1.0
+    assert list(itertools.chain(summary["timings_s"])) == ["trajectories", "rank_m", "multitoken_lambda"]
