@@ -23,7 +23,6 @@ initialised ViT-B/16 head. One run (machine info and load average included) is a
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -121,8 +120,6 @@ def libsvm_fro(X, z, sel, tol=LIBSVM_TOL) -> dict:
            "time_s": t_fit + t_kernel, "cpu_time_s": c_fit + c_kernel, "objective": norm / float(margins.min()),
            "intercept": float(svc.intercept_[0]), "num_support": int(sv.size), "iterations": int(svc.n_iter_[0]),
            "C": LIBSVM_C, "tol": tol, "kernel_gb": Ks.nbytes / 1e9}
-    del Ks
-    gc.collect()
     return out
 
 

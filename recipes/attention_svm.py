@@ -80,20 +80,19 @@ def main(argv=None) -> int:
     settings = PAPER if args.paper else QUICK
     os.makedirs(args.output_dir, exist_ok=True)
     summary = {"size": "paper" if args.paper else "quick", "timings_s": {}, "figures": []}
-    results = {}
+    figures = _figures()
     t_all = time.perf_counter()
     for name in args.only:
         t0 = time.perf_counter()
         print(f"{name}: running with {settings[name]}", flush=True)
-        results[name] = RUNNERS[name](settings[name], progress=args.progress)
+        result = RUNNERS[name](settings[name], progress=args.progress)
         summary["timings_s"][name] = time.perf_counter() - t0
+        for fig_name, (experiment, plot) in figures.items():  # written as soon as the experiment is done
+            if experiment == name:
+                save_figure(plot(result), os.path.join(args.output_dir, f"{fig_name}.png"))
+                _write_json(os.path.join(args.output_dir, f"{fig_name}.json"), result)
+                summary["figures"].append(fig_name)
         print(f"{name}: {summary['timings_s'][name]:.1f} s", flush=True)
-    for fig_name, (experiment, plot) in _figures().items():
-        if experiment not in results:
-            continue
-        save_figure(plot(results[experiment]), os.path.join(args.output_dir, f"{fig_name}.png"))
-        _write_json(os.path.join(args.output_dir, f"{fig_name}.json"), results[experiment])
-        summary["figures"].append(fig_name)
     summary["total_time_s"] = time.perf_counter() - t_all
     if hasattr(os, "getloadavg"):
         summary["load_average_1_5_15"] = list(os.getloadavg())

@@ -127,7 +127,7 @@ def test_diagnostic_numbers_against_the_independent_computation(setup):
 def test_evaluate_module_numbers_against_the_independent_computation(setup):
     path, _, images, _, ref = setup
     out = evaluate.load(hf_tdiag.metric_path("attention_svm")).compute(model=path, images=images, layer=LAYER, head=HEAD,
-                                                                      max_queries=None)
+                                                                      max_queries=0)  # 0 = every query, as on the CLI
     _check(out, out, ref)
 
 

@@ -249,8 +249,8 @@ def _check_arguments(model, one_hot_threshold, max_queries) -> None:
         raise TypeError(f"model: expected a Transformers model (torch.nn.Module), got {type(model).__name__}")
     if not (isinstance(one_hot_threshold, (int, float)) and 0 < one_hot_threshold <= 1):
         raise ValueError(f"one_hot_threshold: expected a number in (0, 1], got {one_hot_threshold!r}")
-    if max_queries is not None and (isinstance(max_queries, bool) or not isinstance(max_queries, int) or max_queries < 1):
-        raise ValueError(f"max_queries: expected a positive int or None (all queries), got {max_queries!r}")
+    if max_queries is not None and (isinstance(max_queries, bool) or not isinstance(max_queries, int) or max_queries < 0):
+        raise ValueError(f"max_queries: expected a positive int, or None or 0 for every query, got {max_queries!r}")
 
 
 def _head_inputs(model, hw: HeadWeights, inputs):
@@ -287,7 +287,7 @@ def attention_svm_diagnostic(
     ``inputs``: pixel values / input ids (tensor) or a dict batch (``attention_mask``
     marks padding for text models). ``queries``: ``"all"`` tokens, ``"cls"`` (position 0)
     or a list of positions; at most ``max_queries`` are sampled (seeded) for the SVM
-    (``None``: all). Decoder heads (GPT-2, Llama-style) get the causal Att-SVM.
+    (``None`` or 0: all, as ``--max-queries 0`` on the command line). Decoder heads (GPT-2, Llama-style) get the causal Att-SVM.
     ``include_bias``: augment queries with a constant 1 so the query bias's key-dependent
     term is part of the comparison (default: when the query projection has a bias).
     """
@@ -298,7 +298,7 @@ def attention_svm_diagnostic(
     max_p, selected = logp.exp().max(-1)
     use_bias = (hw.b_Q is not None and bool(hw.b_Q.abs().max() > 0)) if include_bias is None else bool(include_bias)
     W_head, Z = _head_matrix(hw, X, use_bias)
-    qmask = _sample_queries(valid.cpu(), queries, max_queries, seed, hw.causal).to(X.device)
+    qmask = _sample_queries(valid.cpu(), queries, max_queries or None, seed, hw.causal).to(X.device)
     res = att_svm_self(X, selected, norm, query_mask=qmask, token_mask=valid, queries=Z, causal=hw.causal, tol=tol, progress=progress)
     qi = res.query_index
     head_margins = _head_margins(res, X, Z, W_head, logp, norm, hw.rotary)

@@ -18,7 +18,8 @@ _CITATION = """\
 """
 
 _DESCRIPTION = """\
-Att-SVM diagnostic of one attention head of a CRATE, ViT-like or BERT-like model. The head's input tokens x
+Att-SVM diagnostic of one attention head of a CRATE, ViT-like or BERT-like encoder, or of a GPT-2 or Llama-style
+decoder (the causal Att-SVM: each query only over the tokens it can see). The head's input tokens x
 (pre-attention LayerNorm output for pre-norm blocks, block input for post-norm BERT) are read with a hook;
 each query's attended token a (argmax of the head's attention) is its selection; the self-attention SVM
 W_mm = argmin ||W|| s.t. (x_a - x_t)^T W x_q >= 1 for all t != a is solved for a sample of queries in the head's
@@ -38,7 +39,7 @@ Args:
     texts: strings for a text encoder (tokenized with the model folder's tokenizer or `tokenizer=`).
     layer (`int`, default 0), head (`int`, default 0): the head to diagnose.
     queries (`str` or list, default "all"): "all" tokens, "cls" (position 0) or a list of positions.
-    max_queries (`int`, default 64): queries sampled (seeded) for the SVM; None = all.
+    max_queries (`int`, default 64): queries sampled (seeded) for the SVM; None or 0 = all.
     one_hot_threshold (`float`, default 0.9): attention counts as one-hot when its largest probability is >= this.
     norm (`str`, default "fro"): "fro" (W-parameterization) or "nuc" (KQ-parameterization; needs cvxpy, small problems).
     include_bias (`bool`, optional): augment queries with a constant 1 (default: when the query projection has a bias).

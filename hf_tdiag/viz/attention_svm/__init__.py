@@ -8,7 +8,8 @@ Save with :func:`hf_tdiag.viz.save_figure`.
 """
 
 from .curves import plot_correlation_curves, plot_gen_svm, plot_global_frequency, plot_rank
-from .head import _hist_range, plot_head_diagnostic
+from .head import _hist_range as _hist_range  # noqa: F401  (re-exported for the tests)
+from .head import plot_head_diagnostic
 from .paper import (
     plot_convergence,
     plot_gamma,

@@ -65,7 +65,7 @@ def plot_local(res: dict) -> Figure:
         for norm, cc in (("fro", "tab:blue"), ("nuc", "tab:red")):
             if e.get(f"corr_{norm}"):
                 m, sd = as_array(e[f"corr_{norm}"]["mean"]), as_array(e[f"corr_{norm}"]["std"])
-                ax.plot(s, m, color=cc, label="W^mm_α (Frobenius)" if norm == "fro" else "W^mm_⋆,α (nuclear)")
+                ax.plot(s, m, color=cc, label=r"$W^{mm}_{\alpha}$ (Frobenius)" if norm == "fro" else r"$W^{mm}_{\star,\alpha}$ (nuclear)")
                 ax.fill_between(s, m - sd, m + sd, color=cc, alpha=0.15)
         ax.set_title(f"{param}-parameterization", fontsize=9)
         ax.set_ylim(0, 1.05)
@@ -163,7 +163,7 @@ def plot_nonlinear(res: dict) -> Figure:
     rows = [r for r in res["rows"] if r["kept"]]
     fig = new_figure(3.2 * max(len(rows), 1), 3.6)
     axes = np.atleast_1d(fig.subplots(1, max(len(rows), 1), sharey=True))
-    labels = {"svm_eq": "W^SVMeq", "gen_svm": "W^mm (Gen-SVM)", "one_token": "W^1token"}
+    labels = {"svm_eq": r"$W^{SVMeq}$", "gen_svm": r"$W^{mm}$ (Gen-SVM)", "one_token": r"$W^{1token}$"}
     for ax, r in zip(axes, rows):
         for key, ls in (("svm_eq", "-"), ("gen_svm", ":"), ("one_token", "--")):
             ax.plot(r["steps"], np.maximum(1 - as_array(r["mean_correlation"][key]), 1e-16), ls=ls, marker="o", ms=3, label=labels[key])
