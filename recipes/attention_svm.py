@@ -6,7 +6,7 @@ Experiments (settings in ``hf_tdiag.measures.attention_gd.paper.settings``; norm
 
     trajectories        Fig. 2   2-D paths of GD on W and (K, Q) beside the Att-SVM / Att-SVM⋆ directions
     convergence         Figs 5, 6, 8  global / local convergence vs d (W and KQ), P(Assumption B.1), margins
-    local               Fig. 7   convergence to the SVM of the tokens GD selects (locally-optimal directions)
+    local               local convergence: to the SVM of the tokens GD selects (locally-optimal directions)
     svm_rank            rank of the Frobenius / nuclear SVM solutions vs d (the authors' svm_rank notebook)
     rank_m              appendix  rank of W = KQᵀ and its correlation with W⋆_mm vs the width m (n = T = 5)
     nonlinear           Figs 9, 12  nonlinear head 1ᵀReLU(Vᵀu): Gen-SVM equivalence vs one-token SVM, and Γ
@@ -38,7 +38,7 @@ def _figures():
         "fig2_trajectories": ("trajectories", V.plot_trajectories),
         "fig5_convergence_W": ("convergence", functools.partial(V.plot_convergence, param="W")),
         "fig6_convergence_KQ": ("convergence", functools.partial(V.plot_convergence, param="KQ")),
-        "fig7_local": ("local", V.plot_local),
+        "local_convergence": ("local", V.plot_local),
         "fig8_margins": ("convergence", V.plot_margins),
         "svm_rank": ("svm_rank", V.plot_svm_rank),
         "rank_vs_m": ("rank_m", V.plot_rank_m),

@@ -3,7 +3,7 @@
 The paper's settings (authors' code, ucr-optml/max_margin_attention): step ``η = 0.1``; normalized GD
 ``W ← W − η ∇/‖∇‖_F``; for ``W = K Qᵀ`` the gradients of ``K`` and ``Q`` are normalized **separately**,
 from ``Q = 0`` and a small random ``K`` (``init="zero"``), or from PyTorch's ``nn.Linear`` initialization
-``U(−1/√d, 1/√d)`` (``init="linear"``, the notebooks for Figs 7 and 9). A batch of ``R`` runs (data with a
+``U(−1/√d, 1/√d)`` (``init="linear"``, the local-convergence and Fig. 9 notebooks). A batch of ``R`` runs (data with a
 leading run dimension) is trained at once; each run is normalized on its own, so the result equals ``R``
 separate runs. The authors add ``ε(‖K‖² + ‖Q‖²)`` (``ε`` = float64 machine epsilon) to keep ``K, Q`` bounded
 once their gradient underflows to zero; the linear head's gradient here is computed in log space and never

@@ -52,7 +52,7 @@ def plot_trajectories(res: dict) -> Figure:
 
 
 def plot_local(res: dict) -> Figure:
-    """Fig. 7: mean largest softmax probability, and correlation with ``W^mm_α`` / ``W^mm_{⋆,α}`` per iteration."""
+    """Local convergence: mean largest softmax probability, and correlation with ``W^mm_α`` / ``W^mm_{⋆,α}`` per iteration."""
     fig = new_figure(12.0, 3.8)
     axes = fig.subplots(1, 3)
     for param, c in (("W", "tab:blue"), ("KQ", "tab:red")):

@@ -1,4 +1,4 @@
-"""Fig. 7: local convergence — GD converges in direction to the SVM solution of whatever tokens it selects.
+"""Local convergence (the authors' ``local_converge`` notebook) — GD converges in direction to the SVM solution of whatever tokens it selects.
 
 ``runs`` random instances (unit tokens, n = 6, T = 8, d = 10), GD from PyTorch's default ``nn.Linear``
 initialization on ``W`` and on ``(K, Q)``; after training, the selection ``α`` is the argmax of each final

@@ -1,7 +1,7 @@
 """Settings of every synthetic experiment of Tarzanagh et al. (2023): the paper's (``PAPER``) and a CI size (``QUICK``).
 
 Sources: the authors' notebooks (ucr-optml/max_margin_attention, ``TFasSVM/*.ipynb``) where they exist —
-Fig. 2 (``visualization``), Fig. 7 (``local_converge``), Figs 9/12 (``multi_token_converge``), the SVM-rank
+Fig. 2 (``visualization``), local convergence (``local_converge``), Figs 9/12 (``multi_token_converge``), the SVM-rank
 figure (``svm_rank``) — and the paper's text for the rest. Where neither fixes a value we chose one and
 say so in ``chosen`` (the README repeats it). Every experiment uses normalized GD with ``η = 0.1``.
 """
