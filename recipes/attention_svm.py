@@ -18,6 +18,7 @@ Writes one PNG and one JSON per figure (``fig2_trajectories.png`` / ``.json``, â
 
     python recipes/attention_svm.py --paper --output-dir runs/attention_svm_paper     # tens of minutes on 2 cores
     python recipes/attention_svm.py --quick --output-dir runs/attention_svm_quick     # about a minute (CI)
+    python recipes/attention_svm.py --replot --dpi 72 --output-dir runs/attention_svm_paper   # redraw from the JSON
 """
 
 from __future__ import annotations
@@ -60,7 +61,24 @@ def parse_args(argv=None):
     p.add_argument("--only", nargs="+", choices=EXPERIMENTS, default=list(EXPERIMENTS), help="experiments to run")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the tensors are small)")
     p.add_argument("--progress", action="store_true", help="progress bars for the GD runs")
+    p.add_argument("--dpi", type=int, default=120, help="PNG resolution (default 120)")
+    p.add_argument("--replot", action="store_true", help="redraw the PNGs from the JSON files in --output-dir (no runs)")
     return p.parse_args(argv)
+
+
+def replot(output_dir: str, dpi: int) -> int:
+    """Redraw every figure whose JSON is in ``output_dir``."""
+    from hf_tdiag.viz import save_figure
+
+    done = 0
+    for fig_name, (_, plot) in _figures().items():
+        path = os.path.join(output_dir, f"{fig_name}.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as fh:
+                save_figure(plot(json.load(fh)), os.path.join(output_dir, f"{fig_name}.png"), dpi=dpi)
+            done += 1
+    print(f"redrew {done} figures in {output_dir}")
+    return 0 if done else 1
 
 
 def _write_json(path: str, obj) -> None:
@@ -71,6 +89,8 @@ def _write_json(path: str, obj) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        return replot(args.output_dir, args.dpi)
     import torch
 
     from hf_tdiag.measures.attention_gd.paper import PAPER, QUICK, RUNNERS
@@ -89,7 +109,7 @@ def main(argv=None) -> int:
         summary["timings_s"][name] = time.perf_counter() - t0
         for fig_name, (experiment, plot) in figures.items():  # written as soon as the experiment is done
             if experiment == name:
-                save_figure(plot(result), os.path.join(args.output_dir, f"{fig_name}.png"))
+                save_figure(plot(result), os.path.join(args.output_dir, f"{fig_name}.png"), dpi=args.dpi)
                 _write_json(os.path.join(args.output_dir, f"{fig_name}.json"), result)
                 summary["figures"].append(fig_name)
         print(f"{name}: {summary['timings_s'][name]:.1f} s", flush=True)

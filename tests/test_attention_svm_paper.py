@@ -140,3 +140,6 @@ def test_recipe_quick_writes_a_png_and_json_per_figure(tmp_path):
     lam = json.loads((out / "fig10_lambda.json").read_text())
     assert lam["rows"][0]["lam"] == 0.0 and lam["rows"][0]["predicted_mean_selected"] == 1.0
     assert list(itertools.chain(summary["timings_s"])) == ["trajectories", "rank_m", "multitoken_lambda"]
+    (out / "rank_vs_m.png").unlink()
+    assert recipe.main(["--replot", "--dpi", "50", "--output-dir", str(out)]) == 0
+    assert (out / "rank_vs_m.png").exists()

@@ -11,6 +11,7 @@ from hf_tdiag.measures.attention_gd import (
     ReLUHead,
     all_support,
     attention_loss,
+    initial_gradient_separates,
     gen_svm_excluded,
     make_attention_data,
     make_orthonormal_data,
@@ -153,3 +154,20 @@ def test_assumption_b1_all_support_on_hand_built_solutions():
     assert svm.active[0].tolist() == [False, True, False] and not all_support(svm)
     # two tokens: the single constraint is always tight
     assert all_support(att_svm(X[:, :2], z, torch.tensor([0])))
+
+
+def test_assumption_b1_is_a_separating_first_gradient():
+    for seed in range(6):
+        data = make_attention_data(3, 4, 6, seed=seed)
+        W = torch.zeros(6, 6, dtype=torch.float64, requires_grad=True)
+        (g,) = torch.autograd.grad(attention_loss(data, W), W)
+        s = torch.einsum("ntd,de,ne->nt", data.X, -g, data.z)
+        expect = all(bool(s[i, data.optimal[i]] > s[i, t]) for i in range(3) for t in range(4) if t != int(data.optimal[i]))
+        assert initial_gradient_separates(data) == expect
+    # hand-built: two inputs with the same tokens and query but opposite labels have different optimal tokens;
+    # no single W (the first gradient included) can rank token 0 first for one and token 1 first for the other
+    X = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]]], dtype=torch.float64)
+    data = AttentionData(X=X, z=torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=torch.float64),
+                         v=torch.tensor([1.0, -0.2], dtype=torch.float64), Y=torch.tensor([1.0, -1.0], dtype=torch.float64))
+    assert data.optimal.tolist() == [0, 1]
+    assert not initial_gradient_separates(data)

@@ -7,7 +7,7 @@
   space (its direction survives softmax saturation);
 * ``train`` — (normalized) GD on ``W`` or ``W = K Qᵀ`` at the paper's settings, one run or a batch of runs,
   recording the correlation ``⟨W_t, W_ref⟩ / (‖W_t‖_F ‖W_ref‖_F)`` with reference matrices;
-* ``verdicts`` — global / local / undetermined convergence and Assumption B.1;
+* ``verdicts`` — global / local / undetermined convergence, Assumption B.1 (a separating first gradient);
 * ``gen_svm`` — the generalized SVM prediction ``W_fin + R·W_dir`` for nonlinear heads and the authors'
   run-exclusion rule.
 """
@@ -27,7 +27,7 @@ from .gen_svm import GenSVMFit, gen_svm_excluded, gen_svm_fit
 from .heads import LambdaHead, MLPHead, ReLUHead
 from .model import attention_logits, attention_loss, attention_output, loss_and_grad_linear
 from .train import GDBatch, GDRun, train_attention, train_attention_batch
-from .verdicts import ConvergenceVerdict, all_support, convergence_verdict, is_locally_optimal
+from .verdicts import ConvergenceVerdict, all_support, convergence_verdict, initial_gradient_separates, is_locally_optimal
 
 __all__ = [
     "AttentionData",
@@ -54,6 +54,7 @@ __all__ = [
     "convergence_verdict",
     "is_locally_optimal",
     "all_support",
+    "initial_gradient_separates",
     "GenSVMFit",
     "gen_svm_fit",
     "gen_svm_excluded",

@@ -4,8 +4,10 @@
   the selected one (the paper's definition of locally-optimal tokens);
 * :func:`convergence_verdict` — global (GD selects the optimal tokens), local (another locally-optimal
   selection) or undetermined, with the correlation to that selection's Att-SVM solution;
-* :func:`all_support` — Assumption B.1 as we read it (§4.2, Fig. 5): every non-optimal token is a support
-  vector of ``W_mm`` (all inequality constraints are tight).
+* :func:`initial_gradient_separates` — Assumption B.1 as we read it (§4.2, Fig. 5; the global-convergence
+  theorem starts from ``W = 0`` with a separating first step): the negative gradient at ``W = 0`` already
+  ranks every input's optimal token first;
+* :func:`all_support` — every non-selected token is a support vector of the solution (all constraints tight).
 """
 
 from __future__ import annotations
@@ -17,13 +19,23 @@ import torch
 
 from ..attention_svm import AttSVMResult, att_svm, matrix_correlation
 from .data import AttentionData
-from .model import attention_logits
+from .model import attention_logits, loss_and_grad_linear
 
-__all__ = ["ConvergenceVerdict", "convergence_verdict", "is_locally_optimal", "all_support"]
+__all__ = ["ConvergenceVerdict", "convergence_verdict", "is_locally_optimal", "all_support", "initial_gradient_separates"]
+
+
+def initial_gradient_separates(data: AttentionData) -> bool:
+    """``(x_{i,opt} − x_it)ᵀ(−∇L(0)) z_i > 0`` for every input ``i`` and ``t ≠ opt_i`` (linear head, logistic loss)."""
+    W0 = torch.zeros(data.X.shape[-1], data.z.shape[-1], dtype=torch.float64)
+    _, G, _ = loss_and_grad_linear(data, W0)
+    scores = attention_logits(data, -G)
+    best = scores.gather(-1, data.optimal[..., None])
+    others = scores.scatter(-1, data.optimal[..., None], -math.inf)
+    return bool((best > others).all())
 
 
 def all_support(svm: AttSVMResult) -> bool:
-    """Assumption B.1: every constrained (non-selected) token is a support vector of the solution (margin 1)."""
+    """Every constrained (non-selected) token is a support vector of the solution (margin exactly 1)."""
     if not svm.feasible:
         return False
     return bool(svm.active[svm.constraint == 1].all())

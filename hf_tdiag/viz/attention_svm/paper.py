@@ -88,6 +88,7 @@ def plot_convergence(res: dict, param: str = "W") -> Figure:
     for k, (kind, c) in enumerate((("global", "tab:red"), ("local", "tab:blue"), ("undetermined", "tab:gray"))):
         ax.bar(d + (k - 1.5) * w, [r[param][kind] for r in rows], w, color=c, label=kind)
     ax.bar(d + 1.5 * w, [r["assumption_B1"] for r in rows], w, color="tab:green", label="Assumption B.1")
+    ax.plot(d, [r[param]["selects_optimal"] for r in rows], "k^--", ms=4, lw=0.8, label="selects the optimal tokens")
     ax.set_xticks(d, [str(r["d"]) for r in rows])
     ax.set_xlabel("d")
     ax.set_ylabel("share of runs")
