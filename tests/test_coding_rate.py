@@ -287,3 +287,43 @@ def test_unit_tokens_and_official_compression_rate():
     eye = torch.eye(5, dtype=torch.float64)
     by_hand = 0.5 * torch.linalg.slogdet(eye + 4 / (5 * 0.01) * Ahat @ Ahat.transpose(-1, -2))[1].sum(-1)
     torch.testing.assert_close(value, by_hand)
+
+
+def test_float32_gram_path_agrees_with_float64_and_falls_back_when_ill_conditioned(monkeypatch):
+    import importlib
+
+    cr = importlib.import_module("hf_tdiag.measures.coding_rate")  # the package exports a function of that name
+    seen = []
+    gram = cr._gram
+    monkeypatch.setattr(cr, "_gram", lambda A: seen.append(A.dtype) or gram(A))
+    g = torch.Generator().manual_seed(0)
+    # well conditioned (independent Gaussian tokens): float32 Gram + Cholesky, within 1e-6 of float64
+    for shape, c in (((3, 40, 200), 200 / (40 * 0.01)), ((2, 6, 64, 16), 16 / (64 * 0.01))):
+        A = torch.randn(*shape, generator=g)
+        seen.clear()
+        auto = cr.logdet_identity_plus_gram(A, c)
+        assert seen == [torch.float32]
+        exact = cr.logdet_identity_plus_gram(A, c, precision="float64")
+        assert auto.dtype == torch.float64
+        torch.testing.assert_close(auto, exact, rtol=1e-6, atol=0)
+        # the error estimate the guard uses is an upper estimate of the error actually made
+        mat = gram(A).mul_(c)
+        torch.diagonal(mat, dim1=-2, dim2=-1).add_(1.0)
+        estimate = cr.float32_gram_error(mat, torch.linalg.cholesky(mat), inner=max(A.shape[-2:]))
+        assert bool(((auto - exact).abs() <= estimate).all())
+    # nearly collinear tokens (one direction + 1e-4 noise) and a large scale: I + c·Gram is ill conditioned,
+    # the float32 result would be off; the guard recomputes in float64
+    direction = torch.randn(1, 1, 200, generator=g)
+    A = direction.expand(2, 40, 200) + 1e-4 * torch.randn(2, 40, 200, generator=g)
+    seen.clear()
+    auto = cr.logdet_identity_plus_gram(A, 1e6)
+    assert seen == [torch.float32, torch.float64]
+    exact = cr.logdet_identity_plus_gram(A.double(), 1e6)
+    torch.testing.assert_close(auto, exact, rtol=1e-6, atol=0)
+    # float64 inputs and inputs that need a gradient (the regulariser) never take the float32 path
+    seen.clear()
+    cr.logdet_identity_plus_gram(torch.randn(2, 10, 5, dtype=torch.float64), 1.0)
+    cr.logdet_identity_plus_gram(torch.randn(2, 10, 5, requires_grad=True), 1.0)
+    assert seen == [torch.float64, torch.float64]
+    with pytest.raises(ValueError, match="precision"):
+        cr.logdet_identity_plus_gram(A, 1.0, precision="float16")

@@ -176,6 +176,38 @@ def test_stop_at_train_loss_gap_results_and_model_card(tmp_path):
     assert "--variant crate-c" in text and "--stop_at_train_loss 50.0" in text
 
 
+def test_track_srr_every_writes_history_tracker_and_survives_resume(tmp_path):
+    import shutil
+
+    common = dict(TINY, max_train_steps=6, checkpointing_steps=2, track_srr_every=2, track_srr_samples=16,
+                  with_tracking=True, logging_steps=1)
+    full = train(output_dir=str(tmp_path / "full"), **common)
+    data = json.load(open(tmp_path / "full" / "srr_history.json"))
+    assert [r["step"] for r in data["history"]] == [0, 2, 4, 6] and full["srr_history_records"] == 4
+    assert data["layers"] == [1, 2] and full["track_srr_every"] == 2
+    first, last = data["history"][0], data["history"][-1]
+    assert len(first["output"]["Rc"]) == 2 and len(first["mid"]["sparsity"]) == 2 and first["num_samples"] == 16
+    assert first["embeddings"]["sparsity"] == 1.0 and first["output"]["Rc"] != last["output"]["Rc"]
+    # the record is layer_srr of the model at that step: the final one equals a fresh measurement of the saved model
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    from hf_tdiag import layer_srr
+    from hf_tdiag.training.data import digits_split
+
+    model = AutoModelForImageClassification.from_pretrained(str(tmp_path / "full")).eval()
+    processor = AutoImageProcessor.from_pretrained(str(tmp_path / "full"))
+    x = processor([Image.fromarray(i) for i in digits_split()[1][:16]], return_tensors="pt")["pixel_values"]
+    np.testing.assert_allclose(last["output"]["srr"], layer_srr(model, x, progress=False).per_layer("srr"), rtol=1e-6)
+    lines = [json.loads(x) for x in open(tmp_path / "full" / "logs" / "crate" / "metrics.jsonl")]
+    assert sum("srr/layer_2/Rc" in x for x in lines) == 4
+    # resuming from step 2 continues the same history
+    (tmp_path / "resumed").mkdir()
+    shutil.copytree(tmp_path / "full" / "checkpoint-4", tmp_path / "resumed" / "checkpoint-4")
+    train(output_dir=str(tmp_path / "resumed"), resume_from_checkpoint="latest", **common)
+    again = json.load(open(tmp_path / "resumed" / "srr_history.json"))
+    assert again["history"] == data["history"]
+
+
 def _write_imagefolder(root, per_class, seed):
     rng = np.random.default_rng(seed)
     for label, shade in (("cat", 40), ("dog", 200)):

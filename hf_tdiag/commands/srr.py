@@ -30,6 +30,9 @@ def register(subparsers) -> None:
     p.add_argument("--measurement", default="design", choices=["design", "official"],
                    help="design: layer l = output Z^l of block l with U^l (default); official: the official CRATE "
                    "hooks (Rc of each block's qkv output with unit-norm tokens per head, sparsity at the ISTA output)")
+    p.add_argument("--precision", default="auto", choices=["auto", "float64"],
+                   help="auto: float32 Gram matrices where a condition check keeps them within 1e-6 of float64 "
+                   "(default); float64: every Gram matrix in float64")
     p.add_argument("--eps", type=float, default=0.1, help="epsilon of the coding rates (default 0.1)")
     p.add_argument("--lam", type=float, default=1.0, help="weight of the sparsity term (default 1.0)")
     p.add_argument("--layernorm", action="store_true", help="measure LN(Z) with each block's pre-attention LayerNorm")
@@ -92,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
                 inputs,
                 source=source,
                 measurement=args.measurement,
+                precision=args.precision,
                 eps=args.eps,
                 lam=args.lam,
                 apply_layernorm=args.layernorm,

@@ -4,12 +4,19 @@ Token matrices are ``Z`` of shape ``(..., N, d)`` (N tokens of dimension d, the
 layout Transformers uses); subspaces are ``U`` of shape ``(K, d, p)`` (K heads
 of dimension p). Every function returns one value per sample, shape
 ``Z.shape[:-2]``, in float64. Head projections ``U_kᵀZ`` are computed in
-float32 (float64 when ``Z`` is float64); Gram matrices and log-determinants
-are float64, each log-determinant taken on the smaller side of its Gram matrix
-(``logdet(I_n + c A Aᵀ) = logdet(I_m + c AᵀA)``) through a Cholesky
-factorisation of the symmetric positive definite ``I + c·Gram``, batched over
-samples and heads; all of it is differentiable except
-``sparsity`` (a count, whose gradient is zero).
+float32 (float64 when ``Z`` is float64); each log-determinant is taken on the
+smaller side of its Gram matrix (``logdet(I_n + c A Aᵀ) = logdet(I_m + c AᵀA)``)
+through a float64 Cholesky factorisation of the symmetric positive definite
+``I + c·Gram``, batched over samples and heads; all of it is differentiable
+except ``sparsity`` (a count, whose gradient is zero).
+
+Precision (``precision=``): ``"float64"`` forms every Gram matrix in float64.
+``"auto"`` (default) forms it in float32 from float32 inputs — the Gram product
+is the measure's main cost — and keeps the Cholesky in float64; it checks the
+condition of each matrix and recomputes in float64 where the float32 Gram could
+cost more than ``FLOAT32_GRAM_TOLERANCE`` relative error (see
+:func:`logdet_identity_plus_gram`). float64 inputs, and inputs that need a
+gradient (the regulariser), always take the float64 path.
 
 ``head_projections`` and ``compression_rate_from_projections`` split ``Rᶜ`` into
 its two costs so a caller can reuse head projections ``U_kᵀZ`` it already has
@@ -19,12 +26,15 @@ four terms of one state with each shared cost paid once.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Dict
 
 import torch
 
 __all__ = [
+    "FLOAT32_GRAM_TOLERANCE",
+    "PRECISIONS",
     "logdet_identity_plus_gram",
     "head_projections",
     "coding_rate",
@@ -38,6 +48,11 @@ __all__ = [
 ]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+PRECISIONS = ("auto", "float64")
+# estimated relative error of a log-determinant allowed for a float32 Gram matrix: 10x below the 1e-5 promised;
+# on CRATE-base states the estimate (float32_gram_error) ran 100-400x above the error measured against float64
+FLOAT32_GRAM_TOLERANCE = 1e-6
+_UNIT_ROUNDOFF_FLOAT32 = 2.0**-24
 
 
 # ---------------------------------------------------------------------------
@@ -45,7 +60,7 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # ---------------------------------------------------------------------------
 
 
-def _check_tensor(x, name: str, min_ndim: int, what: str) -> None:
+def _check_tensor(x, name: str, min_ndim: int, what: str, finite: bool = True) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor {what}, got {type(x).__name__}")
     if x.dtype not in _FLOAT_DTYPES:
@@ -54,7 +69,8 @@ def _check_tensor(x, name: str, min_ndim: int, what: str) -> None:
         raise ValueError(f"{name}: expected {what}, got shape {tuple(x.shape)}")
     if any(s == 0 for s in x.shape[-2:]):
         raise ValueError(f"{name}: expected non-empty trailing dimensions {what}, got shape {tuple(x.shape)}")
-    if not bool(torch.isfinite(x.detach()).all()):
+    # one reduction: a finite sum means finite entries; an inf/NaN sum (or an overflow) gets the element-wise scan
+    if finite and not bool(torch.isfinite(x.detach().sum())) and not bool(torch.isfinite(x.detach()).all()):
         raise ValueError(f"{name}: contains NaN or inf values (shape {tuple(x.shape)})")
 
 
@@ -70,12 +86,12 @@ def _check_lam(lam) -> float:
     return float(lam)
 
 
-def _check_z(Z) -> None:
-    _check_tensor(Z, "Z", 2, "of shape (..., N, d)")
+def _check_z(Z, finite: bool = True) -> None:
+    _check_tensor(Z, "Z", 2, "of shape (..., N, d)", finite)
 
 
-def _check_u(U, d: int) -> None:
-    _check_tensor(U, "U", 3, "of shape (K, d, p)")
+def _check_u(U, d: int, finite: bool = True) -> None:
+    _check_tensor(U, "U", 3, "of shape (K, d, p)", finite)
     if U.ndim != 3:
         raise ValueError(f"U: expected shape (K, d, p), got shape {tuple(U.shape)}")
     if U.shape[0] == 0:
@@ -89,20 +105,78 @@ def _check_u(U, d: int) -> None:
 # ---------------------------------------------------------------------------
 
 
-def logdet_identity_plus_gram(A: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
-    """``logdet(I + scale·AᵀA)`` for ``A`` of shape (..., n, m), on the smaller Gram side, float64, via Cholesky."""
-    A = A.to(torch.float64).contiguous()  # batched Gram products are several times faster on contiguous blocks
-    n, m = A.shape[-2], A.shape[-1]
-    gram = A.transpose(-2, -1) @ A if n >= m else A @ A.transpose(-2, -1)
-    k = gram.shape[-1]
-    eye = torch.eye(k, dtype=torch.float64, device=A.device)
-    mat = eye + scale * gram
+def _gram(A: torch.Tensor) -> torch.Tensor:
+    """``AᵀA`` or ``AAᵀ``, whichever is smaller, in ``A``'s dtype (contiguous blocks batch several times faster)."""
+    A = A.contiguous()
+    return A.transpose(-2, -1) @ A if A.shape[-2] >= A.shape[-1] else A @ A.transpose(-2, -1)
+
+
+def _cholesky_logdet(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(logdet, L, info)`` of SPD float64 ``mat``; eigenvalues where round-off broke positive definiteness."""
     L, info = torch.linalg.cholesky_ex(mat)
     if bool((info != 0).any()):
-        # I + c·Gram is SPD in exact arithmetic; fall back to an eigen-decomposition if round-off broke it.
         evals = torch.linalg.eigvalsh(mat)
-        return torch.log(evals.clamp_min(torch.finfo(torch.float64).tiny)).sum(-1)
-    return 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+        return torch.log(evals.clamp_min(torch.finfo(torch.float64).tiny)).sum(-1), L, info
+    return 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1), L, info
+
+
+def _identity_plus(gram: torch.Tensor, scale) -> torch.Tensor:
+    eye = torch.eye(gram.shape[-1], dtype=torch.float64, device=gram.device)
+    return eye + scale * gram.to(torch.float64)
+
+
+_PROBES = 8  # Hutchinson probes of tr(H⁻¹): a fixed Rademacher set, so the result is deterministic
+
+
+@functools.lru_cache(maxsize=64)
+def _rademacher(k: int, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(k)
+    return (torch.randint(0, 2, (k, _PROBES), generator=g) * 2 - 1).to(device=device, dtype=torch.float32)
+
+
+def float32_gram_error(mat: torch.Tensor, L: torch.Tensor, inner: int) -> torch.Tensor:
+    """Estimated absolute logdet error of ``mat = I + c·G`` (k × k) formed and factored in float32:
+    ``u·(√m + √k + 2)·tr(H⁻¹)``, ``u = 2⁻²⁴``.
+
+    Rounding a Gram entry costs ``|δG_ij| ≲ u√m ‖a_i‖‖a_j‖`` (``m`` = ``inner`` length, random-walk
+    accumulation), forming ``I + c·G`` ``2u`` relative per entry and the Cholesky factorisation a backward error
+    ``≲ u√k`` per entry of the diagonally scaled ``H = D^{-½} mat D^{-½}`` (``D = diag(mat)``): an entrywise
+    perturbation ``δH`` of that size, which moves ``logdet`` by ``tr(H⁻¹ δH)``, about ``|δH|·tr(H⁻¹)`` at most.
+    ``tr(H⁻¹)`` — the condition measure, between ``1/λ_min(H)`` and ``k/λ_min(H)`` — is estimated from the
+    Cholesky factor ``L`` of ``mat`` as ``mean_j ‖L⁻¹ D^{½} z_j‖²`` over fixed Rademacher vectors ``z_j``
+    (Hutchinson; O(k²) per matrix).
+    """
+    k = mat.shape[-1]
+    probes = torch.diagonal(mat, dim1=-2, dim2=-1).sqrt().to(torch.float32)[..., None] * _rademacher(k, mat.device)
+    # an estimate needs one digit: the triangular solve runs in float32
+    solved = torch.linalg.solve_triangular(L.to(torch.float32), probes, upper=False)
+    trace = solved.square().sum(-2, dtype=torch.float64).mean(-1)
+    return _UNIT_ROUNDOFF_FLOAT32 * (math.sqrt(inner) + math.sqrt(k) + 2.0) * trace
+
+
+def logdet_identity_plus_gram(A: torch.Tensor, scale: float | torch.Tensor, precision: str = "auto") -> torch.Tensor:
+    """``logdet(I + scale·AᵀA)`` for ``A`` of shape (..., n, m), on the smaller Gram side, via Cholesky.
+
+    ``precision="auto"``: Gram matrix and Cholesky in float32 for float32/16 inputs that need no gradient (the
+    logarithms summed in float64), the whole call redone in float64 when :func:`float32_gram_error` exceeds
+    ``FLOAT32_GRAM_TOLERANCE·|logdet|`` for any matrix (an ill-conditioned ``I + c·Gram``) or float32 round-off
+    broke positive definiteness; ``"float64"``: always float64.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {list(PRECISIONS)}, got {precision!r}")
+    float64 = precision == "float64" or A.dtype == torch.float64 or (A.requires_grad and torch.is_grad_enabled())
+    if float64:
+        return _cholesky_logdet(_identity_plus(_gram(A.to(torch.float64)), scale))[0]
+    scale32 = scale.to(torch.float32) if isinstance(scale, torch.Tensor) else scale
+    mat = _gram(A.to(torch.float32)).mul_(scale32)  # no gradient on this path: in place
+    torch.diagonal(mat, dim1=-2, dim2=-1).add_(1.0)
+    L, info = torch.linalg.cholesky_ex(mat)
+    if not bool((info != 0).any()):
+        logdet = 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1).to(torch.float64)).sum(-1)
+        error = float32_gram_error(mat, L, inner=max(A.shape[-2], A.shape[-1]))
+        if not bool((error > FLOAT32_GRAM_TOLERANCE * logdet.abs().clamp_min(1.0)).any()):
+            return logdet
+    return logdet_identity_plus_gram(A, scale, precision="float64")
 
 
 # ---------------------------------------------------------------------------
@@ -134,103 +208,115 @@ def _num_tokens(Z: torch.Tensor, mask) -> torch.Tensor | int:
 def _projections(Z: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
     K, d, p = U.shape
     dtype = torch.float64 if Z.dtype == torch.float64 else torch.float32
-    U_cat = U.to(device=Z.device, dtype=dtype).permute(1, 0, 2).reshape(d, K * p)
+    # rows k·p:(k+1)·p of W are U_kᵀ: a free view when U is itself a view of a (K·p, d) projection weight
+    W = U.to(device=Z.device, dtype=dtype).transpose(-1, -2).reshape(K * p, d)
     # one matmul for all heads, then (..., N, K, p) -> contiguous (..., K, N, p)
-    return (Z.to(dtype) @ U_cat).unflatten(-1, (K, p)).movedim(-2, -3).contiguous()
+    return torch.nn.functional.linear(Z.to(dtype), W).unflatten(-1, (K, p)).movedim(-2, -3).contiguous()
 
 
-def _coding_rate(Z: torch.Tensor, eps: float, mask=None) -> torch.Tensor:
+def _coding_rate(Z: torch.Tensor, eps: float, mask=None, precision: str = "auto") -> torch.Tensor:
     d = Z.shape[-1]
     if mask is not None:
-        Z = Z.to(torch.float64) * mask[..., None]  # masked tokens add nothing to the Gram
-    return 0.5 * logdet_identity_plus_gram(Z, d / (_num_tokens(Z, mask) * eps**2))
+        Z = Z * mask[..., None].to(Z.dtype)  # masked tokens add nothing to the Gram
+    return 0.5 * logdet_identity_plus_gram(Z, d / (_num_tokens(Z, mask) * eps**2), precision)
 
 
-def _compression_rate(A: torch.Tensor, eps: float, mask=None) -> torch.Tensor:
+def _compression_rate(A: torch.Tensor, eps: float, mask=None, precision: str = "auto") -> torch.Tensor:
     p = A.shape[-1]
     if mask is None:
         scale = p / (A.shape[-2] * eps**2)
     else:
-        A = A.to(torch.float64) * mask[..., None, :, None]
+        A = A * mask[..., None, :, None].to(A.dtype)
         scale = p / (mask.sum(-1)[..., None, None, None] * eps**2)
-    return 0.5 * logdet_identity_plus_gram(A, scale).sum(-1)
+    return 0.5 * logdet_identity_plus_gram(A, scale, precision).sum(-1)
 
 
 def _sparsity(Z: torch.Tensor, mask=None) -> torch.Tensor:
-    nonzero = Z.detach() != 0
     if mask is None:
-        return nonzero.sum(dim=(-2, -1), dtype=torch.float64) / (Z.shape[-1] * Z.shape[-2])
+        return torch.count_nonzero(Z.detach(), dim=(-2, -1)).to(torch.float64) / (Z.shape[-1] * Z.shape[-2])
+    nonzero = Z.detach() != 0
     return (nonzero & mask.bool()[..., None]).sum(dim=(-2, -1), dtype=torch.float64) / (Z.shape[-1] * mask.sum(-1))
 
 
-def head_projections(Z: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+def head_projections(Z: torch.Tensor, U: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
     """Per-head projections ``A_k = Z U_k`` (the paper's ``U_kᵀZ``), shape (..., K, N, p), in one matmul.
 
     Computed in float64 if ``Z`` is float64, else in float32 (the Grams and log-determinants that
     follow are always float64).
     """
-    _check_z(Z)
-    _check_u(U, Z.shape[-1])
+    _check_z(Z, check_finite)
+    _check_u(U, Z.shape[-1], check_finite)
     return _projections(Z, U)
 
 
-def coding_rate(Z: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """``R(Z) = ½ logdet(I + d/(Nε²) ZᵀZ)`` per sample (``token_mask`` (..., N): only those tokens, N = their count)."""
+def coding_rate(
+    Z: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None, precision: str = "auto",
+    *, check_finite: bool = True,
+) -> torch.Tensor:
+    """``R(Z) = ½ logdet(I + d/(Nε²) ZᵀZ)`` per sample (``token_mask`` (..., N): only those tokens, N = their count).
+
+    ``check_finite=False`` skips the NaN/inf scan for a caller that already made it (every function here).
+    """
     eps = _check_eps(eps)
-    _check_z(Z)
-    return _coding_rate(Z, eps, _check_mask(token_mask, Z))
+    _check_z(Z, check_finite)
+    return _coding_rate(Z, eps, _check_mask(token_mask, Z), precision)
 
 
 def compression_rate_from_projections(
-    A: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None
+    A: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None, precision: str = "auto",
+    *, check_finite: bool = True,
 ) -> torch.Tensor:
     """``Rᶜ = Σ_k ½ logdet(I + p/(Nε²) A_kᵀA_k)`` from head projections ``A`` of shape (..., K, N, p)."""
     eps = _check_eps(eps)
-    _check_tensor(A, "A", 3, "of shape (..., K, N, p)")
+    _check_tensor(A, "A", 3, "of shape (..., K, N, p)", check_finite)
     mask = None
     if token_mask is not None:
         mask = _check_mask(token_mask, A.select(-3, 0))
-    return _compression_rate(A, eps, mask)
+    return _compression_rate(A, eps, mask, precision)
 
 
 def compression_rate(
-    Z: torch.Tensor, U: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None
+    Z: torch.Tensor, U: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None,
+    precision: str = "auto", *, check_finite: bool = True,
 ) -> torch.Tensor:
     """``Rᶜ(Z; U) = Σ_k ½ logdet(I + p/(Nε²) (U_kᵀZ)ᵀ(U_kᵀZ))`` per sample."""
     eps = _check_eps(eps)
-    A = head_projections(Z, U)
-    return _compression_rate(A, eps, _check_mask(token_mask, Z))
+    A = head_projections(Z, U, check_finite=check_finite)
+    return _compression_rate(A, eps, _check_mask(token_mask, Z), precision)
 
 
-def unit_tokens(A: torch.Tensor) -> torch.Tensor:
+def unit_tokens(A: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
     """Each token (row) of ``A`` (..., N, p) scaled to unit ℓ2 norm, ``a_i / ‖a_i‖`` (all-zero rows stay zero)."""
-    _check_tensor(A, "A", 2, "of shape (..., N, p)")
+    _check_tensor(A, "A", 2, "of shape (..., N, p)", check_finite)
     A = A.to(torch.float64) if A.dtype == torch.float64 else A.to(torch.float32)
     return A / torch.linalg.vector_norm(A, dim=-1, keepdim=True).clamp_min(torch.finfo(A.dtype).tiny)
 
 
 def official_compression_rate(
-    A: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None
+    A: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None, precision: str = "auto",
+    *, check_finite: bool = True,
 ) -> torch.Tensor:
     """Official CRATE ``Rᶜ = Σ_k ½ logdet(I + p/(Nε²) Âₖ Âₖᵀ)``, ``Âₖ`` = head k's tokens of ``A`` (..., K, N, p) at unit norm.
 
     ``A`` is the ``qkv`` output ``U_kᵀ LN₁(Z)`` of a block (``vis_utils/coding_rate.py`` of the official code
     takes ``eps`` as ε², 0.01; here ε = 0.1). Computed on the smaller Gram side like every ``Rᶜ`` here.
     """
-    return compression_rate_from_projections(unit_tokens(A), eps, token_mask=token_mask)
+    Ahat = unit_tokens(A, check_finite=check_finite)
+    return compression_rate_from_projections(Ahat, eps, token_mask=token_mask, precision=precision, check_finite=False)
 
 
-def sparsity(Z: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+def sparsity(Z: torch.Tensor, token_mask: torch.Tensor | None = None, *, check_finite: bool = True) -> torch.Tensor:
     """``sparsity(Z) = ‖Z‖₀ / (dN)`` per sample (a count: its gradient is zero)."""
-    _check_z(Z)
+    _check_z(Z, check_finite)
     return _sparsity(Z, _check_mask(token_mask, Z))
 
 
 def sparse_rate_reduction(
-    Z: torch.Tensor, U: torch.Tensor, eps: float = 0.1, lam: float = 1.0, token_mask: torch.Tensor | None = None
+    Z: torch.Tensor, U: torch.Tensor, eps: float = 0.1, lam: float = 1.0, token_mask: torch.Tensor | None = None,
+    precision: str = "auto",
 ) -> torch.Tensor:
     """``SRR(Z; U) = Rᶜ(Z; U) − R(Z) + λ·sparsity(Z)`` per sample (lower is better)."""
-    return srr_terms(Z, U, eps=eps, lam=lam, token_mask=token_mask)["srr"]
+    return srr_terms(Z, U, eps=eps, lam=lam, token_mask=token_mask, precision=precision)["srr"]
 
 
 def srr_terms(
@@ -241,6 +327,7 @@ def srr_terms(
     eps: float = 0.1,
     lam: float = 1.0,
     token_mask: torch.Tensor | None = None,
+    precision: str = "auto",
 ) -> Dict[str, torch.Tensor]:
     """All four terms of one state: ``{"R", "Rc", "sparsity", "srr"}`` with ``srr = Rc − R + λ·sparsity``.
 
@@ -265,7 +352,7 @@ def srr_terms(
                 f"projections: expected shape {batch + ('K', Z.shape[-2], 'p')} to match Z of shape "
                 f"{tuple(Z.shape)}, got {tuple(projections.shape)}"
             )
-    R = _coding_rate(Z, eps, mask)
-    Rc = _compression_rate(projections, eps, mask)
+    R = _coding_rate(Z, eps, mask, precision)
+    Rc = _compression_rate(projections, eps, mask, precision)
     sp = _sparsity(Z, mask)
     return {"R": R, "Rc": Rc, "sparsity": sp, "srr": Rc - R + lam * sp}

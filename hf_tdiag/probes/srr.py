@@ -34,6 +34,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..measures.coding_rate import (
+    PRECISIONS,
     coding_rate,
     compression_rate,
     compression_rate_from_projections,
@@ -248,7 +249,9 @@ def _batches(inputs, batch_size: int, accelerator) -> Iterable:
     return inputs
 
 
-def _check_settings(eps, lam, batch_size, max_batches, measurement, apply_layernorm):
+def _check_settings(eps, lam, batch_size, max_batches, measurement, apply_layernorm, precision="auto"):
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {list(PRECISIONS)}, got {precision!r}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
         raise ValueError(f"eps: expected a finite positive number, got {eps!r}")
     if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam):
@@ -275,30 +278,42 @@ class _StateTerms:
     (and ``Z^0`` is block 1's input): only ``Rᶜ`` differs between them, through ``U``.
     """
 
-    def __init__(self, eps: float, lam: float, token_mask):
-        self.eps, self.lam, self.mask = eps, lam, token_mask
+    def __init__(self, eps: float, lam: float, token_mask, precision: str = "auto"):
+        self.eps, self.lam, self.mask, self.precision = eps, lam, token_mask, precision
         self._cache: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def _r_sparsity(self, Z):
         hit = self._cache.get(id(Z))
         if hit is None or hit[0] is not Z:
-            hit = (Z, coding_rate(Z, self.eps, token_mask=self.mask), sparsity(Z, token_mask=self.mask))
+            # the one NaN/inf scan of this state; the measures below skip theirs
+            R = coding_rate(Z, self.eps, token_mask=self.mask, precision=self.precision)
+            hit = (Z, R, sparsity(Z, token_mask=self.mask, check_finite=False))
             self._cache[id(Z)] = hit
         return hit[1], hit[2]
 
-    def __call__(self, Z, Rc, R_of=None) -> torch.Tensor:
-        """``Rc`` given; ``R`` and sparsity of ``R_of`` (default ``Z``)."""
-        R, sp = self._r_sparsity(Z if R_of is None else R_of)
+    def __call__(self, Z, Rc) -> torch.Tensor:
+        """The four terms, ``Rc`` given (computed after :meth:`rc`, which scans ``Z``)."""
+        R, sp = self._r_sparsity(Z)
         return torch.stack([R, Rc, sp, Rc - R + self.lam * sp], dim=-1)
 
     def rc(self, Z, U, A=None):
+        """``Rᶜ(Z; U)`` (from ``A`` = the forward's own projections when given); scans ``Z`` once."""
+        self._r_sparsity(Z)
+        kwargs = dict(token_mask=self.mask, precision=self.precision, check_finite=False)
         if A is not None:
-            return compression_rate_from_projections(A, self.eps, token_mask=self.mask)
-        return compression_rate(Z, U.to(Z.device), self.eps, token_mask=self.mask)
+            return compression_rate_from_projections(A, self.eps, **kwargs)
+        return compression_rate(Z, U.to(Z.device), self.eps, **kwargs)
+
+
+def measure_token_states(
+    ts, U, states=("output", "input", "mid"), *, eps: float = 0.1, lam: float = 1.0, precision: str = "auto"
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(B, S, L, 4)`` of :func:`token_states` ``ts`` for ``states`` ⊆ (output, input, mid) with ``U[ℓ−1]`` for
+    block ℓ, and ``(B, 4)`` of the embeddings ``Z^0`` (the design measurement of one batch, without its forward)."""
+    return _design_values(ts, U, _StateTerms(eps, lam, ts.token_mask, precision), states)
 
 
 def _design_values(ts, U, terms: _StateTerms, states) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(B, S, L, 4)`` for ``states`` ⊆ (output, input, mid) and ``(B, 4)`` of the embeddings ``Z^0``."""
     L = len(ts.block_outputs)
     reuse = ts.projections or [None] * L
     inputs = [terms(Z, terms.rc(Z, U[i], reuse[i])) for i, Z in enumerate(ts.block_inputs)]
@@ -318,7 +333,7 @@ def _official_values(ts, terms: _StateTerms) -> torch.Tensor:
         A = ts.source_outputs[i] if ts.source_outputs else None
         if A is None:
             raise ValueError(f"model: block {i + 1}'s attention projection was not observed in the forward pass")
-        per_block.append(terms(Z, official_compression_rate(A, terms.eps, token_mask=terms.mask)))
+        per_block.append(terms(Z, official_compression_rate(A, terms.eps, token_mask=terms.mask, precision=terms.precision)))
     return torch.stack(per_block, dim=1).unsqueeze(1)
 
 
@@ -335,12 +350,13 @@ def batch_srr_values(
     arch=None,
     U: Optional[List[torch.Tensor]] = None,
     measurement: str = "design",
+    precision: str = "auto",
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Per-sample values of one batch: ``(B, S, L, 4)`` (states × blocks × terms) and ``(B, 4)`` of ``Z^0``
     (``None`` for ``measurement="official"``). States as :func:`layer_srr` reports them."""
     arch = arch or describe(model)
     if U is None:
-        U = [u.to(torch.float64) for u in subspaces(model, source, detach=True)]
+        U = [u.to(torch.float64 if precision == "float64" else torch.float32) for u in subspaces(model, source, detach=True)]
     official = measurement == "official"
     ts = token_states(
         model,
@@ -350,7 +366,7 @@ def batch_srr_values(
         projection_source=source if (reuse_projections or official) else None,
         arch=arch,
     )
-    terms = _StateTerms(eps, lam, ts.token_mask)
+    terms = _StateTerms(eps, lam, ts.token_mask, precision)
     if official:
         return _official_values(ts, terms), None
     return _design_values(ts, U, terms, _states(arch, include_mid, measurement))
@@ -400,6 +416,7 @@ def _settings(model, arch, device, accelerator, states, **given) -> Dict[str, An
         "eps": float(given["eps"]),
         "lam": float(given["lam"]),
         "measurement": given["measurement"],
+        "precision": given["precision"],
         "source": given["source"] if arch.family != "crate" else "qkv (shared U)",
         "apply_layernorm": bool(given["apply_layernorm"]),
         "layernorm_applied": bool(given["apply_layernorm"] and any(h.attention_norm is not None for h in arch.layers)),
@@ -436,6 +453,7 @@ def layer_srr(
     max_batches: int | None = None,
     reuse_projections: bool = True,
     measurement: str = "design",
+    precision: str = "auto",
     accelerator=None,
     progress: bool = True,
 ) -> SRRReport:
@@ -444,6 +462,8 @@ def layer_srr(
     Reports, per block ℓ = 1…L with its ``U^ℓ``, the states ``output`` (``Z^ℓ`` = "layer ℓ"), ``input``
     (``Z^{ℓ−1}``) and for CRATE ``mid`` (``Z^{ℓ−½}``, unless ``include_mid=False``), plus ``embeddings``
     (``Z^0``); ``measurement="official"``: the official CRATE measurement instead (module docstring).
+    ``precision``: ``"auto"`` (float32 Gram matrices where the condition check allows, float64 elsewhere) or
+    ``"float64"`` (:mod:`hf_tdiag.measures.coding_rate`).
     ``inputs``: a tensor of model inputs (e.g. ``pixel_values``), a dict batch (e.g. a processor's output,
     ``attention_mask`` restricts the tokens measured), or a DataLoader / iterable of such batches (or of
     ``(inputs, labels)`` pairs). Runs on the model's device batch by batch with a progress bar.
@@ -452,17 +472,22 @@ def layer_srr(
     it is not already) and per-sample values are gathered with ``gather_for_metrics``, so each sample counts once.
     """
     check_source(source)
-    _check_settings(eps, lam, batch_size, max_batches, measurement, apply_layernorm)
+    _check_settings(eps, lam, batch_size, max_batches, measurement, apply_layernorm, precision)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module (a Transformers model), got {type(model).__name__}")
     if accelerator is not None:
         model = accelerator.unwrap_model(model)
     arch = describe(model)
     device = model_device(model)
-    U = [u.to(device=device, dtype=torch.float64) for u in subspaces(model, source, detach=True)]
+    # float32 views of the projection weights (no copy for a float32 model); float64 copies for precision="float64"
+    u_dtype = torch.float64 if precision == "float64" else torch.float32
+    U = [u.to(device=device, dtype=u_dtype) for u in subspaces(model, source, detach=True)]
+    bad = [ell for ell, u in enumerate(U, 1) if not bool(torch.isfinite(u).all())]
+    if bad:
+        raise ValueError(f"model: the {source} projections of blocks {bad} contain NaN or inf values")
     states = _states(arch, include_mid, measurement)
     given = dict(source=source, eps=eps, lam=lam, apply_layernorm=apply_layernorm, reuse_projections=reuse_projections,
-                 measurement=measurement)
+                 measurement=measurement, precision=precision)
     values, embeddings = _measure(
         model, _batches(inputs, batch_size, accelerator), accelerator, max_batches, progress,
         include_mid=include_mid, arch=arch, U=U, **given,
@@ -471,4 +496,7 @@ def layer_srr(
     return SRRReport.from_values(values, states, settings, embedding_values=embeddings)
 
 
-__all__ = ["SRRReport", "TERMS", "STATES", "MEASUREMENTS", "STATE_DESCRIPTIONS", "batch_srr_values", "layer_srr"]
+__all__ = [
+    "SRRReport", "TERMS", "STATES", "MEASUREMENTS", "STATE_DESCRIPTIONS", "batch_srr_values", "measure_token_states",
+    "layer_srr",
+]

@@ -138,6 +138,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="Stop once an epoch's mean training cross-entropy reaches this value (or the step budget ends).",
     )
     reg.add_argument(
+        "--track-srr-every",
+        "--track_srr_every",
+        dest="track_srr_every",
+        type=str,
+        default=None,
+        help="Record per-layer SRR terms of the block outputs every N optimizer steps or every 'epoch' (and before "
+        "the first step) to the tracker and srr_history.json (Yu et al. 2023, Fig. 4 style). Default: off.",
+    )
+    reg.add_argument(
+        "--track-srr-samples",
+        "--track_srr_samples",
+        dest="track_srr_samples",
+        type=int,
+        default=128,
+        help="Evaluation images measured by --track-srr-every (default 128).",
+    )
+    reg.add_argument(
         "--layer_srr_samples",
         type=int,
         default=256,
@@ -305,6 +322,10 @@ def validate_args(args: argparse.Namespace) -> None:
     if args.mixed_precision is not None and args.mixed_precision not in MIXED_PRECISION:
         raise ValueError(f"mixed_precision: expected one of {list(MIXED_PRECISION)}, got {args.mixed_precision!r}")
     args.srr_layer = parse_srr_layer(args.srr_layer)
+    from .srr_history import parse_every
+
+    args.track_srr_every = parse_every(args.track_srr_every)
+    _positive_int(args, "track_srr_samples", allow_none=False)
     cs = args.checkpointing_steps
     if cs is not None:
         if isinstance(cs, int) and not isinstance(cs, bool):

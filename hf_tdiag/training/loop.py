@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .._threads import torch_threads
+from . import srr_history
 from .args import is_digits, make_args
 from .checkpointing import clean_partial, load_checkpoint, resolve_checkpoint, save_checkpoint
 from .data import build_datasets, load_raw_data
@@ -74,6 +75,7 @@ class TrainingRun:
     start_epoch: int = 0
     resume_batches: int = 0
     history: list = field(default_factory=list)
+    srr_history: list = field(default_factory=list)  # --track-srr-every records (srr_history.json)
     loss_sum: float = 0.0
     loss_count: int = 0
     resumed_from: str | None = None
@@ -112,6 +114,8 @@ def train(args_or_kwargs=None, *, after_fit: Sequence[AfterFit] | None = None, *
         run = prepare(args)
         resume(run)
         _announce(run)
+        if args.track_srr_every and not run.srr_history:
+            srr_history.record(run, run.start_epoch)  # the starting point of the curves
         for epoch in range(run.start_epoch, args.num_train_epochs):
             if run.completed_steps >= args.max_train_steps:
                 break
@@ -265,6 +269,7 @@ def resume(run: TrainingRun) -> None:
     run.start_epoch = int(state["epoch"])
     run.resume_batches = int(state["batches_in_epoch"])
     run.history = list(state.get("history", []))
+    run.srr_history = list(state.get("srr_history", []))
     run.loss_sum, run.loss_count = float(state.get("epoch_loss_sum", 0.0)), int(state.get("epoch_loss_count", 0))
     run.resumed_from = path
     accelerator.print(f"resumed from {path}: step {run.completed_steps}, epoch {run.start_epoch}, batch {run.resume_batches}")
@@ -355,6 +360,8 @@ def train_epoch(run: TrainingRun, epoch: int) -> None:
             if run.srr_last is not None:
                 logs["train/srr_penalty"] = run.srr_last
             accelerator.log(logs, step=run.completed_steps)
+        if srr_history.due(args.track_srr_every, run.completed_steps, epoch_end=False):
+            srr_history.record(run, epoch)
         if every and run.completed_steps % every == 0 and batch_index < num_batches:
             checkpoint(run, epoch, batch_index)
         if run.completed_steps >= args.max_train_steps:
@@ -379,6 +386,8 @@ def evaluate_epoch(run: TrainingRun, epoch: int) -> dict:
     }
     run.history.append(record)
     run.loss_sum, run.loss_count = 0.0, 0
+    if srr_history.due(args.track_srr_every, run.completed_steps, epoch_end=True):
+        srr_history.record(run, epoch + 1)
     run.progress.set_postfix(loss=f"{train_loss:.4f}", acc=f"{metrics['accuracy']:.4f}")
     if args.with_tracking:
         accelerator.log(
@@ -414,6 +423,7 @@ def checkpoint(run: TrainingRun, epoch: int, batches_in_epoch: int) -> str:
         "epoch": epoch,
         "batches_in_epoch": batches_in_epoch,
         "history": run.history,
+        "srr_history": run.srr_history,
         "epoch_loss_sum": run.loss_sum,
         "epoch_loss_count": run.loss_count,
         "seed": run.args.seed,
@@ -462,6 +472,10 @@ def final_results(run: TrainingRun, train_runtime: float) -> dict:
         "num_parameters": sum(p.numel() for p in run.unwrapped.parameters()),
         "srr_weight": args.srr_weight,
         "srr_layer": args.srr_layer,
+        "srr_eps": args.srr_eps,
+        "srr_lambda": args.srr_lambda,
+        "track_srr_every": args.track_srr_every,
+        "srr_history_records": len(run.srr_history),
         "resumed_from": run.resumed_from,
         "history": run.history,
     }

@@ -43,6 +43,7 @@ Args:
     texts: strings for a text encoder (tokenized with the model folder's tokenizer or `tokenizer=`).
     source (`str`, default "query"): U from the "query", "key" or "value" projection (ignored for CRATE).
     measurement (`str`, default "design"): "design" (DESIGN.md's states) or "official" (the official CRATE hooks).
+    precision (`str`, default "auto"): "auto" (float32 Gram matrices where a condition check allows) or "float64".
     eps (`float`, default 0.1): epsilon of the coding rates.
     lam (`float`, default 1.0): weight of the sparsity term.
     apply_layernorm (`bool`, default False): measure LN(Z) with each block's pre-attention LayerNorm.
@@ -86,6 +87,7 @@ class SRR(ModelInputsMixin, evaluate.Measurement):
         model=None,
         source="query",
         measurement="design",
+        precision="auto",
         eps=0.1,
         lam=1.0,
         apply_layernorm=False,
@@ -105,6 +107,7 @@ class SRR(ModelInputsMixin, evaluate.Measurement):
             inputs,
             source=source,
             measurement=measurement,
+            precision=precision,
             eps=eps,
             lam=lam,
             apply_layernorm=apply_layernorm,
