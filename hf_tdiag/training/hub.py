@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-EXTRA_FILES = ("all_results.json", "layer_srr.json", "layer_srr.png")
+EXTRA_FILES = ("all_results.json", "layer_srr.json", "layer_srr.png", "srr_history.json")
 
 
 def publish(
