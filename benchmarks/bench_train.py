@@ -1,7 +1,7 @@
 """Throughput and peak memory of the hf-tdiag trainer's step, plain vs. SRR-regularised, side by side.
 
 One step is exactly what ``hf_tdiag.training.train`` does per batch: ``accelerator.accumulate`` +
-``compute_loss`` (cross-entropy, or cross-entropy + β·SRR(Z^ℓ; U^ℓ) of a random layer) + backward +
+``compute_loss`` (cross-entropy, or cross-entropy + β·SRR(Z^ℓ; U^ℓ) of one layer, the trainer's default `last`) + backward +
 gradient clipping + AdamW + LR schedule, under Accelerate's mixed precision, on synthetic images from a
 DataLoader. For each preset the plain step is the baseline and the SRR step is timed next to it
 (interleaved rounds); the script prints images/s, ms/step, peak memory and the SRR/plain ratio.
@@ -48,7 +48,7 @@ class Runner:
 
         self.accelerator = accelerator
         self.args = make_args(
-            output_dir="unused", srr_weight=srr_weight, srr_layer="random", per_device_train_batch_size=cli.batch
+            output_dir="unused", srr_weight=srr_weight, srr_layer=cli.srr_layer, per_device_train_batch_size=cli.batch
         )
         config = CrateConfig.from_preset(preset, image_size=cli.image_size, num_labels=1000)
         torch.manual_seed(0)
@@ -100,6 +100,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--mixed_precision", default=None, choices=("no", "bf16", "fp16"))
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--srr-layer", "--srr_layer", dest="srr_layer", default="last",
+                        help="the regularised layer, as the trainer's --srr-layer (default last = Z^L)")
     parser.add_argument("--output", default=None)
     cli = parser.parse_args(argv)
     gpu = cli.gpu
@@ -137,7 +139,7 @@ def main(argv=None):
             best = min(times[name])
             row = {
                 "preset": preset,
-                "step": "CE + 0.1*SRR(random layer)" if name == "srr" else "CE",
+                "step": f"CE + 0.1*SRR(layer {cli.srr_layer})" if name == "srr" else "CE",
                 "num_parameters": runner.num_parameters,
                 "images_per_s": cli.batch * cli.steps / best,
                 "ms_per_step": 1000 * best / cli.steps,
