@@ -1,12 +1,13 @@
 """Does SRR predict generalization? (Hu, Zou & Xu 2024) — one command.
 
-    python recipes/srr_generalization.py                       # default grid: 32 CRATE runs on digits (< 30 min, 2 CPUs)
+    python recipes/srr_generalization.py --jobs 2              # default grid: 32 twelve-layer CRATE runs on digits
     python recipes/srr_generalization.py --grid tiny           # 2x2 smoke grid (seconds)
-    python recipes/srr_generalization.py --grid cifar10 --jobs 8   # the paper's setting, on GPUs
+    python recipes/srr_generalization.py --grid cifar10 --jobs 8   # the paper's setting, on GPUs (also cifar100)
 
 Same as ``hf-tdiag study ...``: trains every run of the grid to the stop criterion, caches each finished run as
 JSON under ``--output_dir/runs`` (a killed study continues where it stopped), and writes Kendall's tau and the
-granulated Psi of every measure against the generalization gap (table.json/.csv/.md) plus scatter plots.
+granulated Psi of every measure against both generalization gaps (cross-entropy and 0-1 error;
+table.json/.csv/.md) plus scatter plots.
 """
 
 import argparse

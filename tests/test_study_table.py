@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from hf_tdiag.measures.correlation import granulated_kendall, kendall_tau
 from hf_tdiag.study import (
@@ -40,7 +41,7 @@ def test_run_key_depends_on_every_setting():
     assert k == run_key({"b": 2, "a": 1}, {"c": 3}, MeasureSettings())  # order-free, stable
     assert k != run_key({"a": 1, "b": 3}, {"c": 3}, s)
     assert k != run_key({"a": 1, "b": 2}, {"c": 4}, s)
-    assert k != run_key({"a": 1, "b": 2}, {"c": 3}, MeasureSettings(sharpness_rho=0.1))
+    assert k != run_key({"a": 1, "b": 2}, {"c": 3}, MeasureSettings(pac_draws=20))
 
 
 def test_write_json_atomic_never_leaves_a_partial_file(tmp_path, monkeypatch):
@@ -73,10 +74,13 @@ def _records(seed=0):
             {
                 "key": run_key(hp, grid.fixed, MeasureSettings()),
                 "hparams": hp,
-                "train": {"generalization_gap": gap, "reached_train_loss_target": True},
+                "train": {
+                    "generalization_gap": gap, "reached_train_loss_target": True,
+                    "train_accuracy": 1.0, "eval_accuracy": float(rng.uniform(0.8, 1.0)),
+                },
                 "measures": {
                     "srr_mean": gap + 0.3 * float(rng.normal()),
-                    "l2_norm": float(rng.normal()),
+                    "l2": float(rng.normal()),
                     "inverse_margin": None if hp["lr"] == 3 else float(rng.normal()),
                 },
             }
@@ -86,9 +90,9 @@ def _records(seed=0):
 
 def test_correlation_table_matches_direct_computation():
     grid, recs = _records()
-    rows = {r["measure"]: r for r in correlation_table(recs, measures=["srr_mean", "l2_norm", "inverse_margin"], axes=list(grid.axes))}
+    rows = {r["measure"]: r for r in correlation_table(recs, measures=["srr_mean", "l2", "inverse_margin"], axes=list(grid.axes))}
     gap = [r["train"]["generalization_gap"] for r in recs]
-    for m in ("srr_mean", "l2_norm"):
+    for m in ("srr_mean", "l2"):
         mv = [r["measures"][m] for r in recs]
         assert rows[m]["tau"] == pytest.approx(kendall_tau(mv, gap))
         g = granulated_kendall(mv, gap, [r["hparams"] for r in recs])
@@ -102,6 +106,17 @@ def test_correlation_table_matches_direct_computation():
         kendall_tau([r["measures"]["inverse_margin"] for r in used], [r["train"]["generalization_gap"] for r in used])
     )
     assert rows["srr_mean"]["tau"] > 0.4  # built to correlate
+    # against the 0-1 error gap: acc_train - acc_val, computed here from the records' accuracies
+    err_rows = {r["measure"]: r for r in correlation_table(recs, measures=["l2"], axes=list(grid.axes), gap="error")}
+    err_gap = [r["train"]["train_accuracy"] - r["train"]["eval_accuracy"] for r in recs]
+    assert err_rows["l2"]["tau"] == pytest.approx(scipy.stats.kendalltau([r["measures"]["l2"] for r in recs], err_gap).statistic)
+    assert err_rows["l2"]["gap"] == "error" and err_rows["l2"]["missing_runs"] == 0
+    with pytest.raises(ValueError, match="gap"):
+        correlation_table(recs, gap="accuracy")
+    # with the grid's values, the runs where inverse_margin is undefined are missing runs of Jiang's formula
+    im = correlation_table(recs, measures=["inverse_margin"], axes=list(grid.axes), axes_values=grid.axes)[0]
+    assert im["missing_runs"] == 4 and im["psi_groups"] == {"variant": 6, "lr": 4, "wd": 6}
+    assert im["psi_incomplete"] == {"variant": 2, "lr": 4, "wd": 2}
 
 
 def test_summarize_writes_tables_plot_and_reloads(tmp_path):
@@ -116,9 +131,10 @@ def test_summarize_writes_tables_plot_and_reloads(tmp_path):
     for kind in ("json", "csv", "markdown", "plot", "runs_csv"):
         assert os.path.getsize(summary["paths"][kind]) > 0
     table = json.loads((tmp_path / "table.json").read_text())
-    assert [r["measure"] for r in table["table"]][:3] == ["srr_mean", "srr_last", "l2_norm"]
+    assert [r["measure"] for r in table["table"]][:3] == ["srr_mean", "srr_last", "l2"]
+    assert [r["gap"] for r in table["table_error_gap"]] == ["error"] * len(table["table"])
     md = (tmp_path / "table.md").read_text()
-    assert "| srr_mean |" in md and "ψ variant" in md and "τ (reached)" in md
+    assert "| srr_mean |" in md and "ψ variant" in md and "τ (reached)" in md and "Ψ (0–1 gap)" in md
     assert oct(os.stat(tmp_path / "table.json").st_mode & 0o777) != oct(0o600)  # not mkstemp's private mode
     # the second table ranks only the runs that reached the target training loss
     reached = [r for r in recs if r["hparams"]["lr"] != 1]

@@ -3,10 +3,16 @@
 Pure math on tensors someone else extracted: a list of parameter tensors, a
 list of weight matrices, or logits with labels. Every value is float64.
 
-- ``l2_norm``: ‖w‖₂ of all parameters together.
-- ``spectral_norms`` / ``sum_spectral_norm`` / ``log_prod_spectral_norm``:
-  Σ_i ‖W_i‖₂ and log Π_i ‖W_i‖₂ (the product in log space, so it never
-  overflows; ranks — and hence Kendall's τ — are the same as for the product).
+Jiang et al.'s definitions, under their names (W_1 … W_d the network's weight
+matrices, w all of them as one vector):
+
+- ``l2``: ‖w‖²₂ = Σ_i ‖W_i‖²_F.
+- ``log_prod_of_spec``: log Π_i ‖W_i‖²₂.
+- ``sum_of_spec``: d·(Π_i ‖W_i‖²₂)^{1/d} (in log space, so it never overflows).
+
+Other forms kept for their own use: ``l2_norm`` (‖w‖₂ of whatever tensors are
+given), ``spectral_norms`` / ``sum_spectral_norm`` / ``log_prod_spectral_norm``
+(Σ_i ‖W_i‖₂ and log Π_i ‖W_i‖₂).
 - ``output_margins`` / ``inverse_margin``: 1/γ² with γ the 10th percentile of
   the output margins f(x)_y − max_{j≠y} f(x)_j.
 - ``bisect_largest``, ``project_box``: the bisection and projected-ascent
@@ -21,6 +27,9 @@ from typing import Callable, Iterable
 import torch
 
 __all__ = [
+    "l2",
+    "log_prod_of_spec",
+    "sum_of_spec",
     "l2_norm",
     "spectral_norms",
     "sum_spectral_norm",
@@ -91,6 +100,23 @@ def log_prod_spectral_norm(matrices) -> float:
     if bool((norms <= 0).any()):
         raise ValueError("matrices: a matrix with zero spectral norm makes the product of spectral norms zero (log undefined)")
     return float(torch.log(norms).sum())
+
+
+def l2(matrices) -> float:
+    """Jiang et al.'s ``l2``: ‖w‖²₂ = Σ_i ‖W_i‖²_F over the weight matrices."""
+    ms = _tensor_list(matrices, "matrices")
+    return float(sum(m.detach().to(torch.float64).pow(2).sum() for m in ms))
+
+
+def log_prod_of_spec(matrices) -> float:
+    """Jiang et al.'s ``log_prod_of_spec``: log Π_i ‖W_i‖²₂ = 2 Σ_i log ‖W_i‖₂."""
+    return 2.0 * log_prod_spectral_norm(matrices)
+
+
+def sum_of_spec(matrices) -> float:
+    """Jiang et al.'s ``sum_of_spec``: d·(Π_i ‖W_i‖²₂)^{1/d} = d·exp(log_prod_of_spec / d), d = number of matrices."""
+    d = len(_tensor_list(matrices, "matrices"))
+    return d * math.exp(log_prod_of_spec(matrices) / d)
 
 
 def output_margins(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,21 @@
-"""Sharpness-based generalization measures (Keskar et al. 2017; Jiang et al. 2020).
+"""Sharpness-based generalization measures (Jiang et al. 2020; Keskar et al. 2017).
 
-Both take a *loss closure* ``loss_fn(batch) -> scalar tensor`` that evaluates the
+Jiang et al.'s flatness measures, under their names. Each takes ``logits_fn(inputs)
+-> (n, classes) logits`` evaluated with the current values of ``params`` (the tensors
+to perturb, in place; always restored) and ``batches`` of ``(inputs, labels)``, the
+training set. Each searches, by Jiang's bisection, the perturbation scale at which
+the **training accuracy drops by** ``target`` (0.1, within ``tolerance`` 0.01):
+
+- ``sharpness_mag``: 1/α′², α′ such that the worst case over the box
+  |u_i| ≤ α′(|w_i| + ε) (found by projected sign-gradient ascent on the cross-entropy,
+  PGD) lowers the accuracy by ``target``. (The box α′|w_i| + ε does not shrink to
+  zero with α′: on small models its ε-part alone can drop the accuracy by more
+  than the target, and the search has no answer.)
+- ``pacbayes_flatness``: 1/σ′², σ′ such that u ~ N(0, σ′²I) lowers the mean
+  accuracy (Monte-Carlo over ``draws``) by ``target``.
+- ``pacbayes_flatness_mag``: the same with u_i ~ N(0, σ′²w_i² + ε²).
+
+The older cross-entropy forms below stay for their own use; they take a *loss closure* ``loss_fn(batch) -> scalar tensor`` that evaluates the
 loss with the current values of ``params`` (the tensors to perturb, typically
 ``[p for p in model.parameters() if p.requires_grad]``), and an iterable of
 batches. They perturb ``params`` in place and always restore them; they know
@@ -25,7 +40,15 @@ from tqdm.auto import tqdm
 
 from .complexity import bisect_largest, project_box
 
-__all__ = ["sharpness", "pac_bayes_flatness"]
+__all__ = [
+    "sharpness_mag",
+    "pacbayes_flatness",
+    "pacbayes_flatness_mag",
+    "bisect_to_target",
+    "accuracy",
+    "sharpness",
+    "pac_bayes_flatness",
+]
 
 
 def _check_params(params) -> list[torch.Tensor]:
@@ -60,6 +83,12 @@ def _check_batches(batches) -> list:
 def _positive(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name}: expected a finite positive number, got {value!r}")
+    return float(value)
+
+
+def _nonnegative(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}: expected a finite non-negative number, got {value!r}")
     return float(value)
 
 
@@ -198,3 +227,168 @@ def pac_bayes_flatness(
         _assign(params, base, None)
         bar.close()
     return {"sigma": float(sigma), "flatness": float(1.0 / sigma**2)}
+
+
+# --------------------------------------------------------------------------- Jiang et al. (2020)
+
+
+def bisect_to_target(deviation: Callable[[float], float], upper: float, target: float = 0.1, tolerance: float = 0.01,
+                     depth: int = 15) -> tuple[float, bool, list[tuple[float, float]]]:
+    """Jiang et al.'s search: bisect x on [0, ``upper``] until |deviation(x) − target| < tolerance (at most ``depth``
+    steps; too much deviation lowers x). Returns (x, whether the target was met, [(x, deviation), ...])."""
+    upper = _positive(upper, "upper")
+    target = _positive(target, "target")
+    tolerance = _positive(tolerance, "tolerance")
+    depth = _count(depth, "depth")
+    lo, hi, history = 0.0, upper, []
+    for _ in range(depth):
+        x = 0.5 * (lo + hi)
+        dev = float(deviation(x))
+        history.append((x, dev))
+        if abs(dev - target) < tolerance:
+            return x, True, history
+        if dev > target:
+            hi = x
+        else:
+            lo = x
+    return x, False, history
+
+
+def _check_labelled(batches) -> list:
+    batches = _check_batches(batches)
+    for i, b in enumerate(batches):
+        if not (isinstance(b, (tuple, list)) and len(b) == 2 and isinstance(b[1], torch.Tensor)):
+            raise TypeError(f"batches[{i}]: expected an (inputs, labels) pair with a labels tensor, got {type(b).__name__}")
+    return batches
+
+
+def _logits(logits_fn, inputs, labels) -> torch.Tensor:
+    z = logits_fn(inputs)
+    if not isinstance(z, torch.Tensor) or z.ndim != 2 or z.shape[0] != labels.shape[0]:
+        raise TypeError(f"logits_fn: expected a ({labels.shape[0]}, classes) tensor, got {getattr(z, 'shape', type(z).__name__)}")
+    return z
+
+
+@torch.no_grad()
+def accuracy(logits_fn: Callable, batches: Iterable) -> float:
+    """Fraction of the examples in ``batches`` whose arg-max logit is their label."""
+    correct, count = 0, 0
+    for x, y in _check_labelled(batches):
+        correct += int((_logits(logits_fn, x, y).argmax(dim=1) == y).sum())
+        count += int(y.shape[0])
+    return correct / count
+
+
+def _pgd_accuracy_drop(logits_fn, params, base, bounds, batches, acc0: float, steps: int) -> float:
+    """Largest accuracy drop seen while ``steps`` steps of projected sign-gradient ascent on the cross-entropy
+    search the box |u_i| ≤ bound_i (one perturbation for all batches; every iterate's accuracy counts)."""
+    n = sum(int(y.shape[0]) for _, y in batches)
+    delta = [torch.zeros_like(w) for w in base]
+    worst = 0.0
+    for _ in range(steps):
+        _assign(params, base, delta)
+        grads = [torch.zeros_like(w) for w in base]
+        correct = 0
+        for x, y in batches:
+            z = _logits(logits_fn, x, y)
+            loss = torch.nn.functional.cross_entropy(z.float(), y, reduction="sum") / n
+            for g, gi in zip(grads, torch.autograd.grad(loss, params, allow_unused=True)):
+                if gi is not None:
+                    g += gi
+            correct += int((z.detach().argmax(dim=1) == y).sum())
+        worst = max(worst, acc0 - correct / n)
+        with torch.no_grad():
+            delta = [project_box(d + (2.5 / steps) * b * torch.sign(g), b) for d, g, b in zip(delta, grads, bounds)]
+    _assign(params, base, delta)
+    return max(worst, acc0 - accuracy(logits_fn, batches))
+
+
+def sharpness_mag(
+    logits_fn: Callable, params: Iterable[torch.Tensor], batches: Iterable, target: float = 0.1, eps: float = 1e-3,
+    alpha_max: float = 2.0, steps: int = 10, tolerance: float = 0.01, depth: int = 15, progress: bool = False,
+) -> dict[str, float]:
+    """Jiang et al.'s ``sharpness_mag``: 1/α′², α′ the box scale at which max_{|u_i| ≤ α′(|w_i|+ε)} drops the training
+    accuracy by ``target`` (PGD with ``steps`` sign-gradient steps, bisection on α ∈ [0, ``alpha_max``])."""
+    params, batches = _check_params(params), _check_labelled(batches)
+    steps, eps = _count(steps, "steps"), _nonnegative(eps, "eps")
+    base = [p.detach().clone() for p in params]
+    requires = [p.requires_grad for p in params]
+    bar = tqdm(total=depth, desc="sharpness_mag", disable=not progress, leave=False)
+
+    def drop(alpha: float) -> float:
+        bar.update(1)
+        bounds = [alpha * (w.abs() + eps) for w in base]
+        return _pgd_accuracy_drop(logits_fn, params, base, bounds, batches, acc0, steps)
+
+    try:
+        for p in params:
+            p.requires_grad_(True)
+        acc0 = accuracy(logits_fn, batches)
+        alpha, reached, history = bisect_to_target(drop, alpha_max, target, tolerance, depth)
+    finally:
+        _assign(params, base, None)
+        for p, r in zip(params, requires):
+            p.requires_grad_(r)
+        bar.close()
+    return {"alpha": alpha, "flatness": 1.0 / alpha**2, "reached": reached, "accuracy": acc0, "evaluations": len(history)}
+
+
+def _noise(base: Sequence[torch.Tensor], seed: int, draw: int) -> list[torch.Tensor]:
+    """Standard normal noise shaped like ``base``; the same for every call with the same (seed, draw)."""
+    out = []
+    for i, w in enumerate(base):
+        gen = torch.Generator(device=w.device)
+        gen.manual_seed(seed * 1_000_003 + draw * 10_007 + i)
+        out.append(torch.randn(w.shape, generator=gen, device=w.device, dtype=w.dtype))
+    return out
+
+
+def _pacbayes_sigma(logits_fn, params, batches, target, draws, sigma_max, magnitude_eps, seed, tolerance, depth, progress):
+    params, batches = _check_params(params), _check_labelled(batches)
+    draws = _count(draws, "draws")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+    base = [p.detach().clone() for p in params]
+    bar = tqdm(total=depth, desc="pacbayes_flatness", disable=not progress, leave=False)
+
+    def drop(sigma: float) -> float:
+        bar.update(1)
+        accs = []
+        for s in range(draws):  # the same draws for every sigma: the bisection sees a deterministic function
+            z = _noise(base, seed, s)
+            if magnitude_eps is None:
+                u = [sigma * zi for zi in z]
+            else:
+                u = [torch.sqrt(sigma**2 * w**2 + magnitude_eps**2) * zi for w, zi in zip(base, z)]
+            _assign(params, base, u)
+            accs.append(accuracy(logits_fn, batches))
+        return acc0 - sum(accs) / draws
+
+    try:
+        _assign(params, base, None)
+        acc0 = accuracy(logits_fn, batches)
+        sigma, reached, history = bisect_to_target(drop, sigma_max, target, tolerance, depth)
+    finally:
+        _assign(params, base, None)
+        bar.close()
+    return {"sigma": sigma, "flatness": 1.0 / sigma**2, "reached": reached, "accuracy": acc0, "evaluations": len(history)}
+
+
+def pacbayes_flatness(
+    logits_fn: Callable, params: Iterable[torch.Tensor], batches: Iterable, target: float = 0.1, draws: int = 10,
+    sigma_max: float = 2.0, seed: int = 0, tolerance: float = 0.01, depth: int = 15, progress: bool = False,
+) -> dict[str, float]:
+    """Jiang et al.'s ``pacbayes_flatness``: 1/σ′², σ′ at which u ~ N(0, σ′²I) drops the mean training accuracy
+    (over ``draws`` noise draws) by ``target``; bisection on σ ∈ [0, ``sigma_max``]."""
+    return _pacbayes_sigma(logits_fn, params, batches, target, draws, sigma_max, None, seed, tolerance, depth, progress)
+
+
+def pacbayes_flatness_mag(
+    logits_fn: Callable, params: Iterable[torch.Tensor], batches: Iterable, target: float = 0.1, eps: float = 1e-3,
+    draws: int = 10, sigma_max: float = 2.0, seed: int = 0, tolerance: float = 0.01, depth: int = 15,
+    progress: bool = False,
+) -> dict[str, float]:
+    """Jiang et al.'s ``pacbayes_mag_flatness``: 1/σ′², σ′ at which u_i ~ N(0, σ′²w_i² + ε²) drops the mean training
+    accuracy by ``target``; bisection on σ ∈ [0, ``sigma_max``]."""
+    eps = _nonnegative(eps, "eps")
+    return _pacbayes_sigma(logits_fn, params, batches, target, draws, sigma_max, eps, seed, tolerance, depth, progress)

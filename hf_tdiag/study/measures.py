@@ -11,19 +11,19 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["MEASURES", "MeasureSettings", "compute_measures"]
+__all__ = ["MEASURES", "MeasureSettings", "compute_measures", "jiang_weight_matrices"]
 
-# measure name -> what it is; the order is the table's order
+# measure name -> what it is; the order is the table's order. Names and definitions are Jiang et al.'s (2020).
 MEASURES: dict[str, str] = {
     "srr_mean": "SRR, mean over layers (training data)",
     "srr_last": "SRR at the last layer (training data)",
-    "l2_norm": "ℓ2 norm of all parameters",
-    "path_norm": "path-norm: squared-weight forward of an all-ones input",
-    "sum_spectral": "Σ spectral norms of the weight matrices",
-    "log_prod_spectral": "log Π spectral norms of the weight matrices",
+    "l2": "‖w‖²₂: squared Frobenius norms of the weight matrices, each parameter once",
+    "log_prod_of_spec": "log Π_i ‖W_i‖²₂ over the linear maps the forward applies",
+    "sum_of_spec": "d·(Π_i ‖W_i‖²₂)^{1/d} over the same d maps",
     "inverse_margin": "1/γ², γ = 10th-percentile output margin (training data)",
-    "sharpness": "worst-case loss increase in a relative ρ-box (projected ascent)",
-    "pac_bayes_flatness": "1/σ², σ = largest Gaussian weight noise keeping the loss increase ≤ threshold",
+    "sharpness_mag": "1/α′², PGD in |u_i| ≤ α′(|w_i| + ε) drops training accuracy by 0.1",
+    "pacbayes_flatness": "1/σ′², u ~ N(0, σ′²I) drops mean training accuracy by 0.1",
+    "pacbayes_flatness_mag": "1/σ′², u_i ~ N(0, σ′²w_i² + ε²) drops mean training accuracy by 0.1",
 }
 
 
@@ -31,17 +31,19 @@ MEASURES: dict[str, str] = {
 class MeasureSettings:
     """How the measures are computed on each trained model (all on the training data)."""
 
-    max_examples: int = 512  # training examples used for SRR and the margin
-    batch_size: int = 128
+    max_examples: int = 512  # training examples for SRR and the margin
+    flatness_examples: int = 256  # the first of them, for the flatness searches (cost: draws x steps forwards)
+    batch_size: int = 256
     srr_eps: float = 0.1
     srr_lambda: float = 1.0
-    sharpness_rho: float = 0.01
-    sharpness_steps: int = 5
-    sharpness_batches: int = 2
-    pac_threshold: float = 0.1
-    pac_samples: int = 3
-    pac_iters: int = 10
     margin_quantile: float = 0.1
+    flatness_target: float = 0.1  # the accuracy drop the flatness searches aim at (Jiang et al.)
+    flatness_tolerance: float = 0.01
+    flatness_depth: int = 15  # bisection steps at most
+    flatness_upper: float = 2.0  # search interval [0, upper] for alpha' and sigma'
+    magnitude_eps: float = 1e-3
+    sharpness_steps: int = 10  # PGD steps per alpha
+    pac_draws: int = 10  # noise draws per sigma
     seed: int = 0
 
 
@@ -58,10 +60,15 @@ class _Collector:
     def __init__(self):
         self.values: dict[str, Any] = {}
         self.errors: dict[str, str] = {}
+        self.details: dict[str, dict] = {}
 
     def attempt(self, name: str, fn: Callable[[], Any]) -> None:
         try:
-            self.values[name] = _finite_or_none(fn())
+            value = fn()
+            if isinstance(value, dict):  # a search result: the measure is its "flatness", the rest are details
+                self.details[name] = {k: v for k, v in value.items() if k != "flatness"}
+                value = value["flatness"]
+            self.values[name] = _finite_or_none(value)
             if self.values[name] is None:
                 self.errors[name] = "not finite"
         except (ValueError, RuntimeError) as err:
@@ -88,39 +95,55 @@ def _srr_columns(out: _Collector, model, x, settings: MeasureSettings, progress:
     out.values["_srr_per_layer"] = per_layer
 
 
-def _weight_columns(out: _Collector, model, x, params) -> None:
-    """The norm-based measures of the weights."""
-    from ..measures import complexity
+def jiang_weight_matrices(model) -> tuple[dict, dict]:
+    """(the linear maps for the spectral measures, the weight parameters for ``l2``) of a model.
+
+    Maps: every weight matrix the forward applies (for CRATE per block Uᵀ, the output
+    matrix — W, or U/−U/Uᵀ for the tied variants — and the ISTA dictionary D, plus the
+    patch projection and the classifier), from :func:`hf_tdiag.probes.weights.weight_matrices`.
+    ``l2`` takes the trainable ones among them, each parameter tensor once (w is a
+    parameter vector: a tied output matrix is not a second copy of U).
+    """
     from ..probes import weights as wprobe
 
-    mats = wprobe.weight_matrices(model)
-    out.attempt("l2_norm", lambda: complexity.l2_norm(params))
-    out.attempt("path_norm", lambda: wprobe.path_norm(model, {"pixel_values": x[:1]}))
-    out.attempt("sum_spectral", lambda: complexity.sum_spectral_norm(mats))
-    out.attempt("log_prod_spectral", lambda: complexity.log_prod_spectral_norm(mats))
+    maps = wprobe.weight_matrices(model)
+    param_ids = {id(p) for p in model.parameters() if p.requires_grad}
+    seen, params = set(), {}
+    for name, w in maps.items():
+        if id(w) in param_ids and id(w) not in seen:
+            seen.add(id(w))
+            params[name] = w
+    return maps, params
+
+
+def _weight_columns(out: _Collector, model) -> None:
+    """The norm-based measures of the weights."""
+    from ..measures import complexity
+
+    maps, params = jiang_weight_matrices(model)
+    out.attempt("l2", lambda: complexity.l2(params))
+    out.attempt("log_prod_of_spec", lambda: complexity.log_prod_of_spec(maps))
+    out.attempt("sum_of_spec", lambda: complexity.sum_of_spec(maps))
 
 
 def _flatness_columns(out: _Collector, model, params, batches, settings: MeasureSettings, progress: bool) -> None:
-    """Sharpness and PAC-Bayes flatness of the cross-entropy on the first training batches."""
-    from torch.nn import functional as F
-
+    """Jiang et al.'s flatness measures: perturbation scales at which the training accuracy drops by the target."""
     from ..measures import sharpness as sharp
 
-    def loss_fn(batch):
-        return F.cross_entropy(model(pixel_values=batch[0]).logits.float(), batch[1])
+    def logits_fn(x):
+        return model(pixel_values=x).logits.float()
 
-    sb = batches[: settings.sharpness_batches]
-    out.attempt(
-        "sharpness",
-        lambda: sharp.sharpness(loss_fn, params, sb, rho=settings.sharpness_rho, steps=settings.sharpness_steps, progress=progress),
-    )
-    out.attempt(
-        "pac_bayes_flatness",
-        lambda: sharp.pac_bayes_flatness(
-            loss_fn, params, sb, threshold=settings.pac_threshold, samples=settings.pac_samples,
-            iters=settings.pac_iters, seed=settings.seed, progress=progress,
-        )["flatness"],
-    )
+    search = dict(target=settings.flatness_target, tolerance=settings.flatness_tolerance, depth=settings.flatness_depth,
+                  progress=progress)
+    out.attempt("sharpness_mag", lambda: sharp.sharpness_mag(
+        logits_fn, params, batches, eps=settings.magnitude_eps, alpha_max=settings.flatness_upper,
+        steps=settings.sharpness_steps, **search))
+    out.attempt("pacbayes_flatness", lambda: sharp.pacbayes_flatness(
+        logits_fn, params, batches, draws=settings.pac_draws, sigma_max=settings.flatness_upper, seed=settings.seed,
+        **search))
+    out.attempt("pacbayes_flatness_mag", lambda: sharp.pacbayes_flatness_mag(
+        logits_fn, params, batches, eps=settings.magnitude_eps, draws=settings.pac_draws,
+        sigma_max=settings.flatness_upper, seed=settings.seed, **search))
 
 
 def _check_examples(pixel_values, labels):
@@ -133,13 +156,17 @@ def _check_examples(pixel_values, labels):
 
 
 def compute_measures(
-    model, pixel_values, labels, settings: MeasureSettings | None = None, progress: bool = False
+    model, pixel_values, labels, settings: MeasureSettings | None = None, progress: bool = False,
+    details: dict | None = None,
 ) -> tuple[dict[str, float | None], dict[str, str]]:
     """All measures of :data:`MEASURES` for a trained image classifier on (a subset of) its training data.
 
     Returns ``(values, errors)``: a measure that is undefined for this model (e.g. the
     inverse margin when ≥10% of the examples are misclassified) is ``None`` in
-    ``values`` and its reason is in ``errors``.
+    ``values`` and its reason is in ``errors``. ``values["_srr_per_layer"]`` is the
+    per-layer SRR curve (for plots; not a ranked measure). A dict passed as ``details``
+    receives each search's outcome (α′ or σ′, whether the accuracy target was met,
+    the unperturbed accuracy, the number of evaluations).
     """
     import torch
 
@@ -158,14 +185,15 @@ def compute_measures(
     try:
         _srr_columns(out, model, x, settings, progress)
         params = list(wprobe.trainable_parameters(model).values())
-        _weight_columns(out, model, x, params)
+        _weight_columns(out, model)
         with torch.no_grad():
             logits = torch.cat([model(pixel_values=bx).logits for bx, _ in batches])
         out.attempt("inverse_margin", lambda: complexity.inverse_margin(logits, y, quantile=settings.margin_quantile))
-        _flatness_columns(out, model, params, batches, settings, progress)
+        m = min(n, settings.flatness_examples)
+        flat = [(x[i : i + settings.batch_size], y[i : i + settings.batch_size]) for i in range(0, m, settings.batch_size)]
+        _flatness_columns(out, model, params, flat, settings, progress)
     finally:
         model.train(was_training)
-    per_layer = out.values.pop("_srr_per_layer", None)
-    if per_layer is not None:
-        out.values["_srr_per_layer"] = per_layer  # kept for plots; not a ranked measure (last key, as before)
+    if details is not None:
+        details.update(out.details)
     return out.values, out.errors

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 from .cache import STUDY_VERSION, record_path, write_json_atomic
 from .measures import MeasureSettings, compute_measures
 
-__all__ = ["default_train", "execute"]
+__all__ = ["default_train", "load_trained", "examples_tensors", "execute"]
 
 _CONFIG_FIELDS = (
     "model_type", "variant", "image_size", "patch_size", "num_channels", "hidden_size",
@@ -33,41 +33,50 @@ def _import_callable(path: str) -> Callable:
     return getattr(importlib.import_module(module), attr)
 
 
-def default_train(hparams: Mapping[str, Any], fixed: Mapping[str, Any], output_dir: str, max_examples: int | None = None):
-    """Train one run with :func:`hf_tdiag.training.train`; return ``(results, model, training examples)``.
-
-    The training examples are the first ``max_examples`` of the training split,
-    preprocessed as the trainer's train-set evaluation sees them (no augmentation).
-
-    The run checkpoints every epoch and resumes from its latest checkpoint, so a
-    study killed in the middle of a training continues that training too.
-    """
-    from transformers import AutoModelForImageClassification
-
-    from ..loading import load_image_processor, load_pretrained
-    from ..training import train
-    from ..training.args import make_args
-    from ..training.data import build_datasets, load_raw_data
-    from ..training.model import image_size_of
-
+def _trainer_kwargs(hparams: Mapping[str, Any], fixed: Mapping[str, Any]) -> dict:
     kwargs = {"disable_tqdm": True, "layer_srr_samples": 0, "checkpointing_steps": "epoch", "checkpoints_total_limit": 1}
     kwargs.update(fixed)
     kwargs.update(hparams)
     if kwargs.get("checkpointing_steps") is not None:
         kwargs.setdefault("resume_from_checkpoint", "latest")
-    results = train(output_dir=output_dir, **kwargs)
+    return kwargs
+
+
+def load_trained(hparams: Mapping[str, Any], fixed: Mapping[str, Any], output_dir: str, max_examples: int | None = None):
+    """A trained run's ``(model, training examples)``: the examples are the first ``max_examples`` of the training
+    split, preprocessed as the trainer's train-set evaluation sees them (no augmentation)."""
+    from transformers import AutoModelForImageClassification
+
+    from ..loading import load_image_processor, load_pretrained
+    from ..training.args import make_args
+    from ..training.data import build_datasets, load_raw_data
+    from ..training.model import image_size_of
+
     model = load_pretrained(output_dir, AutoModelForImageClassification, name="output_dir")
     processor = load_image_processor(output_dir)
-    args = make_args(output_dir=output_dir, **kwargs)
+    args = make_args(output_dir=output_dir, **_trainer_kwargs(hparams, fixed))
     if max_examples:
         args.max_train_samples = min(args.max_train_samples or max_examples, max_examples)
         args.max_eval_samples = 1  # only the training examples are needed
     raw = load_raw_data(args)
     data = build_datasets(args, raw, processor, model.config.num_channels, image_size_of(model.config))
-    return results, model, data.train_eval
+    return model, data.train_eval
 
 
-def _examples(train_examples, n: int):
+def default_train(hparams: Mapping[str, Any], fixed: Mapping[str, Any], output_dir: str, max_examples: int | None = None):
+    """Train one run with :func:`hf_tdiag.training.train`; return ``(results, model, training examples)``.
+
+    The run checkpoints every epoch and resumes from its latest checkpoint, so a
+    study killed in the middle of a training continues that training too.
+    """
+    from ..training import train
+
+    results = train(output_dir=output_dir, **_trainer_kwargs(hparams, fixed))
+    model, examples = load_trained(hparams, fixed, output_dir, max_examples=max_examples)
+    return results, model, examples
+
+
+def examples_tensors(train_examples, n: int):
     """First ``n`` training examples as ``(pixel_values, labels)`` tensors."""
     import torch
 
@@ -100,8 +109,9 @@ def execute(spec: dict) -> dict:
     settings = MeasureSettings(**spec["settings"])
     results, model, train_examples = train_fn(spec["hparams"], spec["fixed"], work_dir, max_examples=settings.max_examples)
     train_seconds = time.time() - t0
-    pixel_values, labels = _examples(train_examples, settings.max_examples)
-    values, errors = compute_measures(model, pixel_values, labels, settings)
+    pixel_values, labels = examples_tensors(train_examples, settings.max_examples)
+    details: dict = {}
+    values, errors = compute_measures(model, pixel_values, labels, settings, details=details)
     per_layer = values.pop("_srr_per_layer", None)
     record = {
         "key": spec["key"],
@@ -111,6 +121,7 @@ def execute(spec: dict) -> dict:
         "train": _train_summary(results),
         "measures": values,
         "measure_errors": errors,
+        "measure_details": details,
         "srr_per_layer": per_layer,
         "model_config": {k: getattr(model.config, k, None) for k in _CONFIG_FIELDS},
         "seconds": {"train": round(train_seconds, 3), "total": round(time.time() - t0, 3)},
