@@ -32,7 +32,7 @@ class MeasureSettings:
     """How the measures are computed on each trained model (all on the training data)."""
 
     max_examples: int = 512  # training examples for SRR and the margin
-    flatness_examples: int = 256  # the first of them, for the flatness searches (cost: draws x steps forwards)
+    flatness_examples: int = 128  # the first of them, for the flatness searches (cost: draws x steps forwards)
     batch_size: int = 256
     srr_eps: float = 0.1
     srr_lambda: float = 1.0
@@ -43,7 +43,7 @@ class MeasureSettings:
     flatness_upper: float = 2.0  # search interval [0, upper] for alpha' and sigma'
     magnitude_eps: float = 1e-3
     sharpness_steps: int = 10  # PGD steps per alpha
-    pac_draws: int = 10  # noise draws per sigma
+    pac_draws: int = 64  # noise draws per sigma: the seed moves 1/sigma'^2 by < 10% (CV over 8 seeds, measured)
     seed: int = 0
 
 
