@@ -18,8 +18,6 @@ BLOCK_TIMEOUT_S = 600
 # Blocks known not to run alone, keyed by the sha1 of their text (so any edit of such a block makes it a normal,
 # must-pass block again). Each names its section; the section's owner makes the block self-contained.
 KNOWN_BROKEN: dict[str, str] = {
-    "f3f04605895e": "schatten: needs the Hub id google/bert_uncased_L-4_H-256_A-4 (offline: no such folder)",
-    "35bea7ace827": "schatten: uses hf_tdiag, ./my-bert and model without defining them",
     "75b916e02ac5": "concepts: uses model, pixel_values and A_new without defining them",
     "96b055f76e13": "concepts: uses hf_tdiag, path/to/model and images without defining them",
 }
