@@ -11,10 +11,10 @@ import os
 
 __version__ = "0.1.0"
 
+from ._autoregister import install as _install_auto_registration  # noqa: E402
 from ._lazy import lazy_exports as _lazy_exports  # noqa: E402
-from .models.crate import register_crate as _register_crate  # noqa: E402
 
-_register_crate()
+_install_auto_registration()
 
 # public name -> "module:attribute", resolved on first access
 _LAZY = {

@@ -1,24 +1,41 @@
 """The ``hf-tdiag`` command: one sub-command per capability.
 
-Each sub-command lives in ``hf_tdiag/commands/<name>.py`` and exposes
-``register(subparsers)``, which adds its parser and sets ``func`` to a callable
-taking the parsed ``argparse.Namespace`` and returning an exit code.
+Each sub-command lives in ``hf_tdiag/commands/<name>.py`` and exposes ``register(subparsers)``, which adds its
+parser (flags follow ``hf_tdiag._cli_args``: hyphenated, underscore spelling accepted) and sets ``func`` to a
+callable taking the parsed ``argparse.Namespace`` and returning an exit code. Building the parser imports no
+torch or transformers, so ``--help`` answers at once; the commands import what they need when they run.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import pkgutil
 import sys
 
+from . import __version__
 from . import commands as _commands_pkg
+from ._cli_args import ArgumentParser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hf-tdiag", description="White-box transformers and transformer diagnostics."
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = []
+    for dist in ("torch", "transformers"):
+        try:
+            parts.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            parts.append(f"{dist} not installed")
+    return f"hf-tdiag {__version__} ({', '.join(parts)}, Python {sys.version.split()[0]})"
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="hf-tdiag",
+        description="White-box transformers (CRATE) and transformer diagnostics. Flags are hyphenated "
+        "(--output-dir); the underscore spelling (--output_dir) is accepted too.",
     )
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(_commands_pkg.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
@@ -26,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(f"{_commands_pkg.__name__}.{info.name}")
         module.register(sub)
     return parser
+
+
+def _message(err: BaseException) -> str:
+    text = str(err)
+    if isinstance(err, KeyError) and err.args:
+        text = str(err.args[0])
+    return text or type(err).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,8 +60,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as err:
-        print(f"hf-tdiag {args.command}: error: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"hf-tdiag {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, OSError, KeyError, RuntimeError, ImportError) as err:
+        # Library errors that reach here name their input (hf_tdiag raises ValueError/TypeError naming the
+        # argument; OSError carries the path). Set HF_TDIAG_TRACEBACK=1 to see where it came from.
+        import os
+
+        if os.environ.get("HF_TDIAG_TRACEBACK"):
+            raise
+        print(f"hf-tdiag {args.command}: error: {_message(err)}", file=sys.stderr)
         return 1
 
 

@@ -23,12 +23,13 @@ Writes one PNG and one JSON per figure (``fig2_trajectories.png`` / ``.json``, â
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
 import sys
 import time
+
+from hf_tdiag._cli_args import ArgumentParser, add_output_dir, plain, positive_int
 
 
 def _figures():
@@ -53,13 +54,13 @@ def _figures():
 def parse_args(argv=None):
     from hf_tdiag.measures.attention_gd.paper import EXPERIMENTS
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=plain(__doc__))
     size = p.add_mutually_exclusive_group()
     size.add_argument("--paper", action="store_true", help="the paper's settings (n, T, d, runs, steps; slow)")
     size.add_argument("--quick", action="store_true", help="a CI size (the default)")
-    p.add_argument("--output-dir", "--output_dir", dest="output_dir", default="runs/attention_svm")
+    add_output_dir(p, "runs/attention_svm", "where the PNG/JSON per figure and summary.json go (default runs/attention_svm)")
     p.add_argument("--only", nargs="+", choices=EXPERIMENTS, default=list(EXPERIMENTS), help="experiments to run")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the tensors are small)")
+    p.add_argument("--threads", type=positive_int, default=1, metavar="N", help="torch threads (default 1: the tensors are small)")
     p.add_argument("--progress", action="store_true", help="progress bars for the GD runs")
     p.add_argument("--dpi", type=int, default=120, help="PNG resolution (default 120)")
     p.add_argument("--replot", action="store_true", help="redraw the PNGs from the JSON files in --output-dir (no runs)")
@@ -82,9 +83,9 @@ def replot(output_dir: str, dpi: int) -> int:
 
 
 def _write_json(path: str, obj) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=1)
-        fh.write("\n")
+    from hf_tdiag._atomic import write_json
+
+    write_json(path, obj, indent=1)
 
 
 def main(argv=None) -> int:

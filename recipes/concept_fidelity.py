@@ -5,43 +5,53 @@ on a trained CRATE and a trained ViT, with the KL bound, written as a results ta
 Models: ``--crate PATH`` and ``--vit PATH`` (local folders or Hub ids). Without them the recipe uses
 the cached default digits CRATE (``hf_tdiag.gradio_app.default_model.ensure_default_model``, trained on first
 use) and trains a small ViT on scikit-learn digits here (``--vit-epochs``). Images: the held-out
-digits test split (``--limit``), or ``--images DIR`` / ``--dataset NAME``.
+digits test split (``--max-samples``), or ``--images DIR`` / ``--dataset NAME``.
 
 For each model: Semi-NMF at layer ``--layer`` (default L // 2) for each Gram weight μ in
-``--gram-weights`` (0 = plain) and a classifier-supervised fit (L_rec + λ KL through the remaining
+``--gram-weight`` (0 = plain) and a classifier-supervised fit (L_rec + λ KL through the remaining
 blocks and the head); per fit the fidelity report (δ_rec, δ_gram, empirical KL, top-1 agreement, the
 bound and its terms, constants), Hungarian-matched cosine of each dictionary to the supervised one,
-and fit times. Writes ``results.md``, ``results.json`` and per-model figures to ``--output_dir``.
+and fit times. Writes ``results.md``, ``results.json`` and per-model figures to ``--output-dir``.
 
-    python recipes/concept_fidelity.py --output_dir runs/concepts [--crate PATH] [--vit PATH]
+    python recipes/concept_fidelity.py --output-dir runs/concepts [--crate PATH] [--vit PATH]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 
+from hf_tdiag._cli_args import (
+    NUM_CONCEPTS,
+    ArgumentParser,
+    add_input_flags,
+    add_output_dir,
+    add_threads_flag,
+    finite_float,
+    non_negative_int,
+    plain,
+    positive_int,
+)
+
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--output_dir", default="runs/concepts")
+    p = ArgumentParser(description=plain(__doc__))
+    add_output_dir(p, "runs/concepts", "where results.md, results.json and the figures go (default runs/concepts)")
     p.add_argument("--crate", default=None, help="CRATE folder or Hub id (default: the cached digits CRATE)")
     p.add_argument("--vit", default=None, help="ViT classifier folder or Hub id (default: train one on digits)")
-    p.add_argument("--vit-epochs", type=int, default=12, help="epochs for the digits ViT trained here (default 12)")
-    p.add_argument("--layer", type=int, default=None, help="layer l (hidden_states index; default L // 2)")
-    p.add_argument("--concepts", type=int, default=8)
-    p.add_argument("--gram-weights", type=float, nargs="+", default=[0.0, 0.3, 1.0, 3.0, 10.0])
-    p.add_argument("--kl-weight", type=float, default=10.0)
-    p.add_argument("--limit", type=int, default=256, help="number of images (default 256)")
-    p.add_argument("--images", default=None, help="folder of images instead of the digits test split")
-    p.add_argument("--dataset", default=None, help="datasets name / save_to_disk folder instead of digits")
-    p.add_argument("--max-iter", type=int, default=200)
-    p.add_argument("--refine-iter", type=int, default=100)
-    p.add_argument("--power-iters", type=int, default=20)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--vit-epochs", type=positive_int, default=12, help="epochs for the digits ViT trained here (default 12)")
+    p.add_argument("--layer", type=non_negative_int, default=None, help="layer l (hidden_states index; default L // 2)")
+    p.add_argument("--concepts", type=positive_int, default=NUM_CONCEPTS, help=f"number of concepts k (default {NUM_CONCEPTS})")
+    p.add_argument("--gram-weight", "--gram-weights", type=finite_float, nargs="+", default=[0.0, 0.3, 1.0, 3.0, 10.0],
+                   help="Gram weights mu to fit (default 0 0.3 1 3 10)")
+    p.add_argument("--kl-weight", type=finite_float, default=10.0, help="lambda of the supervised fit (default 10)")
+    add_input_flags(p, texts=False, required=False, max_samples=256)
+    p.add_argument("--max-iter", type=positive_int, default=200, help="Semi-NMF iterations (default 200)")
+    p.add_argument("--refine-iter", type=non_negative_int, default=100, help="joint / supervised iterations (default 100)")
+    p.add_argument("--power-iters", type=positive_int, default=20, help="power-iteration steps (default 20)")
+    add_threads_flag(p)
     return p.parse_args(argv)
 
 
@@ -105,8 +115,9 @@ def main(argv=None) -> int:
     from hf_tdiag.probes.concept_fidelity import compare_concepts
     from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    from hf_tdiag._atomic import write_json, write_text
+    from hf_tdiag._threads import model_threads
+
     os.makedirs(args.output_dir, exist_ok=True)
     crate = args.crate or str(ensure_default_model("crate"))
     vit = args.vit
@@ -115,10 +126,10 @@ def main(argv=None) -> int:
         if not os.path.isfile(os.path.join(vit, "config.json")):
             train_digits_vit(vit, args.vit_epochs)
     if args.images or args.dataset:
-        images = load_images(args.images or args.dataset, limit=args.limit).images
+        images = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images
         source = args.images or args.dataset
     else:
-        images, _ = digits_test_images(args.limit)
+        images, _ = digits_test_images(args.max_samples)
         source = "digits test split"
 
     results, md = {}, ["# Concept fidelity: plain vs Gram-aligned vs classifier-supervised\n",
@@ -129,8 +140,9 @@ def main(argv=None) -> int:
         model = loaded.model
         pixels = torch.cat([pixel_values_for(images[i : i + 64], loaded) for i in range(0, len(images), 64)])
         layer = args.layer if args.layer is not None else int(model.config.num_hidden_layers) // 2
+        torch.set_num_threads(model_threads(args.threads, model, "cpu") or torch.get_num_threads())
         t0 = time.perf_counter()
-        out = compare_concepts(model, pixels, layer, args.concepts, gram_weights=args.gram_weights, supervised=True,
+        out = compare_concepts(model, pixels, layer, args.concepts, gram_weights=args.gram_weight, supervised=True,
                                kl_weight=args.kl_weight, max_iter=args.max_iter, refine_iter=args.refine_iter,
                                supervised_iter=args.refine_iter, power_iters=args.power_iters, progress=False)
         seconds = time.perf_counter() - t0
@@ -161,10 +173,8 @@ def main(argv=None) -> int:
                   f"L_norm = {c['l_norm']:.4g}, α = {c['alpha']:.4g} (estimates). Figures in `{folder}/`. "
                   f"Total {seconds:.0f}s.\n")
         print(f"[concepts] {name} layer {layer}\n{format_table(out['table'])}")
-    with open(os.path.join(args.output_dir, "results.json"), "w", encoding="utf-8") as fh:
-        json.dump(_json_ready(results), fh, indent=2)
-    with open(os.path.join(args.output_dir, "results.md"), "w", encoding="utf-8") as fh:
-        fh.write("\n".join(md))
+    write_json(os.path.join(args.output_dir, "results.json"), _json_ready(results))
+    write_text(os.path.join(args.output_dir, "results.md"), "\n".join(md))
     print(f"[concepts] wrote {os.path.join(args.output_dir, 'results.md')} and results.json")
     return 0
 

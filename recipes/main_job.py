@@ -8,25 +8,27 @@
    ``AutoImageProcessor`` and classify held-out digits with it;
 3. write the one-page diagnostics report (``hf-tdiag report``) for that model.
 
-    python recipes/main_job.py --output_dir runs/main [any train_crate.py flag]
+    python recipes/main_job.py --output-dir runs/main [any train_crate.py flag]
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
+from hf_tdiag._cli_args import normalize_flag
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--output_dir" not in argv:
-        argv += ["--output_dir", "runs/main"]
+    if not any(normalize_flag(a).split("=")[0] == "--output-dir" for a in argv):
+        argv += ["--output-dir", "runs/main"]
     import torch
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     import hf_tdiag  # noqa: F401  (registers the crate Auto classes)
+    from hf_tdiag._atomic import write_json
     from hf_tdiag.cli import main as cli_main
     from hf_tdiag.inputs import digits_test_images
     from hf_tdiag.training import make_args, train
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 3. the diagnostics report for the trained model
     report_path = os.path.join(out, "report.html")
-    code = cli_main(["report", out, "--dataset", "digits", "-o", report_path])
+    code = cli_main(["report", out, "--dataset", "digits", "--output-dir", out])
     summary = {
         "train_seconds": round(train_seconds, 1),
         "reloaded_test_accuracy": accuracy,
@@ -62,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         "report": report_path if code == 0 else None,
         **{k: v for k, v in results.items() if isinstance(v, (int, float, str))},
     }
-    with open(os.path.join(out, "main_job.json"), "w") as fh:
-        json.dump(summary, fh, indent=2)
+    write_json(os.path.join(out, "main_job.json"), summary)
     print(f"[main job] summary written to {os.path.join(out, 'main_job.json')}")
     return code
 

@@ -1,8 +1,8 @@
 """Spectrum-adaptive Schatten vs Edelman bound proxies on the 24 Google BERT miniatures.
 
 Models: ``google/bert_uncased_L-{2,4,6,8,10,12}_H-{128,256,512,768}_A-{H/64}`` by Hub id, or
-local copies from ``--local_dir`` (a folder holding ``bert_uncased_L-.._H-.._A-..`` folders, or
-``google/bert_uncased_...``). Writes into ``--output_dir``:
+local copies from ``--local-dir`` (a folder holding ``bert_uncased_L-.._H-.._A-..`` folders, or
+``google/bert_uncased_...``). Writes into ``--output-dir``:
 
 * ``miniatures.csv`` / ``miniatures.json``: one row per model (B_ours, B_Edelman, each normalised per
   curve as the paper plots them — ``*_norm_width``: divided by the same depth's model at N = 128,
@@ -13,21 +13,20 @@ local copies from ``--local_dir`` (a folder holding ``bert_uncased_L-.._H-.._A-.
 * ``norm_scaling.png``: (2,1), (1,1) and spectral norms of every matrix vs N at L = 2 (the smallest
   depth analysed when L = 2 is not).
 * ``spectral_decay.png``, ``optimal_p.png``, ``optimal_p_histogram.png``, ``contribution_vs_p.png`` for
-  ``--detail_model`` (default: the largest model analysed).
+  ``--detail-model`` (default: the largest model analysed).
 
-    python recipes/schatten_bert_miniatures.py --output_dir runs/schatten_miniatures
-    python recipes/schatten_bert_miniatures.py --local_dir ~/bert-miniatures --layers 2 4 --hidden 128 256
+    python recipes/schatten_bert_miniatures.py --output-dir runs/schatten_miniatures
+    python recipes/schatten_bert_miniatures.py --output-dir runs/m --local-dir ~/bert-miniatures --layers 2 4 --hidden 128 256
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 import sys
 import time
 
+from hf_tdiag._cli_args import ArgumentParser, add_output_dir, finite_float, plain, positive_int
 from hf_tdiag.viz.schatten import PAPER_NORMALIZE_AT
 
 LAYERS = (2, 4, 6, 8, 10, 12)
@@ -61,15 +60,16 @@ def add_normalized_columns(rows: list[dict]) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--output_dir", required=True)
-    ap.add_argument("--local_dir", default=None, help="folder with local copies (skips models not found there)")
-    ap.add_argument("--layers", type=int, nargs="+", default=list(LAYERS))
-    ap.add_argument("--hidden", type=int, nargs="+", default=list(HIDDEN))
-    ap.add_argument("--L_phi", type=float, default=1.13)
-    ap.add_argument("--p_grid_m", type=int, default=None)
-    ap.add_argument("--rank_tol", type=float, default=1e-10)
-    ap.add_argument("--detail_model", default=None, help="miniature name for the per-matrix figures (default: largest)")
+    ap = ArgumentParser(description=plain(__doc__))
+    add_output_dir(ap, None, "where the tables, reports and figures go", required=True)
+    ap.add_argument("--local-dir", default=None, help="folder with local copies (skips models not found there)")
+    ap.add_argument("--layers", type=positive_int, nargs="+", default=list(LAYERS), help="depths L (default: all six)")
+    ap.add_argument("--hidden", type=positive_int, nargs="+", default=list(HIDDEN), help="widths H (default: all four)")
+    ap.add_argument("--l-phi", "--L-phi", type=finite_float, default=1.13,
+                    help="FFN activation Lipschitz constant L_phi (default 1.13, GELU)")
+    ap.add_argument("--p-grid-m", type=positive_int, default=None, help="p grid {0, 1/m, ..., 2}; default m = ceil(L + ln N)")
+    ap.add_argument("--rank-tol", type=finite_float, default=1e-10, help="rank threshold factor (default 1e-10)")
+    ap.add_argument("--detail-model", default=None, help="miniature name for the per-matrix figures (default: largest)")
     args = ap.parse_args(argv)
     for h in args.hidden:
         if h % 64:
@@ -86,6 +86,8 @@ def main(argv=None) -> int:
         plot_proxies_vs_width,
         save_report_figures,
     )
+    from hf_tdiag._atomic import write_csv, write_json
+    from hf_tdiag.viz import save_figure
 
     os.makedirs(os.path.join(args.output_dir, "reports"), exist_ok=True)
     jobs, missing = [], []
@@ -97,12 +99,12 @@ def main(argv=None) -> int:
     if missing:
         print(f"not found under {args.local_dir}: {', '.join(n for n, _ in missing)}", file=sys.stderr)
     if not jobs:
-        raise SystemExit(f"no miniature found under --local_dir {args.local_dir!r}")
+        raise SystemExit(f"no miniature found under --local-dir {args.local_dir!r}")
 
     rows, reports = [], {}
     for i, (name, where) in enumerate(jobs, 1):
         t0 = time.perf_counter()
-        rep = hf_tdiag.spectrum_bounds(where, L_phi=args.L_phi, p_grid_m=args.p_grid_m, rank_tol=args.rank_tol)
+        rep = hf_tdiag.spectrum_bounds(where, L_phi=args.l_phi, p_grid_m=args.p_grid_m, rank_tol=args.rank_tol)
         seconds = time.perf_counter() - t0
         rep.to_json(os.path.join(args.output_dir, "reports", f"{name}.json"))
         reports[name] = rep
@@ -110,29 +112,24 @@ def main(argv=None) -> int:
         print(f"[{i}/{len(jobs)}] {name}: B_ours {rep.ours:.6g}  B_Edelman {rep.edelman:.6g}  ({seconds:.1f}s)", flush=True)
 
     add_normalized_columns(rows)
-    fields = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
-    with open(os.path.join(args.output_dir, "miniatures.csv"), "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(os.path.join(args.output_dir, "miniatures.json"), "w", encoding="utf-8") as fh:
-        json.dump(
-            {
-                "normalized_at": PAPER_NORMALIZE_AT,
-                "rows": rows,
-                "reports": {n: r.to_dict(include_spectra=False) for n, r in reports.items()},
-            },
-            fh,
-            indent=1,
-        )
+    write_csv(os.path.join(args.output_dir, "miniatures.csv"), rows)
+    write_json(
+        os.path.join(args.output_dir, "miniatures.json"),
+        {
+            "normalized_at": PAPER_NORMALIZE_AT,
+            "rows": rows,
+            "reports": {n: r.to_dict(include_spectra=False) for n, r in reports.items()},
+        },
+        indent=1,
+    )
 
-    plot_proxies_vs_width(rows).savefig(os.path.join(args.output_dir, "proxies_vs_width.png"), dpi=120)
-    plot_proxies_vs_depth(rows).savefig(os.path.join(args.output_dir, "proxies_vs_depth.png"), dpi=120)
+    save_figure(plot_proxies_vs_width(rows), os.path.join(args.output_dir, "proxies_vs_width.png"))
+    save_figure(plot_proxies_vs_depth(rows), os.path.join(args.output_dir, "proxies_vs_depth.png"))
     norm_L = 2 if any(r.num_layers == 2 for r in reports.values()) else min(r.num_layers for r in reports.values())
-    plot_norm_scaling(list(reports.values()), norm_L).savefig(os.path.join(args.output_dir, "norm_scaling.png"), dpi=120)
+    save_figure(plot_norm_scaling(list(reports.values()), norm_L), os.path.join(args.output_dir, "norm_scaling.png"))
     detail = args.detail_model or max(rows, key=lambda r: (r["hidden_size"], r["num_layers"]))["name"]
     if detail not in reports:
-        raise SystemExit(f"--detail_model {detail!r} was not analysed; analysed: {sorted(reports)}")
+        raise SystemExit(f"--detail-model {detail!r} was not analysed; analysed: {sorted(reports)}")
     save_report_figures(reports[detail], args.output_dir)
     print(f"wrote {args.output_dir}/miniatures.csv, miniatures.json and figures (detail: {detail})")
     return 0

@@ -84,7 +84,7 @@ def test_compare_concepts_table_and_agreement():
 def test_cli_writes_json_table_and_figures(tmp_path, capsys):
     _vit_folder(tmp_path / "vit")
     outdir = tmp_path / "out"
-    code = main(["concepts", str(tmp_path / "vit"), "--layer", "1", "--concepts", "4", "--limit", "24",
+    code = main(["concepts", str(tmp_path / "vit"), "--layer", "1", "--concepts", "4", "--dataset", "digits", "--limit", "24",
                  "--gram-weight", "0", "2", "--supervised", "--max-iter", "20", "--refine-iter", "10",
                  "--power-iters", "3", "--output-dir", str(outdir)])
     assert code == 0
@@ -95,7 +95,7 @@ def test_cli_writes_json_table_and_figures(tmp_path, capsys):
         assert (outdir / name).stat().st_size > 0, name
     printed = capsys.readouterr().out
     assert "gram(mu=2)" in printed and "supervised" in printed
-    assert main(["concepts", str(tmp_path / "vit"), "--layer", "9", "--limit", "8", "--output-dir", str(outdir)]) == 1
+    assert main(["concepts", str(tmp_path / "vit"), "--layer", "9", "--dataset", "digits", "--limit", "8", "--output-dir", str(outdir)]) == 1
     assert "layer" in capsys.readouterr().err
 
 

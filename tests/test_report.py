@@ -198,8 +198,8 @@ def test_report_on_crate_matches_direct_api_calls(crate_dir, crate_report):
     assert report.section("schatten").numbers["edelman"] == pytest.approx(bounds.edelman, rel=1e-12)
 
     concepts = report.section("concepts").numbers
-    direct = hf_tdiag.concept_fidelity(loaded.model, pv, concepts["layer"], 4, estimate=False, progress=False)
-    assert concepts["layer"] == 2 and concepts["n_concepts"] == 4  # default: middle layer of 4
+    direct = hf_tdiag.concept_fidelity(loaded.model, pv, concepts["layer"], 8, estimate=False, progress=False)
+    assert concepts["layer"] == 2 and concepts["n_concepts"] == 8  # defaults: middle layer of 4, NUM_CONCEPTS
     for key in ("delta_rec", "delta_gram", "kl"):
         assert concepts[key] == pytest.approx(direct[key], rel=1e-6, abs=1e-12)
     assert 0.0 <= concepts["frac_kl_below_bound"] <= 1.0 and concepts["bound"] > 0

@@ -92,8 +92,10 @@ def test_cli_reports_unsupported_models_as_errors(tmp_path, capsys):
     assert cli_main(["schatten", str(tmp_path / "g")]) == 1
     assert "unsupported architecture 'gpt2'" in capsys.readouterr().err
     assert cli_main(["schatten", str(tmp_path / "nothing-here")]) == 1
-    assert cli_main(["schatten", str(tmp_path / "g"), "--workers", "0"]) == 1
-    assert "num_workers: expected a positive integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # refused by the parser, naming the flag
+        cli_main(["schatten", str(tmp_path / "g"), "--workers", "0"])
+    assert exit_info.value.code == 2
+    assert "--workers: expected a positive integer, got '0'" in capsys.readouterr().err
 
 
 def _recipe():

@@ -3,41 +3,55 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
+
+from .._cli_args import (
+    add_device_flag,
+    add_input_flags,
+    add_output_dir,
+    add_threads_flag,
+    finite_float,
+    non_negative_int,
+    plain,
+    positive_int,
+)
+
+
+def _max_queries(text: str) -> int | None:
+    """``--max-queries``: a positive count, or ``all``/``0`` for every query (``None``, as in the Python API)."""
+    if text.strip().lower() in ("all", "0"):
+        return None
+    return positive_int(text)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "attention-svm",
         help="Att-SVM diagnostic of attention heads (Tarzanagh et al. 2023): correlation of W_K^T W_Q with W_mm",
-        description=(
+        description=plain(
             "For one layer and head (or every head with --head all) of a CRATE, ViT-like or BERT-like model: take "
             "each query's attended token as its selection, solve the attention SVM W_mm = argmin ||W|| s.t. "
             "(x_sel - x_t)^T W x_q >= 1 in the head's input space, and report the correlation of the head's "
             "W_K^T W_Q with W_mm, its margins against the SVM margin and how one-hot its attention is. "
-            "Writes attention_svm.json and one figure per head. MODEL is a local folder or a Hub id; without "
-            "--images/--dataset/--texts, 8 digits images (vision) are used."
+            "Writes attention_svm.json and one figure per head. MODEL is a local folder or a Hub id."
         ),
     )
     p.add_argument("model", metavar="MODEL", help="local model folder (save_pretrained) or Hub id")
-    p.add_argument("--layer", type=int, required=True, help="block index (0-based)")
+    p.add_argument("--layer", type=non_negative_int, required=True, help="block index (0-based)")
     p.add_argument("--head", default="0", help="head index, or 'all' (default 0)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--images", metavar="DIR", help="folder of images or a save_to_disk folder")
-    src.add_argument("--dataset", metavar="NAME", help="'digits' (scikit-learn), a datasets name or a save_to_disk folder")
-    src.add_argument("--texts", metavar="FILE", help="text file, one input per line (text encoders)")
-    p.add_argument("--split", default=None, help="dataset split (default: test, validation or train, first found)")
-    p.add_argument("--limit", type=int, default=8, help="number of inputs in the batch (default 8)")
+    add_input_flags(p, max_samples=8)
     p.add_argument("--queries", default="all", help="'all', 'cls' or comma-separated token positions (default all)")
-    p.add_argument("--max-queries", type=int, default=64, help="queries sampled for the SVM (default 64; 0 = all)")
+    p.add_argument("--max-queries", type=_max_queries, default=64,
+                   help="queries sampled for the SVM: a number, or 'all' (0 also means all; default 64)")
     p.add_argument("--norm", default="fro", choices=["fro", "nuc"], help="SVM norm (default fro; nuc needs cvxpy)")
-    p.add_argument("--one-hot-threshold", type=float, default=0.9, help="max attention prob counted as one-hot (0.9)")
+    p.add_argument("--one-hot-threshold", type=finite_float, default=0.9,
+                   help="max attention prob counted as one-hot (default 0.9)")
     p.add_argument("--no-bias", action="store_true", help="do not augment queries with a constant for the query bias")
-    p.add_argument("--max-length", type=int, default=128, help="token limit for --texts (default 128)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--output-dir", default="attention_svm_out", help="where the JSON and figures go")
+    p.add_argument("--max-length", type=positive_int, default=128, help="token limit for --texts (default 128)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the query sampling (default 0)")
+    add_device_flag(p)
+    add_threads_flag(p)
+    add_output_dir(p, "attention_svm_out", "where attention_svm.json and the figures go (default attention_svm_out)")
     p.set_defaults(func=run)
 
 
@@ -57,13 +71,13 @@ def _batch(args, loaded):
     if args.texts is not None:
         if loaded.modality != "text" or loaded.processor is None:
             raise ValueError(f"texts: {loaded.source!r} is not a text model with a tokenizer in its folder")
-        lines = text_lines(args.texts, args.limit)
+        lines = text_lines(args.texts, args.max_samples)
         return dict(loaded.processor(lines, padding=True, truncation=True, max_length=args.max_length, return_tensors="pt"))
     if loaded.modality != "image":
         raise ValueError(f"model: {loaded.source!r} is a text model; pass --texts FILE")
     if args.images is not None and not os.path.isdir(args.images):
         raise ValueError(f"images: expected a folder, got {args.images!r}")
-    images = load_images(args.images or args.dataset or "digits", split=args.split, limit=args.limit).images
+    images = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images
     return pixel_values_for(images, loaded)
 
 
@@ -76,10 +90,9 @@ def run(args: argparse.Namespace) -> int:
     from hf_tdiag.viz import save_figure
     from hf_tdiag.viz.attention_svm import plot_head_diagnostic
 
-    if args.limit < 1:
-        raise ValueError(f"--limit: expected a positive number, got {args.limit}")
-    if args.max_queries < 0:
-        raise ValueError(f"--max-queries: expected ≥ 0 (0 = all), got {args.max_queries}")
+    from hf_tdiag._atomic import write_json
+    from hf_tdiag._threads import model_threads, torch_threads
+
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     loaded = load_model(args.model, eager_attention=False)
     loaded.model.to(device)
@@ -95,25 +108,25 @@ def run(args: argparse.Namespace) -> int:
         except ValueError:
             raise ValueError(f"--head: expected an integer or 'all', got {args.head!r}") from None
     batch = _batch(args, loaded)
-    os.makedirs(args.output_dir, exist_ok=True)
     results = []
     header = f"{'layer':>5} {'head':>4} {'n':>4} {'corr':>8} {'corr(span)':>10} {'margin ratio':>12} {'one-hot':>8} {'gap':>9} {'time s':>7}"
     print(header)
     print("-" * len(header))
     for h in heads:
-        diag = attention_svm_diagnostic(
-            loaded.model,
-            batch,
-            args.layer,
-            h,
-            queries=_queries(args.queries),
-            max_queries=args.max_queries or None,
-            one_hot_threshold=args.one_hot_threshold,
-            norm=args.norm,
-            include_bias=False if args.no_bias else None,
-            seed=args.seed,
-            progress=True,
-        )
+        with torch_threads(model_threads(args.threads, loaded.model, device)):
+            diag = attention_svm_diagnostic(
+                loaded.model,
+                batch,
+                args.layer,
+                h,
+                queries=_queries(args.queries),
+                max_queries=args.max_queries,
+                one_hot_threshold=args.one_hot_threshold,
+                norm=args.norm,
+                include_bias=False if args.no_bias else None,
+                seed=args.seed,
+                progress=True,
+            )
         s = diag.summary()
         results.append(diag.to_dict())
         print(
@@ -123,9 +136,8 @@ def run(args: argparse.Namespace) -> int:
         if not diag.svm.feasible:
             print(f"  infeasible: {diag.svm.message}")
         save_figure(plot_head_diagnostic(diag), os.path.join(args.output_dir, f"attention_svm_l{args.layer}_h{h}.png"))
-    json_path = os.path.join(args.output_dir, "attention_svm.json")
-    with open(json_path, "w", encoding="utf-8") as fh:
-        json.dump({"model": loaded.source, "layer": args.layer, "heads": results}, fh, indent=2)
-        fh.write("\n")
+    json_path = write_json(
+        os.path.join(args.output_dir, "attention_svm.json"), {"model": loaded.source, "layer": args.layer, "heads": results}
+    )
     print(f"wrote {json_path} and {len(heads)} figure(s) to {args.output_dir}")
     return 0

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
+
+from .._cli_args import (
+    NUM_CONCEPTS,
+    add_device_flag,
+    add_input_flags,
+    add_output_dir,
+    add_threads_flag,
+    finite_float,
+    non_negative_int,
+    plain,
+    positive_int,
+)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "concepts",
         help="concept fidelity of Semi-NMF concepts (plain / Gram-aligned / classifier-supervised) and the KL bound",
-        description=(
+        description=plain(
             "Fit Semi-NMF concepts A ~ U W^T to the layer-l patch-token activations (hidden_states[l], patch tokens "
             "only) of a CRATE or ViT-like image classifier, for each Gram weight mu (0 = plain Semi-NMF) and "
             "optionally with classifier supervision (L_rec + lambda KL through the remaining blocks and the head). "
@@ -21,27 +32,24 @@ def register(subparsers) -> None:
         ),
     )
     p.add_argument("model", metavar="MODEL", help="local model folder (save_pretrained) or Hub id")
-    p.add_argument("--layer", type=int, default=None,
+    p.add_argument("--layer", type=non_negative_int, default=None,
                    help="l in [0, L]: activations are hidden_states[l] (default: L // 2)")
-    p.add_argument("--concepts", type=int, default=16, help="number of concepts k (default 16)")
-    p.add_argument("--gram-weight", type=float, nargs="+", default=[0.0, 1.0],
+    p.add_argument("--concepts", type=positive_int, default=NUM_CONCEPTS,
+                   help=f"number of concepts k (default {NUM_CONCEPTS})")
+    p.add_argument("--gram-weight", "--gram-weights", type=finite_float, nargs="+", default=[0.0, 1.0],
                    help="Gram weights mu to fit (default: 0 1); several values give a mu sweep")
     p.add_argument("--supervised", action="store_true", help="also fit classifier-supervised concepts (FACE-like)")
-    p.add_argument("--kl-weight", type=float, default=10.0, help="lambda of the supervised fit (default 10)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--images", metavar="DIR", help="folder of images or a save_to_disk folder")
-    src.add_argument("--dataset", metavar="NAME", default=None,
-                     help="'digits' (scikit-learn, the default), a datasets name or a save_to_disk folder")
-    p.add_argument("--split", default=None, help="dataset split (default: test, validation or train, first found)")
-    p.add_argument("--limit", type=int, default=256, help="number of images (default 256)")
-    p.add_argument("--max-iter", type=int, default=200, help="Semi-NMF multiplicative-update iterations (default 200)")
-    p.add_argument("--refine-iter", type=int, default=100, help="joint-objective / supervised iterations (default 100)")
+    p.add_argument("--kl-weight", type=finite_float, default=10.0, help="lambda of the supervised fit (default 10)")
+    add_input_flags(p, texts=False)
+    p.add_argument("--max-iter", type=positive_int, default=200, help="Semi-NMF multiplicative-update iterations (default 200)")
+    p.add_argument("--refine-iter", type=non_negative_int, default=100, help="joint-objective / supervised iterations (default 100)")
     p.add_argument("--no-bound", action="store_true", help="skip estimating L_block, L_norm, alpha and the bound")
-    p.add_argument("--power-iters", type=int, default=20, help="power-iteration steps for L_block, L_norm (default 20)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--no-figures", action="store_true", help="write only concepts.json")
-    p.add_argument("--output-dir", default="concepts_out", help="where concepts.json and figures go (default concepts_out)")
+    p.add_argument("--power-iters", type=positive_int, default=20, help="power-iteration steps for L_block, L_norm (default 20)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
+    add_device_flag(p)
+    add_threads_flag(p)
+    p.add_argument("--no-figures", action="store_true", help="write only concepts.json and table.txt")
+    add_output_dir(p, "concepts_out", "where concepts.json, table.txt and figures go (default concepts_out)")
     p.set_defaults(func=run)
 
 
@@ -81,8 +89,9 @@ def run(args: argparse.Namespace) -> int:
     from hf_tdiag.loading import load_model, pixel_values_for
     from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
 
-    if args.limit < 1 or args.batch_size < 1 or args.concepts < 1:
-        raise ValueError(f"--limit, --batch-size and --concepts must be positive, got {args.limit}, {args.batch_size}, {args.concepts}")
+    from hf_tdiag._atomic import write_json, write_text
+    from hf_tdiag._threads import model_threads, torch_threads
+
     if any(mu < 0 for mu in args.gram_weight):
         raise ValueError(f"--gram-weight: expected values >= 0, got {args.gram_weight}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -90,30 +99,28 @@ def run(args: argparse.Namespace) -> int:
     model = loaded.model.to(device)
     if args.images is not None and not os.path.isdir(args.images):
         raise ValueError(f"images: expected a folder, got {args.images!r}")
-    imageset = load_images(args.images or args.dataset or "digits", split=args.split, limit=args.limit)
+    imageset = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples)
     pixels = torch.cat([pixel_values_for(imageset.images[i : i + args.batch_size], loaded)
                         for i in range(0, len(imageset.images), args.batch_size)])
     layer = args.layer if args.layer is not None else int(model.config.num_hidden_layers) // 2
     print(f"{args.model}: layer {layer}, {len(imageset.images)} images from {imageset.source}, k={args.concepts}, on {device}")
-    out = compare_concepts(model, pixels, layer, args.concepts, gram_weights=args.gram_weight, supervised=args.supervised,
-                           kl_weight=args.kl_weight, max_iter=args.max_iter, refine_iter=args.refine_iter,
-                           supervised_iter=args.refine_iter, estimate=not args.no_bound, power_iters=args.power_iters,
-                           batch_size=args.batch_size)
-    os.makedirs(args.output_dir, exist_ok=True)
+    threads = model_threads(args.threads, model, device)
+    with torch_threads(threads):
+        out = compare_concepts(model, pixels, layer, args.concepts, gram_weights=args.gram_weight,
+                               supervised=args.supervised, kl_weight=args.kl_weight, max_iter=args.max_iter,
+                               refine_iter=args.refine_iter, supervised_iter=args.refine_iter,
+                               estimate=not args.no_bound, power_iters=args.power_iters, batch_size=args.batch_size)
     estimators = out.pop("estimators")
     out["model"] = args.model
     out["images"] = {"source": imageset.source, "count": len(imageset.images)}
-    json_path = os.path.join(args.output_dir, "concepts.json")
-    with open(json_path, "w", encoding="utf-8") as fh:
-        json.dump(_json_ready(out), fh, indent=2)
-        fh.write("\n")
+    json_path = write_json(os.path.join(args.output_dir, "concepts.json"), _json_ready(out))
     table = format_table(out["table"])
-    with open(os.path.join(args.output_dir, "table.txt"), "w", encoding="utf-8") as fh:
-        fh.write(table + "\n")
+    write_text(os.path.join(args.output_dir, "table.txt"), table + "\n")
     print(table)
     print(f"wrote {json_path}")
     if not args.no_figures:
-        A = layer_activations(model, pixels, layer, batch_size=args.batch_size).patches
+        with torch_threads(threads):
+            A = layer_activations(model, pixels, layer, batch_size=args.batch_size).patches
         label = next((k for k in estimators if k.startswith("gram")), next(iter(estimators)))
         codes = estimators[label].transform(A)
         paths = [

@@ -1,4 +1,4 @@
-"""``hf-tdiag convert-official CKPT --preset crate-small --output DIR``: official CRATE checkpoint -> Transformers folder."""
+"""``hf-tdiag convert-official CKPT --preset crate-small --output-dir DIR``: official CRATE checkpoint -> Transformers folder."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import argparse
 import json
 import os
 
+from .._cli_args import add_output_dir, plain, positive_int
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "convert-official",
         help="convert a checkpoint of the official CRATE code into a Transformers model folder",
-        description=(
+        description=plain(
             "Read a state_dict saved by the official CRATE code (.pth/.pt via torch.load(weights_only=True), or "
             ".safetensors), map it onto CrateForImageClassification and write a folder loadable with "
             "AutoModelForImageClassification (also with trust_remote_code=True where hf_tdiag is not installed)."
@@ -19,10 +21,10 @@ def register(subparsers) -> None:
     )
     p.add_argument("checkpoint", metavar="CKPT", help="path to the official checkpoint")
     p.add_argument("--preset", required=True, help="architecture preset, e.g. crate-tiny, crate-small, crate-base")
-    p.add_argument("--output", required=True, help="output folder")
+    add_output_dir(p, None, "folder to write the converted model and its image processor into", "--output", required=True)
     p.add_argument("--variant", default="crate", help="output-matrix variant the checkpoint was trained with")
     p.add_argument("--pooling", default="cls", choices=["cls", "mean"], help="token pooling of the checkpoint")
-    p.add_argument("--image-size", type=int, default=None, help="override the preset's image size")
+    p.add_argument("--image-size", type=positive_int, default=None, help="override the preset's image size")
     p.add_argument("--labels", default=None, help="optional JSON file: list of class names, or {index: name}")
     p.set_defaults(func=run)
 
@@ -72,12 +74,12 @@ def run(args: argparse.Namespace) -> int:
         config.id2label = labels
         config.label2id = {v: k for k, v in labels.items()}
     model = convert_official_crate(sd, config)
-    os.makedirs(args.output, exist_ok=True)
-    model.save_pretrained(args.output)
-    CrateImageProcessor.for_config(config).save_pretrained(args.output)
+    os.makedirs(args.output_dir, exist_ok=True)
+    model.save_pretrained(args.output_dir)
+    CrateImageProcessor.for_config(config).save_pretrained(args.output_dir)
     n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"converted {args.checkpoint} -> {args.output}: {args.preset} ({config.variant}, {config.num_hidden_layers} "
+        f"converted {args.checkpoint} -> {args.output_dir}: {args.preset} ({config.variant}, {config.num_hidden_layers} "
         f"layers, d={config.hidden_size}, {config.num_labels} classes, {n_params / 1e6:.2f}M parameters)"
     )
     return 0

@@ -3,30 +3,36 @@
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
+
+from .._cli_args import add_output_dir, finite_float, plain, positive_int
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "schatten",
         help="spectrum-adaptive Schatten vs Edelman generalization-bound proxies of encoder weights",
-        description=(
+        description=plain(
             "Compute B_ours = sum_W min_p c(W,p) + sqrt(L) (Sakai & Imaizumi 2026) and B_Edelman (Edelman et al. 2022) "
             "from the weights of BERT-like encoders (BERT, RoBERTa, ELECTRA, DistilBERT), ViT/DeiT or CRATE. "
             "MODEL is a local folder or a Hub id."
         ),
     )
     p.add_argument("models", nargs="+", metavar="MODEL", help="local folders or Hub ids")
-    p.add_argument("--l-phi", type=float, default=1.13, help="FFN activation Lipschitz constant L_phi (default 1.13, GELU)")
-    p.add_argument("--p-grid-m", type=int, default=None, help="p grid {0, 1/m, ..., 2}; default m = ceil(L + ln N)")
-    p.add_argument("--rank-tol", type=float, default=1e-10, help="rank threshold factor (default 1e-10)")
-    p.add_argument("--workers", type=int, default=None, help="threads for the spectra (default: torch's thread count)")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the full reports (with spectra) as JSON")
-    p.add_argument("--csv", default=None, metavar="PATH", help="write one summary row per model as CSV")
-    p.add_argument("--matrices-csv", default=None, metavar="PATH", help="write one row per analysed matrix as CSV")
-    p.add_argument("--plots", default=None, metavar="DIR", help="write spectral-decay, optimal-p and contribution figures")
+    p.add_argument("--l-phi", "--L-phi", type=finite_float, default=1.13,
+                   help="FFN activation Lipschitz constant L_phi (default 1.13, GELU)")
+    p.add_argument("--p-grid-m", type=positive_int, default=None, help="p grid {0, 1/m, ..., 2}; default m = ceil(L + ln N)")
+    p.add_argument("--rank-tol", type=finite_float, default=1e-10, help="rank threshold factor (default 1e-10)")
+    p.add_argument("--threads", "--workers", dest="workers", type=positive_int, default=None, metavar="N",
+                   help="threads solving the spectra, each with single-threaded BLAS (default: by matrix size)")
+    add_output_dir(p, "schatten_out", "where schatten.json (full reports with spectra), schatten.csv (one row per "
+                   "model), matrices.csv (one row per matrix) and the figures go (default schatten_out)")
+    p.add_argument("--no-figures", action="store_true", help="skip the spectral-decay, optimal-p and contribution figures")
+    # per-file destinations, kept for scripts written before --output-dir
+    p.add_argument("--json", default=None, metavar="PATH", help=argparse.SUPPRESS)
+    p.add_argument("--csv", default=None, metavar="PATH", help=argparse.SUPPRESS)
+    p.add_argument("--matrices-csv", default=None, metavar="PATH", help=argparse.SUPPRESS)
+    p.add_argument("--plots", default=None, metavar="DIR", help=argparse.SUPPRESS)
     p.add_argument(
         "--breakdown",
         action="store_true",
@@ -36,12 +42,18 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _write_csv(path: str, rows: list[dict]) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+def _destinations(args: argparse.Namespace) -> dict[str, str | None]:
+    """Where each output goes: the old per-file flags, when any is given, choose exactly what is written;
+    otherwise everything goes into ``--output-dir``."""
+    if any((args.json, args.csv, args.matrices_csv, args.plots)):
+        return {"json": args.json, "csv": args.csv, "matrices_csv": args.matrices_csv, "plots": args.plots}
+    out = args.output_dir
+    return {
+        "json": os.path.join(out, "schatten.json"),
+        "csv": os.path.join(out, "schatten.csv"),
+        "matrices_csv": os.path.join(out, "matrices.csv"),
+        "plots": None if args.no_figures else out,
+    }
 
 
 def _print_table(headers: list[str], rows: list[list]) -> None:
@@ -70,6 +82,7 @@ def print_breakdown(report) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hf_tdiag._atomic import write_csv, write_json
     from hf_tdiag.probes.spectrum import spectrum_bounds
     from hf_tdiag.viz.schatten import model_label
 
@@ -91,25 +104,21 @@ def run(args: argparse.Namespace) -> int:
     for r in reports:
         if args.breakdown or r.degenerate:
             print_breakdown(r)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump([r.to_dict() for r in reports], fh)
-        print(f"wrote {args.json}")
-    if args.csv:
-        _write_csv(args.csv, [r.summary() for r in reports])
-        print(f"wrote {args.csv}")
-    if args.matrices_csv:
+    dest = _destinations(args)
+    if dest["json"]:
+        print(f"wrote {write_json(dest['json'], [r.to_dict() for r in reports], indent=None)}")
+    if dest["csv"]:
+        print(f"wrote {write_csv(dest['csv'], [r.summary() for r in reports])}")
+    if dest["matrices_csv"]:
         rows = [{"model": r.model, **m.to_dict(include_spectra=False)} for r in reports for m in r.matrices]
         for row in rows:
             row["shape"] = "x".join(map(str, row["shape"]))
-        _write_csv(args.matrices_csv, rows)
-        print(f"wrote {args.matrices_csv}")
-    if args.plots:
+        print(f"wrote {write_csv(dest['matrices_csv'], rows)}")
+    if dest["plots"]:
         from hf_tdiag.viz.schatten import save_report_figures
 
         for i, r in enumerate(reports):
             prefix = f"{i:02d}_{os.path.basename(r.model.rstrip('/')) or 'model'}_"
-            for path in save_report_figures(r, args.plots, prefix=prefix).values():
+            for path in save_report_figures(r, dest["plots"], prefix=prefix).values():
                 print(f"wrote {path}")
     return 0

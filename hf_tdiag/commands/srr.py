@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
+
+from .._cli_args import add_device_flag, add_input_flags, add_output_dir, add_threads_flag, finite_float, plain, positive_int
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "srr",
         help="layer-by-layer sparse rate reduction (R, Rc, sparsity, SRR) of CRATE or any transformer",
-        description=(
+        description=plain(
             "Measure R(Z), Rc(Z; U), sparsity and SRR = Rc - R + lam*sparsity at every layer (Hu, Zou & Xu 2024), "
             "averaged over the given inputs; write a JSON report and a figure with all models on one plot. "
             "MODEL is a local folder (save_pretrained) or a Hub id. U is CRATE's shared projection, or the "
@@ -19,12 +20,7 @@ def register(subparsers) -> None:
         ),
     )
     p.add_argument("models", nargs="+", metavar="MODEL", help="local model folders or Hub ids")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--images", metavar="DIR", help="folder of images (class sub-folders allowed) or a save_to_disk folder")
-    src.add_argument("--dataset", metavar="NAME", help="'digits' (scikit-learn), a datasets name or a save_to_disk folder")
-    src.add_argument("--texts", metavar="FILE", help="text file, one input per line (text encoders)")
-    p.add_argument("--split", default=None, help="dataset split (default: test, validation or train, first found)")
-    p.add_argument("--limit", type=int, default=256, help="number of inputs to measure (default 256)")
+    add_input_flags(p)
     p.add_argument("--source", default="query", choices=["query", "key", "value", "all"],
                    help="projection giving U for non-CRATE models (default query; 'all' = one curve per source)")
     p.add_argument("--measurement", default="design", choices=["design", "official"],
@@ -33,15 +29,16 @@ def register(subparsers) -> None:
     p.add_argument("--precision", default="auto", choices=["auto", "float64"],
                    help="auto: float32 Gram matrices where a condition check keeps them within 1e-6 of float64 "
                    "(default); float64: every Gram matrix in float64")
-    p.add_argument("--eps", type=float, default=0.1, help="epsilon of the coding rates (default 0.1)")
-    p.add_argument("--lam", type=float, default=1.0, help="weight of the sparsity term (default 1.0)")
+    p.add_argument("--eps", type=finite_float, default=0.1, help="epsilon of the coding rates (default 0.1)")
+    p.add_argument("--lam", type=finite_float, default=1.0, help="weight of the sparsity term (default 1.0)")
     p.add_argument("--layernorm", action="store_true", help="measure LN(Z) with each block's pre-attention LayerNorm")
     p.add_argument("--no-mid", action="store_true", help="CRATE: skip the states Z^{l-1/2} after attention")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-length", type=int, default=128, help="token limit for --texts (default 128)")
-    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="inputs per forward pass (default 32)")
+    p.add_argument("--max-length", type=positive_int, default=128, help="token limit for --texts (default 128)")
+    add_device_flag(p)
+    add_threads_flag(p)
     p.add_argument("--labels", nargs="+", default=None, help="legend labels, one per MODEL")
-    p.add_argument("--output-dir", default="srr_out", help="where srr.json and srr.png go (default srr_out)")
+    add_output_dir(p, "srr_out", "where srr.json and srr.png go (default srr_out)")
     p.set_defaults(func=run)
 
 
@@ -52,7 +49,7 @@ def _inputs(args, loaded):
     if args.texts is not None:
         if loaded.modality != "text" or loaded.processor is None:
             raise ValueError(f"texts: {loaded.source!r} is not a text model with a tokenizer in its folder")
-        lines = text_lines(args.texts, args.limit)
+        lines = text_lines(args.texts, args.max_samples)
         tok = loaded.processor
 
         def encode(chunk):
@@ -61,19 +58,19 @@ def _inputs(args, loaded):
         return LazyBatches(lines, args.batch_size, encode), len(lines)
     if args.images is not None and not os.path.isdir(args.images):
         raise ValueError(f"images: expected a folder, got {args.images!r}")
-    images = load_images(args.images or args.dataset, split=args.split, limit=args.limit).images
+    images = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images
     return LazyBatches(images, args.batch_size, lambda chunk: pixel_values_for(chunk, loaded)), len(images)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from hf_tdiag._atomic import write_json
+    from hf_tdiag._threads import model_threads, torch_threads
     from hf_tdiag.probes.srr import layer_srr
     from hf_tdiag.loading import load_model
     from hf_tdiag.viz import plot_layer_srr, save_figure
 
-    if args.limit < 1 or args.batch_size < 1:
-        raise ValueError(f"--limit and --batch-size must be positive, got {args.limit} and {args.batch_size}")
     if args.labels is not None and len(args.labels) != len(args.models):
         raise ValueError(f"--labels: expected {len(args.models)} labels (one per MODEL), got {len(args.labels)}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -90,23 +87,20 @@ def run(args: argparse.Namespace) -> int:
         for source in sources:
             label = base if len(sources) == 1 else f"{base} · {source}"
             print(f"{label}: measuring {count} inputs on {device}")
-            reports[label] = layer_srr(
-                loaded.model,
-                inputs,
-                source=source,
-                measurement=args.measurement,
-                precision=args.precision,
-                eps=args.eps,
-                lam=args.lam,
-                apply_layernorm=args.layernorm,
-                include_mid=not args.no_mid,
-                batch_size=args.batch_size,
-            )
-    os.makedirs(args.output_dir, exist_ok=True)
-    json_path = os.path.join(args.output_dir, "srr.json")
-    with open(json_path, "w", encoding="utf-8") as fh:
-        json.dump({"reports": {k: r.to_dict() for k, r in reports.items()}}, fh, indent=2)
-        fh.write("\n")
+            with torch_threads(model_threads(args.threads, loaded.model, device)):
+                reports[label] = layer_srr(
+                    loaded.model,
+                    inputs,
+                    source=source,
+                    measurement=args.measurement,
+                    precision=args.precision,
+                    eps=args.eps,
+                    lam=args.lam,
+                    apply_layernorm=args.layernorm,
+                    include_mid=not args.no_mid,
+                    batch_size=args.batch_size,
+                )
+    json_path = write_json(os.path.join(args.output_dir, "srr.json"), {"reports": {k: r.to_dict() for k, r in reports.items()}})
     png_path = save_figure(plot_layer_srr(reports), os.path.join(args.output_dir, "srr.png"))
     header = f"{'model':<40} {'layers':>6} {'n':>6} {'mean SRR':>10} {'last SRR':>10} {'last Rc':>10} {'last R':>10}"
     print(header)

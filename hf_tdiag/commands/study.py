@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from .._cli_args import add_output_dir, plain, positive_int
+
 
 def _parse_assignment(text: str, what: str) -> tuple[str, str]:
     if "=" not in text:
@@ -27,9 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from hf_tdiag.study import GRIDS
 
     p.add_argument("--grid", default="digits", choices=sorted(GRIDS), help="which grid to run (default: digits)")
-    p.add_argument("--output_dir", default=None, help="study folder holding the run cache and tables (default: runs/study_<grid>)")
-    p.add_argument("--jobs", type=int, default=1, help="trainings run at once, in separate processes")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per job (default: cpu_count // jobs)")
+    add_output_dir(p, None, "study folder holding the run cache and tables (default: runs/study_<grid>)")
+    p.add_argument("--jobs", type=positive_int, default=1, help="trainings run at once, in separate processes (default 1)")
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="torch CPU threads per job (default: cpu_count // jobs)")
     p.add_argument(
         "--axis", action="append", default=[], metavar="NAME=V1,V2",
         help="replace (or add) a grid axis, values JSON-parsed, e.g. --axis learning_rate=1e-3,3e-3",
@@ -38,12 +41,14 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="override a fixed trainer setting, value JSON-parsed, e.g. --set max_train_steps=500",
     )
-    p.add_argument("--limit", type=int, default=None, help="train at most this many new runs, then summarize")
-    p.add_argument("--train_fn", default=None, help="alternative trainer as module:function (see hf_tdiag.study.run_study)")
-    p.add_argument("--keep_models", action="store_true", help="keep each run's trained model folder")
-    p.add_argument("--no_plot", action="store_true", help="skip the scatter plots")
-    p.add_argument("--summarize_only", action="store_true", help="only rebuild the table from the cached runs")
-    p.add_argument("--max_examples", type=int, default=None, help="training examples used by the measures (default 512)")
+    p.add_argument("--max-runs", "--limit", type=positive_int, default=None, metavar="N",
+                   help="train at most this many new runs, then summarize")
+    p.add_argument("--train-fn", default=None, help="alternative trainer as module:function (see hf_tdiag.study.run_study)")
+    p.add_argument("--keep-models", action="store_true", help="keep each run's trained model folder")
+    p.add_argument("--no-figures", "--no-plot", action="store_true", help="skip the scatter plots")
+    p.add_argument("--summarize-only", action="store_true", help="only rebuild the table from the cached runs")
+    p.add_argument("--max-samples", "--max-examples", type=positive_int, default=None, metavar="N",
+                   help="training examples used by the measures (default 512)")
     return p
 
 
@@ -51,7 +56,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "study",
         help="SRR-vs-generalization correlation study (Hu, Zou & Xu 2024): train a grid, rank measures by Kendall tau / Psi",
-        description=(
+        description=plain(
             "Train every run of a hyperparameter grid over CRATE variants to the stop criterion, record the "
             "generalization gap, compute SRR and norm/margin/sharpness baselines on the training data, and write "
             "Kendall's tau and the granulated Psi per measure (table.json/.csv/.md) plus scatter plots. Each "
@@ -89,17 +94,17 @@ def run(args: argparse.Namespace) -> int:
     grid = build_grid(args)
     out = args.output_dir or f"runs/study_{args.grid}"
     settings = MeasureSettings()
-    if args.max_examples is not None:
-        settings.max_examples = args.max_examples
+    if args.max_samples is not None:
+        settings.max_examples = args.max_samples
     if args.summarize_only:
         keys = {run_key(hp, grid.fixed, settings) for hp in grid.runs()}
         records = [r for r in load_records(out) if r["key"] in keys]
-        summary = summarize(grid, records, out, settings=settings, plot=not args.no_plot, cached=len(records))
+        summary = summarize(grid, records, out, settings=settings, plot=not args.no_figures, cached=len(records))
     else:
         try:
             summary = run_study(
-                grid, out, jobs=args.jobs, settings=settings, train_fn=args.train_fn, limit=args.limit,
-                keep_models=args.keep_models, plot=not args.no_plot, threads=args.threads,
+                grid, out, jobs=args.jobs, settings=settings, train_fn=args.train_fn, limit=args.max_runs,
+                keep_models=args.keep_models, plot=not args.no_figures, threads=args.threads,
             )
         except StudyLockedError as err:
             print(f"error: {err}", file=sys.stderr)

@@ -6,12 +6,13 @@ import json
 
 
 def register(subparsers) -> None:
+    from .._cli_args import plain
     from ..training.args import add_arguments
 
     p = subparsers.add_parser(
         "train",
         help="train a CRATE image classifier with Accelerate (default data: scikit-learn's 8x8 digits)",
-        description=(
+        description=plain(
             "Train a CRATE classifier with Accelerate: evaluation every epoch, atomic checkpoints, optional SRR "
             "regularisation and stop-at-train-loss with the generalization gap, model card and Hub upload. "
             "Without a dataset flag it trains on scikit-learn's digits. Multi-process: "
@@ -19,7 +20,7 @@ def register(subparsers) -> None:
         ),
     )
     add_arguments(p)
-    p.add_argument("--print_results", action="store_true", help="print all_results as JSON at the end")
+    p.add_argument("--print-results", action="store_true", help="print all_results as JSON at the end")
     p.set_defaults(func=run)
 
 

@@ -29,6 +29,8 @@ import torch
 from tqdm.auto import tqdm
 
 import hf_tdiag
+from hf_tdiag._atomic import write_text
+from hf_tdiag._cli_args import NUM_CONCEPTS
 
 from . import figures as F
 from .html import Figure, Section, Table, dumps, render_html, to_jsonable
@@ -63,7 +65,7 @@ class ReportOptions:
     srr_eps: float = 0.1
     srr_lam: float = 1.0
     concept_layer: int | None = None  # default: middle layer
-    n_concepts: int = 4
+    n_concepts: int = NUM_CONCEPTS
     concept_power_iters: int = 10  # power iterations per Lipschitz estimate of the bound's constants
     concept_constant_images: int = 8  # images used to estimate L_block and alpha
     attention_layer: int | None = None  # default: last layer
@@ -115,9 +117,8 @@ class Report:
         if html_path.suffix.lower() not in (".html", ".htm"):
             raise ValueError(f"path: expected a file name ending in .html, got {str(path)!r}")
         json_path = html_path.with_suffix(".json")
-        html_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(dumps(self.to_dict()), encoding="utf-8")
-        html_path.write_text(self.to_html(json_name=json_path.name), encoding="utf-8")
+        write_text(json_path, dumps(self.to_dict()))
+        write_text(html_path, self.to_html(json_name=json_path.name))
         return html_path, json_path
 
 

@@ -29,26 +29,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add every trainer flag to ``parser`` (used by the recipe and by the ``hf-tdiag train`` sub-command)."""
     data = parser.add_argument_group("data")
     data.add_argument(
-        "--dataset_name",
+        "--dataset-name",
         type=str,
         default=None,
         help="Hub image-classification dataset (e.g. cifar10) or a local dataset folder/script for "
         "datasets.load_dataset. Without any dataset flag the trainer uses scikit-learn's 8x8 digits.",
     )
-    data.add_argument("--dataset_config_name", type=str, default=None, help="Config name of --dataset_name.")
-    data.add_argument("--dataset_path", type=str, default=None, help="A DatasetDict written with save_to_disk.")
-    data.add_argument("--train_dir", type=str, default=None, help="Local image folder (class sub-folders) to train on.")
-    data.add_argument("--validation_dir", type=str, default=None, help="Local image folder to evaluate on.")
+    data.add_argument("--dataset-config-name", type=str, default=None, help="Config name of --dataset-name.")
+    data.add_argument("--dataset-path", type=str, default=None, help="A DatasetDict written with save_to_disk.")
+    data.add_argument("--train-dir", type=str, default=None, help="Local image folder (class sub-folders) to train on.")
+    data.add_argument("--validation-dir", type=str, default=None, help="Local image folder to evaluate on.")
     data.add_argument(
-        "--train_val_split",
+        "--train-val-split",
         type=float,
         default=0.15,
         help="Fraction of the training split held out for evaluation when the data has no validation/test split.",
     )
-    data.add_argument("--image_column_name", type=str, default=None, help="Image column (default: image/img).")
-    data.add_argument("--label_column_name", type=str, default=None, help="Label column (default: label/labels).")
-    data.add_argument("--max_train_samples", type=int, default=None, help="Truncate the training set (debugging).")
-    data.add_argument("--max_eval_samples", type=int, default=None, help="Truncate the evaluation set (debugging).")
+    data.add_argument("--image-column-name", type=str, default=None, help="Image column (default: image/img).")
+    data.add_argument("--label-column-name", type=str, default=None, help="Label column (default: label/labels).")
+    data.add_argument("--max-train-samples", type=int, default=None, help="Truncate the training set (debugging).")
+    data.add_argument("--max-eval-samples", type=int, default=None, help="Truncate the evaluation set (debugging).")
     data.add_argument(
         "--augmentation",
         choices=AUGMENTATIONS,
@@ -62,12 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="Horizontal flip probability (default 0.5 for natural images, 0 for digits).",
     )
-    data.add_argument("--dataloader_num_workers", type=int, default=0)
+    data.add_argument("--dataloader-num-workers", type=int, default=0)
     data.add_argument(
-        "--num_threads",
+        "--threads",
+        "--num-threads",
+        dest="num_threads",
         type=int,
         default=None,
-        help="torch intra-op threads per process (default: 1 for models under 10M parameters on CPU, else torch's).",
+        metavar="N",
+        help="torch intra-op threads per process (default: 1 for models under 10M parameters on CPU, else torch's; "
+        "OMP_NUM_THREADS in the environment is respected).",
     )
 
     model = parser.add_argument_group("model")
@@ -85,62 +89,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="Output matrix of MSSA (default: the checkpoint's, or crate).",
     )
-    model.add_argument("--model_name_or_path", type=str, default=None, help="Fine-tune an existing CRATE checkpoint.")
-    model.add_argument("--trust_remote_code", action="store_true")
+    model.add_argument("--model-name-or-path", type=str, default=None, help="Fine-tune an existing CRATE checkpoint.")
+    model.add_argument("--trust-remote-code", action="store_true")
     model.add_argument(
-        "--ignore_mismatched_sizes",
+        "--ignore-mismatched-sizes",
         action="store_true",
         help="Re-initialise the classifier when fine-tuning on a different number of labels.",
     )
-    model.add_argument("--image_size", type=int, default=None, help="Override the preset's image size.")
-    model.add_argument("--patch_size", type=int, default=None, help="Override the preset's patch size.")
-    model.add_argument("--hidden_size", type=int, default=None, help="Override the preset's width d.")
-    model.add_argument("--num_hidden_layers", type=int, default=None, help="Override the preset's depth L.")
-    model.add_argument("--num_attention_heads", type=int, default=None, help="Override the preset's heads K.")
+    model.add_argument("--image-size", type=int, default=None, help="Override the preset's image size.")
+    model.add_argument("--patch-size", type=int, default=None, help="Override the preset's patch size.")
+    model.add_argument("--hidden-size", type=int, default=None, help="Override the preset's width d.")
+    model.add_argument("--num-hidden-layers", type=int, default=None, help="Override the preset's depth L.")
+    model.add_argument("--num-attention-heads", type=int, default=None, help="Override the preset's heads K.")
     model.add_argument("--pooling", choices=("cls", "mean"), default=None, help="Override the pooling.")
-    model.add_argument("--hidden_dropout_prob", type=float, default=None)
+    model.add_argument("--hidden-dropout-prob", type=float, default=None)
 
     opt = parser.add_argument_group("optimisation")
-    opt.add_argument("--output_dir", type=str, required=True, help="Where to save the model, results and checkpoints.")
-    opt.add_argument("--num_train_epochs", type=int, default=None, help="Epochs (default 40 on digits, else 3).")
-    opt.add_argument("--max_train_steps", type=int, default=None, help="Optimizer steps; overrides the epochs.")
-    opt.add_argument("--per_device_train_batch_size", type=int, default=64)
-    opt.add_argument("--per_device_eval_batch_size", type=int, default=256)
-    opt.add_argument("--gradient_accumulation_steps", type=int, default=1)
-    opt.add_argument("--learning_rate", type=float, default=None, help="Peak learning rate (default AdamW 3e-3 on digits / 1e-3, Lion 3e-4 / 1e-4).")
-    opt.add_argument("--weight_decay", type=float, default=0.05)
+    opt.add_argument("--output-dir", type=str, required=True, help="Where to save the model, results and checkpoints.")
+    opt.add_argument("--num-train-epochs", type=int, default=None, help="Epochs (default 40 on digits, else 3).")
+    opt.add_argument("--max-train-steps", type=int, default=None, help="Optimizer steps; overrides the epochs.")
+    opt.add_argument("--per-device-train-batch-size", type=int, default=64)
+    opt.add_argument("--per-device-eval-batch-size", type=int, default=256)
+    opt.add_argument("--gradient-accumulation-steps", type=int, default=1)
+    opt.add_argument("--learning-rate", type=float, default=None, help="Peak learning rate (default AdamW 3e-3 on digits / 1e-3, Lion 3e-4 / 1e-4).")
+    opt.add_argument("--weight-decay", type=float, default=0.05)
     opt.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    opt.add_argument("--adam_beta1", type=float, default=0.9)
-    opt.add_argument("--adam_beta2", type=float, default=0.999, help="beta2 (Lion: default 0.99 when left at 0.999).")
-    opt.add_argument("--lr_scheduler_type", choices=SCHEDULERS, default="cosine")
-    opt.add_argument("--num_warmup_steps", type=int, default=None, help="Warmup steps (default: --warmup_ratio).")
-    opt.add_argument("--warmup_ratio", type=float, default=0.05)
-    opt.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping (0 disables).")
-    opt.add_argument("--label_smoothing", type=float, default=0.0)
+    opt.add_argument("--adam-beta1", type=float, default=0.9)
+    opt.add_argument("--adam-beta2", type=float, default=0.999, help="beta2 (Lion: default 0.99 when left at 0.999).")
+    opt.add_argument("--lr-scheduler-type", choices=SCHEDULERS, default="cosine")
+    opt.add_argument("--num-warmup-steps", type=int, default=None, help="Warmup steps (default: --warmup-ratio).")
+    opt.add_argument("--warmup-ratio", type=float, default=0.05)
+    opt.add_argument("--max-grad-norm", type=float, default=1.0, help="Gradient clipping (0 disables).")
+    opt.add_argument("--label-smoothing", type=float, default=0.0)
     opt.add_argument("--seed", type=int, default=42)
-    opt.add_argument("--mixed_precision", choices=MIXED_PRECISION, default=None, help="Default: from accelerate config.")
+    opt.add_argument("--mixed-precision", choices=MIXED_PRECISION, default=None, help="Default: from accelerate config.")
 
     reg = parser.add_argument_group("sparse rate reduction")
-    reg.add_argument("--srr_weight", type=float, default=0.0, help="beta: add beta * SRR(Z^l; U^l) of the batch to the loss.")
+    reg.add_argument("--srr-weight", type=float, default=0.0, help="beta: add beta * SRR(Z^l; U^l) of the batch to the loss.")
     reg.add_argument(
-        "--srr_layer",
+        "--srr-layer",
         type=str,
         default="last",
         help="Block output(s) Z^l the SRR regulariser acts on: 'last' (Z^L, default, as Hu et al.'s main result), "
         "a block number 1..L (negative from the end), 'random' (a new block every step) or 'all'.",
     )
-    reg.add_argument("--srr_eps", type=float, default=0.1, help="epsilon of the coding rates.")
-    reg.add_argument("--srr_lambda", type=float, default=1.0, help="lambda of the sparsity term.")
+    reg.add_argument("--srr-eps", type=float, default=0.1, help="epsilon of the coding rates.")
+    reg.add_argument("--srr-lambda", type=float, default=1.0, help="lambda of the sparsity term.")
     reg.add_argument(
-        "--stop_at_train_loss",
+        "--stop-at-train-loss",
         type=float,
         default=None,
         help="Stop once an epoch's mean training cross-entropy reaches this value (or the step budget ends).",
     )
     reg.add_argument(
         "--track-srr-every",
-        "--track_srr_every",
-        dest="track_srr_every",
         type=str,
         default=None,
         help="Record per-layer SRR terms of the block outputs every N optimizer steps or every 'epoch' (and before "
@@ -148,14 +150,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     reg.add_argument(
         "--track-srr-samples",
-        "--track_srr_samples",
-        dest="track_srr_samples",
         type=int,
         default=128,
         help="Evaluation images measured by --track-srr-every (default 128).",
     )
     reg.add_argument(
-        "--layer_srr_samples",
+        "--layer-srr-samples",
         type=int,
         default=256,
         help="Validation images used for the per-layer SRR report of the trained model (0 disables it).",
@@ -163,34 +163,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     ckpt = parser.add_argument_group("checkpointing and logging")
     ckpt.add_argument(
-        "--checkpointing_steps",
+        "--checkpointing-steps",
         type=str,
         default=None,
         help="Save the training state every N optimizer steps (and at each epoch end), or 'epoch'.",
     )
-    ckpt.add_argument("--checkpoints_total_limit", type=int, default=2, help="Keep the last K checkpoints.")
-    ckpt.add_argument("--resume_from_checkpoint", type=str, default=None, help="A checkpoint folder or 'latest'.")
-    ckpt.add_argument("--with_tracking", action="store_true", help="Log metrics with Accelerate trackers.")
+    ckpt.add_argument("--checkpoints-total-limit", type=int, default=2, help="Keep the last K checkpoints.")
+    ckpt.add_argument("--resume-from-checkpoint", type=str, default=None, help="A checkpoint folder or 'latest'.")
+    ckpt.add_argument("--with-tracking", action="store_true", help="Log metrics with Accelerate trackers.")
     ckpt.add_argument(
-        "--report_to",
+        "--report-to",
         type=str,
         default="jsonl",
         help="Tracker(s): jsonl (built in, offline), tensorboard, wandb, ..., or all.",
     )
-    ckpt.add_argument("--logging_steps", type=int, default=10)
-    ckpt.add_argument("--disable_tqdm", action="store_true")
+    ckpt.add_argument("--logging-steps", type=int, default=10)
+    ckpt.add_argument("--disable-tqdm", action="store_true")
 
     hub = parser.add_argument_group("hub")
-    hub.add_argument("--push_to_hub", action="store_true")
-    hub.add_argument("--hub_model_id", type=str, default=None, help="Repo id (default: the output folder's name).")
-    hub.add_argument("--hub_token", type=str, default=None)
-    hub.add_argument("--hub_private_repo", action="store_true")
+    hub.add_argument("--push-to-hub", action="store_true")
+    hub.add_argument("--hub-model-id", type=str, default=None, help="Repo id (default: the output folder's name).")
+    hub.add_argument("--hub-token", type=str, default=None)
+    hub.add_argument("--hub-private-repo", action="store_true")
     return parser
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    """Parser with all trainer flags."""
-    parser = argparse.ArgumentParser(
+    """Parser with all trainer flags (hyphenated; the underscore spellings of Transformers' examples work too)."""
+    from .._cli_args import ArgumentParser
+
+    parser = ArgumentParser(
         prog=prog,
         description="Train a CRATE image classifier with Accelerate (default data: scikit-learn's 8x8 digits).",
     )
@@ -198,8 +200,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def _defaults() -> dict[str, Any]:
-    parser = build_parser()
-    return {a.dest: a.default for a in parser._actions if a.dest != "help"}
+    """Every flag's default, from parsing a command line with only the required ``--output-dir``."""
+    values = vars(build_parser().parse_args(["--output-dir", "-"]))
+    values["output_dir"] = None
+    return values
 
 
 def is_digits(args: argparse.Namespace) -> bool:
@@ -274,9 +278,9 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError(f"output_dir: expected a folder path, got {args.output_dir!r}")
     sources = [n for n in ("dataset_name", "dataset_path", "train_dir") if getattr(args, n)]
     if len(sources) > 1:
-        raise ValueError(f"dataset: pass only one of --dataset_name, --dataset_path, --train_dir, got {sources}")
+        raise ValueError(f"dataset: pass only one of --dataset-name, --dataset-path, --train-dir, got {sources}")
     if args.validation_dir and not args.train_dir:
-        raise ValueError("validation_dir: needs --train_dir")
+        raise ValueError("validation_dir: needs --train-dir")
     for name in (
         "num_train_epochs",
         "max_train_steps",
@@ -334,7 +338,7 @@ def validate_args(args: argparse.Namespace) -> None:
             raise ValueError(f"checkpointing_steps: expected a positive integer or 'epoch', got {args.checkpointing_steps!r}")
         args.checkpointing_steps = cs
     if args.preset is not None and args.model_name_or_path is not None:
-        raise ValueError("preset: pass either --preset (train from scratch) or --model_name_or_path (fine-tune), not both")
+        raise ValueError("preset: pass either --preset (train from scratch) or --model-name-or-path (fine-tune), not both")
 
 
 __all__ = ["build_parser", "add_arguments", "make_args", "validate_args", "is_digits", "parse_srr_layer"]

@@ -48,13 +48,10 @@ def new_figure(width: float = 6.4, height: float = 4.4, **kwargs) -> Figure:
 
 
 def save_figure(fig: Figure, path, dpi: int = 120) -> str:
-    """Write ``fig`` to ``path`` (format from the suffix, PNG by default); return the path."""
-    path = os.fspath(path)
-    folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    return path
+    """Write ``fig`` to ``path`` atomically (format from the suffix, PNG by default); return the path."""
+    from .._atomic import save_figure as _save_atomic
+
+    return _save_atomic(fig, path, dpi=dpi)
 
 
 def _as_report_dict(report) -> Dict[str, Any]:

@@ -351,7 +351,8 @@ def plot_norm_scaling(reports, num_layers: int | None = 2) -> Figure:
 
 def save_report_figures(report, out_dir: str, prefix: str = "") -> dict[str, str]:
     """Write the four per-model figures as PNG into ``out_dir``; returns name -> path."""
-    os.makedirs(out_dir, exist_ok=True)
+    from . import save_figure
+
     paths = {}
     for name, fn in (
         ("spectral_decay", plot_spectral_decay),
@@ -360,8 +361,7 @@ def save_report_figures(report, out_dir: str, prefix: str = "") -> dict[str, str
         ("contribution_vs_p", plot_contribution_vs_p),
     ):
         path = os.path.join(out_dir, f"{prefix}{name}.png")
-        fn(report).savefig(path, dpi=120)
-        paths[name] = path
+        paths[name] = save_figure(fn(report), path)
     return paths
 
 

@@ -1,18 +1,71 @@
-"""CRATE (Coding RAte reduction TransformEr) as a native Transformers model family."""
+"""CRATE (Coding RAte reduction TransformEr) as a native Transformers model family.
+
+The classes are imported on first access (``from hf_tdiag.models.crate import CrateConfig``), so that importing
+the package stays cheap; ``hf_tdiag`` registers them with the Auto classes when transformers loads those
+(see ``hf_tdiag._autoregister``).
+"""
 
 from __future__ import annotations
 
-from .configuration_crate import CRATE_PRESETS, CRATE_VARIANTS, CrateConfig
-from .image_processing_crate import CrateImageProcessor
-from .modeling_crate import (
-    CrateForImageClassification,
-    CrateImageClassifierOutput,
-    CrateModel,
-    CrateModelOutput,
-    CratePreTrainedModel,
-)
+from ..._lazy import lazy_exports
 
-_REGISTERED = False
+_LAZY = {
+    "CRATE_PRESETS": "hf_tdiag.models.crate.configuration_crate:CRATE_PRESETS",
+    "CRATE_VARIANTS": "hf_tdiag.models.crate.configuration_crate:CRATE_VARIANTS",
+    "CrateConfig": "hf_tdiag.models.crate.configuration_crate:CrateConfig",
+    "CrateImageProcessor": "hf_tdiag.models.crate.image_processing_crate:CrateImageProcessor",
+    "CrateModel": "hf_tdiag.models.crate.modeling_crate:CrateModel",
+    "CrateForImageClassification": "hf_tdiag.models.crate.modeling_crate:CrateForImageClassification",
+    "CrateModelOutput": "hf_tdiag.models.crate.modeling_crate:CrateModelOutput",
+    "CrateImageClassifierOutput": "hf_tdiag.models.crate.modeling_crate:CrateImageClassifierOutput",
+    "CratePreTrainedModel": "hf_tdiag.models.crate.modeling_crate:CratePreTrainedModel",
+    "convert_official_crate": "hf_tdiag.models.crate.convert_official:convert_official_crate",
+}
+
+_DONE: set[str] = set()
+
+
+def register_crate_config() -> None:
+    """Register ``crate`` with ``AutoConfig`` (and mark the config for ``register_for_auto_class``). Idempotent."""
+    if "config" in _DONE:
+        return
+    from transformers.models.auto.configuration_auto import AutoConfig
+
+    from .configuration_crate import CrateConfig
+
+    AutoConfig.register(CrateConfig.model_type, CrateConfig, exist_ok=True)
+    CrateConfig.register_for_auto_class()
+    _DONE.add("config")
+
+
+def register_crate_image_processor() -> None:
+    """Register ``CrateImageProcessor`` with ``AutoImageProcessor``. Idempotent."""
+    if "image_processor" in _DONE:
+        return
+    from transformers.models.auto.image_processing_auto import AutoImageProcessor
+
+    from .configuration_crate import CrateConfig
+    from .image_processing_crate import CrateImageProcessor
+
+    AutoImageProcessor.register(CrateConfig, image_processor_classes={"pil": CrateImageProcessor}, exist_ok=True)
+    CrateImageProcessor.register_for_auto_class("AutoImageProcessor")
+    _DONE.add("image_processor")
+
+
+def register_crate_models() -> None:
+    """Register the CRATE models with ``AutoModel`` and ``AutoModelForImageClassification``. Idempotent."""
+    if "models" in _DONE:
+        return
+    from transformers.models.auto.modeling_auto import AutoModel, AutoModelForImageClassification
+
+    from .configuration_crate import CrateConfig
+    from .modeling_crate import CrateForImageClassification, CrateModel
+
+    AutoModel.register(CrateConfig, CrateModel, exist_ok=True)
+    AutoModelForImageClassification.register(CrateConfig, CrateForImageClassification, exist_ok=True)
+    CrateModel.register_for_auto_class("AutoModel")
+    CrateForImageClassification.register_for_auto_class("AutoModelForImageClassification")
+    _DONE.add("models")
 
 
 def register_crate() -> None:
@@ -22,45 +75,11 @@ def register_crate() -> None:
     copies the model files, letting the folder load with ``trust_remote_code=True`` where hf_tdiag is absent.
     Idempotent.
     """
-    global _REGISTERED
-    if _REGISTERED:
-        return
-    from transformers import (
-        AutoConfig,
-        AutoImageProcessor,
-        AutoModel,
-        AutoModelForImageClassification,
-    )
-
-    AutoConfig.register(CrateConfig.model_type, CrateConfig, exist_ok=True)
-    AutoModel.register(CrateConfig, CrateModel, exist_ok=True)
-    AutoModelForImageClassification.register(CrateConfig, CrateForImageClassification, exist_ok=True)
-    AutoImageProcessor.register(CrateConfig, image_processor_classes={"pil": CrateImageProcessor}, exist_ok=True)
-    CrateConfig.register_for_auto_class()
-    CrateModel.register_for_auto_class("AutoModel")
-    CrateForImageClassification.register_for_auto_class("AutoModelForImageClassification")
-    CrateImageProcessor.register_for_auto_class("AutoImageProcessor")
-    _REGISTERED = True
+    register_crate_config()
+    register_crate_image_processor()
+    register_crate_models()
 
 
-def __getattr__(name: str):
-    if name == "convert_official_crate":
-        from .convert_official import convert_official_crate
+__getattr__ = lazy_exports(__name__, _LAZY, globals())
 
-        return convert_official_crate
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = [
-    "CRATE_PRESETS",
-    "CRATE_VARIANTS",
-    "CrateConfig",
-    "CrateModel",
-    "CrateForImageClassification",
-    "CrateImageProcessor",
-    "CrateModelOutput",
-    "CrateImageClassifierOutput",
-    "CratePreTrainedModel",
-    "register_crate",
-    "convert_official_crate",
-]
+__all__ = [*_LAZY, "register_crate"]

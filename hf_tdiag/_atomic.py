@@ -1,0 +1,93 @@
+"""Atomic file writes: a reader of ``path`` sees the old content or the complete new one, never a partial file.
+
+One guarantee everywhere: the data goes to a temporary file in the same folder, is flushed and fsync'ed, then
+``os.replace``s the target, and the folder is fsync'ed (where the OS allows) so the rename survives a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import tempfile
+from typing import IO, Any, Iterable, Iterator, Mapping
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. Windows: folders cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8", newline: str | None = None) -> Iterator[IO]:
+    """``with atomic_open(path) as fh: fh.write(...)``: ``path`` is replaced only when the block succeeds."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"mode: expected 'w' or 'wb', got {mode!r}")
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path!r} is a folder; expected a file path")
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.path.basename(path)}-", dir=directory)
+    try:
+        kwargs = {} if "b" in mode else {"encoding": encoding, "newline": newline}
+        with os.fdopen(fd, mode, **kwargs) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+        os.replace(tmp, path)
+        _fsync_dir(directory)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2, sort_keys: bool = False, allow_nan: bool = True) -> str:
+    """Write ``obj`` as JSON (trailing newline) atomically; return the path."""
+    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, allow_nan=allow_nan)
+    with atomic_open(path) as fh:
+        fh.write(text + "\n")
+    return os.fspath(path)
+
+
+def write_text(path: str | os.PathLike, text: str) -> str:
+    """Write ``text`` atomically; return the path."""
+    with atomic_open(path) as fh:
+        fh.write(text)
+    return os.fspath(path)
+
+
+def write_csv(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> str:
+    """Rows with possibly different keys as one CSV, atomically: the columns are the union of the keys in
+    order of first appearance; a row without a column leaves its cell empty. Return the path."""
+    rows = list(rows)
+    fields: dict[str, None] = {}
+    for row in rows:
+        fields.update(dict.fromkeys(row))
+    with atomic_open(path, newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(fields), restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    return os.fspath(path)
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> str:
+    """``fig.savefig`` atomically (format from the suffix); return the path."""
+    path = os.fspath(path)
+    fmt = os.path.splitext(path)[1].lstrip(".") or "png"
+    with atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format=fmt, dpi=dpi, bbox_inches="tight")
+    return path

@@ -1,0 +1,161 @@
+"""One command-line convention for ``hf-tdiag`` and every recipe.
+
+* Flags are hyphenated, as ``huggingface-cli``/``accelerate`` print them (``--output-dir``); the underscore
+  spelling (``--output_dir``, the Transformers-examples habit) is accepted for every long flag without
+  declaring it: :class:`ArgumentParser` rewrites ``--a_b`` to ``--a-b`` before parsing.
+* Old names kept for scripts go after the canonical name in ``add_argument`` (``add_argument("--output-dir",
+  "--output", ...)``); help shows only the canonical name (and short flags such as ``-o``).
+* One name per idea, with the defaults below: ``--output-dir`` (every command writes there),
+  ``--max-samples`` (inputs measured), ``--images``/``--dataset``/``--texts`` (inputs, see
+  :func:`add_input_flags`), ``--threads`` (torch CPU threads, see :func:`add_threads_flag`), ``--device``.
+* Descriptions come from docstrings through :func:`plain`, which drops reStructuredText markup.
+
+A command module does ``p = subparsers.add_parser(name, help=..., description=plain(...))`` and adds its flags
+with ``p.add_argument("--hyphenated-name", ...)``; a recipe builds ``ArgumentParser(description=plain(__doc__))``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import textwrap
+
+MAX_SAMPLES = 64  # inputs measured by srr, concepts, attention-svm and report unless --max-samples says otherwise
+NUM_CONCEPTS = 8  # Semi-NMF concepts k in concepts, report and the concept-fidelity recipe
+
+
+def normalize_flag(token: str) -> str:
+    """``--output_dir=x`` -> ``--output-dir=x``; other tokens unchanged."""
+    if not token.startswith("--") or len(token) < 3:
+        return token
+    name, sep, value = token.partition("=")
+    return name.replace("_", "-") + sep + value
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Wraps each prose paragraph of a description to the terminal, keeps indented (code) blocks as written,
+    and lists only the canonical long flag of each option (aliases kept for old scripts stay out of the help)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        blocks = []
+        for block in re.split(r"\n\s*\n", text):
+            lines = block.splitlines()
+            if all(line.startswith((" ", "*", "-", "|")) for line in lines if line.strip()):
+                blocks.append("\n".join(indent + line for line in lines))
+            else:
+                blocks.append(textwrap.fill(" ".join(line.strip() for line in lines), width, initial_indent=indent,
+                                            subsequent_indent=indent))
+        return "\n\n".join(blocks)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        longs = [s for s in action.option_strings if s.startswith("--")]
+        if len(longs) > 1:
+            action = argparse.Action(
+                [s for s in action.option_strings if not s.startswith("--")] + longs[:1],
+                action.dest,
+                nargs=action.nargs,
+                metavar=action.metavar,
+            )
+        return super()._format_action_invocation(action)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` that accepts ``--a_b`` for ``--a-b``; sub-parsers inherit the class."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        import sys
+
+        tokens = list(sys.argv[1:] if args is None else args)
+        if "--" in tokens:
+            cut = tokens.index("--")
+            tokens = [normalize_flag(t) for t in tokens[:cut]] + tokens[cut:]
+        else:
+            tokens = [normalize_flag(t) for t in tokens]
+        return super().parse_known_args(tokens, namespace)
+
+
+_ROLES = re.compile(r":(?:[a-z]+:)*[a-z]+:`~?([^`]+)`")
+
+
+def plain(text: str | None) -> str:
+    """Docstring -> help text: reST roles (``:mod:`x` `` -> ``x``) and double backticks removed; the
+    :class:`HelpFormatter` wraps the prose paragraphs and keeps indented blocks."""
+    if not text:
+        return ""
+    text = _ROLES.sub(r"\1", textwrap.dedent(text).strip())
+    return text.replace("``", "")
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type``: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse ``type``: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """argparse ``type``: a finite float (no nan/inf)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def add_output_dir(parser, default: str | None, help: str, *aliases: str, required: bool = False) -> None:
+    """``--output-dir DIR`` (``--output_dir`` accepted; ``aliases`` are old names kept for scripts)."""
+    parser.add_argument("--output-dir", *aliases, default=default, required=required, metavar="DIR", help=help)
+
+
+def add_input_flags(parser, *, texts: bool = True, required: bool = True, max_samples: int = MAX_SAMPLES) -> None:
+    """The inputs a measure runs on: one of ``--images DIR``, ``--dataset NAME``, ``--texts FILE``; ``--split``;
+    ``--max-samples N`` (``--limit``/``--max-images`` kept as old names)."""
+    src = parser.add_mutually_exclusive_group(required=required)
+    src.add_argument("--images", metavar="DIR", help="folder of images (class sub-folders allowed) or a save_to_disk folder")
+    src.add_argument(
+        "--dataset", metavar="NAME", help="'digits' (scikit-learn's 8x8 digits, offline), a datasets name or a save_to_disk folder"
+    )
+    if texts:
+        src.add_argument("--texts", metavar="FILE", help="text file, one input per line (text encoders)")
+    parser.add_argument("--split", default=None, help="dataset split (default: test, validation or train, first found)")
+    parser.add_argument(
+        "--max-samples", "--limit", "--max-images", type=positive_int, default=max_samples, metavar="N",
+        help=f"number of inputs measured (default {max_samples})",
+    )
+
+
+def add_threads_flag(parser) -> None:
+    """``--threads N``: torch CPU threads (default: hf_tdiag._threads.pick_threads)."""
+    parser.add_argument(
+        "--threads", "--num-threads", type=positive_int, default=None, metavar="N",
+        help="torch CPU threads (default: 1 for models under 10M parameters on CPU, where more threads only "
+        "add synchronisation, else torch's; OMP_NUM_THREADS in the environment is respected)",
+    )
+
+
+def add_device_flag(parser) -> None:
+    """``--device``: torch device."""
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
