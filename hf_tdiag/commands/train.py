@@ -26,10 +26,11 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from ..training.loop import train
+    from ..viz.srr import layer_srr_step
 
     show = getattr(args, "print_results", False)
     values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "print_results")}
-    results = train(values)
+    results = train(values, after_fit=[layer_srr_step])  # as recipes/train_crate.py
     if show:
         print(json.dumps({k: v for k, v in results.items() if k != "history"}, indent=2))
     return 0

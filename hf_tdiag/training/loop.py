@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .._threads import torch_threads
+from .._threads import pick_threads, torch_threads
 from . import srr_history
 from .args import is_digits, make_args
 from .checkpointing import clean_partial, load_checkpoint, resolve_checkpoint, save_checkpoint
@@ -47,7 +47,6 @@ DIGITS_LR = {"adamw": 3e-3, "lion": 3e-4}
 # so each token sees 2x2 original pixels through 16 interpolated values (with 2x2 patches of the raw 8x8 image
 # the patch LayerNorm over 4 values discards most of the signal), and pools the mean token
 DIGITS_MODEL = {"image_size": 16, "patch_size": 4, "pooling": "mean"}
-SMALL_MODEL_PARAMETERS = 10_000_000
 
 AfterFit = Callable[["TrainingRun"], dict]
 
@@ -177,11 +176,11 @@ def _loader(dataset, batch_size, args, shuffle=False):
 
 
 def _set_threads(args, accelerator, num_parameters: int) -> int:
-    """``--num_threads``, else one intra-op thread for small models on CPU (thread sync costs more than it saves)."""
-    if args.num_threads:
-        torch.set_num_threads(args.num_threads)
-    elif accelerator.device.type == "cpu" and num_parameters < SMALL_MODEL_PARAMETERS:
-        torch.set_num_threads(1)
+    """``--threads``, else ``OMP_NUM_THREADS``, else one intra-op thread for small models on CPU (thread sync
+    costs more than it saves): the rule of :func:`hf_tdiag._threads.pick_threads`."""
+    threads = pick_threads(args.num_threads, device=accelerator.device, num_parameters=num_parameters)
+    if threads is not None:
+        torch.set_num_threads(threads)
     return torch.get_num_threads()
 
 
