@@ -26,9 +26,11 @@ import os
 import sys
 import time
 
+from hf_tdiag._cli_args import ArgumentParser, plain
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=plain(__doc__))
     ap.add_argument("--output-dir", "--output_dir", dest="output_dir", required=True)
     ap.add_argument("--grid", default="cpu", choices=["cpu", "gpu", "tiny"], help="cell shapes and training budget")
     ap.add_argument("--layers", type=int, nargs="+", default=None, help="depths (default: the grid's)")

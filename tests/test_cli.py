@@ -22,8 +22,8 @@ from hf_tdiag.cli import main as cli_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = ["attention-svm", "concepts", "convert-official", "report", "schatten", "srr", "study", "train"]
-RECIPES = ["attention_svm.py", "concept_fidelity.py", "schatten_bert_miniatures.py", "srr_generalization.py",
-           "train_crate.py"]
+RECIPES = ["attention_svm.py", "concept_fidelity.py", "schatten_bert_miniatures.py", "schatten_trained_grid.py",
+           "srr_generalization.py", "train_crate.py"]
 
 
 def _run(code: str, *args: str, env=None) -> subprocess.CompletedProcess:
