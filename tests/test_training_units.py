@@ -106,17 +106,6 @@ def test_digits_pixel_values_are_the_processor_normalisation(tmp_path):
     assert int(item["labels"]) == int(raw.eval["labels"][5])
 
 
-def test_epoch_shuffle_sampler_depends_only_on_seed_and_epoch():
-    s = data.EpochShuffleSampler(50, seed=3)
-    s.set_epoch(0)
-    e0 = list(s)
-    s.set_epoch(1)
-    e1 = list(s)
-    t = data.EpochShuffleSampler(50, seed=3)
-    t.set_epoch(1)
-    assert sorted(e0) == list(range(50)) and e0 != e1 and list(t) == e1
-
-
 # ---------------------------------------------------------------------------------------------- checkpoint files
 def _fake_ckpt(root, name, complete=True):
     path = root / name

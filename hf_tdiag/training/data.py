@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
 from ..inputs import digits_split, image_folder_splits, open_dataset, to_pil
 from .augment import build_augmentation
@@ -209,25 +209,6 @@ class ProcessedImageDataset(Dataset):
         return {"pixel_values": pixel_values, "labels": torch.tensor(int(example[self.label_column]))}
 
 
-class EpochShuffleSampler(Sampler[int]):
-    """Random permutation of ``range(n)`` that depends only on ``(seed, epoch)``; call :meth:`set_epoch` each epoch."""
-
-    def __init__(self, n: int, seed: int):
-        self.n = int(n)
-        self.seed = int(seed)
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=generator).tolist())
-
-
 @dataclass
 class ImageDatasets:
     train: Dataset  # augmented
@@ -286,7 +267,6 @@ __all__ = [
     "ImageDatasets",
     "TensorImageDataset",
     "ProcessedImageDataset",
-    "EpochShuffleSampler",
     "digits_split",
     "load_raw_data",
     "build_datasets",
