@@ -125,9 +125,32 @@ def finite_float(text: str) -> float:
     return value
 
 
+def output_dir(text: str) -> str:
+    """argparse ``type``: a folder path that is not an existing file."""
+    import os
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder path, got an empty string")
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is an existing file; expected a folder")
+    return text
+
+
+def device(text: str) -> str:
+    """argparse ``type``: a torch device string (``cpu``, ``cuda``, ``cuda:1``, ``mps``, ...)."""
+    import torch
+
+    try:
+        torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected a torch device such as cpu, cuda or cuda:0, got {text!r}") from None
+    return text
+
+
 def add_output_dir(parser, default: str | None, help: str, *aliases: str, required: bool = False) -> None:
     """``--output-dir DIR`` (``--output_dir`` accepted; ``aliases`` are old names kept for scripts)."""
-    parser.add_argument("--output-dir", *aliases, default=default, required=required, metavar="DIR", help=help)
+    parser.add_argument("--output-dir", *aliases, type=output_dir, default=default, required=required, metavar="DIR",
+                        help=help)
 
 
 def add_input_flags(parser, *, texts: bool = True, required: bool = True, max_samples: int = MAX_SAMPLES) -> None:
@@ -156,6 +179,14 @@ def add_threads_flag(parser) -> None:
     )
 
 
+def add_trust_remote_code_flag(parser) -> None:
+    """``--trust-remote-code``: the one way to let a model repository run its own Python code."""
+    parser.add_argument(
+        "--trust-remote-code", action="store_true",
+        help="run the model repository's own Python code (auto_map); only for repositories you trust (default: refused)",
+    )
+
+
 def add_device_flag(parser) -> None:
     """``--device``: torch device."""
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--device", type=device, default=None, help="torch device (default: cuda if available, else cpu)")

@@ -9,6 +9,7 @@ torch or transformers, so ``--help`` answers at once; the commands import what t
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -52,22 +53,39 @@ def _message(err: BaseException) -> str:
     return text or type(err).__name__
 
 
+def _warnings_as_lines(command: str):
+    """``warnings.showwarning`` that prints hf-tdiag's own warnings as ``hf-tdiag CMD: warning: ...`` lines."""
+    import warnings
+
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, UserWarning) and f"{os.sep}hf_tdiag{os.sep}" in filename:
+            print(f"hf-tdiag {command}: warning: {message}", file=sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _warnings_as_lines(args.command)
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print(f"hf-tdiag {args.command}: interrupted", file=sys.stderr)
         return 130
     except (ValueError, TypeError, OSError, KeyError, RuntimeError, ImportError) as err:
         # Library errors that reach here name their input (hf_tdiag raises ValueError/TypeError naming the
         # argument; OSError carries the path). Set HF_TDIAG_TRACEBACK=1 to see where it came from.
-        import os
-
         if os.environ.get("HF_TDIAG_TRACEBACK"):
             raise
         print(f"hf-tdiag {args.command}: error: {_message(err)}", file=sys.stderr)

@@ -326,7 +326,9 @@ def load_images(spec, *, split: str | None = None, limit: int | None = None, **d
         raise TypeError(f"spec: expected a folder path, 'digits' or a datasets name, got {type(spec).__name__}")
     text = os.fspath(spec)
     if text.strip().lower() in DIGITS_NAMES:
-        return digits_images(limit=limit)
+        return digits_images(limit=limit, split=split)
+    if os.path.isdir(text) and not any(os.scandir(text)):
+        raise ValueError(f"{text!r}: the folder is empty; expected image files (class sub-folders allowed) or a saved dataset")
     if not is_saved_dataset(text) and _is_image_folder(Path(text)) and not dataset_kwargs:
         return images_from_folder(text, limit=limit, split=split)
     return images_from_dataset(text, split=split, limit=limit, **dataset_kwargs)

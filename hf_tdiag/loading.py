@@ -91,13 +91,37 @@ def load_config(source, *, trust_remote_code: bool = False, name: str = "model")
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=trust)
     except ValueError as err:
+        if _is_native(source):  # a model type Transformers knows (CRATE included) whose values are refused
+            raise ValueError(f"{name}: {os.path.join(source, 'config.json')!r}: {_short(err)}") from None
         if not trust and ("trust_remote_code" in str(err) or _has_auto_map(source)):
             raise ValueError(_refusal(source, name)) from None
         raise ValueError(f"{name}: {source!r} has a config Transformers cannot read ({_short(err)})") from None
     except OSError as err:
+        if os.path.isdir(source):  # check_source saw its config.json: the file itself is unreadable or not JSON
+            raise ValueError(
+                f"{name}: {os.path.join(source, 'config.json')!r} is not a readable JSON config ({_short(err)})"
+            ) from None
         raise ValueError(
             f"{name}: {source!r} is neither a local model folder nor a model id reachable on the Hub ({_short(err)})"
         ) from None
+
+
+def _is_native(source: str) -> bool:
+    """``source`` is a folder whose config.json names a model type registered with AutoConfig."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        with open(os.path.join(source, "config.json"), encoding="utf-8") as fh:
+            return json.load(fh).get("model_type") in CONFIG_MAPPING
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _weights_error(source: str, name: str, err: BaseException) -> ValueError:
+    """A damaged weights file, named: the folder's ``*.safetensors`` files (or the source when it has none)."""
+    files = sorted(f for f in os.listdir(source) if f.endswith(".safetensors")) if os.path.isdir(source) else []
+    where = ", ".join(repr(os.path.join(source, f)) for f in files) or repr(source)
+    return ValueError(f"{name}: cannot read the weights in {where}: truncated or corrupt file ({_short(err)})")
 
 
 def _has_auto_map(source: str) -> bool:
@@ -134,6 +158,10 @@ def load_pretrained(
         raise ValueError(f"{name}: could not load {source!r} as {auto_class.__name__}: {_short(err)}") from None
     except (OSError, KeyError, RuntimeError) as err:
         raise ValueError(f"{name}: could not load weights of {source!r} as {auto_class.__name__}: {_short(err)}") from None
+    except Exception as err:
+        if type(err).__name__ == "SafetensorError":  # safetensors' own exception type: a truncated or garbled file
+            raise _weights_error(source, name, err) from None
+        raise
 
 
 def load_image_processor(source, *, trust_remote_code: bool = False):

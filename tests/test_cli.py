@@ -322,3 +322,11 @@ def test_save_pretrained_writes_the_auto_maps_without_the_auto_classes_in_use(tm
     assert proc.stdout.split("\n")[:2] == [
         "['AutoConfig', 'AutoModelForImageClassification']", "['AutoImageProcessor']"
     ]
+
+
+@pytest.mark.parametrize("command, extra", [("srr", ["--dataset", "digits"]), ("concepts", ["--dataset", "digits"]),
+                                            ("attention-svm", ["--dataset", "digits", "--layer", "0"]), ("report", []),
+                                            ("schatten", [])])
+def test_trust_remote_code_is_an_explicit_flag(command, extra):
+    assert _parse([command, "m", *extra]).trust_remote_code is False
+    assert _parse([command, "m", *extra, "--trust_remote_code"]).trust_remote_code is True

@@ -10,6 +10,7 @@ from .._cli_args import (
     add_input_flags,
     add_output_dir,
     add_threads_flag,
+    add_trust_remote_code_flag,
     finite_float,
     non_negative_int,
     plain,
@@ -52,6 +53,7 @@ def register(subparsers) -> None:
     add_device_flag(p)
     add_threads_flag(p)
     add_output_dir(p, "attention_svm_out", "where attention_svm.json and the figures go (default attention_svm_out)")
+    add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
 
 
@@ -84,17 +86,16 @@ def _batch(args, loaded):
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from hf_tdiag._atomic import write_json
+    from hf_tdiag._threads import model_threads, torch_threads
+    from hf_tdiag.loading import load_model
     from hf_tdiag.probes.architecture import describe
     from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
-    from hf_tdiag.loading import load_model
     from hf_tdiag.viz import save_figure
     from hf_tdiag.viz.attention_svm import plot_head_diagnostic
 
-    from hf_tdiag._atomic import write_json
-    from hf_tdiag._threads import model_threads, torch_threads
-
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    loaded = load_model(args.model, eager_attention=False)
+    loaded = load_model(args.model, eager_attention=False, trust_remote_code=args.trust_remote_code)
     loaded.model.to(device)
     arch = describe(loaded.model)
     if not 0 <= args.layer < arch.num_layers:

@@ -11,6 +11,7 @@ from .._cli_args import (
     add_input_flags,
     add_output_dir,
     add_threads_flag,
+    add_trust_remote_code_flag,
     finite_float,
     non_negative_int,
     plain,
@@ -50,6 +51,7 @@ def register(subparsers) -> None:
     add_threads_flag(p)
     p.add_argument("--no-figures", action="store_true", help="write only concepts.json and table.txt")
     add_output_dir(p, "concepts_out", "where concepts.json, table.txt and figures go (default concepts_out)")
+    add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
 
 
@@ -84,18 +86,23 @@ def _json_ready(obj):
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_tdiag.inputs import load_images
-    from hf_tdiag.probes.concept_fidelity import compare_concepts, layer_activations
-    from hf_tdiag.loading import load_model, pixel_values_for
-    from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
-
     from hf_tdiag._atomic import write_json, write_text
     from hf_tdiag._threads import model_threads, torch_threads
+    from hf_tdiag.inputs import load_images
+    from hf_tdiag.loading import load_model, pixel_values_for
+    from hf_tdiag.probes.concept_fidelity import compare_concepts, layer_activations
+    from hf_tdiag.viz.concepts import (
+        plot_concept_heatmaps,
+        plot_kl_vs_bound,
+        plot_mu_sweep,
+        plot_top_patches,
+        save_figure,
+    )
 
     if any(mu < 0 for mu in args.gram_weight):
         raise ValueError(f"--gram-weight: expected values >= 0, got {args.gram_weight}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    loaded = load_model(args.model, eager_attention=False)
+    loaded = load_model(args.model, eager_attention=False, trust_remote_code=args.trust_remote_code)
     model = loaded.model.to(device)
     if args.images is not None and not os.path.isdir(args.images):
         raise ValueError(f"images: expected a folder, got {args.images!r}")

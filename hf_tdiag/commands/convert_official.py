@@ -30,22 +30,40 @@ def register(subparsers) -> None:
 
 
 def _load_checkpoint(path: str):
+    """The checkpoint's contents; ValueError naming the file for a folder, an empty, truncated or foreign file."""
+    if os.path.isdir(path):
+        raise ValueError(f"checkpoint: {path!r} is a folder; expected a checkpoint file (.pth, .pt or .safetensors)")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint: no such file {path!r}")
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"checkpoint: {path!r} is empty (0 bytes)")
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
 
-        return load_file(path)
-    import torch
+            return load_file(path)
+        import torch
 
-    return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise
+    except Exception as err:  # pickle, zip and safetensors errors: the file is not a readable state_dict
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        kind = "a safetensors file" if path.endswith(".safetensors") else "a PyTorch state_dict (torch.load, weights_only=True)"
+        raise ValueError(
+            f"checkpoint: cannot read {path!r} as {kind}; is it truncated or another kind of file? "
+            f"({type(err).__name__}: {first})"
+        ) from None
 
 
 def _read_labels(path: str | None, num_labels: int) -> dict[int, str] | None:
     if path is None:
         return None
-    with open(path, encoding="utf-8") as fh:
-        data = json.load(fh)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except ValueError as err:
+        raise ValueError(f"--labels: {path!r} is not valid JSON ({err})") from None
     if isinstance(data, list):
         labels = {i: str(v) for i, v in enumerate(data)}
     elif isinstance(data, dict):
@@ -58,13 +76,21 @@ def _read_labels(path: str | None, num_labels: int) -> dict[int, str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_tdiag.models.crate import CrateConfig, CrateImageProcessor
+    from hf_tdiag.models.crate import CRATE_PRESETS, CrateConfig, CrateImageProcessor
     from hf_tdiag.models.crate.convert_official import convert_official_crate, unwrap_official_state_dict
 
-    sd = unwrap_official_state_dict(_load_checkpoint(args.checkpoint))
+    if args.preset not in CRATE_PRESETS:
+        raise ValueError(f"--preset: expected one of {list(CRATE_PRESETS)}, got {args.preset!r}")
+    try:
+        sd = unwrap_official_state_dict(_load_checkpoint(args.checkpoint))
+    except TypeError as err:
+        raise ValueError(f"checkpoint: {args.checkpoint!r}: {err}") from None
     head = sd.get("mlp_head.1.weight")
     if head is None:
-        raise ValueError("checkpoint is missing key 'mlp_head.1.weight' (classifier weight)")
+        raise ValueError(
+            f"checkpoint: {args.checkpoint!r} has no 'mlp_head.1.weight' (the classifier weight of the official CRATE "
+            f"code); found {len(sd)} keys such as {sorted(sd)[:3]}"
+        )
     overrides = dict(variant=args.variant, pooling=args.pooling, num_labels=int(head.shape[0]))
     if args.image_size is not None:
         overrides["image_size"] = args.image_size

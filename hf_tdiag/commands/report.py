@@ -11,7 +11,16 @@ import argparse
 import os
 import sys
 
-from .._cli_args import NUM_CONCEPTS, add_input_flags, add_output_dir, add_threads_flag, non_negative_int, plain, positive_int
+from .._cli_args import (
+    NUM_CONCEPTS,
+    add_input_flags,
+    add_output_dir,
+    add_threads_flag,
+    add_trust_remote_code_flag,
+    non_negative_int,
+    plain,
+    positive_int,
+)
 
 
 def register(subparsers) -> None:
@@ -40,17 +49,17 @@ def register(subparsers) -> None:
     p.add_argument("--srr-source", default="query", choices=("query", "key", "value"), help="U for non-CRATE models")
     p.add_argument("--title", default=None, help="page title")
     add_threads_flag(p)
+    add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_tdiag.report.inputs import inputs_from_args
+    from hf_tdiag._threads import model_threads, torch_threads
     from hf_tdiag.loading import load_model
+    from hf_tdiag.report.inputs import inputs_from_args
     from hf_tdiag.report.report import ReportOptions, build_report
 
-    from hf_tdiag._threads import model_threads, torch_threads
-
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, trust_remote_code=args.trust_remote_code)
     inputs = inputs_from_args(
         loaded, images=args.images, dataset=args.dataset, texts=args.texts, split=args.split, limit=args.max_samples
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._cli_args import add_output_dir, finite_float, plain, positive_int
+from .._cli_args import add_output_dir, add_trust_remote_code_flag, finite_float, plain, positive_int
 
 
 def register(subparsers) -> None:
@@ -39,6 +39,7 @@ def register(subparsers) -> None:
         help="print per-type contributions at p in {0, 1/2, 1, 2} and the per-layer alpha for every model "
         "(always printed for a model whose p_opt is 0 for every matrix)",
     )
+    add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
 
 
@@ -90,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     for model in args.models:
         reports.append(
             spectrum_bounds(
-                model, L_phi=args.l_phi, p_grid_m=args.p_grid_m, rank_tol=args.rank_tol, num_workers=args.workers, progress=True
+                model, L_phi=args.l_phi, p_grid_m=args.p_grid_m, rank_tol=args.rank_tol, num_workers=args.workers,
+                progress=True, trust_remote_code=args.trust_remote_code,
             )
         )
     header = f"{'model':<44} {'L':>3} {'N':>5} {'H':>3} {'B_ours':>12} {'B_Edelman':>12} {'ratio':>9}"

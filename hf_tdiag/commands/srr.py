@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._cli_args import add_device_flag, add_input_flags, add_output_dir, add_threads_flag, finite_float, plain, positive_int
+from .._cli_args import (
+    add_device_flag,
+    add_input_flags,
+    add_output_dir,
+    add_threads_flag,
+    add_trust_remote_code_flag,
+    finite_float,
+    plain,
+    positive_int,
+)
 
 
 def register(subparsers) -> None:
@@ -39,6 +48,7 @@ def register(subparsers) -> None:
     add_threads_flag(p)
     p.add_argument("--labels", nargs="+", default=None, help="legend labels, one per MODEL")
     add_output_dir(p, "srr_out", "where srr.json and srr.png go (default srr_out)")
+    add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
 
 
@@ -67,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
     from hf_tdiag._atomic import write_json
     from hf_tdiag._threads import model_threads, torch_threads
-    from hf_tdiag.probes.srr import layer_srr
     from hf_tdiag.loading import load_model
+    from hf_tdiag.probes.srr import layer_srr
     from hf_tdiag.viz import plot_layer_srr, save_figure
 
     if args.labels is not None and len(args.labels) != len(args.models):
@@ -76,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     reports = {}
     for i, spec in enumerate(args.models):
-        loaded = load_model(spec, eager_attention=False)
+        loaded = load_model(spec, eager_attention=False, trust_remote_code=args.trust_remote_code)
         loaded.model.to(device)
         inputs, count = _inputs(args, loaded)
         is_crate = loaded.model_type == "crate"

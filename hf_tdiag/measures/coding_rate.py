@@ -77,6 +77,8 @@ def _check_tensor(x, name: str, min_ndim: int, what: str, finite: bool = True) -
 def _check_eps(eps) -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
         raise ValueError(f"eps: expected a finite positive number, got {eps!r}")
+    if not 0.0 < float(eps) * float(eps) < math.inf:  # the rates divide by eps^2 (x * x overflows to inf, x ** 2 raises)
+        raise ValueError(f"eps: expected a value whose square is a positive finite float (about 1e-150 to 1e150), got {eps!r}")
     return float(eps)
 
 

@@ -56,6 +56,8 @@ class ModelInputsMixin:
         if isinstance(items[0], str):
             if "texts" not in self.input_kinds:
                 raise ValueError(f"{self.metric_label}: takes images, got strings")
+            if tokenizer is None and loaded.modality == "image":
+                raise ValueError(f"texts: {loaded.source!r} is an image model; pass images= or pixel_values=")
             tok = tokenizer if tokenizer is not None else (loaded.processor if loaded.modality == "text" else None)
             if tok is None:
                 raise ValueError(f"tokenizer: no tokenizer found for {loaded.source!r}; pass tokenizer=")
@@ -74,7 +76,10 @@ class ModelInputsMixin:
     def add_batch(self, *, images=None, texts=None, inputs=None, **kwargs):
         """Store a batch of PIL images (``images=``) or strings (``texts=``)."""
         batch = self._one_input(images, texts)
-        return super().add_batch(inputs=list(batch) if batch is not None else inputs, **kwargs)
+        items = list(batch) if batch is not None else inputs
+        if items is not None and len(items) == 0:
+            raise ValueError(f"{'texts' if texts is not None else 'images'}: expected at least one input, got an empty list")
+        return super().add_batch(inputs=items, **kwargs)
 
     def add(self, *, image=None, text=None, inputs=None, **kwargs):
         """Store one PIL image (``image=``) or one string (``text=``)."""
@@ -93,5 +98,8 @@ class ModelInputsMixin:
                 raise ValueError(f"pixel_values: expected a tensor of shape (B, C, H, W), got {shape}")
             return self._compute(pixel_values=pixel_values, **kwargs)
         if batch is not None:
-            self.add_batch(inputs=list(batch))
+            items = list(batch)
+            if not items:
+                raise ValueError(f"{'texts' if texts is not None else 'images'}: expected at least one input, got an empty list")
+            self.add_batch(inputs=items)
         return super().compute(**kwargs)  # everything stored with add / add_batch

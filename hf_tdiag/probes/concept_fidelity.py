@@ -135,6 +135,8 @@ def _pixel_values(inputs) -> torch.Tensor:
         )
     if inputs.ndim != 4:
         raise ValueError(f"inputs: expected pixel_values of shape (images, channels, height, width), got {tuple(inputs.shape)}")
+    if inputs.shape[0] == 0:
+        raise ValueError(f"inputs: expected at least one image, got an empty batch of shape {tuple(inputs.shape)}")
     if not inputs.is_floating_point() or not bool(torch.isfinite(inputs).all()):
         raise ValueError("inputs: pixel_values must be finite floating-point values")
     return inputs

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -254,6 +255,8 @@ def _check_settings(eps, lam, batch_size, max_batches, measurement, apply_layern
         raise ValueError(f"precision: expected one of {list(PRECISIONS)}, got {precision!r}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
         raise ValueError(f"eps: expected a finite positive number, got {eps!r}")
+    if not 0.0 < float(eps) * float(eps) < math.inf:  # the rates divide by eps^2 (x * x overflows to inf, x ** 2 raises)
+        raise ValueError(f"eps: expected a value whose square is a positive finite float (about 1e-150 to 1e150), got {eps!r}")
     if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam):
         raise ValueError(f"lam: expected a finite number, got {lam!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -478,6 +481,13 @@ def layer_srr(
     if accelerator is not None:
         model = accelerator.unwrap_model(model)
     arch = describe(model)
+    if apply_layernorm and not any(h.attention_norm is not None for h in arch.layers):
+        warnings.warn(
+            f"apply_layernorm: {arch.model_type or type(model).__name__} has no pre-attention LayerNorm (its blocks "
+            "normalise after attention), so the states are measured without one, as with apply_layernorm=False",
+            UserWarning,
+            stacklevel=2,
+        )
     device = model_device(model)
     # float32 views of the projection weights (no copy for a float32 model); float64 copies for precision="float64"
     u_dtype = torch.float64 if precision == "float64" else torch.float32

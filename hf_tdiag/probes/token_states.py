@@ -80,6 +80,12 @@ def forward_kwargs(model: nn.Module, batch) -> dict:
     out = {}
     for key, value in kwargs.items():
         if isinstance(value, torch.Tensor):
+            if key == "pixel_values" and not value.is_floating_point():
+                raise TypeError(
+                    f"inputs: pixel_values must be floating point (run the model's image processor), got {value.dtype}"
+                )
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise ValueError(f"inputs: {key} contains NaN or inf values (shape {tuple(value.shape)})")
             value = value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype, non_blocking=True)
         out[key] = value
     return out

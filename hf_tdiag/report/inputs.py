@@ -42,6 +42,9 @@ def inputs_from_args(
     given = [n for n, v in (("images", images), ("dataset", dataset), ("texts", texts)) if v is not None]
     if len(given) > 1:
         raise ValueError(f"inputs: give one of --images, --dataset or --texts, got {given}")
+    if (images is not None or dataset is not None) and loaded.modality != "image":
+        flag = "images" if images is not None else "dataset"
+        raise ValueError(f"{flag}: {loaded.source!r} is a text model; images cannot be fed to it (pass --texts FILE)")
     if images is not None or (dataset is not None and dataset.strip().lower() not in DIGITS_NAMES):
         spec = images if images is not None else dataset
         if images is not None and not os.path.isdir(images):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from typing import Any, Mapping, Sequence
 
 OPTIMIZERS = ("adamw", "lion")
@@ -27,6 +28,8 @@ DIGITS = "digits"
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add every trainer flag to ``parser`` (used by the recipe and by the ``hf-tdiag train`` sub-command)."""
+    from .._cli_args import output_dir
+
     data = parser.add_argument_group("data")
     data.add_argument(
         "--dataset-name",
@@ -105,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     model.add_argument("--hidden-dropout-prob", type=float, default=None)
 
     opt = parser.add_argument_group("optimisation")
-    opt.add_argument("--output-dir", type=str, required=True, help="Where to save the model, results and checkpoints.")
+    opt.add_argument("--output-dir", type=output_dir, required=True, help="Where to save the model, results and checkpoints.")
     opt.add_argument("--num-train-epochs", type=int, default=None, help="Epochs (default 40 on digits, else 3).")
     opt.add_argument("--max-train-steps", type=int, default=None, help="Optimizer steps; overrides the epochs.")
     opt.add_argument("--per-device-train-batch-size", type=int, default=64)
@@ -274,8 +277,10 @@ def parse_srr_layer(spec: str | int) -> str | int:
 
 def validate_args(args: argparse.Namespace) -> None:
     """Raise ValueError/TypeError naming the argument for inconsistent or out-of-range values."""
-    if not args.output_dir or not isinstance(args.output_dir, str):
+    if not args.output_dir or not isinstance(args.output_dir, (str, os.PathLike)):
         raise ValueError(f"output_dir: expected a folder path, got {args.output_dir!r}")
+    if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise ValueError(f"output_dir: {os.fspath(args.output_dir)!r} is an existing file; expected a folder")
     sources = [n for n in ("dataset_name", "dataset_path", "train_dir") if getattr(args, n)]
     if len(sources) > 1:
         raise ValueError(f"dataset: pass only one of --dataset-name, --dataset-path, --train-dir, got {sources}")

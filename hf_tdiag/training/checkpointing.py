@@ -4,7 +4,9 @@ A checkpoint ``<output_dir>/checkpoint-<step>`` is written as
 ``.tmp-checkpoint-<step>``, completed with ``trainer_state.json`` (written
 last) and then renamed in one ``os.replace``. Only folders with the final name
 *and* the state file count as checkpoints, so a run killed while writing never
-leaves one that ``--resume_from_checkpoint latest`` would pick and fail on.
+leaves one that ``--resume-from-checkpoint latest`` would pick and fail on. A checkpoint damaged later (a
+truncated or edited ``trainer_state.json``) is never silently ignored: ``latest`` falls back to the newest
+intact one and says so, or stops with an error naming the damaged files.
 Old checkpoints are renamed away before they are deleted for the same reason.
 """
 
@@ -14,6 +16,8 @@ import json
 import os
 import re
 import shutil
+import warnings
+from typing import Callable
 
 CHECKPOINT_PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
@@ -22,29 +26,56 @@ _TRASH_PREFIX = ".trash-"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
+REQUIRED_STATE_KEYS = ("completed_steps", "epoch", "batches_in_epoch")
+
+
+def state_problem(path: str) -> str | None:
+    """Why the checkpoint folder ``path`` cannot be resumed from (its state file is missing, unreadable,
+    truncated or lacks a counter), naming the file; None when it can."""
+    file = os.path.join(path, STATE_FILE)
+    try:
+        with open(file, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        return f"{file!r} is missing"
+    except OSError as err:
+        return f"{file!r} cannot be read ({err.strerror or err})"
+    except ValueError as err:
+        return f"{file!r} is not valid JSON, probably truncated ({err})"
+    if not isinstance(data, dict):
+        return f"{file!r} holds a JSON {type(data).__name__}, not the trainer state object"
+    missing = [k for k in REQUIRED_STATE_KEYS if k not in data]
+    if missing:
+        return f"{file!r} lacks the key(s) {missing}"
+    bad = [k for k in REQUIRED_STATE_KEYS if isinstance(data[k], bool) or not isinstance(data[k], int) or data[k] < 0]
+    if bad:
+        return f"{file!r} has invalid {', '.join(f'{k}={data[k]!r}' for k in bad)} (expected non-negative integers)"
+    return None
+
+
 def is_complete_checkpoint(path: str) -> bool:
-    """True if ``path`` is a ``checkpoint-<step>`` folder holding a readable ``trainer_state.json``."""
+    """True if ``path`` is a ``checkpoint-<step>`` folder holding a readable, complete ``trainer_state.json``."""
     if not _CHECKPOINT_RE.match(os.path.basename(os.path.normpath(path))) or not os.path.isdir(path):
         return False
-    try:
-        with open(os.path.join(path, STATE_FILE), encoding="utf-8") as fh:
-            json.load(fh)
-    except (OSError, ValueError):
-        return False
-    return True
+    return state_problem(path) is None
 
 
-def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
-    """Complete checkpoints in ``output_dir`` as ``(step, path)``, oldest first."""
+def _checkpoint_folders(output_dir: str) -> list[tuple[int, str]]:
+    """Every ``checkpoint-<step>`` folder in ``output_dir``, complete or not, as ``(step, path)``, oldest first."""
     if not os.path.isdir(output_dir):
         return []
     found = []
     for name in os.listdir(output_dir):
         match = _CHECKPOINT_RE.match(name)
         path = os.path.join(output_dir, name)
-        if match and is_complete_checkpoint(path):
+        if match and os.path.isdir(path):
             found.append((int(match.group(1)), path))
     return sorted(found)
+
+
+def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
+    """Complete checkpoints in ``output_dir`` as ``(step, path)``, oldest first."""
+    return [(step, path) for step, path in _checkpoint_folders(output_dir) if state_problem(path) is None]
 
 
 def latest_checkpoint(output_dir: str) -> str | None:
@@ -53,21 +84,45 @@ def latest_checkpoint(output_dir: str) -> str | None:
     return found[-1][1] if found else None
 
 
-def resolve_checkpoint(spec: str, output_dir: str) -> str | None:
-    """``latest`` -> newest complete checkpoint in ``output_dir`` (None if none yet); a path -> validated path."""
+def _resolve_latest(output_dir: str, notify: Callable[[str], None]) -> str | None:
+    damaged = []
+    for _, path in reversed(_checkpoint_folders(output_dir)):
+        problem = state_problem(path)
+        if problem is None:
+            if damaged:
+                notify(
+                    f"resume_from_checkpoint=latest: skipping damaged checkpoint(s): {'; '.join(damaged)}; "
+                    f"resuming from {path!r}, the newest intact checkpoint"
+                )
+            return path
+        damaged.append(problem)
+    if damaged:
+        raise ValueError(
+            f"resume_from_checkpoint=latest: no intact checkpoint in {output_dir!r}: {'; '.join(damaged)}. "
+            "Remove the damaged folder(s) to train from scratch, or pass a checkpoint folder explicitly"
+        )
+    return None
+
+
+def resolve_checkpoint(spec: str, output_dir: str, notify: Callable[[str], None] | None = None) -> str | None:
+    """``latest`` -> newest intact checkpoint in ``output_dir`` (None when there is no checkpoint folder at all;
+    damaged newer ones are skipped with a message through ``notify``, default ``warnings.warn``; an error when
+    every checkpoint is damaged); a path -> that folder, validated."""
     if spec == "latest":
-        return latest_checkpoint(output_dir)
+        return _resolve_latest(output_dir, notify or (lambda text: warnings.warn(text, UserWarning, stacklevel=3)))
     if not os.path.isdir(spec):
         raise FileNotFoundError(f"resume_from_checkpoint: {spec!r} is not a folder (pass a checkpoint folder or 'latest')")
-    if not os.path.isfile(os.path.join(spec, STATE_FILE)):
-        raise ValueError(
-            f"resume_from_checkpoint: {spec!r} has no {STATE_FILE}; it is not a complete checkpoint written by this trainer"
-        )
+    problem = state_problem(spec)
+    if problem is not None:
+        raise ValueError(f"resume_from_checkpoint: {spec!r} is not a complete checkpoint written by this trainer: {problem}")
     return spec
 
 
 def read_state(path: str) -> dict:
-    """The trainer state stored in a checkpoint."""
+    """The trainer state stored in a checkpoint; ValueError naming the file when it is damaged."""
+    problem = state_problem(path)
+    if problem is not None:
+        raise ValueError(f"checkpoint state: {problem}")
     with open(os.path.join(path, STATE_FILE), encoding="utf-8") as fh:
         return json.load(fh)
 
@@ -140,6 +195,8 @@ __all__ = [
     "CHECKPOINT_PREFIX",
     "STATE_FILE",
     "is_complete_checkpoint",
+    "state_problem",
+    "REQUIRED_STATE_KEYS",
     "list_checkpoints",
     "latest_checkpoint",
     "resolve_checkpoint",

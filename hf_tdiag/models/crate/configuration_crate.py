@@ -6,6 +6,9 @@ next to the weights for ``trust_remote_code`` loading.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from transformers import PreTrainedConfig
 
 CRATE_VARIANTS = ("crate", "crate-c", "crate-n", "crate-t", "crate-fix", "crate-identity")
@@ -26,12 +29,29 @@ CRATE_PRESETS: dict[str, dict] = {
 }
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _as_pair(value, name: str) -> tuple[int, int]:
-    if isinstance(value, int) and not isinstance(value, bool):
+    if _is_int(value):
         return value, value
-    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(v) for v in value):
         return int(value[0]), int(value[1])
     raise TypeError(f"CrateConfig: {name} must be an int or a pair of ints, got {value!r}")
+
+
+def _check_number(name: str, value, low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False):
+    """``value`` a finite real number in the interval (``low``, ``high``) with the given open/closed ends."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"CrateConfig: {name} must be a finite number, got {value!r}")
+    if value < low or (low_open and value == low) or value > high or (high_open and value == high):
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open or high == math.inf else ']'}"
+        raise ValueError(f"CrateConfig: {name} must be in {interval}, got {value!r}")
+
+
+# from_preset keywords besides the dataclass fields: PreTrainedConfig's own keyword arguments
+_PRETRAINED_KEYWORDS = frozenset({"num_labels", "output_attentions", "attn_implementation", "torch_dtype", "use_return_dict"})
 
 
 class CrateConfig(PreTrainedConfig):
@@ -84,7 +104,7 @@ class CrateConfig(PreTrainedConfig):
     variant: str = "crate"
 
     def __post_init__(self, **kwargs):
-        if self.head_dim is None and isinstance(self.hidden_size, int) and isinstance(self.num_attention_heads, int):
+        if self.head_dim is None and _is_int(self.hidden_size) and _is_int(self.num_attention_heads):
             if self.num_attention_heads > 0:
                 self.head_dim = self.hidden_size // self.num_attention_heads
         self._validate_crate()
@@ -93,11 +113,11 @@ class CrateConfig(PreTrainedConfig):
     def _validate_crate(self) -> None:
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "num_channels"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not _is_int(value) or value <= 0:
                 raise ValueError(f"CrateConfig: {name} must be a positive int, got {value!r}")
-        if self.variant not in CRATE_VARIANTS:
+        if not isinstance(self.variant, str) or self.variant not in CRATE_VARIANTS:
             raise ValueError(f"CrateConfig: variant must be one of {list(CRATE_VARIANTS)}, got {self.variant!r}")
-        if self.pooling not in CRATE_POOLINGS:
+        if not isinstance(self.pooling, str) or self.pooling not in CRATE_POOLINGS:
             raise ValueError(f"CrateConfig: pooling must be one of {list(CRATE_POOLINGS)}, got {self.pooling!r}")
         inner = self.num_attention_heads * self.head_dim
         if self.variant in ("crate-t", "crate-identity") and inner != self.hidden_size:
@@ -111,14 +131,12 @@ class CrateConfig(PreTrainedConfig):
             raise ValueError(f"CrateConfig: image_size and patch_size must be positive, got {image} and {patch}")
         if image[0] % patch[0] or image[1] % patch[1]:
             raise ValueError(f"CrateConfig: image_size {image} must be divisible by patch_size {patch}")
-        for name in ("ista_step_size", "ista_lambda", "layer_norm_eps", "initializer_range"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-                raise ValueError(f"CrateConfig: {name} must be a non-negative number, got {value!r}")
+        _check_number("ista_step_size", self.ista_step_size, 0.0, low_open=True)  # eta > 0: a step
+        _check_number("ista_lambda", self.ista_lambda, 0.0)
+        _check_number("layer_norm_eps", self.layer_norm_eps, 0.0, low_open=True)  # 0 divides constant tokens by 0
+        _check_number("initializer_range", self.initializer_range, 0.0)
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
-                raise ValueError(f"CrateConfig: {name} must be in [0, 1), got {value!r}")
+            _check_number(name, getattr(self, name), 0.0, 1.0, high_open=True)
 
     @property
     def num_patches(self) -> int:
@@ -134,12 +152,21 @@ class CrateConfig(PreTrainedConfig):
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "CrateConfig":
         """Config of a named size (``crate-tiny|small|base|large``, ``crate-32``, ``crate-digits``), with overrides."""
-        if name not in CRATE_PRESETS:
+        if not isinstance(name, str) or name not in CRATE_PRESETS:
             raise ValueError(f"CrateConfig.from_preset: unknown preset {name!r}; available: {list(CRATE_PRESETS)}")
+        known = {f.name for f in dataclasses.fields(cls)} | _PRETRAINED_KEYWORDS
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            import difflib
+
+            hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, known, n=1)) else repr(k)
+                     for k in unknown]
+            raise TypeError(f"CrateConfig.from_preset: unknown keyword(s) {', '.join(hints)}")
         fields = dict(CRATE_PRESETS[name])
         fields.update(overrides)
         if "head_dim" not in overrides:
-            fields["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
+            hidden, heads = fields["hidden_size"], fields["num_attention_heads"]
+            fields["head_dim"] = hidden // heads if _is_int(hidden) and _is_int(heads) and heads > 0 else None
         return cls(**fields)
 
 

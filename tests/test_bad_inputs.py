@@ -1,0 +1,361 @@
+"""Bad inputs -> a ValueError/TypeError (or a one-line CLI error) that names the input, never a traceback from
+deep inside a library, never a silently wrong result. One parametrized case per input tried; the table of
+outcomes before and after is in the closing note of issue 18."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+import hf_tdiag
+from hf_tdiag.cli import main as cli_main
+from hf_tdiag.measures import coding_rate
+from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification, CrateImageProcessor
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """A tiny CRATE and a tiny BERT saved with save_pretrained, plus damaged copies and bad files."""
+    from PIL import Image
+    from transformers import BertConfig, BertModel
+
+    root = tmp_path_factory.mktemp("bad")
+    torch.manual_seed(0)
+    cfg = CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=1)
+    CrateForImageClassification(cfg).save_pretrained(root / "crate")
+    CrateImageProcessor.for_config(cfg).save_pretrained(root / "crate")
+    BertModel(BertConfig(vocab_size=30, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=16)).save_pretrained(root / "bert")
+    shutil.copytree(root / "crate", root / "truncated")
+    weights = (root / "truncated" / "model.safetensors").read_bytes()
+    (root / "truncated" / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    shutil.copytree(root / "crate", root / "eps0")
+    config = json.loads((root / "eps0" / "config.json").read_text())
+    (root / "eps0" / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 0}))
+    (root / "garbage_config").mkdir()
+    (root / "garbage_config" / "config.json").write_text("{oops")
+    (root / "zero_png").mkdir()
+    (root / "zero_png" / "a.png").write_bytes(b"")
+    (root / "empty.pth").write_bytes(b"")
+    (root / "garbage.pth").write_bytes(bytes(range(256)) * 3)
+    torch.save([1, 2, 3], root / "list.pth")
+    torch.save({"foo": torch.zeros(2)}, root / "nokeys.pth")
+    (root / "labels.json").write_text("{not json")
+    (root / "afile").write_text("x")
+    (root / "empty_dir").mkdir()
+    Image.new("L", (8, 8)).save(root / "img.png")
+    (root / "remote").mkdir()
+    (root / "remote" / "config.json").write_text(json.dumps({"model_type": "evil", "auto_map": {"AutoModel": "evil.Evil"}}))
+    (root / "remote" / "evil.py").write_text("raise SystemExit('remote code ran')\n")
+    return root
+
+
+# ----------------------------------------------------------------------------------------- configuration
+
+CONFIG_CASES = [
+    ({"ista_step_size": math.inf}, ValueError, "ista_step_size"),
+    ({"ista_step_size": 0.0}, ValueError, "ista_step_size"),
+    ({"layer_norm_eps": 0}, ValueError, "layer_norm_eps"),
+    ({"num_attention_heads": 0}, ValueError, "num_attention_heads"),
+    ({"hiden_size": 128}, TypeError, "'hiden_size' (did you mean 'hidden_size'?)"),
+    ({"foo": 1}, TypeError, "'foo'"),
+    ({"hidden_dropout_prob": math.nan}, ValueError, "hidden_dropout_prob"),
+    ({"attention_probs_dropout_prob": 1.0}, ValueError, "attention_probs_dropout_prob"),
+    ({"ista_lambda": math.inf}, ValueError, "ista_lambda"),
+    ({"ista_lambda": -1}, ValueError, "ista_lambda"),
+    ({"initializer_range": -0.1}, ValueError, "initializer_range"),
+    ({"image_size": True}, TypeError, "image_size"),
+    ({"patch_size": (2, True)}, TypeError, "patch_size"),
+    ({"hidden_size": 64.0}, ValueError, "hidden_size"),
+    ({"variant": ["crate"]}, ValueError, "variant"),
+    ({"pooling": "max"}, ValueError, "pooling"),
+]
+
+
+@pytest.mark.parametrize("overrides, error, named", CONFIG_CASES, ids=[str(c[0]) for c in CONFIG_CASES])
+def test_config_values_are_validated(overrides, error, named):
+    with pytest.raises(error) as info:
+        CrateConfig.from_preset("crate-digits", **overrides)
+    assert named in str(info.value)
+
+
+def test_from_preset_still_takes_pretrained_config_keywords():
+    config = CrateConfig.from_preset("crate-digits", num_labels=3, output_attentions=True)
+    assert config.num_labels == 3 and config.output_attentions
+
+
+def test_config_json_with_bad_values_is_named(folders):
+    with pytest.raises(ValueError, match="layer_norm_eps"):
+        CrateConfig.from_pretrained(folders / "eps0")
+    from hf_tdiag.loading import load_model
+
+    with pytest.raises(ValueError) as info:
+        load_model(str(folders / "eps0"))
+    assert str(folders / "eps0" / "config.json") in str(info.value) and "layer_norm_eps" in str(info.value)
+    assert "remote" not in str(info.value)  # not mistaken for a custom-code repository
+
+
+# ----------------------------------------------------------------------------------------- model files
+
+
+@pytest.mark.parametrize("what", ["load_model", "spectrum_bounds"])
+def test_truncated_safetensors_is_named(folders, what):
+    from hf_tdiag.loading import load_model
+
+    fn = load_model if what == "load_model" else hf_tdiag.spectrum_bounds
+    with pytest.raises(ValueError) as info:
+        fn(str(folders / "truncated"))
+    assert str(folders / "truncated" / "model.safetensors") in str(info.value)
+
+
+def test_unreadable_config_json_is_named(folders):
+    with pytest.raises(ValueError) as info:
+        hf_tdiag.spectrum_bounds(str(folders / "garbage_config"))
+    assert str(folders / "garbage_config" / "config.json") in str(info.value)
+    assert "Hub" not in str(info.value)
+
+
+def test_spectrum_bounds_of_a_config_file(folders):
+    with pytest.raises(ValueError) as info:
+        hf_tdiag.spectrum_bounds(str(folders / "crate" / "config.json"))
+    assert str(folders / "crate" / "config.json") in str(info.value)
+
+
+# ----------------------------------------------------------------------------------------- inputs
+
+
+@pytest.fixture(scope="module")
+def crate(folders):
+    return CrateForImageClassification.from_pretrained(folders / "crate").eval()
+
+
+@pytest.mark.parametrize(
+    "pixels, error, named",
+    [
+        (torch.full((2, 1, 8, 8), math.nan), ValueError, "pixel_values contains NaN"),
+        (torch.full((2, 1, 8, 8), math.inf), ValueError, "pixel_values contains NaN or inf"),
+        (torch.ones(2, 1, 8, 8, dtype=torch.int64), TypeError, "pixel_values must be floating point"),
+        (torch.rand(1, 8, 8), ValueError, "pixel_values"),
+        (torch.rand(0, 1, 8, 8), ValueError, "inputs"),
+    ],
+    ids=["nan", "inf", "int", "3-D", "empty"],
+)
+def test_layer_srr_names_the_bad_pixels(crate, pixels, error, named, one_torch_thread):
+    with pytest.raises(error) as info:
+        hf_tdiag.layer_srr(crate, pixels, progress=False)
+    assert named in str(info.value) and "Z:" not in str(info.value)
+
+
+def test_layernorm_on_a_post_ln_model_warns(folders, one_torch_thread):
+    from transformers import BertModel
+
+    bert = BertModel.from_pretrained(folders / "bert").eval()
+    with pytest.warns(UserWarning, match="apply_layernorm: bert has no pre-attention LayerNorm"):
+        report = hf_tdiag.layer_srr(bert, {"input_ids": torch.randint(0, 30, (2, 5))}, apply_layernorm=True, progress=False)
+    assert report.settings["layernorm_applied"] is False
+
+
+def test_empty_inputs_of_the_evaluate_modules(crate):
+    import evaluate
+
+    for name, kwargs in (("srr", {}), ("concept_fidelity", {"layer": 1, "n_concepts": 2}), ("attention_svm", {"layer": 0})):
+        with pytest.raises(ValueError, match="images: expected at least one input, got an empty list"):
+            evaluate.load(hf_tdiag.metric_path(name)).compute(model=crate, images=[], **kwargs)
+
+
+def test_eps_whose_square_overflows(crate):
+    for eps in (1e308, 1e-200):
+        with pytest.raises(ValueError, match="eps: expected a value whose square"):
+            hf_tdiag.layer_srr(crate, torch.rand(2, 1, 8, 8), eps=eps, progress=False)
+        with pytest.raises(ValueError, match="eps: expected a value whose square"):
+            coding_rate(torch.rand(2, 4, 3), eps=eps)
+
+
+def test_texts_for_an_image_model_in_the_srr_module(crate):
+    import evaluate
+
+    with pytest.raises(ValueError, match="texts: .* is an image model"):
+        evaluate.load(hf_tdiag.metric_path("srr")).compute(model=crate, texts=["a b"])
+
+
+def test_concept_fidelity_on_an_empty_batch(crate):
+    with pytest.raises(ValueError, match="inputs: expected at least one image, got an empty batch"):
+        hf_tdiag.concept_fidelity(crate, torch.rand(0, 1, 8, 8), 1, 2)
+
+
+def test_digits_split_is_checked():
+    from hf_tdiag.inputs import load_images
+
+    with pytest.raises(ValueError, match="split: expected None, 'train' or 'test' for the digits, got 'nope'"):
+        load_images("digits", split="nope")
+    assert len(load_images("digits", split="test", limit=3).images) == 3
+
+
+# ----------------------------------------------------------------------------------------- command line
+
+
+def _cli(argv, capsys):
+    try:
+        code = cli_main([str(a) for a in argv])
+    except SystemExit as exit_:
+        code = exit_.code
+    return code, capsys.readouterr().err
+
+
+CLI_CASES = [
+    # (id, argv with {root} for the fixture folder, exit code, text the error must contain)
+    ("convert empty file", ["convert-official", "{root}/empty.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1, "{root}/empty.pth' is empty"),
+    ("convert garbage", ["convert-official", "{root}/garbage.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1, "cannot read '{root}/garbage.pth'"),
+    ("convert folder", ["convert-official", "{root}/empty_dir", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1, "'{root}/empty_dir' is a folder"),
+    ("convert missing", ["convert-official", "{root}/nope.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1, "no such file '{root}/nope.pth'"),
+    ("convert list", ["convert-official", "{root}/list.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1, "'{root}/list.pth': state_dict must be a mapping"),
+    ("convert no head", ["convert-official", "{root}/nokeys.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1, "'{root}/nokeys.pth' has no 'mlp_head.1.weight'"),
+    ("convert truncated safetensors", ["convert-official", "{root}/truncated/model.safetensors", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1,
+     "cannot read '{root}/truncated/model.safetensors' as a safetensors file"),
+    ("convert unknown preset", ["convert-official", "{root}/nokeys.pth", "--preset", "crate-huge", "--output-dir", "{root}/converted"], 1, "--preset: expected one of"),
+    ("convert bad labels", ["convert-official", "{root}/crate-official.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted", "--labels", "{root}/labels.json"], 1,
+     "--labels: '{root}/labels.json' is not valid JSON"),
+    ("srr zero-byte image", ["srr", "{root}/crate", "--images", "{root}/zero_png"], 1, "'a.png': not an image file"),
+    ("srr truncated weights", ["srr", "{root}/truncated", "--dataset", "digits"], 1, "'{root}/truncated/model.safetensors'"),
+    ("srr garbage config", ["srr", "{root}/garbage_config", "--dataset", "digits"], 1, "'{root}/garbage_config/config.json'"),
+    ("srr config eps 0", ["srr", "{root}/eps0", "--dataset", "digits"], 1, "layer_norm_eps must be in (0.0, inf)"),
+    ("srr config.json as model", ["srr", "{root}/crate/config.json", "--dataset", "digits"], 1, "got the file '{root}/crate/config.json'"),
+    ("srr missing model", ["srr", "{root}/nope", "--dataset", "digits"], 1, "'{root}/nope' is not an existing folder"),
+    ("srr images is a file", ["srr", "{root}/crate", "--images", "{root}/afile"], 1, "images: expected a folder, got '{root}/afile'"),
+    ("srr texts on image model", ["srr", "{root}/crate", "--texts", "{root}/labels.json"], 1, "texts: '{root}/crate' is not a text model"),
+    ("srr BERT on images", ["srr", "{root}/bert", "--dataset", "digits"], 1, "'{root}/bert' is not a vision model"),
+    ("srr digits split", ["srr", "{root}/crate", "--dataset", "digits", "--split", "nope"], 1, "split: expected None, 'train' or 'test'"),
+    ("srr device", ["srr", "{root}/crate", "--dataset", "digits", "--device", "gpu0"], 2, "--device: expected a torch device"),
+    ("srr output dir is a file", ["srr", "{root}/crate", "--dataset", "digits", "--output-dir", "{root}/afile"], 2,
+     "--output-dir: '{root}/afile' is an existing file"),
+    ("srr max samples 0", ["srr", "{root}/crate", "--dataset", "digits", "--max-samples", "0"], 2, "--max-samples"),
+    ("srr eps nan", ["srr", "{root}/crate", "--dataset", "digits", "--eps", "nan"], 2, "--eps: expected a finite number"),
+    ("srr batch size 0", ["srr", "{root}/crate", "--dataset", "digits", "--batch-size", "0"], 2, "--batch-size"),
+    ("srr no input", ["srr", "{root}/crate"], 2, "one of the arguments --images --dataset --texts is required"),
+    ("srr unknown flag", ["srr", "{root}/crate", "--dataset", "digits", "--frobnicate"], 2, "unrecognized arguments: --frobnicate"),
+    ("schatten truncated", ["schatten", "{root}/truncated"], 1, "'{root}/truncated/model.safetensors'"),
+    ("schatten empty folder", ["schatten", "{root}/empty_dir"], 1, "'{root}/empty_dir' has no config.json"),
+    ("schatten l-phi nan", ["schatten", "{root}/crate", "--l-phi", "nan"], 2, "--l-phi"),
+    ("concepts k 0", ["concepts", "{root}/crate", "--dataset", "digits", "--concepts", "0"], 2, "--concepts"),
+    ("concepts layer 99", ["concepts", "{root}/crate", "--dataset", "digits", "--layer", "99"], 1, "layer: expected 0 <= layer <= 1"),
+    ("concepts on BERT", ["concepts", "{root}/bert", "--dataset", "digits"], 1, "'{root}/bert' is not a vision model"),
+    ("attention-svm head 99", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "0", "--head", "99"], 1, "head: expected an int in [0, 4)"),
+    ("attention-svm layer -1", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "-1"], 2, "--layer"),
+    ("attention-svm queries", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "0", "--queries", "999"], 1, "queries: positions must lie in [0, 17)"),
+    ("report sections", ["report", "{root}/crate", "--sections", "bogus"], 1, "sections: unknown ['bogus']"),
+    ("report images on text model", ["report", "{root}/bert", "--images", "{root}/zero_png"], 1, "'{root}/bert' is a text model"),
+    ("srr images folder is empty", ["srr", "{root}/crate", "--images", "{root}/empty_dir"], 1, "'{root}/empty_dir': the folder is empty"),
+    ("study axis", ["study", "--axis", "lr"], 1, "--axis: expected KEY=VALUE, got 'lr'"),
+    ("study jobs 0", ["study", "--jobs", "0"], 2, "--jobs"),
+    ("train lr nan", ["train", "--output-dir", "{root}/t", "--learning-rate", "nan"], 1, "learning_rate: expected a finite number"),
+    ("train preset typo", ["train", "--output-dir", "{root}/t", "--preset", "crate-digit"], 1, "preset: expected one of"),
+    ("train output is a file", ["train", "--output-dir", "{root}/afile"], 2, "'{root}/afile' is an existing file"),
+    ("train resume missing", ["train", "--output-dir", "{root}/t", "--resume-from-checkpoint", "{root}/nope"], 1,
+     "resume_from_checkpoint: '{root}/nope' is not a folder"),
+    ("unknown command", ["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+    ("srr eps overflows", ["srr", "{root}/crate", "--dataset", "digits", "--max-samples", "2", "--eps", "1e308"], 1,
+     "eps: expected a value whose square is a positive finite float"),
+    ("srr binary texts", ["srr", "{root}/bert", "--texts", "{root}/garbage.pth"], 1, "texts: '{root}/garbage.pth' is not UTF-8 text"),
+    ("srr custom-code repo", ["srr", "{root}/remote", "--dataset", "digits"], 1, "'{root}/remote' needs its own Python code"),
+    ("concepts max-iter 0", ["concepts", "{root}/crate", "--dataset", "digits", "--max-iter", "0"], 2, "--max-iter"),
+    ("report concepts 0", ["report", "{root}/crate", "--concepts", "0"], 2, "--concepts"),
+    ("report max-samples 0", ["report", "{root}/crate", "--max-samples", "0"], 2, "--max-samples"),
+]
+
+
+@pytest.mark.parametrize("argv, code, named", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+def test_cli_errors_name_the_input(folders, argv, code, named, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # default output folders, if any were written, stay under tmp_path
+    if "{root}/crate-official.pth" in argv:
+        torch.save({"mlp_head.1.weight": torch.zeros(10, 64)}, folders / "crate-official.pth")
+    argv = [a.replace("{root}", str(folders)) for a in argv]
+    got, err = _cli(argv, capsys)
+    assert got == code, err
+    assert named.replace("{root}", str(folders)) in err, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("hf-tdiag")  # one error line (after a usage block for exit 2)
+
+
+def test_cli_prints_the_layernorm_warning(folders, capsys, tmp_path):
+    (tmp_path / "t.txt").write_text("a b\nc d\n")
+    code, err = _cli(["srr", folders / "bert", "--texts", tmp_path / "t.txt", "--layernorm", "--output-dir", tmp_path / "o"],
+                     capsys)
+    assert code == 0
+    assert "hf-tdiag srr: warning: apply_layernorm: bert has no pre-attention LayerNorm" in err
+
+
+# ----------------------------------------------------------------------------------------- resuming
+
+
+def _checkpoint(root, step, state):
+    folder = root / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    if state is not None:
+        (folder / "trainer_state.json").write_text(state if isinstance(state, str) else json.dumps(state))
+    return folder
+
+
+GOOD = {"completed_steps": 4, "epoch": 1, "batches_in_epoch": 0, "step": 4}
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (json.dumps(GOOD)[:20], "is not valid JSON"),
+        ("", "is not valid JSON"),
+        ("[1, 2]", "holds a JSON list"),
+        (json.dumps({k: v for k, v in GOOD.items() if k != "epoch"}), "lacks the key(s) ['epoch']"),
+        (json.dumps({**GOOD, "completed_steps": -3}), "completed_steps=-3"),
+        (None, "is missing"),
+    ],
+    ids=["truncated", "empty", "not-an-object", "missing-key", "negative-step", "no-state-file"],
+)
+def test_latest_skips_a_damaged_newest_checkpoint_and_says_so(tmp_path, damage, named):
+    from hf_tdiag.training.checkpointing import read_state, resolve_checkpoint
+
+    good = _checkpoint(tmp_path, 4, GOOD)
+    bad = _checkpoint(tmp_path, 8, damage)
+    messages = []
+    assert resolve_checkpoint("latest", str(tmp_path), notify=messages.append) == str(good)
+    assert len(messages) == 1 and str(bad / "trainer_state.json") in messages[0] and named in messages[0]
+    assert str(good) in messages[0]
+    with pytest.raises(ValueError) as info:  # the damaged one named, when asked for explicitly
+        resolve_checkpoint(str(bad), str(tmp_path))
+    assert str(bad / "trainer_state.json") in str(info.value) and named in str(info.value)
+    with pytest.raises(ValueError) as info:
+        read_state(str(bad))
+    assert str(bad / "trainer_state.json") in str(info.value)
+
+
+def test_latest_with_only_damaged_checkpoints_is_an_error(tmp_path):
+    from hf_tdiag.training.checkpointing import resolve_checkpoint
+
+    _checkpoint(tmp_path, 3, '{"completed_steps": 3, "ep')
+    _checkpoint(tmp_path, 6, None)
+    with pytest.raises(ValueError) as info:
+        resolve_checkpoint("latest", str(tmp_path))
+    text = str(info.value)
+    assert str(tmp_path / "checkpoint-3" / "trainer_state.json") in text
+    assert str(tmp_path / "checkpoint-6" / "trainer_state.json") in text
+    assert "no intact checkpoint" in text
+
+
+def test_latest_without_checkpoints_starts_fresh(tmp_path):
+    from hf_tdiag.training.checkpointing import resolve_checkpoint
+
+    assert resolve_checkpoint("latest", str(tmp_path)) is None
+    assert resolve_checkpoint("latest", str(tmp_path / "not-there")) is None
+
+
+def test_default_notification_is_a_warning(tmp_path):
+    from hf_tdiag.training.checkpointing import resolve_checkpoint
+
+    _checkpoint(tmp_path, 1, GOOD)
+    _checkpoint(tmp_path, 2, "{")
+    with pytest.warns(UserWarning, match="checkpoint-2"):
+        assert resolve_checkpoint("latest", str(tmp_path)).endswith("checkpoint-1")
