@@ -112,7 +112,7 @@ def _fake_ckpt(root, name, complete=True):
     path.mkdir()
     (path / "model.safetensors").write_bytes(b"x")
     if complete:
-        (path / checkpointing.STATE_FILE).write_text(json.dumps({"completed_steps": 1}))
+        (path / checkpointing.STATE_FILE).write_text(json.dumps({"completed_steps": 1, "epoch": 0, "batches_in_epoch": 1}))
     return path
 
 
@@ -147,7 +147,7 @@ def test_save_checkpoint_roundtrip_with_accelerator(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = acc.prepare(model, opt)
     for step in (1, 2, 3):
-        checkpointing.save_checkpoint(acc, str(tmp_path), step, {"completed_steps": step, "w": 1}, keep=2)
+        checkpointing.save_checkpoint(acc, str(tmp_path), step, {"completed_steps": step, "epoch": 0, "batches_in_epoch": step, "w": 1}, keep=2)
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-2", "checkpoint-3"]
     saved = model.weight.detach().clone()
     with torch.no_grad():
