@@ -1,5 +1,6 @@
 """Subspace and token-state probes, and layer_srr, on small CRATE / ViT / BERT models built from configs."""
 
+import copy
 import json
 import os
 import subprocess
@@ -380,8 +381,13 @@ def test_layer_srr_errors():
         layer_srr(model, 3.0)
     with pytest.raises(TypeError, match="model"):
         layer_srr("crate", x)
-    with pytest.raises(ValueError, match="Z: contains NaN"):
+    with pytest.raises(ValueError, match="pixel_values contains NaN"):
         layer_srr(model, torch.full((2, 1, 8, 8), float("nan")), progress=False)
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        next(p for n, p in broken.named_parameters() if n.endswith("patch_embeddings.projection.weight")).fill_(float("nan"))
+    with pytest.raises(ValueError, match="contains NaN"):
+        layer_srr(broken, x, progress=False)
 
 
 def test_accelerate_single_process_counts_each_sample_once():
