@@ -63,5 +63,5 @@ def test_model_and_inputs_loads_once_and_batches_lazily(tmp_path):
         module._model_and_inputs(model, [], None)
     with pytest.raises(ValueError, match="model: expected a Transformers model"):
         module._model_and_inputs(None, images, None)
-    with pytest.raises(ValueError, match="tokenizer: no tokenizer found"):
+    with pytest.raises(ValueError, match="texts: .* is an image model; pass images= or pixel_values="):
         module._model_and_inputs(model, ["a text"], None)
