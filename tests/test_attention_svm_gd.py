@@ -73,9 +73,15 @@ def test_gd_kq_parameterization_converges_to_nuclear_svm():
     nuc = att_svm(data.X, data.z, data.optimal, norm="nuc")
     fro = att_svm(data.X, data.z, data.optimal)
     # the paper's settings: η = 0.1, K and Q normalized separately, Q = 0 and K small at the start
-    run = train_attention(data, param="KQ", steps=2000, lr=0.1, references={"nuc": nuc.W, "fro": fro.W}, record_every=100)
+    run = train_attention(data, param="KQ", steps=2000, lr=0.1, references={"nuc": nuc.W, "fro": fro.W}, record_every=100,
+                          eps=0.0, kq_penalty=0.0)
     assert run.K.shape == (4, 4) and torch.allclose(run.W, run.K @ run.Q.T)
     assert run.correlation["nuc"][-1] >= 0.99
+    # with the authors' machine-epsilon terms the penalty holds ‖KQᵀ‖ bounded once the loss gradient reaches
+    # machine precision: the direction passes 0.99 on the way and settles a little below it
+    authors = train_attention(data, param="KQ", steps=2000, lr=0.1, references={"nuc": nuc.W}, record_every=100)
+    assert float(authors.correlation["nuc"].max()) >= 0.99 and float(authors.correlation["nuc"][-1]) >= 0.98
+    assert float(authors.norm[-1]) < 100 < float(run.norm[-1])
     # the nuclear and Frobenius solutions differ here, and KQ follows the nuclear one
     assert fro.correlation(nuc.W) < 0.95
     assert run.correlation["nuc"][-1] > run.correlation["fro"][-1] + 0.05

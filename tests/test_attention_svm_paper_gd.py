@@ -54,8 +54,12 @@ def test_default_kq_start_is_q_zero_and_the_first_step_moves_only_q():
     data = make_attention_data(3, 4, 5, seed=0)
     run = train_attention(data, param="KQ", steps=1, lr=0.1, init_scale=0.1, seed=3)
     K0 = 0.1 * torch.randn(5, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    # at Q = 0 the gradient of K is ∇_W·Q = 0 (no step); Q takes a full step of length η = 0.1
-    assert torch.allclose(run.K, K0, atol=0)
+    # at Q = 0 the loss gradient of K is ∇_W·Q = 0: only the authors' penalty ε‖K‖² acts, a step
+    # −η·2εK/(2ε‖K‖ + ε) along −K; without the penalty K does not move. Q takes a step of length η = 0.1
+    k = float(K0.norm())
+    assert torch.allclose(run.K, K0 * (1 - 0.2 / (2 * k + 1)), rtol=0, atol=1e-15)
+    plain = train_attention(data, param="KQ", steps=1, lr=0.1, init_scale=0.1, seed=3, kq_penalty=0.0)
+    assert torch.allclose(plain.K, K0, atol=0) and torch.allclose(plain.Q, run.Q, atol=1e-15)
     assert float(run.Q.norm()) == pytest.approx(0.1, rel=1e-12)
     _, gQ = _autograd_kq_grads(data, K0, torch.zeros(5, 5, dtype=torch.float64))
     assert torch.allclose(run.Q, -0.1 * gQ / gQ.norm(), atol=1e-13)
@@ -171,3 +175,40 @@ def test_assumption_b1_is_a_separating_first_gradient():
                          v=torch.tensor([1.0, -0.2], dtype=torch.float64), Y=torch.tensor([1.0, -1.0], dtype=torch.float64))
     assert data.optimal.tolist() == [0, 1]
     assert not initial_gradient_separates(data)
+
+
+def _authors_loop(data, V, W0, steps, eps):
+    """The authors' normalized GD for the ReLU head, written as in their notebook: W -= η g/(‖g‖ + eps)."""
+    W = W0.clone().requires_grad_(True)
+    for _ in range(steps):
+        s = torch.softmax(torch.einsum("ntd,de,ne->nt", data.X, W, data.z), -1)
+        f = torch.relu(torch.einsum("nt,ntd->nd", s, data.X) @ V).sum(-1)
+        (g,) = torch.autograd.grad(torch.log(1 + torch.exp(-data.Y * f)).mean(), W)
+        with torch.no_grad():
+            W -= 0.1 * g / (g.norm() + eps)
+    return W.detach()
+
+
+def test_normalized_steps_add_machine_epsilon_as_the_authors(one_torch_thread):
+    data, V = make_relu_head_data(3, 4, 4, seed=1)
+    W0 = (torch.rand(4, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 2 - 1) / 2
+    eps = torch.finfo(torch.float64).eps
+    ours = train_attention(data, param="W", steps=1200, lr=0.1, init=W0, head=ReLUHead(V))
+    plain = train_attention(data, param="W", steps=1200, lr=0.1, init=W0, head=ReLUHead(V), eps=0.0)
+    assert torch.allclose(ours.W, _authors_loop(data, V, W0, 1200, eps), atol=1e-10)
+    assert torch.allclose(plain.W, _authors_loop(data, V, W0, 1200, 0.0), atol=1e-10)
+    # once the gradient reaches machine precision the authors' steps shrink: the two runs part ways
+    assert float((ours.W - plain.W).norm()) > 1.0 and float(ours.W.norm()) < float(plain.W.norm())
+
+
+def test_kq_penalty_pulls_k_and_q_back_once_the_loss_gradient_vanishes():
+    data = make_attention_data(3, 4, 5, seed=4)
+    svm = att_svm(data.X, data.z, data.optimal)
+    U, S, Vh = torch.linalg.svd(svm.W)
+    K0, Q0 = 300 * U * S.sqrt(), 300 * Vh.T * S.sqrt()  # K Qᵀ = 9e4 W_mm: every loss gradient ~ e^-9e4
+    run = train_attention(data, param="KQ", steps=1, lr=0.1, init=(K0, Q0))
+    for P0, P1 in ((K0, run.K), (Q0, run.Q)):
+        n = float(P0.norm())  # the step is −η·2εP/(2ε‖P‖ + ε): along −P, of length η·2‖P‖/(2‖P‖ + 1)
+        assert torch.allclose(P1, P0 - 0.1 * (2 * n / (2 * n + 1)) * P0 / n, rtol=0, atol=1e-12)
+    frozen = train_attention(data, param="KQ", steps=1, lr=0.1, init=(K0, Q0), kq_penalty=0.0)
+    assert torch.allclose(frozen.K, K0, atol=1e-12) and torch.allclose(frozen.Q, Q0, atol=1e-12)

@@ -5,9 +5,11 @@ The paper's settings (authors' code, ucr-optml/max_margin_attention): step ``η 
 from ``Q = 0`` and a small random ``K`` (``init="zero"``), or from PyTorch's ``nn.Linear`` initialization
 ``U(−1/√d, 1/√d)`` (``init="linear"``, the local-convergence and Fig. 9 notebooks). A batch of ``R`` runs (data with a
 leading run dimension) is trained at once; each run is normalized on its own, so the result equals ``R``
-separate runs. The authors add ``ε(‖K‖² + ‖Q‖²)`` (``ε`` = float64 machine epsilon) to keep ``K, Q`` bounded
-once their gradient underflows to zero; the linear head's gradient here is computed in log space and never
-underflows, so no penalty is added.
+separate runs. As in the authors' code the step is ``η∇/(‖∇‖ + ε)`` and ``(K, Q)`` carry the penalty
+``ε(‖K‖² + ‖Q‖²)`` (``ε`` = float64 machine epsilon): once the loss gradient falls to machine precision the
+steps shrink (``W``) or pull ``K, Q`` back (KQ). The linear head's gradient is computed in log space, so these
+thresholds act on its exact magnitude, not on an underflowed one; ``eps=0, kq_penalty=0`` give plain
+normalized GD.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ __all__ = ["GDRun", "GDBatch", "train_attention", "train_attention_batch"]
 
 _INITS = ("zero", "linear")
 _ONE_THREAD_NUMEL = 1_000_000  # below this many token entries GD runs on one torch thread
+EPS = torch.finfo(torch.float64).eps  # the authors' ε: ∇/(‖∇‖ + ε) and the (K, Q) penalty ε(‖K‖² + ‖Q‖²)
 
 
 @dataclass
@@ -133,18 +136,28 @@ def _build(params: list[torch.Tensor]) -> torch.Tensor:
     return params[0] if len(params) == 1 else params[0] @ params[1].transpose(-1, -2)
 
 
-def _loss_and_grads(data: AttentionData, params: list[torch.Tensor], head: Callable | None):
-    """``(loss (R,), grads, log-scale M (R,) or None)``: the gradient of each parameter, per run."""
+def _loss_and_grads(data: AttentionData, params: list[torch.Tensor], head: Callable | None, penalty: float):
+    """``(loss (R,), grads, log-scale M (R,) or None)``: per run, the gradient of each parameter is ``e^M · grads``.
+
+    ``penalty``: the authors' ``penalty·(‖K‖² + ‖Q‖²)`` for ``W = KQᵀ`` (its gradient ``2·penalty·K`` is
+    combined with the log-scaled loss gradient without underflow)."""
+    kq = len(params) == 2
     if head is None:
         with torch.no_grad():
             loss, gW, M = loss_and_grad_linear(data, _build(params))
-        if len(params) == 1:
-            return loss, [gW], M
-        K, Q = params
-        return loss, [gW @ Q, gW.transpose(-1, -2) @ K], M
+            if not kq:
+                return loss, [gW], M
+            K, Q = params
+            grads = [gW @ Q, gW.transpose(-1, -2) @ K]
+            if penalty > 0:
+                M2 = torch.maximum(M, torch.full_like(M, math.log(2 * penalty)))
+                a, b = torch.exp(M - M2).view(-1, 1, 1), (2 * penalty * torch.exp(-M2)).view(-1, 1, 1)
+                grads, M = [a * grads[0] + b * K, a * grads[1] + b * Q], M2
+            return loss, grads, M
     live = [p.detach().requires_grad_(True) for p in params]
     loss = attention_loss(data, _build(live), head)
-    grads = torch.autograd.grad(loss.sum(), live)
+    total = loss.sum() + (penalty * sum((p * p).sum() for p in live) if kq and penalty > 0 else 0.0)
+    grads = torch.autograd.grad(total, live)
     return loss.detach(), list(grads), None
 
 
@@ -152,20 +165,30 @@ def _per_run_norm(t: torch.Tensor) -> torch.Tensor:
     return torch.linalg.norm(t.flatten(1), dim=1)
 
 
-def _step(params, grads, lr: float, normalized: bool, normalize: str, M) -> None:
-    """One (normalized) GD step in place; a run whose gradient is exactly zero does not move."""
+def _view(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return t.view(-1, *[1] * (like.ndim - 1))
+
+
+def _step(params, grads, lr: float, normalized: bool, normalize: str, M, eps: float) -> None:
+    """One GD step in place: ``θ ← θ − lr·∇/(‖∇‖ + eps)`` per run (the authors' normalization; ``∇ = e^M·grads``),
+    or ``θ ← θ − lr·∇`` when not ``normalized``. A run whose gradient is exactly zero does not move."""
+    R = params[0].shape[0]
     if not normalized:
-        scale = lr * (torch.exp(M) if M is not None else torch.ones(params[0].shape[0], dtype=torch.float64))
+        scale = lr * (torch.exp(M) if M is not None else torch.ones(R, dtype=torch.float64))
         for p, gr in zip(params, grads):
-            p -= scale.view(-1, *[1] * (p.ndim - 1)) * gr
+            p -= _view(scale, p) * gr
         return
+    eps_scaled = torch.zeros(R, dtype=torch.float64)
+    if eps > 0:  # eps in units of e^M (inf when the true gradient is far below eps: no step)
+        eps_scaled = eps * (torch.exp(-M) if M is not None else torch.ones(R, dtype=torch.float64))
     norms = [_per_run_norm(gr) for gr in grads]
     if normalize == "joint":
         joint = torch.sqrt(sum(nrm * nrm for nrm in norms))
         norms = [joint] * len(grads)
     for p, gr, nrm in zip(params, grads, norms):
-        scale = torch.where(nrm > 0, lr / torch.where(nrm > 0, nrm, torch.ones_like(nrm)), torch.zeros_like(nrm))
-        p -= scale.view(-1, *[1] * (p.ndim - 1)) * gr
+        den = nrm + eps_scaled
+        scale = torch.where(den > 0, lr / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(den))
+        p -= _view(scale, p) * gr
 
 
 def _batched(data: AttentionData) -> AttentionData:
@@ -225,6 +248,8 @@ def train_attention_batch(
     snapshot_every: int | None = None,
     head: Callable | None = None,
     seed: int = 0,
+    eps: float = EPS,
+    kq_penalty: float = EPS,
     progress: bool = False,
 ) -> GDBatch:
     """GD on ``R`` runs at once (``data`` with a leading run dimension, e.g. from :func:`stack_data`).
@@ -235,6 +260,9 @@ def train_attention_batch(
     ``"linear"`` (``nn.Linear``'s ``U(±1/√fan_in)``), a ``W`` or a ``(K, Q)`` pair (shared or per run).
     ``references``: name → matrix ``(d, d_z)`` or ``(R, d, d_z)``; the correlation of ``W_t`` with each is
     recorded every ``record_every`` steps. ``snapshot_every``: also keep ``W_t`` every that many steps.
+    ``eps``: the normalized step is ``lr·∇/(‖∇‖ + eps)`` (the authors' code; the step shrinks once the gradient
+    falls to machine precision), ``kq_penalty``: ``kq_penalty·(‖K‖² + ‖Q‖²)`` added to the loss for ``(K, Q)``
+    (the authors keep ``K, Q`` bounded this way); both default to float64's machine epsilon, 0 turns them off.
     """
     _check_options(param, steps, lr, record_every, snapshot_every, normalize)
     data = _batched(data)
@@ -249,12 +277,12 @@ def train_attention_batch(
         iterator = tqdm(iterator, desc=f"GD ({param}, {R} run{'s' * (R > 1)})", leave=False)
     with torch_threads(1 if data.X.numel() <= _ONE_THREAD_NUMEL else None):  # tiny tensors: threads only contend
         for it in iterator:
-            loss, grads, M = _loss_and_grads(data, params, head)
+            loss, grads, M = _loss_and_grads(data, params, head, kq_penalty)
             record(it, data, _build(params).detach(), loss)
             if it == steps:
                 break
             with torch.no_grad():
-                _step(params, grads, lr, normalized, normalize, M)
+                _step(params, grads, lr, normalized, normalize, M, eps)
     with torch.no_grad():
         W = _build(params).detach().clone()
     return record.result(W, param, params)
