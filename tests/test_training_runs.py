@@ -161,7 +161,23 @@ def test_stop_at_train_loss_gap_results_and_model_card(tmp_path):
     assert on_disk["train_loss"] == pytest.approx(ce(x_tr[:256], y_tr[:256]), rel=1e-5)
     assert on_disk["eval_loss"] == pytest.approx(ce(x_te[:64], y_te[:64]), rel=1e-5)
     assert len(on_disk["layer_srr"]) == 2 and on_disk["layer_srr_samples"] == 32
-    assert os.path.getsize(out / "layer_srr.png") > 1000
+    # the per-layer SRR of the trained model on the first 32 test images, by hand from its hidden states and U^l
+    from test_srr_probes import _by_hand
+
+    x = processor([Image.fromarray(i) for i in x_te[:32]], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        hidden = model(pixel_values=x, output_hidden_states=True).hidden_states
+    for ell in (1, 2):
+        qkv = model.crate.encoder.layer[ell - 1].attention.qkv.weight
+        U = qkv.reshape(model.config.num_attention_heads, -1, qkv.shape[1]).transpose(1, 2)
+        by_hand = np.mean([float(_by_hand(z, U.detach(), 0.1, 1.0)[3]) for z in hidden[ell]])
+        assert on_disk["layer_srr"][ell - 1] == pytest.approx(by_hand, rel=1e-6)
+    # layer_srr.png draws layer_srr.json, whose block outputs are those numbers
+    from hf_tdiag.viz import plot_layer_srr
+
+    saved = json.load(open(out / "layer_srr.json"))
+    srr_axis = plot_layer_srr(saved, terms=["srr"], states=["output"]).axes[0]
+    np.testing.assert_allclose(srr_axis.lines[0].get_ydata()[1:], on_disk["layer_srr"], rtol=1e-9)
 
     card = ModelCard.load(str(out / "README.md"))
     metrics = {r.metric_type: r.metric_value for r in card.data.eval_results}

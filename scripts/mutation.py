@@ -1,0 +1,219 @@
+#!/usr/bin/env python
+"""Mutation testing of hf_tdiag with mutmut, module by module (not part of CI: hours on 2 cores).
+
+    scripts/mutation.sh                                  # every module of the packages in [tool.hf_tdiag.mutation]
+    scripts/mutation.sh probes                           # one package (hf_tdiag/probes/**)
+    scripts/mutation.sh hf_tdiag/measures/coding_rate.py # one module
+    scripts/mutation.sh --summary probes                 # print the recorded results again, run nothing
+
+Each module runs in its own scratch copy of the checkout (``$MUTATION_DIR``, default ``$TMPDIR/hf_tdiag_mutation``),
+so nothing is written into the repository and a second run reuses mutmut's cache there. The pyproject's
+``[tool.mutmut]`` is the base configuration; the script adds ``only_mutate = [module]`` and the module's test files
+(``[tool.hf_tdiag.mutation.tests]``, else every test file that names the module) as mutmut's test selection; mutmut
+then runs, for each mutant, only the selected tests that call the mutated function.
+
+Survivors that cannot be killed because the mutant computes the same thing are listed with a one-line reason in
+``scripts/mutation_equivalent.txt`` (``mutant-name  reason``) and counted as equivalent, not survived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EQUIVALENT = ROOT / "scripts" / "mutation_equivalent.txt"
+KILLED = {1, 3, 37}
+TIMEOUT = {36, -24, 24, 152, 255}
+SURVIVED = {0}
+NO_TESTS = {5, 33}
+
+
+def settings() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]
+
+
+def modules_of(target: str, packages: list[str]) -> list[str]:
+    """Module paths (``hf_tdiag/.../x.py``) of a package name, a folder or one module."""
+    if target in packages or (ROOT / "hf_tdiag" / target).is_dir():
+        folder = ROOT / "hf_tdiag" / target
+    else:
+        folder = ROOT / target
+    if folder.is_file() and folder.suffix == ".py":
+        return [folder.relative_to(ROOT).as_posix()]
+    if not folder.is_dir():
+        raise SystemExit(f"mutation: target {target!r} is neither a package of {packages} nor a module path")
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if re.search(r"^\s*(def|class) ", text, re.M):  # skip re-export-only __init__ files
+            found.append(path.relative_to(ROOT).as_posix())
+    return found
+
+
+def tests_for(module: str, mapping: dict[str, list[str]]) -> list[str]:
+    """The module's test files: the pyproject map's entry (longest matching prefix; globs allowed), else every test
+    file that names the module (``hf_tdiag.x.y`` or ``from hf_tdiag.x import ... y``)."""
+    best = max((k for k in mapping if module == k or module.startswith(k.rstrip("*"))), key=len, default=None)
+    if best is not None:
+        return sorted({p.relative_to(ROOT).as_posix() for g in mapping[best] for p in ROOT.glob(g)})
+    dotted = module[:-3].replace("/", ".").removesuffix(".__init__")
+    parent, name = dotted.rsplit(".", 1)
+    pattern = re.compile(rf"{re.escape(dotted)}\b|from {re.escape(parent)} import[^\n]*\b{name}\b")
+    return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py") if pattern.search(p.read_text()))
+
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"toml_value: cannot write {type(value).__name__}")
+
+
+def write_pyproject(work: Path, tool: dict, module: str, tests: list[str]) -> None:
+    mutmut = dict(tool.get("mutmut", {}))
+    mutmut["only_mutate"] = [module]
+    mutmut["pytest_add_cli_args_test_selection"] = tests
+    lines = ["[tool.mutmut]"] + [f"{k} = {toml_value(v)}" for k, v in mutmut.items()]
+    lines += ["", "[tool.pytest.ini_options]"]
+    lines += [f"{k} = {toml_value(v)}" for k, v in tool["pytest"]["ini_options"].items()]
+    (work / "pyproject.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def sync_checkout(work: Path) -> None:
+    """Copy the checkout's files (tracked and untracked-not-ignored, mtimes kept) into the scratch folder."""
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for folder in ("hf_tdiag", "tests", "scripts"):
+        shutil.rmtree(work / folder, ignore_errors=True)
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if rel == "pyproject.toml" or not src.is_file() or rel.startswith(("benchmarks/results", "docs/")):
+            continue
+        dst = work / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+
+
+def equivalents() -> dict[str, str]:
+    out = {}
+    if EQUIVALENT.exists():
+        for line in EQUIVALENT.read_text(encoding="utf-8").splitlines():
+            if line.strip() and not line.startswith("#"):
+                name, _, reason = line.strip().partition(" ")
+                out[name] = reason.strip()
+    return out
+
+
+def results_of(work: Path, module: str) -> dict[str, int | None]:
+    meta = work / "mutants" / (module + ".meta")
+    if not meta.exists():
+        return {}
+    return json.loads(meta.read_text())["exit_code_by_key"]
+
+
+def tally(codes: dict[str, int | None], equivalent: dict[str, str]) -> dict:
+    t = {"generated": len(codes), "killed": 0, "timeout": 0, "survived": 0, "equivalent": 0, "no_tests": 0,
+         "not_checked": 0, "other": 0, "survivors": []}
+    for name, code in sorted(codes.items()):
+        if code in KILLED:
+            t["killed"] += 1
+        elif code in TIMEOUT:
+            t["timeout"] += 1
+        elif code is None:
+            t["not_checked"] += 1
+        elif code in SURVIVED or code in NO_TESTS:
+            if name in equivalent:
+                t["equivalent"] += 1
+            else:
+                t["survived" if code in SURVIVED else "no_tests"] += 1
+                t["survivors"].append(name)
+        else:
+            t["other"] += 1
+    return t
+
+
+def run_module(module: str, tool: dict, scratch: Path, jobs: int, summary_only: bool) -> dict:
+    work = scratch / module[:-3].replace("/", ".")
+    tests = tests_for(module, tool.get("hf_tdiag", {}).get("mutation", {}).get("tests", {}))
+    if not summary_only:
+        if not tests:
+            print(f"mutation: no test file names {module}; skipped", file=sys.stderr)
+            return {}
+        work.mkdir(parents=True, exist_ok=True)
+        sync_checkout(work)
+        write_pyproject(work, tool, module, tests)
+        print(f"== {module}: tests {' '.join(tests)}", flush=True)
+        env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)]
+        with open(work / "mutmut.log", "w") as log:
+            subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+    t = tally(results_of(work, module), equivalents())
+    t["module"], t["tests"] = module, tests
+    if t["generated"]:
+        (work / "summary.json").write_text(json.dumps(t, indent=1))
+    return t
+
+
+def print_table(rows: list[dict]) -> None:
+    keys = ("generated", "killed", "timeout", "survived", "equivalent", "no_tests", "not_checked")
+    print(f"{'module':<52}" + "".join(f"{k:>12}" for k in keys) + f"{'killed %':>10}")
+    totals: dict[str, dict[str, int]] = {}
+    for r in rows:
+        pkg = "/".join(r["module"].split("/")[:2])
+        for k in keys:
+            totals.setdefault(pkg, dict.fromkeys(keys, 0))[k] += r[k]
+        print(f"{r['module']:<52}" + "".join(f"{r[k]:>12}" for k in keys) + f"{score(r):>10}")
+    for pkg, t in totals.items():
+        print(f"{pkg + ' (total)':<52}" + "".join(f"{t[k]:>12}" for k in keys) + f"{score(t):>10}")
+    for r in rows:
+        for name in r["survivors"]:
+            print(f"survived: {name}")
+
+
+def score(t: dict) -> str:
+    """Killed share of the non-equivalent mutants (timeouts count as killed)."""
+    live = t["generated"] - t["equivalent"] - t["not_checked"]
+    return f"{100 * (t['killed'] + t['timeout']) / live:.1f}" if live else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    tool = settings()
+    packages = tool["hf_tdiag"]["mutation"]["packages"]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("targets", nargs="*", help=f"packages ({' '.join(packages)}), folders or module paths")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "1")), help="mutmut workers")
+    ap.add_argument("--summary", action="store_true", help="print the recorded results, run nothing")
+    args = ap.parse_args(argv)
+    scratch = Path(os.environ.get("MUTATION_DIR", Path(tempfile.gettempdir()) / "hf_tdiag_mutation"))
+    modules = [m for t in (args.targets or packages) for m in modules_of(t, packages)]
+    rows = []
+    for module in modules:
+        t = run_module(module, tool, scratch, args.jobs, args.summary)
+        if t.get("generated"):
+            rows.append(t)
+            if not args.summary:
+                print(f"   {module}: {t['killed'] + t['timeout']}/{t['generated']} killed, "
+                      f"{t['survived']} survived, {t['equivalent']} equivalent, {t['no_tests']} without tests",
+                      flush=True)
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
