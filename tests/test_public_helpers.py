@@ -10,7 +10,7 @@ import torch
 
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
 from hf_tdiag.training.args import parse_srr_layer
-from hf_tdiag.training.checkpointing import STATE_FILE, is_complete_checkpoint
+from hf_tdiag.training.checkpointing import REQUIRED_STATE_KEYS, STATE_FILE, is_complete_checkpoint
 from hf_tdiag.training.optim import Lion, build_optimizer
 from hf_tdiag.training.tracking import JSONLinesTracker, resolve_trackers
 
@@ -38,16 +38,17 @@ def test_parse_srr_layer_refuses_anything_else_naming_the_flag(spec):
 
 # ---------------------------------------------------------------------------------------------- checkpoints
 def test_is_complete_checkpoint_needs_the_name_the_folder_and_a_readable_state(tmp_path):
+    state = {"completed_steps": 12, "epoch": 1, "batches_in_epoch": 4}
     good = tmp_path / "checkpoint-12"
     good.mkdir()
-    (good / STATE_FILE).write_text(json.dumps({"completed_steps": 12}))
+    (good / STATE_FILE).write_text(json.dumps(state))
     assert is_complete_checkpoint(str(good))
     assert is_complete_checkpoint(str(good) + "/")  # a trailing slash names the same folder
 
     for name in ("checkpoint-", "checkpoint-x", "ckpt-12", ".tmp-checkpoint-12", "checkpoint-12-old"):
         other = tmp_path / name
         other.mkdir()
-        (other / STATE_FILE).write_text("{}")
+        (other / STATE_FILE).write_text(json.dumps(state))
         assert not is_complete_checkpoint(str(other)), name
 
     missing_state = tmp_path / "sub" / "checkpoint-3"
@@ -55,7 +56,14 @@ def test_is_complete_checkpoint_needs_the_name_the_folder_and_a_readable_state(t
     assert not is_complete_checkpoint(str(missing_state))
     (missing_state / STATE_FILE).write_text('{"completed_steps": ')  # torn write
     assert not is_complete_checkpoint(str(missing_state))
-    (missing_state / STATE_FILE).write_text("[]")  # any JSON document counts as readable
+    (missing_state / STATE_FILE).write_text("[]")  # a JSON document that is not the state object
+    assert not is_complete_checkpoint(str(missing_state))
+    for key in REQUIRED_STATE_KEYS:  # each counter is required, as a non-negative integer
+        for value in (None, -1, True, 1.5):
+            broken = {**state, key: value} if value is not None else {k: v for k, v in state.items() if k != key}
+            (missing_state / STATE_FILE).write_text(json.dumps(broken))
+            assert not is_complete_checkpoint(str(missing_state)), (key, value)
+    (missing_state / STATE_FILE).write_text(json.dumps({**state, "completed_steps": 0, "extra": "kept"}))
     assert is_complete_checkpoint(str(missing_state))
 
     a_file = tmp_path / "f" / "checkpoint-4"
