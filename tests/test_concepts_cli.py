@@ -42,9 +42,10 @@ def test_evaluate_module_matches_the_python_api(tmp_path):
                      max_iter=30, refine_iter=10, power_iters=3, progress=False)
     ref = concept_fidelity(model, pixels, 1, SemiNMF(4, gram_weight=1.0, max_iter=30, refine_iter=10),
                            power_iters=3, progress=False)
-    for key in ("kl", "delta_rec", "delta_gram", "bound", "top1_agreement", "frac_kl_below_bound"):
+    for key in ("kl", "delta_rec", "delta_gram", "bound_certified", "bound_certified_chain", "bound_estimated",
+                "top1_agreement", "frac_kl_below_bound_certified", "frac_kl_below_bound_estimated"):
         assert out[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-12), key
-    assert out["constants"]["estimated"] == ["l_block", "l_norm", "alpha"]
+    assert out["constants_estimated"]["l_block"] == pytest.approx(ref["constants_estimated"]["l_block"], rel=1e-5)
     assert {"rec_loss", "gram_loss"} <= set(out["history"])
     assert len(out["per_image"]["kl"]) == 16
     # PIL images through evaluate's storage give the same activations as the processor's pixel values
@@ -89,7 +90,7 @@ def test_cli_writes_json_table_and_figures(tmp_path, capsys):
                  "--power-iters", "3", "--output-dir", str(outdir)])
     assert code == 0
     data = json.loads((outdir / "concepts.json").read_text())
-    assert data["layer"] == 1 and data["images"]["count"] == 24
+    assert data["layer"] == 1 and data["inputs"]["count"] == 24 and data["inputs"]["kind"] == "images"
     assert set(data["runs"]) == {"plain", "gram(mu=2)", "supervised"}
     for name in ("heatmaps.png", "top_patches.png", "kl_vs_bound.png", "mu_sweep.png", "table.txt"):
         assert (outdir / name).stat().st_size > 0, name
@@ -108,8 +109,8 @@ def test_figures_draw_from_reports():
     assert len(fig.axes) == 3 * 3 + 1  # images × (image + 2 concepts) + colorbar
     fig = plot_top_patches(pixels, codes, (4, 4), n_concepts=2, top=4)
     assert len(fig.axes) == 8
-    rep = {"per_image": {"kl": [0.1, 0.2], "bound": [1.0, 0.1]}, "frac_kl_below_bound": 0.5}
-    fig = plot_kl_vs_bound({"a": rep})
+    rep = {"per_image": {"kl": [0.1, 0.2], "bound_certified": [1.0, 0.1]}, "frac_kl_below_bound_certified": 0.5}
+    fig = plot_kl_vs_bound({"a": rep}, kind="certified")
     assert "50%" in fig.axes[0].get_legend().get_texts()[0].get_text()
     fig = plot_mu_sweep([{"gram_weight": 0.0, "delta_gram": 0.1, "kl": 0.02}, {"gram_weight": 1.0, "delta_gram": 0.05, "kl": 0.01}])
     assert list(fig.axes[0].lines[0].get_ydata()) == [0.1, 0.05]
@@ -117,3 +118,25 @@ def test_figures_draw_from_reports():
         plot_concept_heatmaps(pixels, codes, (3, 3))
     with pytest.raises(ValueError, match="bound"):
         plot_kl_vs_bound({"a": {"per_image": {"kl": [0.1]}}})
+
+
+def test_agreement_numbers_against_brute_force():
+    """compare_concepts' agreement: the best permutation by enumeration and the update cosine by hand (numpy)."""
+    import itertools
+
+    import numpy as np
+
+    torch.manual_seed(0)
+    model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=2)).eval()
+    out = compare_concepts(model, _pixels(12), 1, 4, gram_weights=(0.0, 3.0), supervised=True, kl_weight=50.0,
+                           max_iter=20, refine_iter=10, supervised_iter=10, bounds=False, progress=False)
+    sup = out["estimators"]["supervised"].components_.double().numpy()
+    start = out["estimators"]["supervised"].start_components_.double().numpy()
+    for label in ("plain", "gram(mu=3)"):
+        D = out["estimators"][label].components_.double().numpy()
+        cos = (D / np.linalg.norm(D, axis=1, keepdims=True)) @ (sup / np.linalg.norm(sup, axis=1, keepdims=True)).T
+        best = max(sum(cos[i, p[i]] for i in range(4)) for p in itertools.permutations(range(4))) / 4
+        assert out["agreement"][label]["mean_cosine"] == pytest.approx(best, rel=1e-12)
+        a, b = (D - start).ravel(), (sup - start).ravel()
+        expected = None if np.linalg.norm(a) == 0 else float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+        assert out["agreement"][label]["update_cosine"] == (pytest.approx(expected, rel=1e-9) if expected is not None else None)

@@ -263,7 +263,7 @@ def test_kl_divergence_matches_definition_and_is_zero_for_equal_logits():
 
 def test_kl_bound_formula_by_hand():
     out = kl_bound(w_c_op=2.0, l_block=1.5, n_suffix_blocks=2, n_tokens=16, delta_rec=0.5, alpha=0.1,
-                   gram_norm=30.0, delta_gram=0.2, l_norm=3.0)
+                   gram_norm=30.0, delta_gram=0.2, l_readout=3.0)
     # ½ (2·3)² · 1.5⁴ · (4·0.5 + 0.1·30·0.2)² = 18 · 5.0625 · 2.6² = 615.94...
     assert float(out["bound"]) == pytest.approx(0.5 * 36 * 1.5**4 * (2.0 + 0.6) ** 2)
     assert float(out["rec_term"]) == pytest.approx(2.0)
@@ -363,3 +363,48 @@ def test_nnls_codes_matches_scipy():
     for row, u in zip(A, U):
         ref, _ = nnls(W.numpy(), row.numpy())
         assert np.allclose(u.numpy(), ref, atol=1e-8)
+
+
+# ----------------------------------------------------------------------------- the Ding–Li–Jordan step itself
+
+
+def _naive_mu_step(A, U, W):
+    """Ding, Li & Jordan (2010) eq. 10 written element by element: U_ik ← U_ik √(num_ik / den_ik)."""
+    AW, WtW = A @ W, W.T @ W
+    pos = lambda M: (M.abs() + M) / 2  # noqa: E731
+    neg = lambda M: (M.abs() - M) / 2  # noqa: E731
+    out = torch.empty_like(U)
+    for i in range(U.shape[0]):
+        for k in range(U.shape[1]):
+            num = pos(AW)[i, k] + sum(U[i, j] * neg(WtW)[j, k] for j in range(U.shape[1]))
+            den = neg(AW)[i, k] + sum(U[i, j] * pos(WtW)[j, k] for j in range(U.shape[1]))
+            out[i, k] = U[i, k] * math.sqrt(float(num) / float(den))
+    return out
+
+
+def test_one_mu_step_is_the_square_root_update():
+    g = torch.Generator().manual_seed(21)
+    A = torch.randn(9, 5, generator=g, dtype=torch.float64)
+    U = torch.rand(9, 3, generator=g, dtype=torch.float64) + 0.1
+    W = lstsq_dictionary(A, U)
+    ref = _naive_mu_step(A, U, W)
+    assert torch.allclose(mu_update_codes(A, U, W), ref, rtol=1e-12, atol=1e-14)
+    # without the square root the step differs (it is the same direction, twice as far in log scale)
+    assert not torch.allclose(mu_update_codes(A, U, W), U * (ref / U) ** 2, rtol=1e-3)
+
+
+def test_the_fit_runs_the_square_root_update_in_its_mu_phase():
+    """The first MU iteration of fit() against the naive step from the same start (the streamed code path)."""
+    from hf_tdiag.measures.concepts.init import initial_codes
+
+    g = torch.Generator().manual_seed(22)
+    A = torch.randn(30, 6, generator=g, dtype=torch.float64)
+    m = SemiNMF(3, max_iter=1, init="random", random_state=4).fit(A)
+    U0 = initial_codes(A, 3, "random", 4)
+    W0 = lstsq_dictionary(A, U0)
+    U1 = _naive_mu_step(A, U0, W0)
+    ref = float(((A - U1 @ W0.T) ** 2).sum() / (A**2).sum())
+    assert m.history_["phase"][:2] == ["init", "mu"]
+    assert m.history_["rec_loss"][1] == pytest.approx(ref, rel=1e-10)
+    W1 = lstsq_dictionary(A, U1)
+    assert m.history_["rec_loss"][2] == pytest.approx(float(((A - U1 @ W1.T) ** 2).sum() / (A**2).sum()), rel=1e-10)

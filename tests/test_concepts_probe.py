@@ -113,7 +113,9 @@ def test_empirical_kl_is_exactly_zero_when_reconstruction_is_exact(make):
     assert r["per_image"]["kl"] == [0.0] * 8
     assert r["kl"] == 0.0 and r["top1_agreement"] == 1.0
     assert r["delta_rec"] == 0.0 and r["delta_gram"] == 0.0
-    assert r["bound"] == 0.0 and r["frac_kl_below_bound"] == 1.0
+    for kind in ("certified", "certified_chain", "estimated"):
+        assert r[f"bound_{kind}"] == 0.0, kind
+    assert r["frac_kl_below_bound_certified"] == 1.0 and r["frac_kl_below_bound_estimated"] == 1.0
 
 
 def test_report_matches_direct_computations():
@@ -132,16 +134,20 @@ def test_report_matches_direct_computations():
     with torch.no_grad():
         kl = kl_divergence(run(A), run(A_hat))
     assert r["per_image"]["kl"] == pytest.approx(kl.tolist(), rel=1e-6, abs=1e-12)
-    c = r["constants"]
+    c = r["constants_estimated"]
     assert c["w_c_op"] == pytest.approx(float(torch.linalg.svdvals(model.classifier.weight.detach().double())[0]))
-    assert set(c["estimated"]) == {"l_block", "l_norm", "alpha"}
-    # bound = ½ (‖W_c‖ L_norm)² L_block^{2 L_suf} (√N δ_rec + α ‖G‖ δ_gram)², per image
-    i = 3
-    term = math.sqrt(16) * errs["delta_rec"][i] + c["alpha"] * errs["gram_norm"][i] * errs["delta_gram"][i]
-    ref = 0.5 * (c["w_c_op"] * c["l_norm"]) ** 2 * c["l_block"] ** (2 * 1) * float(term) ** 2
-    assert r["per_image"]["bound"][i] == pytest.approx(ref, rel=1e-9)
-    below = sum(k <= b for k, b in zip(r["per_image"]["kl"], r["per_image"]["bound"])) / 10
-    assert r["frac_kl_below_bound"] == pytest.approx(below)
+    assert r["constants_certified"]["w_c_op"] == c["w_c_op"]
+    # bound = ½ (‖W_c‖ L_readout)² L_block^{2 L_suf} (√N δ_rec + α ‖G‖ δ_gram)², per image, both constant sets
+    for kind, consts in (("estimated", c), ("certified", r["constants_certified"])):
+        for i in range(10):
+            alpha = consts["per_image"]["alpha"][i]
+            l_block = consts["per_image"]["l_block"][i] if kind == "certified" else consts["l_block"]
+            l_ro = consts["per_image"]["l_readout"][i] if kind == "certified" else consts["l_readout"]
+            term = math.sqrt(16) * errs["delta_rec"][i] + alpha * errs["gram_norm"][i] * errs["delta_gram"][i]
+            ref = 0.5 * (c["w_c_op"] * l_ro) ** 2 * l_block ** (2 * 1) * float(term) ** 2
+            assert r["per_image"][f"bound_{kind}"][i] == pytest.approx(ref, rel=1e-9)
+        below = sum(k <= b for k, b in zip(r["per_image"]["kl"], r["per_image"][f"bound_{kind}"])) / 10
+        assert r[f"frac_kl_below_bound_{kind}"] == pytest.approx(below)
     assert r["lemma_holds"] == 1.0
 
 
@@ -179,7 +185,7 @@ def test_clear_errors_for_bad_models_layers_and_concept_counts():
         concept_fidelity(model, X[:4], 1, 33, progress=False)  # d = 32
     bert = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
                                                     num_attention_heads=2, intermediate_size=32))
-    with pytest.raises(ValueError, match="model"):
+    with pytest.raises(TypeError, match="inputs"):  # a text model given pixels
         concept_fidelity(bert, X[:4], 1, 4, progress=False)
     with pytest.raises(TypeError, match="model"):
         concept_fidelity(torch.nn.Linear(3, 3), X[:4], 1, 4, progress=False)

@@ -18,12 +18,13 @@ BLOCK_TIMEOUT_S = 600
 # Blocks known not to run alone, keyed by the sha1 of their text (so any edit of such a block makes it a normal,
 # must-pass block again). Each names its section; the section's owner makes the block self-contained.
 KNOWN_BROKEN: dict[str, str] = {
-    "75b916e02ac5": "concepts: uses model, pixel_values and A_new without defining them",
-    "96b055f76e13": "concepts: uses hf_tdiag, path/to/model and images without defining them",
 }
 
 # Blocks that take long (training, large fits), keyed like KNOWN_BROKEN: run with ``-m slow``.
-SLOW: dict[str, str] = {}
+SLOW: dict[str, str] = {
+    "2f7653d9608e": "concepts: a layer sweep with both bounds, three fits and a supervised fit (minutes on 2 busy cores)",
+    "d81bc138638c": "concepts: all-MiniLM-L6-v2 (22M parameters) with both bounds at layer 5",
+}
 
 
 def readme_python_blocks(text: str) -> list[tuple[int, str, str]]:

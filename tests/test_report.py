@@ -202,7 +202,8 @@ def test_report_on_crate_matches_direct_api_calls(crate_dir, crate_report):
     assert concepts["layer"] == 2 and concepts["n_concepts"] == 8  # defaults: middle layer of 4, NUM_CONCEPTS
     for key in ("delta_rec", "delta_gram", "kl"):
         assert concepts[key] == pytest.approx(direct[key], rel=1e-6, abs=1e-12)
-    assert 0.0 <= concepts["frac_kl_below_bound"] <= 1.0 and concepts["bound"] > 0
+    assert 0.0 <= concepts["frac_kl_below_bound_estimated"] <= 1.0 and concepts["bound_estimated"] > 0
+    assert concepts["frac_kl_below_bound_certified"] == 1.0
 
     with torch.no_grad():
         attn = loaded.model(pixel_values=pv[:1], output_attentions=True).attentions

@@ -9,7 +9,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 from test_schatten_reference import dense_reference_from_matrices
 
 from hf_tdiag import schatten_grid as G

@@ -1,4 +1,4 @@
-"""``hf-tdiag concepts MODEL --layer L``: Semi-NMF concepts at layer ℓ, their fidelity, and the KL bound."""
+"""``hf-tdiag concepts MODEL --layer L`` (or ``--layers all``): Semi-NMF concepts, their fidelity, and the KL bound."""
 
 from __future__ import annotations
 
@@ -24,52 +24,71 @@ def register(subparsers) -> None:
         "concepts",
         help="concept fidelity of Semi-NMF concepts (plain / Gram-aligned / classifier-supervised) and the KL bound",
         description=plain(
-            "Fit Semi-NMF concepts A ~ U W^T to the layer-l patch-token activations (hidden_states[l], patch tokens "
-            "only) of a CRATE or ViT-like image classifier, for each Gram weight mu (0 = plain Semi-NMF) and "
-            "optionally with classifier supervision (L_rec + lambda KL through the remaining blocks and the head). "
-            "For each: delta_rec, delta_gram, the empirical KL when the layer-l patch tokens are replaced by A_hat "
-            "(CLS untouched), top-1 agreement and the KL bound with its constants (||W_c||_op exact; L_block, L_norm, "
-            "alpha estimated). Writes concepts.json, a table, and figures. MODEL is a local folder or a Hub id."
+            "Fit Semi-NMF concepts A ~ U W^T to the layer-l concept-token activations (hidden_states[l]; an image's "
+            "patch tokens, or a text's non-special tokens) of a CRATE or ViT-like image classifier or a BERT-like "
+            "encoder, for each Gram weight mu (0 = plain Semi-NMF) and optionally with classifier supervision. For "
+            "each: delta_rec, delta_gram, the empirical KL when the layer-l concept tokens are replaced by A_hat (CLS "
+            "untouched), top-1 agreement and the KL bound twice: certified (every constant an upper bound, "
+            "docs/concept_bound.md) and estimated (local estimates). With --layers all: the same for every layer "
+            "(first --gram-weight), with a log-scale figure. MODEL is a local folder or a Hub id."
         ),
     )
     p.add_argument("model", metavar="MODEL", help="local model folder (save_pretrained) or Hub id")
-    p.add_argument("--layer", type=non_negative_int, default=None,
-                   help="l in [0, L]: activations are hidden_states[l] (default: L // 2)")
+    layer = p.add_mutually_exclusive_group()
+    layer.add_argument("--layer", type=non_negative_int, default=None,
+                       help="l in [0, L]: activations are hidden_states[l] (default: L // 2)")
+    layer.add_argument("--layers", default=None, metavar="all|L1,L2,...",
+                       help="layer sweep: 'all' (0..L) or a comma-separated list; one fit per layer")
     p.add_argument("--concepts", type=positive_int, default=NUM_CONCEPTS,
                    help=f"number of concepts k (default {NUM_CONCEPTS})")
     p.add_argument("--gram-weight", "--gram-weights", type=finite_float, nargs="+", default=[0.0, 1.0],
                    help="Gram weights mu to fit (default: 0 1); several values give a mu sweep")
     p.add_argument("--supervised", action="store_true", help="also fit classifier-supervised concepts (FACE-like)")
     p.add_argument("--kl-weight", type=finite_float, default=10.0, help="lambda of the supervised fit (default 10)")
-    add_input_flags(p, texts=False)
+    add_input_flags(p)
+    p.add_argument("--max-tokens", type=positive_int, default=None,
+                   help="texts: cut every text to this many tokens (default: the shortest text's count); a text "
+                        "file may give labels as 'label<TAB>text' lines")
     p.add_argument("--max-iter", type=positive_int, default=200, help="Semi-NMF multiplicative-update iterations (default 200)")
     p.add_argument("--refine-iter", type=non_negative_int, default=100, help="joint-objective / supervised iterations (default 100)")
-    p.add_argument("--no-bound", action="store_true", help="skip estimating L_block, L_norm, alpha and the bound")
-    p.add_argument("--power-iters", type=positive_int, default=20, help="power-iteration steps for L_block, L_norm (default 20)")
-    p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
+    p.add_argument("--no-bound", action="store_true", help="skip both bounds and their constants")
+    p.add_argument("--power-iters", type=positive_int, default=20,
+                   help="power-iteration steps of the estimated constants (default 20)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="inputs per forward pass (default 64)")
     add_device_flag(p)
     add_threads_flag(p)
-    p.add_argument("--no-figures", action="store_true", help="write only concepts.json and table.txt")
-    add_output_dir(p, "concepts_out", "where concepts.json, table.txt and figures go (default concepts_out)")
+    p.add_argument("--no-figures", action="store_true", help="write only the JSON and the table")
+    add_output_dir(p, "concepts_out", "where concepts.json (or sweep.json), table.txt and figures go (default concepts_out)")
     add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
 
 
 def format_table(table: list[dict]) -> str:
     """The comparison table as aligned text (one row per fit)."""
-    cols = [("method", "{:<16}"), ("kl", "{:>10.4g}"), ("top1_agreement", "{:>6.3f}"), ("delta_rec_rel", "{:>9.4f}"),
-            ("delta_gram", "{:>9.4f}"), ("bound", "{:>10.3g}"), ("frac_kl_below_bound", "{:>6.2f}"),
-            ("cosine_to_supervised", "{:>7.4f}"), ("update_cosine_to_supervised", "{:>7.3f}"), ("fit_seconds", "{:>7.1f}")]
-    heads = ["method", "KL", "top1", "δrec/‖A‖", "δgram", "bound", "KL≤B", "cos→sup", "Δcos", "fit s"]
-    widths = [16, 10, 6, 9, 9, 10, 6, 7, 7, 7]
-    lines = [" ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(heads, widths)))]
+    cols = [("method", "{:<16}", 16, "method"), ("kl", "{:>10.4g}", 10, "KL"), ("top1_agreement", "{:>6.3f}", 6, "top1"),
+            ("delta_rec_rel", "{:>9.4f}", 9, "δrec/‖A‖"), ("delta_gram", "{:>9.4f}", 9, "δgram"),
+            ("bound_certified", "{:>10.3g}", 10, "certified"), ("bound_estimated", "{:>10.3g}", 10, "estimated"),
+            ("frac_kl_below_bound_estimated", "{:>6.2f}", 6, "KL≤est"), ("cosine_to_supervised", "{:>7.4f}", 7, "cos→sup"),
+            ("update_cosine_to_supervised", "{:>7.3f}", 7, "Δcos"), ("fit_seconds", "{:>7.1f}", 7, "fit s")]
+    return _aligned(table, cols)
+
+
+def format_sweep_table(table: list[dict]) -> str:
+    """The layer sweep as aligned text (one row per layer)."""
+    cols = [("layer", "{:<5d}", 5, "layer"), ("delta_rec", "{:>10.4g}", 10, "δ_rec"),
+            ("delta_rec_rel", "{:>9.4f}", 9, "δrec/‖A‖"), ("delta_gram", "{:>9.4f}", 9, "δ_gram"),
+            ("kl", "{:>10.3g}", 10, "KL mean"), ("kl_max", "{:>10.3g}", 10, "KL max"),
+            ("bound_certified", "{:>10.3g}", 10, "certified"), ("bound_certified_chain", "{:>10.3g}", 10, "cert.chain"),
+            ("bound_estimated", "{:>10.3g}", 10, "estimated")]
+    return _aligned(table, cols)
+
+
+def _aligned(table, cols) -> str:
+    lines = [" ".join(h.rjust(w) if i else h.ljust(w) for i, (_, _, w, h) in enumerate(cols))]
     lines.append("-" * len(lines[0]))
     for row in table:
-        cells = []
-        for (key, fmt), w in zip(cols, widths):
-            v = row.get(key)
-            cells.append(fmt.format(v) if v is not None else "-".rjust(w))
-        lines.append(" ".join(cells))
+        lines.append(" ".join(fmt.format(row[key]) if row.get(key) is not None else "-".rjust(w)
+                              for key, fmt, w, _ in cols))
     return "\n".join(lines)
 
 
@@ -83,65 +102,143 @@ def _json_ready(obj):
     return obj
 
 
+def read_texts(path, limit=None) -> tuple[list[str], list[str] | None]:
+    """Texts of a file (one per line); ``label<TAB>text`` lines give labels (all lines or none)."""
+    from hf_tdiag.inputs import text_lines
+
+    lines = text_lines(path, limit=limit)
+    split = [line.split("\t", 1) for line in lines]
+    if all(len(s) == 2 for s in split):
+        return [s[1].strip() for s in split], [s[0].strip() for s in split]
+    return lines, None
+
+
+def _inputs(args, loaded):
+    """(model inputs, {source, count, kind}, extra concept_fidelity kwargs, pixel values for figures or None)."""
+    import torch
+
+    if loaded.modality == "text":
+        if not args.texts:
+            raise ValueError(f"texts: {args.model!r} is a text model; pass --texts FILE (one text per line, "
+                             "optionally 'label<TAB>text')")
+        texts, labels = read_texts(args.texts, args.max_samples)
+        source = args.texts
+        opts = {"tokenizer": loaded.processor, "max_tokens": args.max_tokens, "labels": labels}
+        texts = texts[: args.max_samples]
+        opts["labels"] = None if labels is None else labels[: args.max_samples]
+        return texts, {"source": source, "count": len(texts), "kind": "texts"}, opts, None
+    from hf_tdiag.inputs import load_images
+    from hf_tdiag.loading import pixel_values_for
+
+    if args.texts:
+        raise ValueError(f"texts: {args.model!r} is an image model; use --images or --dataset")
+    if args.images is not None and not os.path.isdir(args.images):
+        raise ValueError(f"images: expected a folder, got {args.images!r}")
+    imageset = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples)
+    pixels = torch.cat([pixel_values_for(imageset.images[i : i + args.batch_size], loaded)
+                        for i in range(0, len(imageset.images), args.batch_size)])
+    return pixels, {"source": imageset.source, "count": len(imageset.images), "kind": "images"}, {}, pixels
+
+
+def _parse_layers(spec: str, num_layers: int):
+    if spec.strip().lower() == "all":
+        return "all"
+    try:
+        return [int(v) for v in spec.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--layers: expected 'all' or comma-separated ints, got {spec!r}") from None
+
+
+def _describe(source: dict) -> str:
+    return f"{source['count']} {source['kind']} from {source['source']}"
+
+
+def _run_sweep(args, model, inputs, opts, source, threads) -> int:
+    from hf_tdiag._atomic import write_json, write_text
+    from hf_tdiag._threads import torch_threads
+    from hf_tdiag.measures.concepts import SemiNMF
+    from hf_tdiag.probes.concept_fidelity import concept_fidelity
+    from hf_tdiag.viz.concepts import plot_layer_sweep, save_figure
+
+    layers = _parse_layers(args.layers, int(model.config.num_hidden_layers))
+    mu = float(args.gram_weight[0])
+    print(f"{args.model}: layer sweep {args.layers}, {_describe(source)}, k={args.concepts}, mu={mu:g}")
+    est = SemiNMF(args.concepts, gram_weight=mu, max_iter=args.max_iter, refine_iter=args.refine_iter)
+    with torch_threads(threads):
+        out = concept_fidelity(model, inputs, None, est, layers=layers, bounds=not args.no_bound,
+                               power_iters=args.power_iters, batch_size=args.batch_size, **opts)
+    out.update(model=args.model, inputs=source, gram_weight=mu, n_concepts=args.concepts)
+    json_path = write_json(os.path.join(args.output_dir, "sweep.json"), _json_ready(out))
+    table = format_sweep_table(out["table"])
+    write_text(os.path.join(args.output_dir, "table.txt"), table + "\n")
+    print(table)
+    print(f"wrote {json_path}")
+    if not args.no_figures:
+        path = save_figure(plot_layer_sweep(out, title=f"{os.path.basename(str(args.model).rstrip('/'))}: k={args.concepts}, "
+                                                       f"mu={mu:g}, {_describe(source)}"),
+                           os.path.join(args.output_dir, "sweep.png"))
+        print(f"wrote {path}")
+    return 0
+
+
+def _figures(args, model, pixels, out, estimators, layer, threads):
+    from hf_tdiag._threads import torch_threads
+    from hf_tdiag.probes.concept_fidelity import layer_activations
+    from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
+
+    paths = []
+    if pixels is not None:
+        with torch_threads(threads):
+            A = layer_activations(model, pixels, layer, batch_size=args.batch_size).patches
+        label = next((k for k in estimators if k.startswith("gram")), next(iter(estimators)))
+        codes = estimators[label].transform(A)
+        paths += [
+            save_figure(plot_concept_heatmaps(pixels, codes, out["grid"], title=f"{label} concepts, layer {layer}"),
+                        os.path.join(args.output_dir, "heatmaps.png")),
+            save_figure(plot_top_patches(pixels, codes, out["grid"], title=f"top patches per concept ({label})"),
+                        os.path.join(args.output_dir, "top_patches.png")),
+        ]
+    if not args.no_bound:
+        paths.append(save_figure(plot_kl_vs_bound(out["runs"]), os.path.join(args.output_dir, "kl_vs_bound.png")))
+    sweep = [{"gram_weight": r["gram_weight"], "delta_gram": r["delta_gram"], "kl": r["kl"],
+              "delta_rec_rel": r["delta_rec_rel"]} for k, r in out["runs"].items() if k != "supervised"]
+    if len(sweep) > 1:
+        paths.append(save_figure(plot_mu_sweep(sweep), os.path.join(args.output_dir, "mu_sweep.png")))
+    return paths
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from hf_tdiag._atomic import write_json, write_text
     from hf_tdiag._threads import model_threads, torch_threads
-    from hf_tdiag.inputs import load_images
-    from hf_tdiag.loading import load_model, pixel_values_for
-    from hf_tdiag.probes.concept_fidelity import compare_concepts, layer_activations
-    from hf_tdiag.viz.concepts import (
-        plot_concept_heatmaps,
-        plot_kl_vs_bound,
-        plot_mu_sweep,
-        plot_top_patches,
-        save_figure,
-    )
+    from hf_tdiag.loading import load_model
+    from hf_tdiag.probes.concept_fidelity import compare_concepts
 
     if any(mu < 0 for mu in args.gram_weight):
         raise ValueError(f"--gram-weight: expected values >= 0, got {args.gram_weight}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     loaded = load_model(args.model, eager_attention=False, trust_remote_code=args.trust_remote_code)
     model = loaded.model.to(device)
-    if args.images is not None and not os.path.isdir(args.images):
-        raise ValueError(f"images: expected a folder, got {args.images!r}")
-    imageset = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples)
-    pixels = torch.cat([pixel_values_for(imageset.images[i : i + args.batch_size], loaded)
-                        for i in range(0, len(imageset.images), args.batch_size)])
-    layer = args.layer if args.layer is not None else int(model.config.num_hidden_layers) // 2
-    print(f"{args.model}: layer {layer}, {len(imageset.images)} images from {imageset.source}, k={args.concepts}, on {device}")
+    inputs, source, opts, pixels = _inputs(args, loaded)
     threads = model_threads(args.threads, model, device)
+    if args.layers is not None:
+        return _run_sweep(args, model, inputs, opts, source, threads)
+    layer = args.layer if args.layer is not None else int(model.config.num_hidden_layers) // 2
+    print(f"{args.model}: layer {layer}, {_describe(source)}, k={args.concepts}, on {device}")
     with torch_threads(threads):
-        out = compare_concepts(model, pixels, layer, args.concepts, gram_weights=args.gram_weight,
+        out = compare_concepts(model, inputs, layer, args.concepts, gram_weights=args.gram_weight,
                                supervised=args.supervised, kl_weight=args.kl_weight, max_iter=args.max_iter,
-                               refine_iter=args.refine_iter, supervised_iter=args.refine_iter,
-                               estimate=not args.no_bound, power_iters=args.power_iters, batch_size=args.batch_size)
+                               refine_iter=args.refine_iter, supervised_iter=args.refine_iter, bounds=not args.no_bound,
+                               power_iters=args.power_iters, batch_size=args.batch_size, **opts)
     estimators = out.pop("estimators")
-    out["model"] = args.model
-    out["images"] = {"source": imageset.source, "count": len(imageset.images)}
+    out.update(model=args.model, inputs=source)
     json_path = write_json(os.path.join(args.output_dir, "concepts.json"), _json_ready(out))
     table = format_table(out["table"])
     write_text(os.path.join(args.output_dir, "table.txt"), table + "\n")
     print(table)
     print(f"wrote {json_path}")
     if not args.no_figures:
-        with torch_threads(threads):
-            A = layer_activations(model, pixels, layer, batch_size=args.batch_size).patches
-        label = next((k for k in estimators if k.startswith("gram")), next(iter(estimators)))
-        codes = estimators[label].transform(A)
-        paths = [
-            save_figure(plot_concept_heatmaps(pixels, codes, out["grid"], title=f"{label} concepts, layer {layer}"),
-                        os.path.join(args.output_dir, "heatmaps.png")),
-            save_figure(plot_top_patches(pixels, codes, out["grid"], title=f"top patches per concept ({label})"),
-                        os.path.join(args.output_dir, "top_patches.png")),
-        ]
-        if not args.no_bound:
-            paths.append(save_figure(plot_kl_vs_bound(out["runs"]), os.path.join(args.output_dir, "kl_vs_bound.png")))
-        sweep = [{"gram_weight": r["gram_weight"], "delta_gram": r["delta_gram"], "kl": r["kl"],
-                  "delta_rec_rel": r["delta_rec_rel"]} for k, r in out["runs"].items() if k != "supervised"]
-        if len(sweep) > 1:
-            paths.append(save_figure(plot_mu_sweep(sweep), os.path.join(args.output_dir, "mu_sweep.png")))
-        for path in paths:
+        for path in _figures(args, model, pixels, out, estimators, layer, threads):
             print(f"wrote {path}")
     return 0

@@ -349,8 +349,9 @@ def concepts_tab(spec, image_path, n_concepts=4, layer=-1, extra_digits=31, prog
     text = (
         f"{result['n_concepts']} concepts after block {result['layer']} of {result['num_layers']}, "
         f"fitted on {result['n_images']} images ({'the uploaded image first' if image_path else 'digits only'}). "
-        f"Empirical KL {result['kl']:.3g} vs bound {result.get('bound', float('nan')):.3g} "
-        f"(KL ≤ bound for {100 * result.get('frac_kl_below_bound', float('nan')):.0f}% of images)."
+        f"Empirical KL {result['kl']:.3g} vs bound {result.get('bound_certified', float('nan')):.3g} with certified "
+        f"constants, {result.get('bound_estimated', float('nan')):.3g} with estimated ones (KL ≤ estimated bound for "
+        f"{100 * result.get('frac_kl_below_bound_estimated', float('nan')):.0f}% of images)."
     )
     return text, plots[0], plots[1], plots[2], [[q, _rounded(v)] for q, v in rows]
 

@@ -315,18 +315,20 @@ def fidelity_rows(result: dict) -> list[list]:
         ["empirical KL (max)", result["kl_max"]],
         ["top-1 agreement", result["top1_agreement"]],
     ]
-    if "bound" in result:
+    if "bound_certified" in result:
         rows += [
-            ["KL bound (mean)", result["bound"]],
-            ["bound: reconstruction term (mean)", result["bound_rec_term"]],
-            ["bound: Gram term (mean)", result["bound_gram_term"]],
-            ["fraction of images with KL ≤ bound", result["frac_kl_below_bound"]],
+            ["KL bound, certified constants (mean)", result["bound_certified"]],
+            ["KL bound, certified chain ½(‖W_c‖ Δ)², Δ the head input's certified move (mean)", result["bound_certified_chain"]],
+            ["KL bound, estimated constants (mean)", result["bound_estimated"]],
+            ["estimated bound: reconstruction term (mean)", result["bound_estimated_rec_term"]],
+            ["estimated bound: Gram term (mean)", result["bound_estimated_gram_term"]],
+            ["fraction of images with KL ≤ certified bound", result["frac_kl_below_bound_certified"]],
+            ["fraction of images with KL ≤ estimated bound", result["frac_kl_below_bound_estimated"]],
         ]
-        consts = result.get("constants", {})
-        for key, value in consts.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                label = f"constant {key}" + (" (estimate)" if key in consts.get("estimated", ()) else "")
-                rows.append([label, value])
+        for kind in ("certified", "estimated"):
+            for key, value in result[f"constants_{kind}"].items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    rows.append([f"constant {key} ({kind})", value])
     return rows
 
 
@@ -362,7 +364,8 @@ def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: 
             f"({result['n_images']} images × {result['n_tokens']} tokens × {result['hidden_size']} dims). "
             "The empirical KL replaces the layer's patch tokens by their reconstruction Â (CLS untouched) and runs "
             "the remaining blocks and the head; the bound is "
-            "½‖W_c‖²_op · L_block^{2L_suf} · (√N δ_rec + α‖G‖_F δ_gram)² with L_block and α estimated from the model."
+            "½(‖W_c‖_op L_readout)² · L_block^{2L_suf} · (√N δ_rec + α‖G‖_F δ_gram)², once with certified constants "
+            "(upper bounds, docs/concept_bound.md) and once with local estimates."
         ),
         tables=[Table("Fidelity", ["quantity", "value"], rows)],
         numbers=result,
@@ -395,8 +398,9 @@ def concept_plots(loaded: LoadedModel, pixel_values: torch.Tensor, codes, result
             "Top-activating patches per concept (cyan box; value = code)",
             VC.plot_top_patches(pixel_values, codes, grid, n_concepts=k, top=8),
         ))
-    if "bound" in result.get("per_image", {}):
-        out.append(("Empirical KL against the bound, per image", VC.plot_kl_vs_bound({"Semi-NMF": result})))
+    if "bound_estimated" in result.get("per_image", {}):
+        out.append(("Empirical KL against the bound with estimated constants, per image",
+                    VC.plot_kl_vs_bound({"Semi-NMF": result}, kind="estimated")))
     return out
 
 

@@ -3,7 +3,9 @@
 * :func:`plot_concept_heatmaps` — concept codes over the patch grid, for a few images;
 * :func:`plot_top_patches` — the top-activating patches of each concept;
 * :func:`plot_kl_vs_bound` — per-image empirical KL against the bound's right-hand side;
-* :func:`plot_mu_sweep` — δ_gram and the empirical KL as the Gram weight μ varies.
+* :func:`plot_mu_sweep` — δ_gram and the empirical KL as the Gram weight μ varies;
+* :func:`plot_layer_sweep` — per layer ℓ (log scale): empirical KL against the certified and the estimated bound,
+  and δ_rec/‖A‖_F, δ_gram; :func:`layer_sweep_data` returns the numbers it plots.
 
 Figures are Agg-canvas ``Figure`` objects (see :mod:`hf_tdiag.viz`); save with ``save_figure``.
 """
@@ -19,7 +21,8 @@ from matplotlib.figure import Figure
 
 from . import new_figure, save_figure
 
-__all__ = ["plot_concept_heatmaps", "plot_top_patches", "plot_kl_vs_bound", "plot_mu_sweep", "save_figure"]
+__all__ = ["plot_concept_heatmaps", "plot_top_patches", "plot_kl_vs_bound", "plot_mu_sweep", "plot_layer_sweep",
+           "layer_sweep_data", "save_figure"]
 
 
 def _np(x) -> np.ndarray:
@@ -128,29 +131,76 @@ def _rect(x, y, w, h):
     return Rectangle((x, y), w, h, fill=False, edgecolor="cyan", linewidth=1.2)
 
 
-def plot_kl_vs_bound(reports: Mapping[str, Mapping], title: str | None = None) -> Figure:
-    """Scatter of per-image empirical KL (x) against the bound (y) for one or more fidelity reports, log–log."""
+def plot_kl_vs_bound(reports: Mapping[str, Mapping], title: str | None = None, kind: str = "estimated") -> Figure:
+    """Scatter of per-input empirical KL (x) against ``bound_<kind>`` (y, ``kind`` "certified" or "estimated"), log–log."""
+    if kind not in ("certified", "estimated"):
+        raise ValueError(f"kind: expected 'certified' or 'estimated', got {kind!r}")
     if not isinstance(reports, Mapping) or not reports:
         raise ValueError("reports: expected a non-empty mapping label -> concept_fidelity report")
+    key = f"bound_{kind}"
     fig = new_figure(5.6, 4.6)
     ax = fig.subplots()
     lo, hi = math.inf, 0.0
     for label, rep in reports.items():
         per = rep.get("per_image", {})
-        if "bound" not in per:
-            raise ValueError(f"reports[{label!r}]: has no bound (was it computed with estimate=False?)")
+        if key not in per:
+            raise ValueError(f"reports[{label!r}]: has no {key} (was it computed with bounds=False?)")
         kl = np.maximum(np.asarray(per["kl"], dtype=float), 1e-12)
-        bd = np.maximum(np.asarray(per["bound"], dtype=float), 1e-12)
-        frac = rep.get("frac_kl_below_bound", float(np.mean(kl <= bd)))
+        bd = np.maximum(np.asarray(per[key], dtype=float), 1e-12)
+        frac = rep.get(f"frac_kl_below_{key}", float(np.mean(kl <= bd)))
         ax.scatter(kl, bd, s=10, alpha=0.6, label=f"{label} (KL ≤ bound: {100 * frac:.0f}%)")
         lo, hi = min(lo, kl.min(), bd.min()), max(hi, kl.max(), bd.max())
     ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="bound = KL")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("empirical KL(σ(g(A)) ‖ σ(g(Â)))")
-    ax.set_ylabel("bound ½‖W_c‖²L^{2L_suf}(√N δ_rec + α‖G‖δ_gram)²")
+    ax.set_ylabel(f"{kind} bound ½‖W_c‖²L_ro²L^{{2L_suf}}(√N δ_rec + α‖G‖δ_gram)²")
     ax.legend(fontsize=7)
-    ax.set_title(title or "Empirical KL vs bound (per image; constants estimated)", fontsize=9)
+    ax.set_title(title or f"Empirical KL vs the {kind} bound (per input)", fontsize=9)
+    return fig
+
+
+_SWEEP_CURVES = (("kl", "empirical KL (mean)", "o-", "tab:red"), ("kl_max", "empirical KL (max)", "v:", "tab:red"),
+                 ("bound_certified", "certified bound (mean)", "s-", "tab:blue"),
+                 ("bound_certified_chain", "certified chain ½(‖W_c‖ Δ)² (mean)", "d--", "tab:cyan"),
+                 ("bound_estimated", "estimated bound (mean)", "^-", "tab:green"))
+
+
+def layer_sweep_data(sweep: Mapping) -> dict[str, list]:
+    """The numbers :func:`plot_layer_sweep` draws: ``layer`` and, per layer, each curve's value (NaN where absent)."""
+    table = sweep.get("table") if isinstance(sweep, Mapping) else None
+    if not table:
+        raise ValueError("sweep: expected a concept_fidelity(..., layers=...) result with a non-empty 'table'")
+    keys = [k for k, *_ in _SWEEP_CURVES] + ["delta_rec_rel", "delta_gram"]
+    out = {"layer": [int(r["layer"]) for r in table]}
+    for key in keys:
+        out[key] = [float(r[key]) if r.get(key) is not None else float("nan") for r in table]
+    return out
+
+
+def plot_layer_sweep(sweep: Mapping, title: str | None = None, floor: float = 1e-12) -> Figure:
+    """Per layer ℓ: empirical KL, the certified and estimated bounds (log scale), and δ_rec/‖A‖_F, δ_gram.
+
+    Values below ``floor`` (an exact 0, e.g. the KL at ℓ = L with the CLS token untouched) are drawn at ``floor``.
+    """
+    data = layer_sweep_data(sweep)
+    fig = new_figure(6.4, 6.2)
+    ax, ax2 = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2.2, 1]})
+    for key, label, style, color in _SWEEP_CURVES:
+        ys = np.maximum(np.asarray(data[key], dtype=float), floor)
+        if np.isfinite(ys).any():
+            ax.plot(data["layer"], ys, style, color=color, label=label, ms=4)
+    ax.set_yscale("log")
+    ax.set_ylabel("KL / bound (log scale)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="major")
+    ax2.plot(data["layer"], data["delta_rec_rel"], "s--", color="tab:green", label="δ_rec / ‖A‖_F", ms=4)
+    ax2.plot(data["layer"], data["delta_gram"], "o-", color="tab:blue", label="δ_gram", ms=4)
+    ax2.set_xlabel("layer ℓ (hidden_states index; 0 = embeddings)")
+    ax2.set_xticks(data["layer"])
+    ax2.legend(fontsize=7)
+    ax2.grid(alpha=0.3)
+    ax.set_title(title or "Concept fidelity across layers", fontsize=9)
     return fig
 
 

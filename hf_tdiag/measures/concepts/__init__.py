@@ -24,7 +24,7 @@ dictionary), :mod:`.init` (starting codes), :mod:`.joint` (the joint objective a
 estimates), :mod:`.matching` (Hungarian matching), :mod:`.floor` (the Eckart–Young floor).
 """
 
-from .bound import kl_bound, kl_divergence
+from .bound import kl_bound, kl_bound_chain, kl_divergence
 from .floor import truncated_svd_error
 from .gram import fidelity_errors, gram_error, gram_lemma_rhs, gram_loss, gram_loss_grad
 from .lipschitz import jacobian_spectral_norm
@@ -48,6 +48,7 @@ __all__ = [
     "fidelity_errors",
     "kl_divergence",
     "kl_bound",
+    "kl_bound_chain",
     "match_concepts",
     "truncated_svd_error",
     "jacobian_spectral_norm",

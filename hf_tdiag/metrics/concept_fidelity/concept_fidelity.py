@@ -6,7 +6,8 @@ Thin wrapper over :func:`hf_tdiag.concept_fidelity` (probes) and :mod:`hf_tdiag.
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.measures.concepts import SemiNMF
-from hf_tdiag.probes.concept_fidelity import concept_fidelity
+from hf_tdiag.probes.concept_fidelity import DEFAULT_N_CONCEPTS, concept_fidelity
+from hf_tdiag.loading import load_model
 
 _CITATION = """\
 @article{ding2010convex,
@@ -25,41 +26,51 @@ _CITATION = """\
 """
 
 _DESCRIPTION = """\
-Concept fidelity at layer l of a vision transformer classifier (CRATE, ViT, DeiT). The layer-l patch-token
-activations A (N x d per image; output of block l = hidden_states[l], patch tokens only) are factorized by a
-Semi-NMF A ~ U W^T (codes U >= 0, signed dictionary W) fitted on L_rec + mu L_gram, L_gram = ||G - G_hat||_F^2 /
-||G||_F^2 with per-image Grams G = A A^T. Reported per image and on average: delta_rec = ||A - A_hat||_F (absolute
-and relative), delta_gram = sqrt(L_gram), ||G||_F, the lemma ||G - G_hat||_F <= 2||A||_F delta_rec + delta_rec^2,
-the empirical KL(softmax(g(A)) || softmax(g(A_hat))) obtained by replacing the layer-l patch tokens with A_hat
-(CLS untouched) and running the remaining blocks and the head, top-1 agreement, and the bound
-KL <= 1/2 (||W_c||_op L_norm)^2 L_block^(2 L_suf) (sqrt(N) delta_rec + alpha ||G||_F delta_gram)^2 with ||W_c||_op
-exact and L_block, L_norm, alpha estimated from the model (labelled as estimates).
+Concept fidelity at layer l of a transformer classifier: CRATE, ViT, DeiT (images) or a BERT-like encoder (texts).
+The layer-l concept-token activations A (N x d per input; output of block l = hidden_states[l]; an image's patch
+tokens, or a text's non-special tokens with every text cut to a common token count) are factorized by a Semi-NMF
+A ~ U W^T (codes U >= 0, signed dictionary W) fitted on L_rec + mu L_gram, L_gram = ||G - G_hat||_F^2 / ||G||_F^2
+with per-input Grams G = A A^T. Reported per input and on average: delta_rec = ||A - A_hat||_F (absolute and
+relative), delta_gram = sqrt(L_gram), ||G||_F, the lemma ||G - G_hat||_F <= 2||A||_F delta_rec + delta_rec^2, the
+empirical KL(softmax(g(A)) || softmax(g(A_hat))) obtained by replacing the layer-l concept tokens with A_hat (CLS
+and other special tokens untouched) and running the remaining blocks, the readout and the linear head (for an
+encoder without classifier: its pooled output and a linear head fitted on `labels`, or on k-means clusters of the
+pooled outputs), top-1 agreement, and the bound
+KL <= 1/2 (||W_c||_op L_readout)^2 L_block^(2 L_suf) (sqrt(N) delta_rec + alpha ||G||_F delta_gram)^2 twice, never
+mixed: bound_certified (every constant an upper bound on the domain the reconstruction provably stays in; see
+docs/concept_bound.md) and bound_estimated (local estimates). With layers="all" (or a list) every layer is fitted
+and reported.
 """
 
 _KWARGS_DESCRIPTION = """
 Args:
-    model: a Transformers image classifier object, a local folder (save_pretrained) or a Hub id.
+    model: a Transformers model object, a local folder (save_pretrained) or a Hub id.
     images: PIL images (a list, or a datasets Image column); or
+    texts: strings (BERT-like encoders; tokenized with the model's tokenizer or `tokenizer`); or
     pixel_values: a tensor (B, C, H, W) already processed for the model.
-    layer (`int`, required): l in [0, L]; activations are hidden_states[l] (0 = embeddings, L = last block).
-    n_concepts (`int`, default 16): number of concepts k (at most min(images * N, d)).
+    layer (`int`): l in [0, L]; activations are hidden_states[l] (0 = embeddings, L = last block).
+    layers (`"all"` or a list of ints): a layer sweep instead of `layer`; returns per_layer reports and a table.
+    n_concepts (`int`, default 16): number of concepts k (at most min(inputs * N, d)).
     gram_weight (`float`, default 0.0): mu; 0 is plain Semi-NMF.
     concepts (optional): a fitted hf_tdiag SemiNMF or a (k, d) dictionary tensor to evaluate instead of fitting.
     max_iter (`int`, default 200), refine_iter (`int`, default 100): Semi-NMF MU and Gram-refinement iterations.
-    estimate (`bool`, default True): estimate L_block, L_norm, alpha and report the bound.
+    bounds (`bool`, default True; `estimate` is its former name): compute both bounds and their constants.
+    labels (texts, optional): the labels the linear head is fitted on; n_clusters (`int`, default 4): the k-means
+    clusters used instead when no labels are given; max_tokens (`int`, optional): cut texts to this many tokens.
     power_iters (`int`, default 20), batch_size (`int`, default 64), progress (`bool`, default True).
-    return_per_image (`bool`, default True): include the per-image lists.
+    return_per_image (`bool`, default True): include the per-input lists.
 Returns:
     delta_rec, delta_rec_rel, delta_gram, gram_norm, gram_error, kl, kl_max, top1_agreement, lemma_holds,
-    bound, bound_rec_term, bound_gram_term, bound_rec_only, bound_gram_only, frac_kl_below_bound (means over
-    images / fractions), constants (w_c_op exact; l_block, l_norm, alpha estimated, with the method used),
-    layer, num_layers, n_suffix_blocks, n_images, n_tokens, hidden_size, n_concepts, gram_weight, history
-    (per-iteration rec_loss / gram_loss of the fit), per_image (when return_per_image=True).
+    bound_certified, bound_certified_chain, bound_estimated, their rec/gram terms, frac_kl_below_bound_certified,
+    frac_kl_below_bound_estimated (means over inputs / fractions), constants_certified and constants_estimated,
+    layer, num_layers, n_suffix_blocks, n_images, n_tokens, hidden_size, n_concepts, gram_weight, head (texts),
+    history (per-iteration rec_loss / gram_loss of the fit), per_image (when return_per_image=True). With
+    `layers`: layers, per_layer (layer -> the report above) and table (one row per layer).
 Examples:
     >>> import evaluate, hf_tdiag
     >>> cf = evaluate.load(hf_tdiag.metric_path("concept_fidelity"))
     >>> out = cf.compute(model="path/to/crate", images=images, layer=2, n_concepts=8, gram_weight=1.0)  # doctest: +SKIP
-    >>> out["kl"], out["bound"], out["delta_gram"]  # doctest: +SKIP
+    >>> out["kl"], out["bound_certified"], out["bound_estimated"]  # doctest: +SKIP
 """
 
 
@@ -76,7 +87,23 @@ class ConceptFidelity(ModelInputsMixin, evaluate.Measurement):
         )
 
     metric_label = "concept_fidelity"
-    input_kinds = ("images",)
+    input_kinds = ("images", "texts")
+
+    def _load(self, model, inputs, pixel_values, tokenizer):
+        """(model, its inputs, tokenizer): strings go to the probe as they are (it cuts them to a common length)."""
+        items = list(inputs) if inputs is not None and pixel_values is None else []
+        if items and isinstance(items[0], str):
+            if model is None:
+                raise ValueError("model: expected a Transformers model, a local folder or a Hub id, got None")
+            import os
+
+            loaded = load_model(os.fspath(model) if isinstance(model, os.PathLike) else model, eager_attention=False)
+            tok = tokenizer if tokenizer is not None else loaded.processor
+            if tok is None:
+                raise ValueError(f"tokenizer: no tokenizer found for {loaded.source!r}; pass tokenizer=")
+            return loaded.model, items, tok
+        loaded, model_inputs = self._model_and_inputs(model, inputs, pixel_values)
+        return loaded.model, model_inputs, None
 
     def _compute(
         self,
@@ -84,30 +111,40 @@ class ConceptFidelity(ModelInputsMixin, evaluate.Measurement):
         pixel_values=None,
         model=None,
         layer=None,
-        n_concepts=16,
+        layers=None,
+        n_concepts=DEFAULT_N_CONCEPTS,
         gram_weight=0.0,
         concepts=None,
         max_iter=200,
         refine_iter=100,
-        estimate=True,
+        bounds=True,
+        estimate=None,
+        labels=None,
+        tokenizer=None,
+        max_tokens=None,
+        n_clusters=4,
         power_iters=20,
         batch_size=64,
         progress=True,
         return_per_image=True,
     ):
-        if layer is None:
-            raise ValueError("layer: required (an int in [0, num_hidden_layers]; activations are hidden_states[layer])")
-        loaded, pixel_values = self._model_and_inputs(model, inputs, pixel_values)
+        if layer is None and layers is None:
+            raise ValueError("layer: required (an int in [0, num_hidden_layers]; activations are hidden_states[layer]) "
+                             "unless layers= ('all' or a list) is given")
+        net, model_inputs, tok = self._load(model, inputs, pixel_values, tokenizer)
         if concepts is None:
             concepts = SemiNMF(int(n_concepts), gram_weight=float(gram_weight), max_iter=int(max_iter),
                                refine_iter=int(refine_iter))
-        report = concept_fidelity(loaded.model, pixel_values, layer, concepts, estimate=estimate,
+        report = concept_fidelity(net, model_inputs, layer, concepts, layers=layers, bounds=bounds, estimate=estimate,
+                                  tokenizer=tok, max_tokens=max_tokens, labels=labels, n_clusters=n_clusters,
                                   power_iters=power_iters, batch_size=batch_size, progress=progress,
-                                  return_tensors=True)
-        est = report.pop("tensors")["concepts"]
-        history = getattr(est, "history_", None)
-        if history is not None:
-            report["history"] = {k: list(v) for k, v in history.items()}
+                                  return_tensors=layers is None)
+        reports = report["per_layer"].values() if layers is not None else [report]
+        if layers is None:
+            history = getattr(report.pop("tensors")["concepts"], "history_", None)
+            if history is not None:
+                report["history"] = {k: list(v) for k, v in history.items()}
         if not return_per_image:
-            report.pop("per_image", None)
+            for rep in reports:
+                rep.pop("per_image", None)
         return report
