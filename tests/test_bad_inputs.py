@@ -242,7 +242,7 @@ CLI_CASES = [
     ("schatten l-phi nan", ["schatten", "{root}/crate", "--l-phi", "nan"], 2, "--l-phi"),
     ("concepts k 0", ["concepts", "{root}/crate", "--dataset", "digits", "--concepts", "0"], 2, "--concepts"),
     ("concepts layer 99", ["concepts", "{root}/crate", "--dataset", "digits", "--layer", "99"], 1, "layer: expected 0 <= layer <= 1"),
-    ("concepts on BERT", ["concepts", "{root}/bert", "--dataset", "digits"], 1, "'{root}/bert' is not a vision model"),
+    ("concepts on BERT", ["concepts", "{root}/bert", "--dataset", "digits"], 1, "'{root}/bert' is a text model; pass --texts FILE"),
     ("attention-svm head 99", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "0", "--head", "99"], 1, "head: expected an int in [0, 4)"),
     ("attention-svm layer -1", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "-1"], 2, "--layer"),
     ("attention-svm queries", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "0", "--queries", "999"], 1, "queries: positions must lie in [0, 17)"),
