@@ -14,7 +14,8 @@ Experiments (settings in ``hf_tdiag.measures.attention_gd.paper.settings``; norm
     multitoken_tau      Fig. 13  selected-set size against τ planted leaders
 
 Writes one PNG and one JSON per figure (``fig2_trajectories.png`` / ``.json``, …) and ``summary.json``
-(settings, timings, the headline numbers) to ``--output-dir``.
+(per experiment: the settings run, the time taken and the load average then) to ``--output-dir``; runs with
+``--only`` at the same size add to the ``summary.json`` already there, so experiments can be run one at a time.
 
     python recipes/attention_svm.py --paper --output-dir runs/attention_svm_paper     # tens of minutes on 2 cores
     python recipes/attention_svm.py --quick --output-dir runs/attention_svm_quick     # about a minute (CI)
@@ -88,6 +89,21 @@ def _write_json(path: str, obj) -> None:
     write_json(path, obj, indent=1)
 
 
+def _load_summary(path: str, size: str) -> dict:
+    """The ``summary.json`` of earlier ``--only`` runs at the same size in this folder, or a fresh one."""
+    fresh = {"size": size, "timings_s": {}, "settings": {}, "load_average_1_5_15": {}, "figures": []}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            old = json.load(fh)
+        if old.get("size") == size:
+            return {k: old.get(k, v) if isinstance(old.get(k, v), type(v)) else v for k, v in fresh.items()}
+    return fresh
+
+
+def _load_average() -> list[float] | None:
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.replot:
@@ -100,7 +116,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     settings = PAPER if args.paper else QUICK
     os.makedirs(args.output_dir, exist_ok=True)
-    summary = {"size": "paper" if args.paper else "quick", "timings_s": {}, "figures": []}
+    summary_path = os.path.join(args.output_dir, "summary.json")
+    summary = _load_summary(summary_path, "paper" if args.paper else "quick")  # --only runs add to it
     figures = _figures()
     t_all = time.perf_counter()
     for name in args.only:
@@ -108,17 +125,16 @@ def main(argv=None) -> int:
         print(f"{name}: running with {settings[name]}", flush=True)
         result = RUNNERS[name](settings[name], progress=args.progress)
         summary["timings_s"][name] = time.perf_counter() - t0
+        summary["settings"][name] = dict(settings[name])
+        summary["load_average_1_5_15"][name] = _load_average()  # what else ran while it was timed
         for fig_name, (experiment, plot) in figures.items():  # written as soon as the experiment is done
             if experiment == name:
                 save_figure(plot(result), os.path.join(args.output_dir, f"{fig_name}.png"), dpi=args.dpi)
                 _write_json(os.path.join(args.output_dir, f"{fig_name}.json"), result)
-                summary["figures"].append(fig_name)
+                summary["figures"] = [f for f in summary["figures"] if f != fig_name] + [fig_name]
+        _write_json(summary_path, summary)
         print(f"{name}: {summary['timings_s'][name]:.1f} s", flush=True)
-    summary["total_time_s"] = time.perf_counter() - t_all
-    if hasattr(os, "getloadavg"):
-        summary["load_average_1_5_15"] = list(os.getloadavg())
-    _write_json(os.path.join(args.output_dir, "summary.json"), summary)
-    print(f"done in {summary['total_time_s']:.1f} s; wrote {len(summary['figures'])} figures (PNG + JSON) to {args.output_dir}")
+    print(f"done in {time.perf_counter() - t_all:.1f} s; {len(summary['figures'])} figures (PNG + JSON) in {args.output_dir}")
     return 0
 
 

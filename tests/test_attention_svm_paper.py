@@ -140,6 +140,11 @@ def test_recipe_quick_writes_a_png_and_json_per_figure(tmp_path):
     lam = json.loads((out / "fig10_lambda.json").read_text())
     assert lam["rows"][0]["lam"] == 0.0 and lam["rows"][0]["predicted_mean_selected"] == 1.0
     assert list(itertools.chain(summary["timings_s"])) == ["trajectories", "rank_m", "multitoken_lambda"]
+    assert summary["settings"]["rank_m"]["m"] == [1, 5] and set(summary["load_average_1_5_15"]) == set(summary["timings_s"])
+    assert recipe.main(["--quick", "--output-dir", str(out), "--only", "rank_m"]) == 0  # a later --only run adds to it
+    again = json.loads((out / "summary.json").read_text())
+    assert again["figures"] == ["fig2_trajectories", "fig10_lambda", "rank_vs_m"]
+    assert set(again["timings_s"]) == {"trajectories", "rank_m", "multitoken_lambda"}
     (out / "rank_vs_m.png").unlink()
     assert recipe.main(["--replot", "--dpi", "50", "--output-dir", str(out)]) == 0
     assert (out / "rank_vs_m.png").exists()
