@@ -42,7 +42,8 @@ def _plan(grid: StudyGrid, study_dir: str, settings: MeasureSettings, train_fn, 
     return specs, records
 
 
-def _run_uncached(grid, study_dir, settings, run_all, *, jobs, threads, train_fn, limit, keep_models, progress, on_record):
+def _run_uncached(grid, study_dir, settings, run_all, *, jobs, threads, train_fn, limit, keep_models, progress, on_record,
+                  executor_options):
     """Train every uncached run (at most ``limit``); return all records in grid order, the cached count, the failures."""
     from tqdm.auto import tqdm
 
@@ -68,7 +69,7 @@ def _run_uncached(grid, study_dir, settings, run_all, *, jobs, threads, train_fn
                 on_record(rec)
         bar.update(1)
 
-    run_all(specs, jobs=jobs, threads=threads, on_done=on_done)
+    run_all(specs, jobs=jobs, threads=threads, on_done=on_done, **executor_options)
     bar.close()
     order = {run_key(hp, grid.fixed, settings): i for i, hp in enumerate(grid.runs())}
     records.sort(key=lambda r: order.get(r["key"], len(order)))
@@ -88,6 +89,7 @@ def run_study(
     on_record: Callable[[dict], None] | None = None,
     threads: int | None = None,
     executor: str = "local",
+    executor_options: dict | None = None,
 ) -> dict:
     """Run (or continue) a study: train every uncached run of ``grid``, then write the table and plots.
 
@@ -99,7 +101,8 @@ def run_study(
     (for smoke tests). ``threads`` is the number of torch CPU threads per job
     (default: ``cpu_count // jobs`` in worker processes, unchanged when
     ``jobs == 1``); results are reproducible bit for bit only at equal thread
-    counts. ``executor`` names who runs the runs (see :mod:`hf_tdiag.study.executors`).
+    counts. ``executor`` names who runs the runs: ``"local"`` or ``"ray"``, with ``executor_options``
+    for it (Ray: ``address``, ``num_cpus``, ``num_gpus``, ``max_retries``; see :mod:`hf_tdiag.study.executors`).
     Only one study runs in a folder at a time: a second one raises :class:`StudyLockedError`.
     Returns a summary with the table and the output paths.
     """
@@ -111,6 +114,6 @@ def run_study(
     with study_lock(study_dir):
         records, cached, failures = _run_uncached(
             grid, study_dir, settings, run_all, jobs=jobs, threads=threads, train_fn=train_fn, limit=limit,
-            keep_models=keep_models, progress=progress, on_record=on_record,
+            keep_models=keep_models, progress=progress, on_record=on_record, executor_options=dict(executor_options or {}),
         )
         return summarize(grid, records, study_dir, settings=settings, plot=plot, cached=cached, failures=failures)

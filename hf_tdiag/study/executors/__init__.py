@@ -1,9 +1,12 @@
 """Executors: who runs a study's uncached runs. Each takes the run specs and reports every finished run.
 
-An executor is a function ``(specs, *, jobs, threads, on_done) -> None`` that calls
+An executor is a function ``(specs, *, jobs, threads, on_done, **options) -> None`` that calls
 ``on_done(spec, record, failure)`` once per spec, with ``record`` the run's record
 (already written to the cache by the worker) or ``failure`` a dict with ``hparams``,
 ``error`` and ``traceback``. The per-run cache stays the single source of truth.
+
+``local`` (:mod:`.local`, the default, no extra dependency) runs in this process or a
+process pool; ``ray`` (:mod:`.ray`, ``pip install "hf-tdiag[ray]"``) hands each run to Ray.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Callable
 
 __all__ = ["EXECUTORS", "get_executor", "failure_of"]
 
-EXECUTORS = ("local",)
+EXECUTORS = ("local", "ray")
 
 
 def failure_of(spec: dict, err: BaseException, tb: str) -> dict:
@@ -26,4 +29,9 @@ def get_executor(name: str) -> Callable:
         from .local import run_local
 
         return run_local
+    if name == "ray":
+        from .ray import import_ray, run_ray
+
+        import_ray()  # fail now, naming the extra, rather than after the planning
+        return run_ray
     raise ValueError(f"executor: expected one of {list(EXECUTORS)}, got {name!r}")

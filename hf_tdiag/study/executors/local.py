@@ -107,9 +107,11 @@ def _run_pool(specs: Sequence[dict], jobs: int, threads: int, on_done: Callable)
                 on_done(spec, rec, None)
 
 
-def run_local(specs: Sequence[dict], *, jobs: int = 1, threads: int | None = None, on_done: Callable) -> None:
+def run_local(specs: Sequence[dict], *, jobs: int = 1, threads: int | None = None, on_done: Callable, **options) -> None:
     """Run every spec; ``jobs == 1`` in this process (``threads`` torch threads, or unchanged if ``None``),
     else in ``jobs`` worker processes with ``threads`` (default ``cpu_count // jobs``) threads each."""
+    if options:
+        raise ValueError(f"executor_options: the local executor takes none, got {sorted(options)}")
     if jobs == 1:
         _run_serial(specs, threads, on_done)
     else:
