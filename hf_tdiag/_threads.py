@@ -7,6 +7,8 @@ from typing import Iterator
 
 import torch
 
+from ._validation import positive_int
+
 
 @contextlib.contextmanager
 def torch_threads(n: int | None = None) -> Iterator[None]:
@@ -35,9 +37,7 @@ def pick_threads(requested: int | None = None, *, device="cpu", num_parameters: 
     import os
 
     if requested is not None:
-        if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
-            raise ValueError(f"threads: expected a positive integer, got {requested!r}")
-        return requested
+        return positive_int(requested, "threads")
     if os.environ.get("OMP_NUM_THREADS"):
         return None
     if torch.device(device).type == "cpu" and num_parameters is not None and num_parameters < SMALL_MODEL_PARAMETERS:

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from ._validation import positive_int
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 DIGITS_NAMES = ("digits", "sklearn:digits", "sklearn/digits")
 DIGITS_TEST_SIZE = 0.2
@@ -53,11 +55,7 @@ class ImageSet:
 
 
 def _check_limit(limit) -> int | None:
-    if limit is None:
-        return None
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit: expected a positive int or None, got {limit!r}")
-    return limit
+    return positive_int(limit, "limit", allow_none=True)
 
 
 # --------------------------------------------------------------------------- one converter
@@ -360,8 +358,7 @@ class LazyBatches:
     """
 
     def __init__(self, items: Sequence, batch_size: int, convert):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        positive_int(batch_size, "batch_size")
         if len(items) == 0:
             raise ValueError("items: expected at least one item, got none")
         self.items, self.batch_size, self.convert = items, batch_size, convert

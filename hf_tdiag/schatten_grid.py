@@ -28,6 +28,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ._validation import positive_int
+
 GRID_VERSION = 1
 SUMMARY_TYPES = ("qk", "v", "m_in", "m_out")
 
@@ -60,9 +62,7 @@ class GridCell:
 
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "head_dim", "steps", "batch_size", "patch_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {v!r}")
+            positive_int(getattr(self, name), name)
         if self.hidden_size % self.head_dim:
             raise ValueError(f"hidden_size: {self.hidden_size} is not a multiple of head_dim = {self.head_dim}")
         if 8 % self.patch_size:
@@ -242,8 +242,7 @@ def run_grid(cells: Iterable[GridCell], cache_dir: str, jobs: int = 1, device: s
              log=print) -> list[dict]:
     """Run every cell (cached ones are read back) with ``jobs`` local processes, largest cells first; records in input order."""
     cells = list(cells)
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs: expected a positive integer, got {jobs!r}")
+    positive_int(jobs, "jobs")
     order = sorted(range(len(cells)), key=lambda i: -cells[i].num_layers * cells[i].hidden_size**2)
     results: dict[int, dict] = {}
     threads = max(1, (os.cpu_count() or 1) // jobs)

@@ -243,7 +243,7 @@ CLI_CASES = [
     ("concepts k 0", ["concepts", "{root}/crate", "--dataset", "digits", "--concepts", "0"], 2, "--concepts"),
     ("concepts layer 99", ["concepts", "{root}/crate", "--dataset", "digits", "--layer", "99"], 1, "layer: expected 0 <= layer <= 1"),
     ("concepts on BERT", ["concepts", "{root}/bert", "--dataset", "digits"], 1, "'{root}/bert' is a text model; pass --texts FILE"),
-    ("attention-svm head 99", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "0", "--head", "99"], 1, "head: expected an int in [0, 4)"),
+    ("attention-svm head 99", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "0", "--head", "99"], 1, "head: expected an integer in [0, 4)"),
     ("attention-svm layer -1", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "-1"], 2, "--layer"),
     ("attention-svm queries", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "0", "--queries", "999"], 1, "queries: positions must lie in [0, 17)"),
     ("report sections", ["report", "{root}/crate", "--sections", "bogus"], 1, "sections: unknown ['bogus']"),

@@ -32,9 +32,12 @@ from typing import Dict
 
 import torch
 
+from .._validation import check_tensor, finite_float, positive_float
+
 __all__ = [
     "FLOAT32_GRAM_TOLERANCE",
     "PRECISIONS",
+    "check_eps",
     "logdet_identity_plus_gram",
     "head_projections",
     "coding_rate",
@@ -47,7 +50,6 @@ __all__ = [
     "srr_terms",
 ]
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 PRECISIONS = ("auto", "float64")
 # estimated relative error of a log-determinant allowed for a float32 Gram matrix: 10x below the 1e-5 promised;
 # on CRATE-base states the estimate (float32_gram_error) ran 100-400x above the error measured against float64
@@ -60,40 +62,20 @@ _UNIT_ROUNDOFF_FLOAT32 = 2.0**-24
 # ---------------------------------------------------------------------------
 
 
-def _check_tensor(x, name: str, min_ndim: int, what: str, finite: bool = True) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor {what}, got {type(x).__name__}")
-    if x.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{name}: expected a floating tensor (float16/bfloat16/float32/float64), got dtype {x.dtype}")
-    if x.ndim < min_ndim:
-        raise ValueError(f"{name}: expected {what}, got shape {tuple(x.shape)}")
-    if any(s == 0 for s in x.shape[-2:]):
-        raise ValueError(f"{name}: expected non-empty trailing dimensions {what}, got shape {tuple(x.shape)}")
-    # one reduction: a finite sum means finite entries; an inf/NaN sum (or an overflow) gets the element-wise scan
-    if finite and not bool(torch.isfinite(x.detach().sum())) and not bool(torch.isfinite(x.detach()).all()):
-        raise ValueError(f"{name}: contains NaN or inf values (shape {tuple(x.shape)})")
-
-
-def _check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps: expected a finite positive number, got {eps!r}")
-    if not 0.0 < float(eps) * float(eps) < math.inf:  # the rates divide by eps^2 (x * x overflows to inf, x ** 2 raises)
+def check_eps(eps) -> float:
+    """``eps`` as a float: finite, > 0, and with a finite non-zero square (the rates divide by ε²)."""
+    eps = positive_float(eps, "eps")
+    if not 0.0 < eps * eps < math.inf:  # x * x overflows to inf (x ** 2 raises)
         raise ValueError(f"eps: expected a value whose square is a positive finite float (about 1e-150 to 1e150), got {eps!r}")
-    return float(eps)
-
-
-def _check_lam(lam) -> float:
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam):
-        raise ValueError(f"lam: expected a finite number, got {lam!r}")
-    return float(lam)
+    return eps
 
 
 def _check_z(Z, finite: bool = True) -> None:
-    _check_tensor(Z, "Z", 2, "of shape (..., N, d)", finite)
+    check_tensor(Z, "Z", min_ndim=2, shape="(..., N, d)", finite=finite, nonempty_trailing=2)
 
 
 def _check_u(U, d: int, finite: bool = True) -> None:
-    _check_tensor(U, "U", 3, "of shape (K, d, p)", finite)
+    check_tensor(U, "U", min_ndim=3, shape="(K, d, p)", finite=finite, nonempty_trailing=2)
     if U.ndim != 3:
         raise ValueError(f"U: expected shape (K, d, p), got shape {tuple(U.shape)}")
     if U.shape[0] == 0:
@@ -259,7 +241,7 @@ def coding_rate(
 
     ``check_finite=False`` skips the NaN/inf scan for a caller that already made it (every function here).
     """
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
     _check_z(Z, check_finite)
     return _coding_rate(Z, eps, _check_mask(token_mask, Z), precision)
 
@@ -269,8 +251,8 @@ def compression_rate_from_projections(
     *, check_finite: bool = True,
 ) -> torch.Tensor:
     """``Rᶜ = Σ_k ½ logdet(I + p/(Nε²) A_kᵀA_k)`` from head projections ``A`` of shape (..., K, N, p)."""
-    eps = _check_eps(eps)
-    _check_tensor(A, "A", 3, "of shape (..., K, N, p)", check_finite)
+    eps = check_eps(eps)
+    check_tensor(A, "A", min_ndim=3, shape="(..., K, N, p)", finite=check_finite, nonempty_trailing=2)
     mask = None
     if token_mask is not None:
         mask = _check_mask(token_mask, A.select(-3, 0))
@@ -282,14 +264,14 @@ def compression_rate(
     precision: str = "auto", *, check_finite: bool = True,
 ) -> torch.Tensor:
     """``Rᶜ(Z; U) = Σ_k ½ logdet(I + p/(Nε²) (U_kᵀZ)ᵀ(U_kᵀZ))`` per sample."""
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
     A = head_projections(Z, U, check_finite=check_finite)
     return _compression_rate(A, eps, _check_mask(token_mask, Z), precision)
 
 
 def unit_tokens(A: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
     """Each token (row) of ``A`` (..., N, p) scaled to unit ℓ2 norm, ``a_i / ‖a_i‖`` (all-zero rows stay zero)."""
-    _check_tensor(A, "A", 2, "of shape (..., N, p)", check_finite)
+    check_tensor(A, "A", min_ndim=2, shape="(..., N, p)", finite=check_finite, nonempty_trailing=2)
     A = A.to(torch.float64) if A.dtype == torch.float64 else A.to(torch.float32)
     return A / torch.linalg.vector_norm(A, dim=-1, keepdim=True).clamp_min(torch.finfo(A.dtype).tiny)
 
@@ -337,8 +319,8 @@ def srr_terms(
     equal to :func:`head_projections` ``(Z, U)`` (e.g. reused from a forward pass).
     ``token_mask`` (..., N) restricts every term to the unmasked tokens (N = their count per sample).
     """
-    eps = _check_eps(eps)
-    lam = _check_lam(lam)
+    eps = check_eps(eps)
+    lam = finite_float(lam, "lam")
     _check_z(Z)
     mask = _check_mask(token_mask, Z)
     if (U is None) == (projections is None):
@@ -347,7 +329,7 @@ def srr_terms(
         _check_u(U, Z.shape[-1])
         projections = _projections(Z, U)
     else:
-        _check_tensor(projections, "projections", 3, "of shape (..., K, N, p)")
+        check_tensor(projections, "projections", min_ndim=3, shape="(..., K, N, p)", nonempty_trailing=2)
         batch = tuple(Z.shape[:-2])
         if tuple(projections.shape[:-3]) != batch or projections.shape[-2] != Z.shape[-2]:
             raise ValueError(

@@ -26,6 +26,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from .._validation import check_tensor, finite_float, positive_int, real
+
 __all__ = [
     "l2",
     "log_prod_of_spec",
@@ -40,18 +42,6 @@ __all__ = [
     "project_box",
 ]
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _check_tensor(t, name: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{name}: expected a floating tensor, got dtype {t.dtype}")
-    if t.numel() == 0:
-        raise ValueError(f"{name}: expected a non-empty tensor, got shape {tuple(t.shape)}")
-    if not bool(torch.isfinite(t.detach()).all()):
-        raise ValueError(f"{name}: contains NaN or inf values (shape {tuple(t.shape)})")
 
 
 def _tensor_list(tensors, name: str) -> list[torch.Tensor]:
@@ -66,7 +56,7 @@ def _tensor_list(tensors, name: str) -> list[torch.Tensor]:
     if not items:
         raise ValueError(f"{name}: expected at least one tensor, got none")
     for key, t in items:
-        _check_tensor(t, f"{name}[{key!r}]")
+        check_tensor(t, f"{name}[{key!r}]")
     return [t for _, t in items]
 
 
@@ -121,7 +111,7 @@ def sum_of_spec(matrices) -> float:
 
 def output_margins(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """γ_i = f(x_i)_{y_i} − max_{j≠y_i} f(x_i)_j, one per example (float64)."""
-    _check_tensor(logits, "logits")
+    check_tensor(logits, "logits")
     if logits.ndim != 2 or logits.shape[1] < 2:
         raise ValueError(f"logits: expected shape (n, num_classes) with num_classes >= 2, got {tuple(logits.shape)}")
     if not isinstance(labels, torch.Tensor) or labels.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
@@ -139,8 +129,7 @@ def output_margins(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def inverse_margin(logits: torch.Tensor, labels: torch.Tensor, quantile: float = 0.1) -> float:
     """1/γ², γ = the ``quantile`` (10th percentile) of the output margins f(x)_y − max_{j≠y} f(x)_j."""
-    if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or not 0.0 <= quantile <= 1.0:
-        raise ValueError(f"quantile: expected a number in [0, 1], got {quantile!r}")
+    quantile = real(quantile, "quantile", low=0, high=1)
     margins = output_margins(logits, labels)
     gamma = float(torch.quantile(margins, float(quantile)))
     if gamma <= 0:
@@ -159,15 +148,12 @@ def bisect_largest(
     Assumes the predicate is monotone (true below a threshold, false above). Returns
     ``hi`` if ``predicate(hi)`` holds and ``lo`` if even ``predicate(lo)`` fails.
     """
-    for name, v in (("lo", lo), ("hi", hi)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ValueError(f"{name}: expected a finite number, got {v!r}")
+    lo, hi = finite_float(lo, "lo"), finite_float(hi, "hi")
     if not lo < hi:
         raise ValueError(f"lo, hi: expected lo < hi, got lo={lo!r}, hi={hi!r}")
     if geometric and lo <= 0:
         raise ValueError(f"lo: expected lo > 0 for a geometric bisection, got {lo!r}")
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
-        raise ValueError(f"iters: expected a positive integer, got {iters!r}")
+    positive_int(iters, "iters")
     if predicate(hi):
         return float(hi)
     if not predicate(lo):

@@ -23,6 +23,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .._validation import all_finite, positive_int, real
+
 DEFAULT_RANK_TOL = 1e-10
 DEFAULT_L_PHI = 1.13
 
@@ -56,40 +58,11 @@ def _tensor(x, name: str, *, min_dim: int = 0) -> torch.Tensor:
     return t
 
 
-def all_finite(t: torch.Tensor) -> bool:
-    """True iff every entry of ``t`` is finite.
-
-    One float64 reduction instead of an elementwise mask: a NaN or ±inf entry makes the
-    sum NaN or ±inf, so a finite sum proves every entry finite; only when the sum is not
-    finite (a bad entry, or a float64 overflow of huge finite values) is the exact mask taken.
-    """
-    if t.numel() == 0:
-        return True
-    if math.isfinite(float(t.sum(dtype=torch.float64))):
-        return True
-    return bool(torch.isfinite(t).all())
-
-
-def _positive_int(x, name: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or int(x) < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {x!r}")
-    return int(x)
-
-
 def _p_values(ps, name: str = "p") -> torch.Tensor:
     t = _tensor(ps, name)
     if bool((t < 0).any()):
         raise ValueError(f"{name}: Schatten indices must be >= 0, got min {float(t.min())}")
     return t
-
-
-def _check_tol(rank_tol) -> float:
-    if isinstance(rank_tol, bool) or not isinstance(rank_tol, (int, float)) or not (0 <= rank_tol < 1):
-        raise ValueError(f"rank_tol: expected a float in [0, 1), got {rank_tol!r}")
-    return float(rank_tol)
-
-
-# ----------------------------------------------------------------------------- spectra
 
 
 def singular_values(matrix, *, method: str = "auto") -> torch.Tensor:
@@ -181,8 +154,8 @@ def _low_rank_product_spectrum(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.
 def rank_threshold(sigma, full_dim: int | None = None, rank_tol: float = DEFAULT_RANK_TOL) -> torch.Tensor:
     """τ = rank_tol · n · max(σ₁, 1), with n = full_dim (default len(σ)); shape ``(...,)``."""
     s = _tensor(sigma, "sigma", min_dim=1)
-    tol = _check_tol(rank_tol)
-    n = s.shape[-1] if full_dim is None else _positive_int(full_dim, "full_dim")
+    tol = real(rank_tol, "rank_tol", low=0, high=1, high_open=True)
+    n = s.shape[-1] if full_dim is None else positive_int(full_dim, "full_dim")
     if full_dim is not None and s.shape[-1] > n:
         raise ValueError(f"full_dim: {n} is smaller than the number of singular values given ({s.shape[-1]})")
     if s.shape[-1] == 0:
@@ -262,9 +235,9 @@ def norm_1_1(matrix) -> torch.Tensor:
 
 def p_grid(num_layers: int, hidden_size: int, m: int | None = None) -> torch.Tensor:
     """p ∈ {0, 1/m, 2/m, …, 2} with m = ⌈L + ln N⌉ unless given; float64, 2m + 1 points."""
-    L = _positive_int(num_layers, "num_layers")
-    N = _positive_int(hidden_size, "hidden_size")
-    m = math.ceil(L + math.log(N)) if m is None else _positive_int(m, "m")
+    L = positive_int(num_layers, "num_layers")
+    N = positive_int(hidden_size, "hidden_size")
+    m = math.ceil(L + math.log(N)) if m is None else positive_int(m, "m")
     return torch.arange(2 * m + 1, dtype=torch.float64) / m
 
 
@@ -320,8 +293,8 @@ def contributions(powers, ps, gamma, alpha, num_layers: int, hidden_size: int) -
     a = _tensor(alpha, "alpha")
     if bool((g < 0).any()) or bool((a < 0).any()):
         raise ValueError("gamma/alpha: factors must be >= 0")
-    L = _positive_int(num_layers, "num_layers")
-    N = _positive_int(hidden_size, "hidden_size")
+    L = positive_int(num_layers, "num_layers")
+    N = positive_int(hidden_size, "hidden_size")
     scale = (g * a * L).unsqueeze(-1)  # (..., 1)
     # log-domain evaluation; x^0 = 1 exactly (also for x = 0), 0^{q>0} = 0
     log_s = torch.log(s)
@@ -345,7 +318,7 @@ def flip_factors(powers, ps, scale, hidden_size: int) -> tuple[torch.Tensor, tor
     if s.shape[-1] != p.shape[0]:
         raise ValueError(f"powers: last dimension {s.shape[-1]} does not match len(ps) = {p.shape[0]}")
     sc = torch.broadcast_to(_tensor(scale, "scale").to(s.device), s.shape[:-1])
-    N = _positive_int(hidden_size, "hidden_size")
+    N = positive_int(hidden_size, "hidden_size")
     a = torch.log(s) / (p + 2) + math.log(N) * (p + 1) / (p + 2)  # (..., P)
     k = p / (p + 2)
     t = torch.log(sc).unsqueeze(-1)  # (..., 1)
@@ -379,7 +352,7 @@ def optimal_contribution(curve, ps) -> tuple[torch.Tensor, torch.Tensor]:
 def spectrum_adaptive_bound(min_contributions, num_layers: int) -> torch.Tensor:
     """B_ours = Σ_W min_p c(W, p) + √L."""
     c = _tensor(min_contributions, "min_contributions")
-    L = _positive_int(num_layers, "num_layers")
+    L = positive_int(num_layers, "num_layers")
     return c.sum() + math.sqrt(L)
 
 

@@ -32,12 +32,12 @@ dropout does not add noise to the loss.
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Iterable, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
+from .._validation import integer, non_negative_float, positive_float, positive_int
 from .complexity import bisect_largest, project_box
 
 __all__ = [
@@ -80,24 +80,6 @@ def _check_batches(batches) -> list:
     return batches
 
 
-def _positive(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}: expected a finite positive number, got {value!r}")
-    return float(value)
-
-
-def _nonnegative(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name}: expected a finite non-negative number, got {value!r}")
-    return float(value)
-
-
-def _count(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    return value
-
-
 def _loss(loss_fn, batch) -> torch.Tensor:
     loss = loss_fn(batch)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -128,10 +110,9 @@ def sharpness(
     """mean_b max_{|δ_i| ≤ ρ(|w_i|+ξ)} [L_b(w+δ) − L_b(w)], by ``steps`` steps of projected sign-gradient ascent."""
     params = _check_params(params)
     batches = _check_batches(batches)
-    rho = _positive(rho, "rho")
-    steps = _count(steps, "steps")
-    if isinstance(xi, bool) or not isinstance(xi, (int, float)) or not math.isfinite(xi) or xi < 0:
-        raise ValueError(f"xi: expected a finite non-negative number, got {xi!r}")
+    rho = positive_float(rho, "rho")
+    steps = positive_int(steps, "steps")
+    xi = non_negative_float(xi, "xi")
     alpha = min(1.0, 2.5 / steps)  # step as a fraction of the half-width (PGD convention)
     base = [p.detach().clone() for p in params]
     bounds = [rho * (w.abs() + xi) for w in base]
@@ -187,15 +168,14 @@ def pac_bayes_flatness(
     """
     params = _check_params(params)
     batches = _check_batches(batches)
-    threshold = _positive(threshold, "threshold")
-    samples = _count(samples, "samples")
-    iters = _count(iters, "iters")
-    sigma_min = _positive(sigma_min, "sigma_min")
-    sigma_max = _positive(sigma_max, "sigma_max")
+    threshold = positive_float(threshold, "threshold")
+    samples = positive_int(samples, "samples")
+    iters = positive_int(iters, "iters")
+    sigma_min = positive_float(sigma_min, "sigma_min")
+    sigma_max = positive_float(sigma_max, "sigma_max")
     if not sigma_min < sigma_max:
         raise ValueError(f"sigma_min, sigma_max: expected sigma_min < sigma_max, got {sigma_min!r}, {sigma_max!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+    integer(seed, "seed")
     base = [p.detach().clone() for p in params]
 
     def noise(s: int) -> list[torch.Tensor]:
@@ -236,10 +216,10 @@ def bisect_to_target(deviation: Callable[[float], float], upper: float, target: 
                      depth: int = 15) -> tuple[float, bool, list[tuple[float, float]]]:
     """Jiang et al.'s search: bisect x on [0, ``upper``] until |deviation(x) − target| < tolerance (at most ``depth``
     steps; too much deviation lowers x). Returns (x, whether the target was met, [(x, deviation), ...])."""
-    upper = _positive(upper, "upper")
-    target = _positive(target, "target")
-    tolerance = _positive(tolerance, "tolerance")
-    depth = _count(depth, "depth")
+    upper = positive_float(upper, "upper")
+    target = positive_float(target, "target")
+    tolerance = positive_float(tolerance, "tolerance")
+    depth = positive_int(depth, "depth")
     lo, hi, history = 0.0, upper, []
     for _ in range(depth):
         x = 0.5 * (lo + hi)
@@ -310,7 +290,7 @@ def sharpness_mag(
     """Jiang et al.'s ``sharpness_mag``: 1/α′², α′ the box scale at which max_{|u_i| ≤ α′(|w_i|+ε)} drops the training
     accuracy by ``target`` (PGD with ``steps`` sign-gradient steps, bisection on α ∈ [0, ``alpha_max``])."""
     params, batches = _check_params(params), _check_labelled(batches)
-    steps, eps = _count(steps, "steps"), _nonnegative(eps, "eps")
+    steps, eps = positive_int(steps, "steps"), non_negative_float(eps, "eps")
     base = [p.detach().clone() for p in params]
     requires = [p.requires_grad for p in params]
     bar = tqdm(total=depth, desc="sharpness_mag", disable=not progress, leave=False)
@@ -345,9 +325,8 @@ def _noise(base: Sequence[torch.Tensor], seed: int, draw: int) -> list[torch.Ten
 
 def _pacbayes_sigma(logits_fn, params, batches, target, draws, sigma_max, magnitude_eps, seed, tolerance, depth, progress):
     params, batches = _check_params(params), _check_labelled(batches)
-    draws = _count(draws, "draws")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+    draws = positive_int(draws, "draws")
+    integer(seed, "seed")
     base = [p.detach().clone() for p in params]
     bar = tqdm(total=depth, desc="pacbayes_flatness", disable=not progress, leave=False)
 
@@ -390,5 +369,5 @@ def pacbayes_flatness_mag(
 ) -> dict[str, float]:
     """Jiang et al.'s ``pacbayes_mag_flatness``: 1/σ′², σ′ at which u_i ~ N(0, σ′²w_i² + ε²) drops the mean training
     accuracy by ``target``; bisection on σ ∈ [0, ``sigma_max``]."""
-    eps = _nonnegative(eps, "eps")
+    eps = non_negative_float(eps, "eps")
     return _pacbayes_sigma(logits_fn, params, batches, target, draws, sigma_max, eps, seed, tolerance, depth, progress)

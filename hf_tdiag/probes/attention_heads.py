@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .._validation import integer
 from .architecture import describe
 
 __all__ = ["HeadWeights", "head_weights", "decoder_kind"]
@@ -40,12 +41,6 @@ class HeadWeights:
     input_module: nn.Module  # a forward pre-hook on it sees the head's input tokens (batch, N, d)
     rotary_emb: nn.Module | None = None  # the model's rotary embedding (rotary heads): (x, position_ids) -> (cos, sin)
     apply_rotary: object = None  # the modeling file's apply_rotary_pos_emb(q, k, cos, sin)
-
-
-def _check_index(value, name: str, upper: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < upper:
-        raise ValueError(f"{name}: expected an int in [0, {upper}), got {value!r}")
-    return value
 
 
 def _blocks(model: nn.Module, attr_path: tuple[str, ...]) -> nn.ModuleList | None:
@@ -79,9 +74,9 @@ def decoder_kind(model: nn.Module) -> str | None:
 def _gpt2_head(model: nn.Module, layer: int, head: int) -> HeadWeights:
     config = model.config
     blocks = _blocks(model, ("attn", "c_attn"))
-    _check_index(layer, "layer", len(blocks))
+    integer(layer, "layer", low=0, high=len(blocks))
     H = config.n_head
-    _check_index(head, "head", H)
+    integer(head, "head", low=0, high=H)
     d = config.n_embd
     p = d // H
     c_attn = blocks[layer].attn.c_attn
@@ -97,9 +92,9 @@ def _gpt2_head(model: nn.Module, layer: int, head: int) -> HeadWeights:
 def _llama_head(model: nn.Module, layer: int, head: int) -> HeadWeights:
     config = model.config
     blocks = _blocks(model, ("self_attn", "q_proj"))
-    _check_index(layer, "layer", len(blocks))
+    integer(layer, "layer", low=0, high=len(blocks))
     H, H_kv = config.num_attention_heads, config.num_key_value_heads
-    _check_index(head, "head", H)
+    integer(head, "head", low=0, high=H)
     attn = blocks[layer].self_attn
     p = getattr(config, "head_dim", None) or config.hidden_size // H
     kv = head // (H // H_kv)
@@ -127,9 +122,9 @@ def head_weights(model: nn.Module, layer: int, head: int) -> HeadWeights:
     if kind == "llama":
         return _llama_head(model, layer, head)
     arch = describe(model)
-    _check_index(layer, "layer", arch.num_layers)
+    integer(layer, "layer", low=0, high=arch.num_layers)
     handles = arch.layers[layer]
-    _check_index(head, "head", handles.num_heads)
+    integer(head, "head", low=0, high=handles.num_heads)
     p = handles.head_dim
     rows = slice(head * p, (head + 1) * p)
     q, k = handles.query, handles.key

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._validation import non_negative_int
 from ..measures.attention_svm import AttSVMResult, att_svm_self, matrix_correlation
 from .attention_heads import HeadWeights, head_weights
 from .token_states import forward_kwargs
@@ -249,8 +250,7 @@ def _check_arguments(model, one_hot_threshold, max_queries) -> None:
         raise TypeError(f"model: expected a Transformers model (torch.nn.Module), got {type(model).__name__}")
     if not (isinstance(one_hot_threshold, (int, float)) and 0 < one_hot_threshold <= 1):
         raise ValueError(f"one_hot_threshold: expected a number in (0, 1], got {one_hot_threshold!r}")
-    if max_queries is not None and (isinstance(max_queries, bool) or not isinstance(max_queries, int) or max_queries < 0):
-        raise ValueError(f"max_queries: expected a positive int, or None or 0 for every query, got {max_queries!r}")
+    non_negative_int(max_queries, "max_queries", allow_none=True, none_means=" (None or 0: every query)")
 
 
 def _head_inputs(model, hw: HeadWeights, inputs):

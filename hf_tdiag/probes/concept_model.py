@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .._validation import integer
 from .architecture import describe
 from .token_states import model_device, model_dtype
 
@@ -124,8 +125,7 @@ def concept_model_parts(model: nn.Module, head: nn.Linear | None = None) -> Conc
 
 def check_layer(cm: ConceptModel, layer) -> int:
     """``layer`` as an int in ``[0, L]`` (hidden_states index), or a clear error."""
-    if isinstance(layer, bool) or not isinstance(layer, int):
-        raise TypeError(f"layer: expected an int in [0, {cm.num_layers}], got {layer!r}")
+    layer = integer(layer, "layer")
     if not 0 <= layer <= cm.num_layers:
         raise ValueError(
             f"layer: expected 0 <= layer <= {cm.num_layers} (hidden_states index: 0 = embeddings, "

@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .._threads import torch_threads
+from .._validation import positive_float, positive_int, real
 from ..measures import schatten as S
 from .bert_weights import EncoderWeights, encoder_weights
 
@@ -458,13 +459,11 @@ def spectrum_bounds(
             agree across values to rounding (~1e-15 relative).
         progress: show a progress bar over layers.
     """
-    if isinstance(L_phi, bool) or not isinstance(L_phi, (int, float)) or not (L_phi > 0 and math.isfinite(L_phi)):
-        raise ValueError(f"L_phi: expected a positive finite number, got {L_phi!r}")
-    rank_tol = S._check_tol(rank_tol)
+    positive_float(L_phi, "L_phi")
+    rank_tol = real(rank_tol, "rank_tol", low=0, high=1, high_open=True)
     if svd_method not in ("auto", "svd"):
         raise ValueError(f"svd_method: expected 'auto' or 'svd', got {svd_method!r}")
-    if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1):
-        raise ValueError(f"num_workers: expected a positive integer or None, got {num_workers!r}")
+    positive_int(num_workers, "num_workers", allow_none=True)
     model, name = _model_and_name(model_or_path, load_kwargs)
     w = encoder_weights(model)
     L, N, H = w.num_layers, w.hidden_size, w.num_heads

@@ -23,7 +23,6 @@ mean and standard deviation over samples.
 from __future__ import annotations
 
 import json
-import math
 import platform
 import warnings
 from collections.abc import Mapping
@@ -34,8 +33,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .._validation import finite_float, positive_int
 from ..measures.coding_rate import (
     PRECISIONS,
+    check_eps,
     coding_rate,
     compression_rate,
     compression_rate_from_projections,
@@ -253,16 +254,10 @@ def _batches(inputs, batch_size: int, accelerator) -> Iterable:
 def _check_settings(eps, lam, batch_size, max_batches, measurement, apply_layernorm, precision="auto"):
     if precision not in PRECISIONS:
         raise ValueError(f"precision: expected one of {list(PRECISIONS)}, got {precision!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps: expected a finite positive number, got {eps!r}")
-    if not 0.0 < float(eps) * float(eps) < math.inf:  # the rates divide by eps^2 (x * x overflows to inf, x ** 2 raises)
-        raise ValueError(f"eps: expected a value whose square is a positive finite float (about 1e-150 to 1e150), got {eps!r}")
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam):
-        raise ValueError(f"lam: expected a finite number, got {lam!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
-    if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
-        raise ValueError(f"max_batches: expected a positive int or None, got {max_batches!r}")
+    check_eps(eps)
+    finite_float(lam, "lam")
+    positive_int(batch_size, "batch_size")
+    positive_int(max_batches, "max_batches", allow_none=True)
     if measurement not in MEASUREMENTS:
         raise ValueError(f"measurement: expected one of {list(MEASUREMENTS)}, got {measurement!r}")
     if measurement == "official" and apply_layernorm:

@@ -7,6 +7,7 @@ import os
 from dataclasses import asdict
 from typing import Callable
 
+from .._validation import positive_int
 from .cache import STUDY_VERSION, read_record, record_path, remove_temporaries, run_key, write_json_atomic
 from .executors import get_executor
 from .grids import StudyGrid, resolve_grid
@@ -15,13 +16,6 @@ from .measures import MeasureSettings
 from .table import summarize
 
 __all__ = ["run_study"]
-
-
-def _check_count(value, name: str, allow_none: bool = False) -> None:
-    if allow_none and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer{' or None' if allow_none else ''}, got {value!r}")
 
 
 def _plan(grid: StudyGrid, study_dir: str, settings: MeasureSettings, train_fn, keep_models) -> tuple[list[dict], list[dict]]:
@@ -107,8 +101,8 @@ def run_study(
     Returns a summary with the table and the output paths.
     """
     grid = resolve_grid(grid)
-    _check_count(jobs, "jobs")
-    _check_count(threads, "threads", allow_none=True)
+    positive_int(jobs, "jobs")
+    positive_int(threads, "threads", allow_none=True)
     run_all = get_executor(executor)
     settings = settings or MeasureSettings()
     with study_lock(study_dir):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
+from .._validation import integer
 from .measures import MeasureSettings
 
 __all__ = ["seed_stability"]
@@ -31,8 +32,7 @@ def seed_stability(model, pixel_values, labels, settings: MeasureSettings | None
     from ..probes import weights as wprobe
 
     settings = settings or MeasureSettings()
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 2:
-        raise ValueError(f"seeds: expected an integer >= 2, got {seeds!r}")
+    integer(seeds, "seeds", low=2)
     n = min(settings.max_examples, settings.flatness_examples, pixel_values.shape[0])
     x, y = pixel_values[:n], labels[:n]
     batches = [(x[i : i + settings.batch_size], y[i : i + settings.batch_size]) for i in range(0, n, settings.batch_size)]

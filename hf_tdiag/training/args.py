@@ -8,9 +8,10 @@ validated ``argparse.Namespace`` so the trainer can also be called in-process.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from typing import Any, Mapping, Sequence
+
+from .._validation import non_negative_int, positive_int, real
 
 OPTIMIZERS = ("adamw", "lion")
 SCHEDULERS = (
@@ -241,24 +242,21 @@ def make_args(args_or_kwargs: argparse.Namespace | Mapping[str, Any] | Sequence[
     return args
 
 
-def _positive_int(args, name, allow_none=True):
-    value = getattr(args, name)
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-
-
-def _finite(args, name, low=None, high=None, allow_none=True):
-    value = getattr(args, name)
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name}: expected a finite number, got {value!r}")
-    if low is not None and value < low:
-        raise ValueError(f"{name}: expected a value >= {low}, got {value!r}")
-    if high is not None and value > high:
-        raise ValueError(f"{name}: expected a value <= {high}, got {value!r}")
+# the float arguments and their bounds (low, high); None: unbounded on that side
+_FLOAT_BOUNDS = {
+    "learning_rate": (0.0, None),
+    "weight_decay": (0.0, None),
+    "label_smoothing": (0.0, 1.0),
+    "warmup_ratio": (0.0, 1.0),
+    "train_val_split": (0.0, 1.0),
+    "max_grad_norm": (0.0, None),
+    "srr_weight": (0.0, None),
+    "srr_eps": (1e-12, None),
+    "srr_lambda": (None, None),
+    "stop_at_train_loss": (0.0, None),
+    "hflip": (0.0, 1.0),
+    "hidden_dropout_prob": (0.0, 0.999),
+}
 
 
 def parse_srr_layer(spec: str | int) -> str | int:
@@ -303,25 +301,12 @@ def validate_args(args: argparse.Namespace) -> None:
         "num_attention_heads",
         "num_threads",
     ):
-        _positive_int(args, name)
-    _finite(args, "learning_rate", low=0.0)
-    _finite(args, "weight_decay", low=0.0)
-    _finite(args, "label_smoothing", low=0.0, high=1.0)
-    _finite(args, "warmup_ratio", low=0.0, high=1.0)
-    _finite(args, "train_val_split", low=0.0, high=1.0)
-    _finite(args, "max_grad_norm", low=0.0)
-    _finite(args, "srr_weight", low=0.0)
-    _finite(args, "srr_eps", low=1e-12)
-    _finite(args, "srr_lambda")
-    _finite(args, "stop_at_train_loss", low=0.0)
-    _finite(args, "hflip", low=0.0, high=1.0)
-    _finite(args, "hidden_dropout_prob", low=0.0, high=0.999)
-    if args.num_warmup_steps is not None and (not isinstance(args.num_warmup_steps, int) or args.num_warmup_steps < 0):
-        raise ValueError(f"num_warmup_steps: expected a non-negative integer, got {args.num_warmup_steps!r}")
-    if not isinstance(args.layer_srr_samples, int) or args.layer_srr_samples < 0:
-        raise ValueError(f"layer_srr_samples: expected a non-negative integer, got {args.layer_srr_samples!r}")
-    if not isinstance(args.dataloader_num_workers, int) or args.dataloader_num_workers < 0:
-        raise ValueError(f"dataloader_num_workers: expected a non-negative integer, got {args.dataloader_num_workers!r}")
+        positive_int(getattr(args, name), name, allow_none=True)
+    for name, (low, high) in _FLOAT_BOUNDS.items():
+        real(getattr(args, name), name, low=low, high=high, allow_none=True)
+    non_negative_int(args.num_warmup_steps, "num_warmup_steps", allow_none=True)
+    non_negative_int(args.layer_srr_samples, "layer_srr_samples")
+    non_negative_int(args.dataloader_num_workers, "dataloader_num_workers")
     if args.optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer: expected one of {list(OPTIMIZERS)}, got {args.optimizer!r}")
     if args.lr_scheduler_type not in SCHEDULERS:
@@ -334,7 +319,7 @@ def validate_args(args: argparse.Namespace) -> None:
     from .srr_history import parse_every
 
     args.track_srr_every = parse_every(args.track_srr_every)
-    _positive_int(args, "track_srr_samples", allow_none=False)
+    positive_int(args.track_srr_samples, "track_srr_samples")
     cs = args.checkpointing_steps
     if cs is not None:
         if isinstance(cs, int) and not isinstance(cs, bool):

@@ -13,6 +13,8 @@ from typing import Callable
 import numpy as np
 from PIL import Image, ImageOps
 
+from .._validation import non_negative_int
+
 Augmentation = Callable[[Image.Image, np.random.Generator], Image.Image]
 
 
@@ -84,8 +86,7 @@ def random_resized_crop(
 def pad_crop(img: Image.Image, padding: int, rng: np.random.Generator, fill: int = 0) -> Image.Image:
     """Pad every side by ``padding`` pixels of ``fill`` and crop back to the original size at a random offset."""
     _check_image(img)
-    if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
-        raise ValueError(f"padding: expected a non-negative int, got {padding!r}")
+    non_negative_int(padding, "padding")
     if padding == 0:
         return img
     padded = ImageOps.expand(img, border=padding, fill=fill)

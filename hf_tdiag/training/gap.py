@@ -7,11 +7,12 @@ the training loss over the *full* training set.
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+
+from .._validation import finite_float
 
 
 @torch.no_grad()
@@ -45,10 +46,7 @@ def evaluate_classifier(model, dataloader, accelerator=None, desc: str = "eval",
 
 def generalization_gap(val_loss: float, train_loss: float) -> float:
     """``gap = L_val − L_train`` (eval-mode mean cross-entropies)."""
-    for name, value in (("val_loss", val_loss), ("train_loss", train_loss)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{name}: expected a finite number, got {value!r}")
-    return float(val_loss) - float(train_loss)
+    return finite_float(val_loss, "val_loss") - finite_float(train_loss, "train_loss")
 
 
 __all__ = ["evaluate_classifier", "generalization_gap"]

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import torch
 
+from .._validation import positive_int
 from ..measures.coding_rate import sparse_rate_reduction
 from ..probes.subspaces import subspaces
 
@@ -27,8 +28,7 @@ def srr_layers_for_step(spec: str | int, num_layers: int, step: int, seed: int) 
     ``random`` draws from ``random.Random(f"{seed}:{step}")``: it depends only on the seed and the step, so a
     resumed run regularises the same blocks as an uninterrupted one.
     """
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"num_layers: expected a positive int, got {num_layers!r}")
+    positive_int(num_layers, "num_layers")
     if spec == "all":
         return list(range(1, num_layers + 1))
     if spec == "last":

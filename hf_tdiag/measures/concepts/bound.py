@@ -10,12 +10,12 @@ import math
 
 import torch
 
-from ._checks import _check_tensor
+from ..._validation import check_tensor
 
 def kl_divergence(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
     """Per-row ``KL(σ(p) ‖ σ(q)) = Σ_c σ(p)_c (log σ(p)_c − log σ(q)_c)`` in float64."""
     for name, x in (("logits_p", logits_p), ("logits_q", logits_q)):
-        _check_tensor(x, name, (1, 2))
+        check_tensor(x, name, ndim=(1, 2), allow_numpy=True)
     if logits_p.shape != logits_q.shape:
         raise ValueError(f"logits_q: expected the shape of logits_p {tuple(logits_p.shape)}, got {tuple(logits_q.shape)}")
     lp = torch.log_softmax(logits_p.double(), dim=-1)

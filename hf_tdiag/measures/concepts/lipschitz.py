@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._checks import _check_tensor
+from ..._validation import check_tensor, positive_int
 
 def jacobian_spectral_norm(
     f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, n_iter: int = 20, rel_step: float = 1e-6, seed: int = 0
@@ -16,9 +16,8 @@ def jacobian_spectral_norm(
     ``f`` must act on each sample (first dim) independently; use float64 inputs for accurate differences.
     Returns a float64 tensor of shape ``(samples,)``; a lower estimate that tightens with ``n_iter``.
     """
-    x = _check_tensor(x, "x", (2, 3, 4)).detach()
-    if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
-        raise ValueError(f"n_iter: expected a positive int, got {n_iter!r}")
+    x = check_tensor(x, "x", ndim=(2, 3, 4), allow_numpy=True).detach()
+    positive_int(n_iter, "n_iter")
     B = x.shape[0]
     view = (B,) + (1,) * (x.ndim - 1)
 

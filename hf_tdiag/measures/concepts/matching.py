@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from scipy.optimize import linear_sum_assignment
 
-from ._checks import _check_tensor
+from ..._validation import check_tensor
 
 def match_concepts(components_a, components_b) -> dict:
     """Hungarian matching maximizing total cosine similarity between two dictionaries' rows ((k_a, d), (k_b, d))."""
-    a = _check_tensor(components_a, "components_a", (2,)).double().cpu()
-    b = _check_tensor(components_b, "components_b", (2,)).double().cpu()
+    a = check_tensor(components_a, "components_a", ndim=(2,), allow_numpy=True).double().cpu()
+    b = check_tensor(components_b, "components_b", ndim=(2,), allow_numpy=True).double().cpu()
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"components_b: expected {a.shape[1]} features like components_a, got {b.shape[1]}")
     na, nb = a.norm(dim=1, keepdim=True), b.norm(dim=1, keepdim=True)

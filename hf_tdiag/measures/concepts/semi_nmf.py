@@ -7,7 +7,7 @@ import math
 import torch
 from tqdm.auto import tqdm
 
-from ._checks import _check_tensor
+from ..._validation import check_tensor, non_negative_float, non_negative_int, positive_int
 from .init import INITS, initial_codes
 from .joint import grams, losses, quick_losses, refine
 from .nnls import nnls_codes
@@ -56,13 +56,10 @@ class SemiNMF:
         random_state: int = 0,
         verbose: bool = False,
     ):
-        if isinstance(n_concepts, bool) or not isinstance(n_concepts, int) or n_concepts < 1:
-            raise ValueError(f"n_concepts: expected a positive int, got {n_concepts!r}")
-        if not math.isfinite(float(gram_weight)) or gram_weight < 0:
-            raise ValueError(f"gram_weight: expected a finite number >= 0, got {gram_weight!r}")
-        for name, v in (("max_iter", max_iter), ("refine_iter", refine_iter)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+        positive_int(n_concepts, "n_concepts")
+        non_negative_float(gram_weight, "gram_weight")
+        non_negative_int(max_iter, "max_iter")
+        non_negative_int(refine_iter, "refine_iter")
         if init not in INITS:
             raise ValueError(f"init: expected one of {INITS}, got {init!r}")
         if dtype is not None and dtype not in (torch.float32, torch.float64):
@@ -83,7 +80,7 @@ class SemiNMF:
 
     # ---------------------------------------------------------------- helpers
     def _prepare(self, A, name="A") -> torch.Tensor:
-        A = _check_tensor(A, name, (2, 3))
+        A = check_tensor(A, name, ndim=(2, 3), allow_numpy=True)
         dtype = self.dtype or (torch.float64 if A.dtype == torch.float64 else torch.float32)
         device = self.device if self.device is not None else A.device
         return A.to(device=device, dtype=dtype)
@@ -185,7 +182,7 @@ class SemiNMF:
     @classmethod
     def from_components(cls, components, gram_weight: float = 0.0, **kwargs) -> "SemiNMF":
         """An estimator with a given dictionary ``(k, d)`` (for :meth:`transform` on new activations)."""
-        comps = _check_tensor(components, "components", (2,))
+        comps = check_tensor(components, "components", ndim=(2,), allow_numpy=True)
         est = cls(comps.shape[0], gram_weight=gram_weight, **kwargs)
         est.components_ = comps.clone()
         est.n_features_in_ = comps.shape[1]
@@ -216,7 +213,7 @@ class SemiNMF:
     def inverse_transform(self, U) -> torch.Tensor:
         """Reconstruction ``Â = U Wᵀ`` from codes ``(..., k)``."""
         self._check_fitted()
-        U = _check_tensor(U, "U", (2, 3))
+        U = check_tensor(U, "U", ndim=(2, 3), allow_numpy=True)
         if U.shape[-1] != self.n_concepts:
             raise ValueError(f"U: expected {self.n_concepts} concepts (last dim), got {U.shape[-1]}")
         return U @ self.components_.to(U)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable
 
 import torch
 from tqdm.auto import tqdm
 
-from ._checks import _check_tensor
+from ..._validation import check_tensor, non_negative_float, non_negative_int, positive_float, positive_int
 from .joint import grams, losses
 from .semi_nmf import SemiNMF
 
@@ -50,14 +49,10 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
                  batch_size: int = 64, **kwargs):
         kwargs.setdefault("gram_weight", 0.0)
         super().__init__(n_concepts, **kwargs)
-        if not math.isfinite(float(kl_weight)) or kl_weight < 0:
-            raise ValueError(f"kl_weight: expected a finite number >= 0, got {kl_weight!r}")
-        if isinstance(supervised_iter, bool) or not isinstance(supervised_iter, int) or supervised_iter < 0:
-            raise ValueError(f"supervised_iter: expected an int >= 0, got {supervised_iter!r}")
-        if not lr > 0:
-            raise ValueError(f"lr: expected a positive number, got {lr!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        non_negative_float(kl_weight, "kl_weight")
+        non_negative_int(supervised_iter, "supervised_iter")
+        positive_float(lr, "lr")
+        positive_int(batch_size, "batch_size")
         self.kl_weight = float(kl_weight)
         self.supervised_iter = supervised_iter
         self.lr = float(lr)
@@ -67,7 +62,7 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
         """Fit on activations ``(images, N, d)`` supervised by ``suffix(patches) -> logits``."""
         if not callable(suffix):
             raise TypeError(f"suffix: expected a callable mapping (images, N, d) activations to logits, got {type(suffix).__name__}")
-        A = _check_tensor(A, "A", (3,))
+        A = check_tensor(A, "A", ndim=(3,), allow_numpy=True)
         plain = SemiNMF(self.n_concepts, gram_weight=0.0, max_iter=self.max_iter, refine_iter=0, tol=self.tol,
                         init=self.init, encode_tol=self.encode_tol, device=self.device, dtype=self.dtype,
                         random_state=self.random_state, verbose=self.verbose).fit(A)

@@ -1,0 +1,167 @@
+"""Argument checks shared across hf_tdiag: each error names the argument, what was expected and what was given.
+
+``positive_int(batch_size, "batch_size")`` -> ``batch_size: expected a positive integer, got 0``. The scalar checks
+import no numpy or torch (the command line uses them before torch is loaded); ``check_tensor`` imports torch lazily.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+__all__ = [
+    "ArgumentTypeError",
+    "integer",
+    "positive_int",
+    "non_negative_int",
+    "real",
+    "finite_float",
+    "positive_float",
+    "non_negative_float",
+    "all_finite",
+    "check_tensor",
+]
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type. A ``TypeError``, and a ``ValueError`` as well: the hand-written checks this
+    module replaced raised ``ValueError`` for a wrong type in most places, ``TypeError`` in others."""
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # numpy integers are Integral
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _int_words(low: int | None, high: int | None) -> str:
+    if high is not None:
+        return f"an integer in [{0 if low is None else low}, {high})"
+    if low == 1:
+        return "a positive integer"
+    return "an integer" if low is None else f"an integer >= {low}"
+
+
+def integer(value, name: str, *, low: int | None = None, high: int | None = None, allow_none: bool = False,
+            none_means: str = "") -> int | None:
+    """An int (not a bool) with ``low <= value < high`` where given; ``None`` passes when ``allow_none``
+    (``none_means``, e.g. ``" for every query"``, says what it stands for in the message)."""
+    if value is None and allow_none:
+        return None
+    expected = _int_words(low, high) + (f" or None{none_means}" if allow_none else "")
+    if not _is_int(value):
+        raise ArgumentTypeError(f"{name}: expected {expected}, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value >= high):
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    return int(value)
+
+
+def positive_int(value, name: str, *, allow_none: bool = False, none_means: str = "") -> int | None:
+    """An int >= 1 (``None`` passes when ``allow_none``; ``none_means`` says what it stands for in the message)."""
+    return integer(value, name, low=1, allow_none=allow_none, none_means=none_means)
+
+
+def non_negative_int(value, name: str, *, allow_none: bool = False, none_means: str = "") -> int | None:
+    """An int >= 0 (``None`` passes when ``allow_none``; ``none_means`` says what it stands for in the message)."""
+    return integer(value, name, low=0, allow_none=allow_none, none_means=none_means)
+
+
+def _real_words(low, high, low_open: bool, high_open: bool) -> str:
+    if low is None and high is None:
+        return "a finite number"
+    if high is None:
+        return f"a finite number {'>' if low_open else '>='} {low}"
+    if low is None:
+        return f"a finite number {'<' if high_open else '<='} {high}"
+    return f"a finite number in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+
+def real(value, name: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
+         high_open: bool = False, allow_none: bool = False) -> float | None:
+    """A finite real number (int or float, not a bool) in the given bounds, returned as a float."""
+    if value is None and allow_none:
+        return None
+    expected = _real_words(low, high, low_open, high_open) + (" or None" if allow_none else "")
+    if not _is_real(value):
+        raise ArgumentTypeError(f"{name}: expected {expected}, got {value!r}")
+    v = float(value)
+    too_low = low is not None and (v <= low if low_open else v < low)
+    too_high = high is not None and (v >= high if high_open else v > high)
+    if not math.isfinite(v) or too_low or too_high:
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    return v
+
+
+def finite_float(value, name: str, *, allow_none: bool = False) -> float | None:
+    """A finite number."""
+    return real(value, name, allow_none=allow_none)
+
+
+def positive_float(value, name: str) -> float:
+    """A finite number > 0."""
+    return real(value, name, low=0, low_open=True)
+
+
+def non_negative_float(value, name: str) -> float:
+    """A finite number >= 0."""
+    return real(value, name, low=0)
+
+
+# ----------------------------------------------------------------------------- tensors
+
+_SHAPE_WORDS = {1: "(n,)", 2: "(rows, d)", 3: "(images, N, d)"}
+
+
+def all_finite(t) -> bool:
+    """True iff every entry of the tensor ``t`` is finite.
+
+    One reduction instead of an elementwise mask: a NaN or ±inf entry makes the sum NaN or ±inf, so a finite sum
+    proves every entry finite; only when the sum is not finite (a bad entry, or an overflow of huge finite values)
+    is the exact mask taken.
+    """
+    import torch
+
+    if t.numel() == 0:
+        return True
+    if math.isfinite(float(t.detach().sum())):
+        return True
+    return bool(torch.isfinite(t.detach()).all())
+
+
+def check_tensor(x, name: str, *, ndim: int | tuple[int, ...] | None = None, min_ndim: int | None = None,
+                 shape: str | None = None, finite: bool = True, allow_numpy: bool = False,
+                 nonempty_trailing: int | None = None):
+    """A floating torch tensor (float16/bfloat16/float32/float64), returned as given (a numpy array is converted
+    when ``allow_numpy``).
+
+    ``ndim``: the allowed number(s) of dimensions; ``min_ndim``: at least that many; ``shape``: the expected shape in
+    words for the messages (e.g. ``"(..., N, d)"``). The tensor must be non-empty; with ``nonempty_trailing=k`` only
+    its last k dimensions must be (empty leading batch dimensions pass). ``finite``: no NaN or inf entries.
+    """
+    import torch
+
+    if allow_numpy and type(x).__module__ == "numpy" and hasattr(x, "dtype"):
+        x = torch.from_numpy(x)
+    ndims = (ndim,) if isinstance(ndim, int) else ndim
+    if shape is None and ndims is not None and all(n in _SHAPE_WORDS for n in ndims):
+        shape = " or ".join(_SHAPE_WORDS[n] for n in ndims)
+    of_shape = f" of shape {shape}" if shape else ""
+    if not isinstance(x, torch.Tensor):
+        kinds = "a torch.Tensor or numpy array" if allow_numpy else "a torch.Tensor"
+        raise ArgumentTypeError(f"{name}: expected {kinds}{of_shape}, got {type(x).__name__}")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise ArgumentTypeError(
+            f"{name}: expected a floating tensor (float16/bfloat16/float32/float64), got dtype {x.dtype}"
+        )
+    if (ndims is not None and x.ndim not in ndims) or (min_ndim is not None and x.ndim < min_ndim):
+        wanted = shape or (f"{' or '.join(map(str, ndims))} dimensions" if ndims else f">= {min_ndim} dimensions")
+        raise ValueError(f"{name}: expected shape {wanted}, got {tuple(x.shape)}")
+    dims = x.shape[-nonempty_trailing:] if nonempty_trailing else x.shape
+    if any(s == 0 for s in dims):
+        which = "non-empty trailing dimensions" if nonempty_trailing else "a non-empty tensor"
+        raise ValueError(f"{name}: expected {which}{of_shape}, got shape {tuple(x.shape)}")
+    if finite and not all_finite(x):
+        raise ValueError(f"{name}: contains NaN or inf values (shape {tuple(x.shape)})")
+    return x
