@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .._validation import positive_int
+
 __all__ = ["BUILTIN_SENTENCES", "builtin_texts", "encode_texts", "fit_linear_head", "pseudo_labels"]
 
 _TOPICS = {
@@ -93,8 +95,7 @@ def encode_texts(tokenizer, texts: Sequence[str], max_tokens: int | None = None)
     """``input_ids`` (texts, N + specials) with every text cut to the same N non-special tokens; ``concept_mask``."""
     if isinstance(texts, str) or not isinstance(texts, Sequence) or not texts or not all(isinstance(t, str) for t in texts):
         raise TypeError(f"texts: expected a non-empty list of strings, got {type(texts).__name__}")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise ValueError(f"max_tokens: expected a positive int or None, got {max_tokens!r}")
+    positive_int(max_tokens, "max_tokens", allow_none=True)
     lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     n = min(lengths) if max_tokens is None else min(min(lengths), max_tokens)
     if n < 1:
