@@ -60,6 +60,39 @@ def test_mu_updates_never_increase_objective_and_keep_codes_nonnegative():
         prev = obj
 
 
+def _naive_mu_step(A, U, W):
+    """Ding–Li–Jordan eq. 10 written out: U ∘ √(([AW]⁺ + U[WᵀW]⁻) / ([AW]⁻ + U[WᵀW]⁺)), X⁺ = (|X|+X)/2."""
+    AW, WtW = A @ W, W.T @ W
+    plus, minus = (AW.abs() + AW) / 2, (AW.abs() - AW) / 2
+    g_plus, g_minus = (WtW.abs() + WtW) / 2, (WtW.abs() - WtW) / 2
+    return U * torch.sqrt((plus + U @ g_minus) / (minus + U @ g_plus))
+
+
+def test_mu_code_step_is_eq_10_with_its_square_root():
+    def scalar(v):
+        return torch.tensor([[v]], dtype=torch.float64)
+
+    # by hand, one row, one feature, one concept: A = 2, W = 1, U = 8 -> U · √((2 + 0) / (0 + 8·1)) = 8 · 1/2 = 4
+    assert float(mu_update_codes(scalar(2.0), scalar(8.0), scalar(1.0))) == pytest.approx(4.0)
+    # A = -3, W = 1 ([AW]⁻ = 3), U = 1/3: U · √((0 + 0) / (3 + 1/3)) = 0 — a negative correlation drives the code to 0
+    assert float(mu_update_codes(scalar(-3.0), scalar(1 / 3), scalar(1.0))) == 0.0
+    # random data, signed W (both parts of WᵀW non-zero): the library step and the streamed pass equal the naive one
+    from hf_tdiag.measures.concepts.updates import _mu_pass
+
+    g = torch.Generator().manual_seed(11)
+    A = torch.randn(37, 7, generator=g, dtype=torch.float64)
+    U = torch.rand(37, 4, generator=g, dtype=torch.float64) + 0.05
+    W = torch.randn(7, 4, generator=g, dtype=torch.float64)
+    ref = _naive_mu_step(A, U, W)
+    torch.testing.assert_close(mu_update_codes(A, U, W), ref, rtol=1e-10, atol=1e-12)
+    streamed = U.clone()
+    UtA, UtU, dot = _mu_pass(A, streamed, W, chunk=5)  # 8 chunks, the last one short
+    torch.testing.assert_close(streamed, ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(UtA, ref.T @ A, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(UtU, ref.T @ ref, rtol=1e-10, atol=1e-12)
+    assert dot == pytest.approx(float(((A @ W) * ref).sum()), rel=1e-10)
+
+
 def test_lstsq_dictionary_is_the_exact_minimizer():
     g = torch.Generator().manual_seed(4)
     A = torch.randn(50, 9, generator=g, dtype=torch.float64)

@@ -68,6 +68,24 @@ def test_l2_is_over_the_weight_matrices_only(fitted):
     assert values["l2"] < everything  # a different parameter set gives a different number
 
 
+def test_l2_parameters_are_the_trainable_weight_matrices_each_once():
+    from hf_tdiag.study.measures import jiang_weight_matrices
+
+    torch.manual_seed(1)
+    config = CrateConfig.from_preset("crate-digits", variant="crate-c", hidden_size=8, num_hidden_layers=LAYERS,
+                                     num_attention_heads=2, num_labels=3)
+    model = CrateForImageClassification(config)
+    maps, params = jiang_weight_matrices(model)
+    # crate-c applies U^T and, as its output matrix, U: both are maps, only U's parameter is in w
+    assert len(maps) == 2 + 3 * LAYERS and len(params) == 2 + 2 * LAYERS
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad and p.ndim == 2}
+    assert set(params) == set(trainable) and all(params[n] is p for n, p in trainable.items())
+    frozen = "crate.encoder.layer.0.ista.weight"
+    model.get_parameter(frozen).requires_grad_(False)  # a frozen matrix is not a parameter of w
+    _, params = jiang_weight_matrices(model)
+    assert set(params) == set(trainable) - {frozen}
+
+
 def test_spectral_measures_over_every_linear_map(fitted):
     variant, model, *_, values, errors, _ = fitted
     spec = lambda m: float(np.linalg.svd(m, compute_uv=False)[0])  # noqa: E731
