@@ -55,9 +55,10 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         raise
 
 
-def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2, sort_keys: bool = False, allow_nan: bool = True) -> str:
-    """Write ``obj`` as JSON (trailing newline) atomically; return the path."""
-    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, allow_nan=allow_nan)
+def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2, sort_keys: bool = False, allow_nan: bool = True,
+               default=None) -> str:
+    """Write ``obj`` as JSON (trailing newline) atomically; return the path. ``default``: as in ``json.dumps``."""
+    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, allow_nan=allow_nan, default=default)
     with atomic_open(path) as fh:
         fh.write(text + "\n")
     return os.fspath(path)

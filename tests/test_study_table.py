@@ -49,11 +49,10 @@ def test_write_json_atomic_never_leaves_a_partial_file(tmp_path, monkeypatch):
     write_json_atomic(str(path), {"v": 1})
     assert json.loads(path.read_text()) == {"v": 1}
 
-    def broken_dump(obj, f, **kw):
-        f.write('{"v": 2, "trunc')
-        raise KeyboardInterrupt  # a kill in the middle of writing
+    def killed(fd):
+        raise KeyboardInterrupt  # a kill after the new content is written to the temporary file, before the rename
 
-    monkeypatch.setattr(json, "dump", broken_dump)
+    monkeypatch.setattr(os, "fsync", killed)
     with pytest.raises(KeyboardInterrupt):
         write_json_atomic(str(path), {"v": 2})
     monkeypatch.undo()

@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import asdict
 from typing import Any, Mapping
+
+from .._atomic import write_json
 
 __all__ = [
     "STUDY_VERSION",
@@ -47,22 +48,7 @@ def record_path(study_dir: str, key: str) -> str:
 
 def write_json_atomic(path: str, obj: Any) -> None:
     """Write JSON so that ``path`` either holds the old content or the complete new one, never a partial file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, allow_nan=False)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_json(path, obj, sort_keys=True, allow_nan=False)  # sorted keys, and NaN never reaches the cache
 
 
 def read_record(path: str, key: str) -> dict | None:

@@ -19,6 +19,8 @@ import shutil
 import warnings
 from typing import Callable
 
+from .._atomic import write_json
+
 CHECKPOINT_PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
 _TMP_PREFIX = ".tmp-"
@@ -127,13 +129,6 @@ def read_state(path: str) -> dict:
         return json.load(fh)
 
 
-def _write_json_durable(path: str, data: dict) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
 def _remove(path: str) -> None:
     """Rename ``path`` away (atomic) and delete it."""
     if not os.path.exists(path):
@@ -175,7 +170,7 @@ def save_checkpoint(accelerator, output_dir: str, step: int, state: dict, keep: 
     accelerator.save_state(tmp)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        _write_json_durable(os.path.join(tmp, STATE_FILE), {**state, "step": int(step)})
+        write_json(os.path.join(tmp, STATE_FILE), {**state, "step": int(step)})
         if os.path.exists(final):
             _remove(final)
         os.replace(tmp, final)

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -29,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .._atomic import write_json
 from .._threads import pick_threads, torch_threads
 from . import srr_history
 from .args import is_digits, make_args
@@ -431,14 +431,6 @@ def checkpoint(run: TrainingRun, epoch: int, batches_in_epoch: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- 4. finish
-def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
-    os.replace(tmp, path)
-
-
 def final_results(run: TrainingRun, train_runtime: float) -> dict:
     """The results dict: last evaluation, eval-mode train-set loss, generalization gap and the run's settings."""
     args, accelerator = run.args, run.accelerator
@@ -495,7 +487,7 @@ def _publish(run: TrainingRun, results: dict) -> None:
     args = run.args
     card = build_model_card(run.config, results, args, run.raw, preset=run.preset, output_dir=args.output_dir)
     card.save(os.path.join(args.output_dir, "README.md"))
-    _write_json(os.path.join(args.output_dir, "all_results.json"), results)
+    write_json(os.path.join(args.output_dir, "all_results.json"), results)
     run.accelerator.print(
         f"done in {results['train_runtime_s']:.1f}s: eval_accuracy {results['eval_accuracy']:.4f} eval_loss "
         f"{results['eval_loss']:.4f} train_loss {results['train_loss']:.4f} generalization_gap "

@@ -10,11 +10,11 @@ so a resumed run continues the same history.
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 
+from .._atomic import write_json
 from ..probes.srr import TERMS, layer_srr
 
 HISTORY_FILE = "srr_history.json"
@@ -87,12 +87,7 @@ def write(run) -> str:
         "layers": list(range(1, run.config.num_hidden_layers + 1)),
         "history": run.srr_history,
     }
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
-    os.replace(tmp, path)
-    return path
+    return write_json(path, data)
 
 
 __all__ = ["HISTORY_FILE", "parse_every", "due", "record", "write"]

@@ -8,6 +8,8 @@ import time
 
 from accelerate.tracking import GeneralTracker
 
+from .._atomic import write_json
+
 
 class JSONLinesTracker(GeneralTracker):
     """Writes ``config.json`` and one JSON object per ``log`` call to ``<logging_dir>/<run_name>/metrics.jsonl``."""
@@ -32,8 +34,7 @@ class JSONLinesTracker(GeneralTracker):
         return self._fh
 
     def store_init_configuration(self, values: dict):
-        with open(os.path.join(self.directory, "config.json"), "w", encoding="utf-8") as fh:
-            json.dump(values, fh, indent=2, default=str)
+        write_json(os.path.join(self.directory, "config.json"), values, default=str)
 
     def log(self, values: dict, step: int | None = None, **kwargs):
         if self._fh is None:
