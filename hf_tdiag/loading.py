@@ -203,9 +203,11 @@ def default_image_processor(config):
         return CrateImageProcessor.for_config(config)
     from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
-    size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
+    from hf_tdiag.models.crate.configuration_crate import size_pair
+
+    height, width = size_pair(config.image_size, "image_size")
     channels = int(getattr(config, "num_channels", 3))
-    fields = {"size": {"height": size, "width": size}}
+    fields = {"size": {"height": height, "width": width}}
     if channels != 3:  # ImageNet statistics have 3 entries; other channel counts get 0.5/0.5 per channel
         fields.update(image_mean=[0.5] * channels, image_std=[0.5] * channels)
     if channels == 1:

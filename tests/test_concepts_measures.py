@@ -77,7 +77,7 @@ def test_mu_code_step_is_eq_10_with_its_square_root():
     # A = -3, W = 1 ([AW]⁻ = 3), U = 1/3: U · √((0 + 0) / (3 + 1/3)) = 0 — a negative correlation drives the code to 0
     assert float(mu_update_codes(scalar(-3.0), scalar(1 / 3), scalar(1.0))) == 0.0
     # random data, signed W (both parts of WᵀW non-zero): the library step and the streamed pass equal the naive one
-    from hf_tdiag.measures.concepts.updates import _mu_pass
+    from hf_tdiag.measures.concepts.updates import mu_pass
 
     g = torch.Generator().manual_seed(11)
     A = torch.randn(37, 7, generator=g, dtype=torch.float64)
@@ -86,7 +86,7 @@ def test_mu_code_step_is_eq_10_with_its_square_root():
     ref = _naive_mu_step(A, U, W)
     torch.testing.assert_close(mu_update_codes(A, U, W), ref, rtol=1e-10, atol=1e-12)
     streamed = U.clone()
-    UtA, UtU, dot = _mu_pass(A, streamed, W, chunk=5)  # 8 chunks, the last one short
+    UtA, UtU, dot = mu_pass(A, streamed, W, chunk=5)  # 8 chunks, the last one short
     torch.testing.assert_close(streamed, ref, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(UtA, ref.T @ A, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(UtU, ref.T @ ref, rtol=1e-10, atol=1e-12)

@@ -65,7 +65,7 @@ def _p_values(ps, name: str = "p") -> torch.Tensor:
     return t
 
 
-def singular_values(matrix, *, method: str = "auto") -> torch.Tensor:
+def singular_values(matrix, *, method: str = "auto", check: bool = True) -> torch.Tensor:
     """σ(W): float64 singular values of ``(..., m, n)`` matrices, descending, ``min(m, n)`` per matrix.
 
     ``method="svd"`` is LAPACK's divide-and-conquer SVD; ``"auto"`` first tries
@@ -73,16 +73,14 @@ def singular_values(matrix, *, method: str = "auto") -> torch.Tensor:
     update plus a symmetric eigensolve, 2–4× faster) and keeps it only for
     matrices with condition number ≤ 1000 (``σ_min² ≥ 1e-6 σ_max²``), where every singular
     value agrees with the SVD to ~1e-10 relative; every other matrix goes to the SVD.
-    Releases the GIL throughout, so several matrices can be solved in threads.
+    Releases the GIL throughout, so several matrices can be solved in threads. ``check=False`` skips the
+    argument checks for a caller that passes finite float64 tensors and a valid ``method`` (the probes).
     """
-    w = _tensor(matrix, "matrix", min_dim=2)
-    if method not in ("auto", "svd"):
-        raise ValueError(f"method: expected 'auto' or 'svd', got {method!r}")
-    return _singular_values(w, method)
-
-
-def _singular_values(w: torch.Tensor, method: str) -> torch.Tensor:
-    """:func:`singular_values` on an already validated float64 tensor."""
+    w = matrix
+    if check:
+        w = _tensor(matrix, "matrix", min_dim=2)
+        if method not in ("auto", "svd"):
+            raise ValueError(f"method: expected 'auto' or 'svd', got {method!r}")
     if w.shape[-1] == 0 or w.shape[-2] == 0:
         return w.new_zeros(*w.shape[:-2], 0)
     if method == "svd":
@@ -121,21 +119,16 @@ def _gram_eigenvalues(w: torch.Tensor) -> torch.Tensor:
     return torch.stack(out).reshape(*w.shape[:-2], -1)
 
 
-def low_rank_product_spectrum(left, right) -> tuple[torch.Tensor, torch.Tensor]:
+def low_rank_product_spectrum(left, right, *, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """σ(AB) and the column norms ‖(AB)_{:,j}‖₂ of ``A (..., n, r) @ B (..., r, m)`` without forming AB.
 
     With ``A = Q_A R_A`` and ``Bᵀ = Q_B R_B`` (reduced QR), ``AB = Q_A (R_A R_Bᵀ) Q_Bᵀ``,
     so the nonzero singular values of the n×m product are those of the r×r core
     ``R_A R_Bᵀ`` and ``‖(AB)_{:,j}‖ = ‖R_A B_{:,j}‖``. Returns ``(σ (..., r'), norms (..., m))``
-    with ``r' = min(r, n, m)``; when ``r ≥ min(n, m)`` the product is formed directly.
+    with ``r' = min(r, n, m)``; when ``r ≥ min(n, m)`` the product is formed directly. ``check=False`` skips
+    the conversion and NaN checks for a caller that passes finite float64 tensors.
     """
-    a = _tensor(left, "left", min_dim=2)
-    b = _tensor(right, "right", min_dim=2)
-    return _low_rank_product_spectrum(a, b)
-
-
-def _low_rank_product_spectrum(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`low_rank_product_spectrum` on validated float64 tensors."""
+    a, b = (_tensor(left, "left", min_dim=2), _tensor(right, "right", min_dim=2)) if check else (left, right)
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(
             f"left/right: inner dimensions differ, left {tuple(a.shape)} vs right {tuple(b.shape)}"

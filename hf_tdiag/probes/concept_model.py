@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .._validation import integer
+from ..models.crate.configuration_crate import size_pair
 from .architecture import describe
 from .token_states import model_device, model_dtype
 
@@ -52,16 +53,12 @@ class ConceptModel:
         return out[0] if isinstance(out, tuple) else out
 
 
-def _size2(x) -> tuple[int, int]:
-    return (int(x[0]), int(x[1])) if isinstance(x, (tuple, list)) else (int(x), int(x))
-
-
 def _image_model(model, arch, head) -> ConceptModel:
     config = model.config
     image_size, patch_size = getattr(config, "image_size", None), getattr(config, "patch_size", None)
     if image_size is None or patch_size is None:
         raise ValueError(f"model: expected {_SUPPORTED} (a config with image_size and patch_size); got {type(model).__name__}")
-    (ih, iw), (ph, pw) = _size2(image_size), _size2(patch_size)
+    (ih, iw), (ph, pw) = size_pair(image_size, "image_size"), size_pair(patch_size, "patch_size")
     grid = (ih // ph, iw // pw)
     if arch.family == "crate":
         pooling = getattr(config, "pooling", "cls")

@@ -300,8 +300,8 @@ def _head_spectra(w: EncoderWeights, layer: int) -> dict[str, torch.Tensor]:
     f64 = torch.float64
     q, k, v, o = (w.heads(layer, role).to(f64) for role in ("query", "key", "value", "attn_output"))
     out = {}
-    out["qk_sigma"], out["qk_cols"] = S._low_rank_product_spectrum(q.mT, k)  # QK_h = W_Q,hᵀ W_K,h
-    out["v_sigma"], out["v_cols"] = S._low_rank_product_spectrum(v.mT, o)  # Ṽ_h = W_V,hᵀ (W_O)ᵀ[h]
+    out["qk_sigma"], out["qk_cols"] = S.low_rank_product_spectrum(q.mT, k, check=False)  # QK_h = W_Q,hᵀ W_K,h
+    out["v_sigma"], out["v_cols"] = S.low_rank_product_spectrum(v.mT, o, check=False)  # Ṽ_h = W_V,hᵀ (W_O)ᵀ[h]
     # ‖·‖_{1,1} needs the entries: the N×N products are formed here, one head at a time
     out["qk_11"] = torch.stack([(q[h].mT @ k[h]).abs().sum() for h in range(q.shape[0])])
     out["v_11"] = torch.stack([(v[h].mT @ o[h]).abs().sum() for h in range(v.shape[0])])
@@ -311,7 +311,7 @@ def _head_spectra(w: EncoderWeights, layer: int) -> dict[str, torch.Tensor]:
 def _ffn_spectrum(weight: torch.Tensor, svd_method: str) -> tuple[torch.Tensor, torch.Tensor]:
     """σ, column norms and ‖·‖_{1,1} of an FFN matrix in row-vector orientation (``weight`` is the ``(out, in)`` Linear weight)."""
     m = weight.to(torch.float64).mT
-    return S._singular_values(m, svd_method), torch.linalg.vector_norm(m, dim=-2), m.abs().sum()
+    return S.singular_values(m, method=svd_method, check=False), torch.linalg.vector_norm(m, dim=-2), m.abs().sum()
 
 
 # Below this many entries per FFN matrix a thread pool costs more than it saves.

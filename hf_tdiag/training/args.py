@@ -203,7 +203,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return add_arguments(parser)
 
 
-def _defaults() -> dict[str, Any]:
+def flag_defaults() -> dict[str, Any]:
     """Every flag's default, from parsing a command line with only the required ``--output-dir``."""
     values = vars(build_parser().parse_args(["--output-dir", "-"]))
     values["output_dir"] = None
@@ -218,23 +218,23 @@ def is_digits(args: argparse.Namespace) -> bool:
 def make_args(args_or_kwargs: argparse.Namespace | Mapping[str, Any] | Sequence[str] | None = None, **kwargs) -> argparse.Namespace:
     """A validated namespace from an argv list, a namespace, a mapping and/or keyword arguments."""
     if isinstance(args_or_kwargs, argparse.Namespace):
-        values = {**_defaults(), **vars(args_or_kwargs)}
+        values = {**flag_defaults(), **vars(args_or_kwargs)}
     elif isinstance(args_or_kwargs, Mapping):
-        values = {**_defaults(), **dict(args_or_kwargs)}
+        values = {**flag_defaults(), **dict(args_or_kwargs)}
     elif isinstance(args_or_kwargs, (list, tuple)):
         values = vars(build_parser().parse_args(list(args_or_kwargs)))
     elif args_or_kwargs is None:
-        values = _defaults()
+        values = flag_defaults()
     else:
         raise TypeError(
             "args_or_kwargs: expected an argparse.Namespace, a mapping of flag names to values or a list of "
             f"command-line strings, got {type(args_or_kwargs).__name__}"
         )
-    unknown = sorted(set(kwargs) - set(_defaults()) - {"func", "command"})
+    unknown = sorted(set(kwargs) - set(flag_defaults()) - {"func", "command"})
     if unknown:
         raise TypeError(f"train: unknown argument(s) {unknown}; see `hf-tdiag train --help`")
     values.update(kwargs)
-    unknown = sorted(set(values) - set(_defaults()) - {"func", "command"})
+    unknown = sorted(set(values) - set(flag_defaults()) - {"func", "command"})
     if unknown:
         raise TypeError(f"train: unknown argument(s) {unknown}; see `hf-tdiag train --help`")
     args = argparse.Namespace(**values)
@@ -331,4 +331,4 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError("preset: pass either --preset (train from scratch) or --model-name-or-path (fine-tune), not both")
 
 
-__all__ = ["build_parser", "add_arguments", "make_args", "validate_args", "is_digits", "parse_srr_layer"]
+__all__ = ["build_parser", "add_arguments", "flag_defaults", "make_args", "validate_args", "is_digits", "parse_srr_layer"]

@@ -14,6 +14,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from .._validation import non_negative_int
+from ..models.crate.configuration_crate import size_pair
 
 Augmentation = Callable[[Image.Image, np.random.Generator], Image.Image]
 
@@ -24,11 +25,10 @@ def _check_image(img) -> None:
 
 
 def _check_size(size) -> tuple[int, int]:
-    if isinstance(size, int) and not isinstance(size, bool):
-        size = (size, size)
-    if not (isinstance(size, (tuple, list)) and len(size) == 2 and all(isinstance(s, int) and s > 0 for s in size)):
+    height, width = size_pair(size, "size")
+    if height < 1 or width < 1:
         raise ValueError(f"size: expected a positive int or (height, width), got {size!r}")
-    return int(size[0]), int(size[1])
+    return height, width
 
 
 def random_resized_crop_box(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..models.crate import CRATE_PRESETS, CrateConfig, CrateForImageClassification, CrateImageProcessor
+from ..models.crate import CRATE_PRESETS, CrateConfig, CrateForImageClassification, CrateImageProcessor, size_pair
 
 _OVERRIDES = ("image_size", "patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "pooling", "hidden_dropout_prob")
 
@@ -70,8 +70,8 @@ def build_model_and_processor(args, raw):
 
 
 def image_size_of(config) -> tuple[int, int]:
-    size = config.image_size
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+    """``(height, width)`` of the model's input images."""
+    return size_pair(config.image_size, "image_size")
 
 
 __all__ = ["default_preset", "build_model_and_processor", "image_size_of"]

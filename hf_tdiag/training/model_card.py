@@ -15,6 +15,8 @@ import shlex
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from ..models.crate.configuration_crate import size_pair
+
 TEMPLATE_NAME = "crate_model_card.jinja"
 
 VARIANT_DESCRIPTIONS = {
@@ -56,9 +58,9 @@ def _is_hub_id(value) -> bool:
 
 
 def _command(args) -> str:
-    from .args import _defaults
+    from .args import flag_defaults
 
-    defaults = _defaults()
+    defaults = flag_defaults()
     parts = ["python", "recipes/train_crate.py"]
     for key, value in sorted(vars(args).items()):
         if key in ("func", "command", "hub_token", "push_to_hub", "hub_model_id", "resume_from_checkpoint"):
@@ -109,6 +111,12 @@ def _base_model(args) -> str | None:
     return args.model_name_or_path if _is_hub_id(args.model_name_or_path) else None
 
 
+def _size_text(value) -> str:
+    """``"32"`` for a square size, ``"32×48"`` (height×width) otherwise."""
+    height, width = size_pair(value)
+    return str(height) if height == width else f"{height}×{width}"
+
+
 def build_model_card(config, results: dict, args, raw, preset: str | None = None, output_dir: str | None = None,
                      repo_id: str | None = None) -> ModelCard:
     """Render the card for a model trained by :func:`hf_tdiag.training.train` from its results dict."""
@@ -120,8 +128,7 @@ def build_model_card(config, results: dict, args, raw, preset: str | None = None
     figure = None
     if output_dir and os.path.isfile(os.path.join(output_dir, "layer_srr.png")):
         figure = "layer_srr.png"
-    image_size = config.image_size if isinstance(config.image_size, int) else "×".join(map(str, config.image_size))
-    patch_size = config.patch_size if isinstance(config.patch_size, int) else "×".join(map(str, config.patch_size))
+    image_size, patch_size = _size_text(config.image_size), _size_text(config.patch_size)
     labels = [config.id2label[i] for i in sorted(config.id2label)]
     warmup = args.num_warmup_steps if args.num_warmup_steps is not None else f"{args.warmup_ratio:g} of the steps"
     limitations_data = (

@@ -39,10 +39,12 @@ def gram_loss(A: torch.Tensor, A_hat: torch.Tensor) -> torch.Tensor:
 def gram_loss_grad(A: torch.Tensor, A_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-image L_gram and its gradient ``∂L_gram,i/∂Â_i = 4(Ĝ_i − G_i)Â_i / ‖G_i‖²_F`` (working dtype)."""
     A, A_hat = _check_pair(A, A_hat)
-    return _gram_loss_grad(_as_batch(A), _as_batch(A_hat), squeeze=A.ndim == 2)
+    return batched_gram_loss_grad(_as_batch(A), _as_batch(A_hat), squeeze=A.ndim == 2)
 
 
-def _gram_loss_grad(A, A_hat, squeeze=False, G=None, g2=None):
+def batched_gram_loss_grad(A, A_hat, squeeze=False, G=None, g2=None):
+    """:func:`gram_loss_grad` on ``(images, N, d)`` batches without argument checks; ``G = AAᵀ`` and ``g2 = ‖G‖²_F`` may be
+    passed when the caller already has them (the joint optimiser reuses them across steps)."""
     N, d = A.shape[-2], A.shape[-1]
     At = A_hat.transpose(-1, -2)
     if N <= d:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from .gram import _gram_loss_grad
+from .gram import batched_gram_loss_grad
 
 
 def grams(X, shape):
@@ -33,7 +33,7 @@ def losses(X, U, W, shape, a2, G=None, g2=None):
     rec = float((X - H).square().sum(dtype=torch.float64)) / a2
     if len(shape) != 3:
         return rec, float("nan")
-    gl, _ = _gram_loss_grad(X.reshape(shape), H.reshape(shape), G=G, g2=g2)
+    gl, _ = batched_gram_loss_grad(X.reshape(shape), H.reshape(shape), G=G, g2=g2)
     return rec, float(gl.mean())
 
 

@@ -11,7 +11,7 @@ from ..._validation import check_tensor, non_negative_float, non_negative_int, p
 from .init import INITS, initial_codes
 from .joint import grams, losses, quick_losses, refine
 from .nnls import nnls_codes
-from .updates import _mu_pass, _solve_dictionary
+from .updates import mu_pass, solve_dictionary
 
 
 class SemiNMF:
@@ -119,8 +119,8 @@ class SemiNMF:
         n_iter = 0
         chunk = max(256, (1 << 20) // max(1, X.shape[1]))  # ~4 MB of float32 activations per chunk
         for it in tqdm(range(self.max_iter), desc="Semi-NMF", disable=not self.verbose):
-            W = _solve_dictionary(UtA, UtU, X.dtype)
-            UtA, UtU, dot = _mu_pass(X, U, W, chunk)
+            W = solve_dictionary(UtA, UtU, X.dtype)
+            UtA, UtU, dot = mu_pass(X, U, W, chunk)
             # ‖A − UWᵀ‖² = ‖A‖² − 2⟨AW, U⟩ + ⟨UᵀU, WᵀW⟩ without forming Â (float64 sums)
             obj = a2 - 2 * dot + float((UtU.double() * (W.T @ W).double()).sum())
             hist["phase"].append("mu")
@@ -154,10 +154,10 @@ class SemiNMF:
 
         U = initial_codes(X, self.n_concepts, self.init, self.random_state).clone()
         UtA, UtU = U.T @ X, U.T @ U
-        W = _solve_dictionary(UtA, UtU, X.dtype)
+        W = solve_dictionary(UtA, UtU, X.dtype)
         record("init", *quick_losses(X, U, W, shape, a2, G, g2, UtA=UtA))
         UtA, UtU, n_iter = self._mu_phase(X, U, UtA, UtU, a2, hist)
-        W = _solve_dictionary(UtA, UtU, X.dtype)
+        W = solve_dictionary(UtA, UtU, X.dtype)
         record("mu-end", *quick_losses(X, U, W, shape, a2, G, g2, UtA=UtA))
         if self.gram_weight > 0 and self.refine_iter > 0:
             U, W = refine(X, U, W, shape, a2, G, g2, self.refine_iter, self.gram_weight, update_dictionary=True,

@@ -16,7 +16,7 @@ def semi_nmf_objective(A: torch.Tensor, U: torch.Tensor, W: torch.Tensor) -> tor
     return (A.double() - U.double() @ W.double().T).square().sum()
 
 
-def _solve_dictionary(UtA: torch.Tensor, UtU: torch.Tensor, dtype: torch.dtype, ridge: float = 0.0) -> torch.Tensor:
+def solve_dictionary(UtA: torch.Tensor, UtU: torch.Tensor, dtype: torch.dtype, ridge: float = 0.0) -> torch.Tensor:
     """``W = (UᵀU)⁻¹ UᵀA`` transposed to (d, k): the k×k system in float64 (Cholesky, jitter, pinv fallback)."""
     UtU = UtU.double()
     UtA = UtA.double()
@@ -34,7 +34,7 @@ def _solve_dictionary(UtA: torch.Tensor, UtU: torch.Tensor, dtype: torch.dtype, 
 
 def lstsq_dictionary(A: torch.Tensor, U: torch.Tensor, ridge: float = 0.0) -> torch.Tensor:
     """Exact dictionary step ``W = Aᵀ U (UᵀU)⁻¹`` (Ding et al. eq. 9), k×k solve in float64."""
-    return _solve_dictionary(U.T @ A, U.T @ U, A.dtype, ridge)
+    return solve_dictionary(U.T @ A, U.T @ U, A.dtype, ridge)
 
 
 def _mu_ratio(U: torch.Tensor, AW: torch.Tensor, Pp: torch.Tensor, Pn: torch.Tensor, eps: float) -> torch.Tensor:
@@ -57,7 +57,7 @@ def mu_update_codes(
     return U * _mu_ratio(U, AW, *_split_gram(W.T @ W), eps)
 
 
-def _mu_pass(X: torch.Tensor, U: torch.Tensor, W: torch.Tensor, chunk: int, eps: float = 1e-12):
+def mu_pass(X: torch.Tensor, U: torch.Tensor, W: torch.Tensor, chunk: int, eps: float = 1e-12):
     """One MU code step on all rows, in place, streamed over row chunks so that each chunk of ``A`` is read once.
 
     Returns ``(UᵀA, UᵀU, ⟨AW, U⟩)`` of the updated codes: the next dictionary step and the objective need

@@ -13,6 +13,7 @@ _LAZY = {
     "CRATE_PRESETS": "hf_tdiag.models.crate.configuration_crate:CRATE_PRESETS",
     "CRATE_VARIANTS": "hf_tdiag.models.crate.configuration_crate:CRATE_VARIANTS",
     "CrateConfig": "hf_tdiag.models.crate.configuration_crate:CrateConfig",
+    "size_pair": "hf_tdiag.models.crate.configuration_crate:size_pair",
     "CrateImageProcessor": "hf_tdiag.models.crate.image_processing_crate:CrateImageProcessor",
     "CrateModel": "hf_tdiag.models.crate.modeling_crate:CrateModel",
     "CrateForImageClassification": "hf_tdiag.models.crate.modeling_crate:CrateForImageClassification",

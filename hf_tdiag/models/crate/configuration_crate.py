@@ -33,12 +33,13 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _as_pair(value, name: str) -> tuple[int, int]:
+def size_pair(value, name: str = "size") -> tuple[int, int]:
+    """``(height, width)`` from an int (a square) or a pair of ints, as configs give ``image_size``/``patch_size``."""
     if _is_int(value):
-        return value, value
+        return int(value), int(value)
     if isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(v) for v in value):
         return int(value[0]), int(value[1])
-    raise TypeError(f"CrateConfig: {name} must be an int or a pair of ints, got {value!r}")
+    raise TypeError(f"{name}: expected an int or a (height, width) pair of ints, got {value!r}")
 
 
 def _check_number(name: str, value, low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False):
@@ -125,8 +126,8 @@ class CrateConfig(PreTrainedConfig):
                 f"CrateConfig: variant {self.variant!r} needs num_attention_heads * head_dim == hidden_size, got "
                 f"{self.num_attention_heads} * {self.head_dim} = {inner} != {self.hidden_size}"
             )
-        image = _as_pair(self.image_size, "image_size")
-        patch = _as_pair(self.patch_size, "patch_size")
+        image = size_pair(self.image_size, "CrateConfig: image_size")
+        patch = size_pair(self.patch_size, "CrateConfig: patch_size")
         if min(patch) <= 0 or min(image) <= 0:
             raise ValueError(f"CrateConfig: image_size and patch_size must be positive, got {image} and {patch}")
         if image[0] % patch[0] or image[1] % patch[1]:
@@ -141,7 +142,7 @@ class CrateConfig(PreTrainedConfig):
     @property
     def num_patches(self) -> int:
         """Number of patches at ``image_size`` (tokens without the CLS token)."""
-        (ih, iw), (ph, pw) = _as_pair(self.image_size, "image_size"), _as_pair(self.patch_size, "patch_size")
+        (ih, iw), (ph, pw) = size_pair(self.image_size, "CrateConfig: image_size"), size_pair(self.patch_size, "CrateConfig: patch_size")
         return (ih // ph) * (iw // pw)
 
     @classmethod
@@ -170,4 +171,4 @@ class CrateConfig(PreTrainedConfig):
         return cls(**fields)
 
 
-__all__ = ["CrateConfig", "CRATE_PRESETS", "CRATE_VARIANTS"]
+__all__ = ["CrateConfig", "CRATE_PRESETS", "CRATE_VARIANTS", "size_pair"]

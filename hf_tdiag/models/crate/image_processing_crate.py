@@ -8,6 +8,8 @@ from __future__ import annotations
 from transformers.image_processing_backends import PilBackend
 from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, PILImageResampling
 
+from .configuration_crate import size_pair
+
 
 class CrateImageProcessor(PilBackend):
     r"""Resize to ``size``, rescale to [0, 1] and normalize with ImageNet mean/std (as the official CRATE pipeline).
@@ -28,8 +30,7 @@ class CrateImageProcessor(PilBackend):
     @classmethod
     def for_config(cls, config, **kwargs) -> "CrateImageProcessor":
         """Processor whose output size and channel count match ``config`` (a CrateConfig); kwargs override."""
-        image_size = config.image_size
-        height, width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        height, width = size_pair(config.image_size, "image_size")
         fields = {"size": {"height": int(height), "width": int(width)}}
         if config.num_channels == 1:
             fields.update(image_mean=[0.5], image_std=[0.5], do_convert_rgb=False)

@@ -30,15 +30,9 @@ from transformers.utils import ModelOutput, logging
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .configuration_crate import CrateConfig
+from .configuration_crate import CrateConfig, size_pair
 
 logger = logging.get_logger(__name__)
-
-
-def _pair(value) -> tuple[int, int]:
-    if isinstance(value, (list, tuple)):
-        return int(value[0]), int(value[1])
-    return int(value), int(value)
 
 
 @dataclass
@@ -72,8 +66,8 @@ class CratePatchEmbeddings(nn.Module):
 
     def __init__(self, config: CrateConfig):
         super().__init__()
-        self.image_size = _pair(config.image_size)
-        self.patch_size = _pair(config.patch_size)
+        self.image_size = size_pair(config.image_size, "image_size")
+        self.patch_size = size_pair(config.patch_size, "patch_size")
         self.num_channels = config.num_channels
         self.grid_size = (self.image_size[0] // self.patch_size[0], self.image_size[1] // self.patch_size[1])
         self.num_patches = self.grid_size[0] * self.grid_size[1]
