@@ -190,3 +190,34 @@ def add_trust_remote_code_flag(parser) -> None:
 def add_device_flag(parser) -> None:
     """``--device``: torch device."""
     parser.add_argument("--device", type=device, default=None, help="torch device (default: cuda if available, else cpu)")
+
+
+def add_executor_flags(parser, jobs_flag: str = "--jobs") -> None:
+    """``--executor local|ray`` and the Ray options (``--ray-address``, ``--ray-num-cpus``, ``--ray-num-gpus``,
+    ``--ray-max-retries``): who trains a grid's runs (``hf_tdiag.study.executors``)."""
+    parser.add_argument(
+        "--executor", default="local", choices=["local", "ray"],
+        help=f'who trains the runs: "local" (this machine, {jobs_flag} processes) or "ray" (a Ray task per run; '
+        'pip install "hf-tdiag[ray]")',
+    )
+    parser.add_argument("--ray-address", default=None,
+                        help='Ray cluster to join (e.g. "auto" after `ray start --head`); default: start a local '
+                        f"instance with {jobs_flag} x CPUs-per-run CPUs")
+    parser.add_argument("--ray-num-cpus", type=positive_int, default=None,
+                        help="CPUs each run's Ray task asks for, and its torch threads (default: --threads, else 1)")
+    parser.add_argument("--ray-num-gpus", type=float, default=None,
+                        help="GPUs each run's Ray task asks for (default: 1 where CUDA is present, else 0)")
+    parser.add_argument("--ray-max-retries", type=non_negative_int, default=1,
+                        help="times Ray retries a run whose worker process died (default 1)")
+
+
+def executor_options(args: argparse.Namespace) -> dict:
+    """The ``executor_options`` of the flags :func:`add_executor_flags` added; Ray flags without ``--executor ray``
+    are a ValueError naming the flag."""
+    if args.executor != "ray":
+        given = [f for f in ("ray_address", "ray_num_cpus", "ray_num_gpus") if getattr(args, f) is not None]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')}: only used with --executor ray")
+        return {}
+    return {"address": args.ray_address, "num_cpus": args.ray_num_cpus, "num_gpus": args.ray_num_gpus,
+            "max_retries": args.ray_max_retries}

@@ -10,17 +10,16 @@ One grid cell = one :class:`GridCell` (every setting that decides its result); :
 trains it and returns its record, cached as ``<cache_dir>/runs/<key>.json`` (written atomically;
 ``key`` hashes the cell) with the full reports under ``<cache_dir>/reports/``. A grid that is
 stopped loses only the cells in flight; running it again skips every cached cell.
-:func:`run_grid` is the simple local executor (``jobs`` processes); any other executor only needs
-to call ``run_cell(cell, cache_dir)`` for each cell.
+:func:`run_grid` hands the cells to one of the study's executors (:mod:`hf_tdiag.study.executors`):
+``"local"`` (``jobs`` processes, the default) or ``"ray"`` (a Ray task per cell, on this machine or a
+cluster); each runs ``run_cell(cell, cache_dir)`` per cell, so a cell is recorded by whoever finishes it.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import hashlib
 import json
 import math
-import multiprocessing as mp
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -232,32 +231,49 @@ def run_cell(cell: GridCell, cache_dir: str, device: str | None = None) -> dict:
     return {**rec, "cached": False}
 
 
-def _init_worker(threads: int) -> None:
-    import torch
+def run_cell_spec(spec: dict) -> dict:
+    """``run_cell`` of an executor spec (``cell`` as a dict, ``cache_dir``, ``device``, optionally ``threads``)."""
+    if spec.get("threads"):
+        import torch
 
-    torch.set_num_threads(threads)
+        torch.set_num_threads(int(spec["threads"]))
+    return run_cell(GridCell(**spec["cell"]), spec["cache_dir"], spec.get("device"))
 
 
-def run_grid(cells: Iterable[GridCell], cache_dir: str, jobs: int = 1, device: str | None = None,
-             log=print) -> list[dict]:
-    """Run every cell (cached ones are read back) with ``jobs`` local processes, largest cells first; records in input order."""
+def run_grid(cells: Iterable[GridCell], cache_dir: str, jobs: int = 1, device: str | None = None, log=print,
+             threads: int | None = None, executor: str = "local", executor_options: dict | None = None) -> list[dict]:
+    """Run every cell (cached ones are read back), largest cells first; records in input order.
+
+    ``executor`` is one of :mod:`hf_tdiag.study.executors`: ``"local"`` (``jobs`` processes, ``threads`` torch
+    threads each, default ``cpu_count // jobs``) or ``"ray"`` (a Ray task per cell asking for ``threads`` CPUs;
+    ``executor_options``: ``address``, ``num_cpus``, ``num_gpus``, ``max_retries``). Cells that fail are logged
+    with their traceback; after the others finish a RuntimeError names them (a rerun trains only those).
+    """
+    from hf_tdiag.study.executors import get_executor
+
     cells = list(cells)
     positive_int(jobs, "jobs")
+    run_all = get_executor(executor)
     order = sorted(range(len(cells)), key=lambda i: -cells[i].num_layers * cells[i].hidden_size**2)
+    specs = [{"index": i, "hparams": {"num_layers": cells[i].num_layers, "hidden_size": cells[i].hidden_size},
+              "cell": asdict(cells[i]), "cache_dir": cache_dir, "device": device} for i in order]
     results: dict[int, dict] = {}
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    if jobs == 1:
-        _init_worker(threads)
-        for i in order:
-            results[i] = run_cell(cells[i], cache_dir, device)
-            log(_line(results[i]))
-    else:
-        ctx = mp.get_context("spawn")
-        with cf.ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as pool:
-            futures = {pool.submit(run_cell, cells[i], cache_dir, device): i for i in order}
-            for fut in cf.as_completed(futures):
-                results[futures[fut]] = fut.result()
-                log(_line(results[futures[fut]]))
+    failures: list[dict] = []
+
+    def on_done(spec, rec, failure):
+        if failure is not None:
+            failures.append(failure)
+            log(f"L={spec['cell']['num_layers']} N={spec['cell']['hidden_size']}: failed, {failure['error']}\n"
+                f"{failure['traceback']}")
+        else:
+            results[spec["index"]] = rec
+            log(_line(rec))
+
+    run_all(specs, jobs=jobs, threads=threads or max(1, (os.cpu_count() or 1) // jobs), on_done=on_done,
+            task=run_cell_spec, **dict(executor_options or {}))
+    if failures:
+        names = ", ".join(f"L={f['hparams']['num_layers']} N={f['hparams']['hidden_size']}" for f in failures)
+        raise RuntimeError(f"{len(failures)} of {len(cells)} cells failed ({names}); first: {failures[0]['error']}")
     return [results[i] for i in range(len(cells))]
 
 
@@ -277,7 +293,7 @@ def grid_rows(records: Iterable[dict], stage: str) -> list[dict[str, Any]]:
 
 
 __all__ = ["GRIDS", "GridCell", "build_model", "digits_tensors", "grid_cells", "grid_rows", "load_record",
-           "report_summary", "run_cell", "run_grid", "train"]
+           "report_summary", "run_cell", "run_cell_spec", "run_grid", "train"]
 
 
 

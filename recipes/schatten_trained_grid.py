@@ -15,6 +15,10 @@ cached under ``--output-dir``/runs; a rerun trains only the missing cells. Write
 
     python recipes/schatten_trained_grid.py --output-dir runs/schatten_grid --jobs 2
     python recipes/schatten_trained_grid.py --output-dir runs/schatten_grid_gpu --grid gpu
+    python recipes/schatten_trained_grid.py --output-dir runs/schatten_grid_gpu --grid gpu --executor ray --ray-address auto
+
+``--executor ray`` trains each cell as a Ray task (``pip install "hf-tdiag[ray]"``), the same executors as
+``hf-tdiag study`` (:mod:`hf_tdiag.study.executors`); the cache under ``--output-dir``/runs decides what is left.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import os
 import sys
 import time
 
-from hf_tdiag._cli_args import ArgumentParser, plain
+from hf_tdiag._cli_args import ArgumentParser, add_executor_flags, executor_options, plain, positive_int
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,11 +44,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="head width; heads = N / head-dim (default: the grid's, 32 on cpu)")
     ap.add_argument("--patch-size", "--patch_size", dest="patch_size", type=int, default=None,
                     help="patch side on the 8x8 digits: 4 (default, 4 tokens + CLS) or 2 (16 + CLS, ~3x the cost)")
-    ap.add_argument("--jobs", type=int, default=1, help="cells trained at once (processes)")
+    ap.add_argument("--jobs", type=positive_int, default=1, help="cells trained at once (processes)")
+    ap.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                    help="torch CPU threads per cell (default: cpu_count // jobs)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--detail-cell", "--detail_cell", dest="detail_cell", type=int, nargs=2, default=None,
                     metavar=("L", "N"), help="cell whose spectra are plotted (default: the deepest, widest)")
-    return ap.parse_args(argv)
+    add_executor_flags(ap)
+    args = ap.parse_args(argv)
+    try:
+        args.executor_options = executor_options(args)
+    except ValueError as err:
+        ap.error(str(err))
+    return args
 
 
 def write_tables(records: list[dict], out_dir: str) -> list[dict]:
@@ -96,9 +108,16 @@ def main(argv=None) -> int:
     cells = grid_cells(args.grid, args.layers, args.hidden, steps=args.steps, head_dim=args.head_dim,
                        patch_size=args.patch_size)
     t0 = time.perf_counter()
-    records = run_grid(cells, args.output_dir, jobs=args.jobs, device=args.device, log=lambda s: print(s, flush=True))
+    try:
+        records = run_grid(cells, args.output_dir, jobs=args.jobs, device=args.device, threads=args.threads,
+                           executor=args.executor, executor_options=args.executor_options,
+                           log=lambda s: print(s, flush=True))
+    except (RuntimeError, ImportError) as err:  # failed cells (logged with their tracebacks); the Ray extra missing
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(f"{len(cells)} cells in {time.perf_counter() - t0:.0f} s "
-          f"({sum(not r.get('cached') for r in records)} trained now, jobs={args.jobs})", flush=True)
+          f"({sum(not r.get('cached') for r in records)} trained now, jobs={args.jobs}, executor={args.executor})",
+          flush=True)
     write_tables(records, args.output_dir)
     write_figures(records, args.output_dir, args.detail_cell)
     print(f"wrote {args.output_dir}/grid.csv, grid.json and figures")

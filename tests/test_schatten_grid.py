@@ -124,3 +124,58 @@ def test_grid_figures_plot_the_rows():
     trained = {ln.get_label(): ln for ln in pfig.axes[0].get_lines()}["N=128, trained"]
     assert list(trained.get_ydata()) == pytest.approx([0.4, 0.8])
     assert p_opt_summary(rows(1.0))["qk"] == {"mean_p_opt": pytest.approx(0.3), "frac_p0": 0.5}
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMING = ("seconds", "cached")
+
+
+def _without_timing(rec):
+    return {**{k: v for k, v in rec.items() if k not in TIMING},
+            "metrics": {k: v for k, v in rec["metrics"].items() if k != "train_seconds"}}
+
+
+def test_failed_cell_is_named_and_the_others_recorded(tmp_path, monkeypatch):
+    cells = G.grid_cells("tiny")
+    real = G.run_cell
+
+    def run_cell(cell, cache_dir, device=None):
+        if cell.num_layers == 2:
+            raise FloatingPointError("loss is nan")
+        return real(cell, cache_dir, device)
+
+    monkeypatch.setattr(G, "run_cell", run_cell)
+    lines = []
+    with pytest.raises(RuntimeError, match=r"1 of 2 cells failed \(L=2 N=32\); first: FloatingPointError: loss is nan"):
+        G.run_grid(cells, str(tmp_path), threads=1, log=lines.append)
+    assert G.load_record(cells[0], str(tmp_path)) is not None and G.load_record(cells[1], str(tmp_path)) is None
+    failed = [ln for ln in lines if "failed" in ln]
+    assert len(failed) == 1 and "Traceback" in failed[0] and "loss is nan" in failed[0]
+
+
+def test_ray_flags_need_the_ray_executor(capsys):
+    with pytest.raises(SystemExit):
+        _recipe().parse_args(["--output-dir", "x", "--ray-address", "auto"])
+    assert "--ray-address: only used with --executor ray" in capsys.readouterr().err
+    args = _recipe().parse_args(["--output-dir", "x", "--executor", "ray", "--ray-num-cpus", "2"])
+    assert args.executor_options == {"address": None, "num_cpus": 2, "num_gpus": None, "max_retries": 1}
+
+
+@pytest.mark.slow
+def test_ray_executor_records_equal_the_local_ones(tmp_path, monkeypatch):
+    """A real local Ray instance (2 CPUs) trains the tiny grid: every record and report equals the local executor's
+    (one torch thread in both), and a second Ray run finds everything cached."""
+    pytest.importorskip("ray")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))  # Ray's workers
+    cells = G.grid_cells("tiny")
+    local = G.run_grid(cells, str(tmp_path / "local"), threads=1, log=lambda s: None)
+    remote = G.run_grid(cells, str(tmp_path / "ray"), jobs=2, threads=1, executor="ray", log=lambda s: None)
+    assert [r["cached"] for r in local + remote] == [False] * 4
+    assert [_without_timing(r) for r in remote] == [_without_timing(r) for r in local]
+    assert remote[0]["torch_threads"] == 1
+    for cell in cells:
+        for stage in ("init", "trained"):
+            name = f"{cell.key()}_{stage}.json"
+            assert (tmp_path / "ray" / "reports" / name).read_bytes() == (tmp_path / "local" / "reports" / name).read_bytes()
+    again = G.run_grid(cells, str(tmp_path / "ray"), threads=1, executor="ray", log=lambda s: None)
+    assert [r["cached"] for r in again] == [True, True]

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .._cli_args import add_output_dir, plain, positive_int
+from .._cli_args import add_executor_flags, add_output_dir, executor_options, plain, positive_int
 
 
 def _parse_assignment(text: str, what: str) -> tuple[str, str]:
@@ -49,30 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--summarize-only", action="store_true", help="only rebuild the table from the cached runs")
     p.add_argument("--max-samples", "--max-examples", type=positive_int, default=None, metavar="N",
                    help="training examples used by the measures (default 512)")
-    p.add_argument(
-        "--executor", default="local", choices=["local", "ray"],
-        help='who trains the runs: "local" (this machine, --jobs processes) or "ray" (a Ray task per run; '
-        'pip install "hf-tdiag[ray]")',
-    )
-    p.add_argument("--ray-address", default=None,
-                   help='Ray cluster to join (e.g. "auto" after `ray start --head`); default: start a local instance')
-    p.add_argument("--ray-num-cpus", type=positive_int, default=None,
-                   help="CPUs each run's Ray task asks for (default: --threads, else 1)")
-    p.add_argument("--ray-num-gpus", type=float, default=None,
-                   help="GPUs each run's Ray task asks for (default: 1 where CUDA is present, else 0)")
-    p.add_argument("--ray-max-retries", type=int, default=1,
-                   help="times Ray retries a run whose worker process died (default 1)")
+    add_executor_flags(p)
     return p
-
-
-def _executor_options(args: argparse.Namespace) -> dict:
-    if args.executor != "ray":
-        given = [f for f in ("ray_address", "ray_num_cpus", "ray_num_gpus") if getattr(args, f) is not None]
-        if given:
-            raise ValueError(f"--{given[0].replace('_', '-')}: only used with --executor ray")
-        return {}
-    return {"address": args.ray_address, "num_cpus": args.ray_num_cpus, "num_gpus": args.ray_num_gpus,
-            "max_retries": args.ray_max_retries}
 
 
 def register(subparsers) -> None:
@@ -128,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             summary = run_study(
                 grid, out, jobs=args.jobs, settings=settings, train_fn=args.train_fn, limit=args.max_runs,
                 keep_models=args.keep_models, plot=not args.no_figures, threads=args.threads,
-                executor=args.executor, executor_options=_executor_options(args),
+                executor=args.executor, executor_options=executor_options(args),
             )
         except (StudyLockedError, ImportError) as err:  # a running study in the folder; the Ray extra missing
             print(f"error: {err}", file=sys.stderr)

@@ -1,9 +1,12 @@
 """Executors: who runs a study's uncached runs. Each takes the run specs and reports every finished run.
 
-An executor is a function ``(specs, *, jobs, threads, on_done, **options) -> None`` that calls
-``on_done(spec, record, failure)`` once per spec, with ``record`` the run's record
+An executor is a function ``(specs, *, jobs, threads, on_done, task, **options) -> None`` that runs
+``task(spec)`` for each spec (default: train, measure and record one study run) and calls
+``on_done(spec, record, failure)`` once per spec, with ``record`` what the task returned
 (already written to the cache by the worker) or ``failure`` a dict with ``hparams``,
-``error`` and ``traceback``. The per-run cache stays the single source of truth.
+``error`` and ``traceback``. The per-run cache stays the single source of truth. Specs are
+plain dicts with at least ``hparams`` (what names the run in the failure log); the Schatten
+trained grid (:func:`hf_tdiag.schatten_grid.run_grid`) hands its cells to the same executors.
 
 ``local`` (:mod:`.local`, the default, no extra dependency) runs in this process or a
 process pool; ``ray`` (:mod:`.ray`, ``pip install "hf-tdiag[ray]"``) hands each run to Ray.

@@ -71,20 +71,20 @@ def _gpu_count() -> int:
         return 0
 
 
-def _run_serial(specs: Sequence[dict], threads: int | None, on_done: Callable) -> None:
+def _run_serial(specs: Sequence[dict], threads: int | None, on_done: Callable, task: Callable) -> None:
     from ..._threads import torch_threads
 
     with torch_threads(threads):
         for spec in specs:
             try:
-                rec = execute(spec)
+                rec = task(spec)
             except Exception as err:  # one failed run does not stop the study; it is retried next time
                 on_done(spec, None, failure_of(spec, err, traceback.format_exc()))
             else:
                 on_done(spec, rec, None)
 
 
-def _run_pool(specs: Sequence[dict], jobs: int, threads: int, on_done: Callable) -> None:
+def _run_pool(specs: Sequence[dict], jobs: int, threads: int, on_done: Callable, task: Callable) -> None:
     ctx = mp.get_context("spawn")
     gpus = _gpu_count()
     gpu_queue = None
@@ -95,7 +95,7 @@ def _run_pool(specs: Sequence[dict], jobs: int, threads: int, on_done: Callable)
     with cf.ProcessPoolExecutor(
         max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads, gpu_queue, os.getpid())
     ) as pool:
-        futures = {pool.submit(execute, dict(spec, threads=threads)): spec for spec in specs}
+        futures = {pool.submit(task, dict(spec, threads=threads)): spec for spec in specs}
         for fut in cf.as_completed(futures):
             spec = futures[fut]
             try:
@@ -107,12 +107,14 @@ def _run_pool(specs: Sequence[dict], jobs: int, threads: int, on_done: Callable)
                 on_done(spec, rec, None)
 
 
-def run_local(specs: Sequence[dict], *, jobs: int = 1, threads: int | None = None, on_done: Callable, **options) -> None:
-    """Run every spec; ``jobs == 1`` in this process (``threads`` torch threads, or unchanged if ``None``),
-    else in ``jobs`` worker processes with ``threads`` (default ``cpu_count // jobs``) threads each."""
+def run_local(specs: Sequence[dict], *, jobs: int = 1, threads: int | None = None, on_done: Callable,
+              task: Callable = execute, **options) -> None:
+    """Run ``task(spec)`` for every spec; ``jobs == 1`` in this process (``threads`` torch threads, or unchanged if
+    ``None``), else in ``jobs`` worker processes with ``threads`` (default ``cpu_count // jobs``) threads each (the
+    spec then carries ``threads``). ``task`` must be importable by name (a module-level function)."""
     if options:
         raise ValueError(f"executor_options: the local executor takes none, got {sorted(options)}")
     if jobs == 1:
-        _run_serial(specs, threads, on_done)
+        _run_serial(specs, threads, on_done, task)
     else:
-        _run_pool(specs, jobs, threads or max(1, (os.cpu_count() or 1) // jobs), on_done)
+        _run_pool(specs, jobs, threads or max(1, (os.cpu_count() or 1) // jobs), on_done, task)

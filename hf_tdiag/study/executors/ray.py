@@ -55,9 +55,11 @@ def _traceback_of(err: BaseException) -> str:
 
 
 def run_ray(specs: Sequence[dict], *, jobs: int = 1, threads: int | None = None, on_done: Callable,
-            address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None,
-            max_retries: int = 1) -> None:
-    """Run every spec as a Ray task and report each as it finishes (any order).
+            task: Callable = execute_once, address: str | None = None, num_cpus: int | None = None,
+            num_gpus: float | None = None, max_retries: int = 1) -> None:
+    """Run ``task(spec)`` for every spec as a Ray task (the spec carrying ``threads = num_cpus``) and report each as
+    it finishes (any order). ``task`` must be safe to run twice for one spec (a retried task): the default returns a
+    run's cached record without training it again.
 
     Connects to ``address`` (e.g. ``"auto"`` for a cluster started with ``ray start --head``) or, without one,
     starts a local instance with ``jobs × num_cpus`` CPUs and shuts it down afterwards; an instance the caller
@@ -71,9 +73,9 @@ def run_ray(specs: Sequence[dict], *, jobs: int = 1, threads: int | None = None,
         kwargs = {"address": address} if address else {"num_cpus": jobs * cpus}
         ray.init(include_dashboard=False, log_to_driver=False, **kwargs)
     try:
-        task = ray.remote(execute_once).options(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries,
-                                                retry_exceptions=False)
-        pending = {task.remote(dict(spec, threads=cpus)): spec for spec in specs}
+        remote = ray.remote(task).options(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries,
+                                          retry_exceptions=False)
+        pending = {remote.remote(dict(spec, threads=cpus)): spec for spec in specs}
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)
             spec = pending.pop(ref)
