@@ -433,6 +433,50 @@ def _records(stats: dict[str, dict[str, np.ndarray]], shapes: dict, L: int, H: i
     return records
 
 
+def _check_bound_arguments(L_phi, rank_tol, svd_method, num_workers) -> float:
+    """Check :func:`spectrum_bounds`' settings; return ``rank_tol`` as a float."""
+    positive_float(L_phi, "L_phi")
+    if svd_method not in ("auto", "svd"):
+        raise ValueError(f"svd_method: expected 'auto' or 'svd', got {svd_method!r}")
+    positive_int(num_workers, "num_workers", allow_none=True)
+    return real(rank_tol, "rank_tol", low=0, high=1, high_open=True)
+
+
+def _stacked_spectra(w: EncoderWeights, svd_method: str, num_workers: int | None, progress: bool) -> dict:
+    """Every layer's spectra and column norms (:func:`_all_spectra`), stacked over layers: ``{key: (L, ...)}``."""
+    if num_workers is None:
+        num_workers = _default_workers(w.layers[0].query.device, w.layers[0].ffn_in.numel())
+    with torch.no_grad():
+        per_layer = _all_spectra(w, svd_method, num_workers, progress)
+    return {key: torch.stack([d[key] for d in per_layer]) for key in per_layer[0]}
+
+
+def _operator_norms(sp: dict, L: int) -> dict[str, torch.Tensor]:
+    """Per-layer spectral norms of QK, V, M_in and M_out, and M_out's (2,1) norm (identity M_out: 1 and 0)."""
+    norms = {key: S.spectral_norm(sp[f"{key}_sigma"]) for key in ("qk", "v", "in")}
+    if "out_sigma" in sp:
+        norms["out"], norms["out_21"] = S.spectral_norm(sp["out_sigma"]), sp["out_cols"].sum(-1)
+    else:  # identity M_out (CRATE): norm 1, no (2,1) term
+        dev = sp["qk_sigma"].device
+        norms["out"] = torch.ones(L, dtype=torch.float64, device=dev)
+        norms["out_21"] = torch.zeros(L, dtype=torch.float64, device=dev)
+    return norms
+
+
+def _matrix_groups(w: EncoderWeights, sp: dict, gamma: dict, alpha: torch.Tensor) -> list[tuple]:
+    """``(type, σ, column norms, (1,1) norms, γ, α, full dimension)`` of each matrix type, for :func:`_type_stats`."""
+    L, N, H = w.num_layers, w.hidden_size, w.num_heads
+    n_in = min(N, w.intermediate_size)
+    groups = [
+        ("qk", sp["qk_sigma"], sp["qk_cols"], sp["qk_11"], gamma["qk"], alpha[:, None], N),
+        ("v", sp["v_sigma"], sp["v_cols"], sp["v_11"], gamma["v"][:, None].expand(L, H), alpha[:, None], N),
+        (w.ffn_in_type, sp["in_sigma"], sp["in_cols"], sp["in_11"], gamma["m_in"], alpha, n_in),
+    ]
+    if "out_sigma" in sp:
+        groups.append(("m_out", sp["out_sigma"], sp["out_cols"], sp["out_11"], gamma["m_out"], alpha, n_in))
+    return groups
+
+
 def spectrum_bounds(
     model_or_path,
     L_phi: float = S.DEFAULT_L_PHI,
@@ -459,56 +503,23 @@ def spectrum_bounds(
             agree across values to rounding (~1e-15 relative).
         progress: show a progress bar over layers.
     """
-    positive_float(L_phi, "L_phi")
-    rank_tol = real(rank_tol, "rank_tol", low=0, high=1, high_open=True)
-    if svd_method not in ("auto", "svd"):
-        raise ValueError(f"svd_method: expected 'auto' or 'svd', got {svd_method!r}")
-    positive_int(num_workers, "num_workers", allow_none=True)
+    rank_tol = _check_bound_arguments(L_phi, rank_tol, svd_method, num_workers)
     model, name = _model_and_name(model_or_path, load_kwargs)
     w = encoder_weights(model)
     L, N, H = w.num_layers, w.hidden_size, w.num_heads
     ps = S.p_grid(L, N, p_grid_m)
-
-    if num_workers is None:
-        workers = _default_workers(w.layers[0].query.device, w.layers[0].ffn_in.numel())
-    else:
-        workers = num_workers
-    with torch.no_grad():
-        per_layer = _all_spectra(w, svd_method, workers, progress)
-
-    def stack(key):
-        return torch.stack([d[key] for d in per_layer])
-
-    qk_sigma, v_sigma, in_sigma = stack("qk_sigma"), stack("v_sigma"), stack("in_sigma")
-    qk_cols, v_cols, in_cols = stack("qk_cols"), stack("v_cols"), stack("in_cols")
-    has_out = w.layers[0].ffn_out is not None
-    dev = qk_sigma.device
-    full = {"qk": N, "v": N, "in": min(N, w.intermediate_size)}
-
-    qk_norm, v_norm, in_norm = S.spectral_norm(qk_sigma), S.spectral_norm(v_sigma), S.spectral_norm(in_sigma)
-    if has_out:
-        out_sigma, out_cols = stack("out_sigma"), stack("out_cols")
-        out_norm = S.spectral_norm(out_sigma)
-        out_21 = out_cols.sum(-1)
-    else:  # identity M_out (CRATE): norm 1, no (2,1) term
-        out_norm = torch.ones(L, dtype=torch.float64, device=dev)
-        out_21 = torch.zeros(L, dtype=torch.float64, device=dev)
-
-    gains = S.layer_gain(in_norm, out_norm, v_norm, qk_norm, L_phi)
-    alpha = S.propagation_factors(in_norm, out_norm, v_norm, qk_norm, L_phi)
-    gamma = S.type_factors(in_norm, out_norm, v_norm)
-
-    groups = [
-        ("qk", qk_sigma, qk_cols, stack("qk_11"), gamma["qk"], alpha[:, None], full["qk"]),
-        ("v", v_sigma, v_cols, stack("v_11"), gamma["v"][:, None].expand(L, H), alpha[:, None], full["v"]),
-        (w.ffn_in_type, in_sigma, in_cols, stack("in_11"), gamma["m_in"], alpha, full["in"]),
-    ]
-    if has_out:
-        groups.append(("m_out", out_sigma, out_cols, stack("out_11"), gamma["m_out"], alpha, full["in"]))
-
-    stats = {g[0]: _type_stats(*g[1:], ps.to(dev), L, N, rank_tol) for g in groups}
+    sp = _stacked_spectra(w, svd_method, num_workers, progress)
+    norms = _operator_norms(sp, L)
+    gains = S.layer_gain(norms["in"], norms["out"], norms["v"], norms["qk"], L_phi)
+    alpha = S.propagation_factors(norms["in"], norms["out"], norms["v"], norms["qk"], L_phi)
+    gamma = S.type_factors(norms["in"], norms["out"], norms["v"])
+    dev = sp["qk_sigma"].device
+    stats = {g[0]: _type_stats(*g[1:], ps.to(dev), L, N, rank_tol) for g in _matrix_groups(w, sp, gamma, alpha)}
     ours = float(S.spectrum_adaptive_bound(torch.cat([torch.as_tensor(st["best"]).reshape(-1) for st in stats.values()]), L))
-    xi = S.edelman_layer_terms(in_norm, out_norm, v_norm, qk_cols.sum(-1), v_cols.sum(-1), in_cols.sum(-1), out_21)
+    xi = S.edelman_layer_terms(
+        norms["in"], norms["out"], norms["v"], sp["qk_cols"].sum(-1), sp["v_cols"].sum(-1), sp["in_cols"].sum(-1),
+        norms["out_21"],
+    )
     edelman = float(S.edelman_bound(alpha, xi))
     shapes = {"qk": (N, N), "v": (N, N), w.ffn_in_type: (N, w.intermediate_size), "m_out": (w.intermediate_size, N)}
     records = _records(stats, shapes, L, H)
