@@ -117,37 +117,17 @@ def _size_text(value) -> str:
     return str(height) if height == width else f"{height}×{width}"
 
 
-def build_model_card(config, results: dict, args, raw, preset: str | None = None, output_dir: str | None = None,
-                     repo_id: str | None = None) -> ModelCard:
-    """Render the card for a model trained by :func:`hf_tdiag.training.train` from its results dict."""
+def _model_fields(config, preset: str | None) -> dict:
+    """The template's architecture fields: variant, sizes, widths, ISTA settings, labels."""
     variant = getattr(config, "variant", "crate")
-    repo_id = repo_id or getattr(args, "hub_model_id", None) or os.path.basename(os.path.normpath(args.output_dir))
-    dataset = _public(raw.dataset_id)
-    model_name = f"{VARIANT_NAMES.get(variant, variant)} {('(' + preset + ') ') if preset else ''}on {dataset}"
-    card_data = _card_data(variant, model_name, results, args, raw)
-    figure = None
-    if output_dir and os.path.isfile(os.path.join(output_dir, "layer_srr.png")):
-        figure = "layer_srr.png"
-    image_size, patch_size = _size_text(config.image_size), _size_text(config.patch_size)
     labels = [config.id2label[i] for i in sorted(config.id2label)]
-    warmup = args.num_warmup_steps if args.num_warmup_steps is not None else f"{args.warmup_ratio:g} of the steps"
-    limitations_data = (
-        "Trained on the 8×8 scikit-learn digits: tiny grayscale images of handwritten digits. It is a demonstration "
-        "and a research object for white-box diagnostics, not a general-purpose digit or image classifier."
-        if raw.is_digits
-        else f"Trained only on {_public(raw.name)}; expect degraded accuracy on images from other distributions."
-    )
-    return ModelCard.from_template(
-        card_data,
-        template_path=template_path(),
-        model_name=model_name,
-        repo_id=repo_id,
+    return dict(
         variant=variant,
         variant_name=VARIANT_NAMES.get(variant, variant),
         variant_description=VARIANT_DESCRIPTIONS.get(variant, "unknown variant"),
         preset=preset,
-        image_size=image_size,
-        patch_size=patch_size,
+        image_size=_size_text(config.image_size),
+        patch_size=_size_text(config.patch_size),
         num_channels=config.num_channels,
         hidden_size=config.hidden_size,
         num_layers=config.num_hidden_layers,
@@ -156,16 +136,33 @@ def build_model_card(config, results: dict, args, raw, preset: str | None = None
         ista_step_size=config.ista_step_size,
         ista_lambda=config.ista_lambda,
         pooling=config.pooling,
-        num_parameters=f"{results.get('num_parameters', 0):,}",
         num_labels=len(labels),
         labels=", ".join(labels[:20]) + (" …" if len(labels) > 20 else ""),
+    )
+
+
+def _data_fields(args, raw) -> dict:
+    """The template's data fields: dataset, fine-tuning origin, evaluation split, limitations."""
+    limitations_data = (
+        "Trained on the 8×8 scikit-learn digits: tiny grayscale images of handwritten digits. It is a demonstration "
+        "and a research object for white-box diagnostics, not a general-purpose digit or image classifier."
+        if raw.is_digits
+        else f"Trained only on {_public(raw.name)}; expect degraded accuracy on images from other distributions."
+    )
+    return dict(
         dataset_name=_public(raw.name),
-        dataset_id=dataset,
+        dataset_id=_public(raw.dataset_id),
         base_model=_base_model(args),
         fine_tuned_from=_public(args.model_name_or_path),
         eval_split=raw.eval_split,
-        eval_samples=results.get("eval_samples"),
-        train_samples=results.get("train_samples"),
+        limitations_data=limitations_data,
+    )
+
+
+def _training_fields(args, results: dict) -> dict:
+    """The template's training fields: optimiser, schedule, batch, SRR regulariser, the command that reproduces it."""
+    warmup = args.num_warmup_steps if args.num_warmup_steps is not None else f"{args.warmup_ratio:g} of the steps"
+    return dict(
         augmentation=results.get("augmentation", "none"),
         optimizer=args.optimizer,
         learning_rate=args.learning_rate,
@@ -175,8 +172,6 @@ def build_model_card(config, results: dict, args, raw, preset: str | None = None
         batch_size=args.per_device_train_batch_size,
         num_processes=results.get("num_processes", 1),
         gradient_accumulation_steps=args.gradient_accumulation_steps,
-        steps=results.get("steps"),
-        epochs=results.get("epochs"),
         label_smoothing=args.label_smoothing,
         mixed_precision=results.get("mixed_precision", "no"),
         seed=args.seed,
@@ -185,8 +180,19 @@ def build_model_card(config, results: dict, args, raw, preset: str | None = None
         srr_eps=args.srr_eps,
         srr_lambda=args.srr_lambda,
         stop_at_train_loss=args.stop_at_train_loss,
-        reached_train_loss_target=results.get("reached_train_loss_target", False),
         command=_command(args),
+    )
+
+
+def _result_fields(results: dict) -> dict:
+    """The template's result fields: sample and step counts, accuracy, losses, gap, per-layer SRR."""
+    return dict(
+        num_parameters=f"{results.get('num_parameters', 0):,}",
+        eval_samples=results.get("eval_samples"),
+        train_samples=results.get("train_samples"),
+        steps=results.get("steps"),
+        epochs=results.get("epochs"),
+        reached_train_loss_target=results.get("reached_train_loss_target", False),
         eval_accuracy=results["eval_accuracy"],
         eval_loss=results["eval_loss"],
         train_loss=results["train_loss"],
@@ -196,8 +202,28 @@ def build_model_card(config, results: dict, args, raw, preset: str | None = None
         layer_srr=results.get("layer_srr"),
         layer_srr_embeddings=results.get("layer_srr_embeddings"),
         layer_srr_samples=results.get("layer_srr_samples"),
+    )
+
+
+def build_model_card(config, results: dict, args, raw, preset: str | None = None, output_dir: str | None = None,
+                     repo_id: str | None = None) -> ModelCard:
+    """Render the card for a model trained by :func:`hf_tdiag.training.train` from its results dict."""
+    variant = getattr(config, "variant", "crate")
+    repo_id = repo_id or getattr(args, "hub_model_id", None) or os.path.basename(os.path.normpath(args.output_dir))
+    model_name = f"{VARIANT_NAMES.get(variant, variant)} {('(' + preset + ') ') if preset else ''}on {_public(raw.dataset_id)}"
+    figure = None
+    if output_dir and os.path.isfile(os.path.join(output_dir, "layer_srr.png")):
+        figure = "layer_srr.png"
+    return ModelCard.from_template(
+        _card_data(variant, model_name, results, args, raw),
+        template_path=template_path(),
+        model_name=model_name,
+        repo_id=repo_id,
         srr_figure=figure,
-        limitations_data=limitations_data,
+        **_model_fields(config, preset),
+        **_data_fields(args, raw),
+        **_training_fields(args, results),
+        **_result_fields(results),
     )
 
 
