@@ -327,3 +327,140 @@ def test_float32_gram_path_agrees_with_float64_and_falls_back_when_ill_condition
     assert seen == [torch.float64, torch.float64]
     with pytest.raises(ValueError, match="precision"):
         cr.logdet_identity_plus_gram(A, 1.0, precision="float16")
+
+
+# ---------------------------------------------------------------------------
+# gaps found by mutation testing (scripts/mutation.sh): defaults, pass-through arguments, dtypes, the error estimate
+# ---------------------------------------------------------------------------
+
+
+def test_every_public_rate_refuses_non_finite_inputs_by_default_and_skips_the_check_on_request():
+    from hf_tdiag.measures.coding_rate import official_compression_rate, unit_tokens
+
+    Z = torch.randn(2, 5, 4, dtype=torch.float64)
+    U = torch.randn(2, 4, 2, dtype=torch.float64)
+    Z[1, 2, 3] = math.nan
+    A = head_projections(Z.nan_to_num(), U).clone()
+    A[0, 1, 0, 0] = math.inf
+    calls = {
+        "sparsity": lambda **kw: sparsity(Z, **kw),
+        "compression_rate": lambda **kw: compression_rate(Z, U, **kw),
+        "head_projections": lambda **kw: head_projections(Z, U, **kw),
+        "compression_rate_from_projections": lambda **kw: compression_rate_from_projections(A, **kw),
+        "unit_tokens": lambda **kw: unit_tokens(A, **kw),
+        "official_compression_rate": lambda **kw: official_compression_rate(A, **kw),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match="NaN|inf|finite"):
+            call()
+        call(check_finite=False)  # the caller vouches for the values: no check, a (non-finite) result
+    # sparsity with the check off still counts the NaN entry as non-zero: 1 + the non-zeros of a Gaussian sample
+    assert float(sparsity(Z, check_finite=False)[1]) == pytest.approx(float((Z[1] != 0).sum()) / 20)
+
+
+def test_sparsity_and_the_official_rate_honour_the_token_mask_and_eps():
+    from hf_tdiag.measures.coding_rate import official_compression_rate
+
+    g = torch.Generator().manual_seed(7)
+    Z = torch.randn(2, 6, 5, generator=g, dtype=torch.float64)
+    Z[0, :3] = 0.0  # the first sample's first three tokens are all zero
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    got = sparsity(Z, token_mask=mask)
+    # ‖Z‖₀ / (d·N) over the kept tokens only, by hand: sample 0 keeps its three non-zero tokens -> 1
+    assert got.tolist() == pytest.approx([1.0, float((Z[1, :4] != 0).sum()) / 20])
+    assert float(sparsity(Z)[0]) == pytest.approx(0.5)
+    # official Rᶜ with a mask and ε = 0.3: token side ½ logdet(I + p/(N'ε²) Â Âᵀ) over the N' kept tokens
+    A = torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64)
+    value = official_compression_rate(A, eps=0.3, token_mask=mask)
+    for b in range(2):
+        kept = A[b][:, mask[b]]
+        Ahat = kept / kept.norm(dim=-1, keepdim=True)
+        n = kept.shape[1]
+        eye = torch.eye(n, dtype=torch.float64)
+        by_hand = 0.5 * torch.linalg.slogdet(eye + 4 / (n * 0.09) * Ahat @ Ahat.transpose(-1, -2))[1].sum()
+        assert float(value[b]) == pytest.approx(float(by_hand), rel=1e-10)
+    # the default ε is 0.1
+    eye = torch.eye(6, dtype=torch.float64)
+    Ahat = A / A.norm(dim=-1, keepdim=True)
+    default = 0.5 * torch.linalg.slogdet(eye + 4 / (6 * 0.01) * Ahat @ Ahat.transpose(-1, -2))[1].sum(-1)
+    torch.testing.assert_close(official_compression_rate(A), default)
+
+
+def test_the_precision_argument_reaches_the_log_determinants():
+    from hf_tdiag.measures.coding_rate import official_compression_rate
+
+    Z = torch.randn(2, 5, 4)
+    U = torch.randn(2, 4, 2)
+    for call in (lambda p: compression_rate(Z, U, precision=p), lambda p: coding_rate(Z, precision=p),
+                 lambda p: official_compression_rate(head_projections(Z, U), precision=p),
+                 lambda p: compression_rate_from_projections(head_projections(Z, U), precision=p)):
+        with pytest.raises(ValueError, match="precision"):
+            call("float16")
+        torch.testing.assert_close(call("float64"), call("auto"), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, expected", [(torch.float64, torch.float64), (torch.float32, torch.float32),
+                                             (torch.float16, torch.float32), (torch.bfloat16, torch.float32)])
+def test_unit_tokens_computes_in_float64_for_float64_else_float32(dtype, expected):
+    from hf_tdiag.measures.coding_rate import unit_tokens
+
+    A = torch.tensor([[3.0, 4.0], [0.0, 0.0], [1.0, 0.0]], dtype=dtype)
+    out = unit_tokens(A)
+    assert out.dtype == expected
+    torch.testing.assert_close(out.double(), torch.tensor([[0.6, 0.8], [0.0, 0.0], [1.0, 0.0]], dtype=torch.float64),
+                               rtol=1e-3 if dtype in (torch.float16, torch.bfloat16) else 1e-7, atol=0)
+
+
+def test_float32_gram_error_is_the_documented_hutchinson_estimate():
+    import importlib
+
+    cr = importlib.import_module("hf_tdiag.measures.coding_rate")
+    g = torch.Generator().manual_seed(5)
+    k, m = 6, 30
+    A = torch.randn(3, m, k, generator=g) * torch.tensor([1.0, 3.0, 10.0])[:, None, None]
+    mat = A.transpose(-1, -2) @ A * 0.7
+    torch.diagonal(mat, dim1=-2, dim2=-1).add_(1.0)
+    estimate = cr.float32_gram_error(mat, torch.linalg.cholesky(mat), inner=m)
+    # u (√m + √k + 2) · mean_j z_jᵀ H⁻¹ z_j with H = D^{-½} mat D^{-½}, in float64, same fixed ±1 probes z_j
+    z = cr._rademacher(k, "cpu").double()
+    assert set(z.unique().tolist()) == {-1.0, 1.0}
+    for b in range(3):
+        M = mat[b].double()
+        d = M.diagonal().rsqrt()
+        H = d[:, None] * M * d[None, :]
+        hutchinson = float((z * torch.linalg.solve(H, z)).sum(0).mean())
+        expected = 2.0**-24 * (math.sqrt(m) + math.sqrt(k) + 2.0) * hutchinson
+        assert float(estimate[b]) == pytest.approx(expected, rel=1e-4)
+    # Hutchinson's estimate is unbiased for tr(H⁻¹); with this many probes within 30% on this well-scaled matrix
+    M = mat[0].double()
+    d = M.diagonal().rsqrt()
+    trace = float(torch.linalg.inv(d[:, None] * M * d[None, :]).trace())
+    assert float(estimate[0]) / (2.0**-24 * (math.sqrt(m) + math.sqrt(k) + 2.0)) == pytest.approx(trace, rel=0.3)
+
+
+def test_srr_defaults_mask_and_argument_names_by_hand():
+    g = torch.Generator().manual_seed(8)
+    Z = torch.randn(2, 7, 6, generator=g, dtype=torch.float64)
+    Z[Z.abs() < 0.3] = 0.0  # a sparsity that is neither 0 nor 1
+    U = torch.randn(3, 6, 2, generator=g, dtype=torch.float64)
+    z, u = Z.numpy(), U.numpy()
+    # defaults ε = 0.1, λ = 1: Rᶜ − R + sparsity
+    expected = naive_Rc(z, u, 0.1) - naive_R(z, 0.1) + naive_sparsity(z)
+    np.testing.assert_allclose(sparse_rate_reduction(Z, U).numpy(), expected, rtol=1e-10)
+    terms = srr_terms(Z, U)
+    np.testing.assert_allclose(terms["srr"].numpy(), expected, rtol=1e-10)
+    # a mask: every term over the kept tokens only (N = their count)
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[0, 5:] = False
+    mask[1, :2] = False
+    got = sparse_rate_reduction(Z, U, eps=0.4, lam=0.5, token_mask=mask)
+    for b in range(2):
+        kept = z[b][mask[b].numpy()][None]
+        ref = naive_Rc(kept, u, 0.4) - naive_R(kept, 0.4) + 0.5 * naive_sparsity(kept)
+        assert float(got[b]) == pytest.approx(float(ref[0]), rel=1e-10)
+    with pytest.raises(ValueError, match="precision"):
+        sparse_rate_reduction(Z, U, precision="float16")
+    with pytest.raises(ValueError, match=r"^lam: "):
+        srr_terms(Z, U, lam=math.nan)
+    with pytest.raises(ValueError, match=r"^eps: "):
+        srr_terms(Z, U, eps=-1.0)
