@@ -1,8 +1,11 @@
 """Find the per-layer attention and feed-forward pieces of a Transformers model.
 
 One adapter per architecture family, chosen from the config and the module
-tree: ``crate`` (hf-tdiag's CRATE), ``vit`` (pre-norm encoders: ViT, DeiT, …)
-and ``bert`` (post-norm encoders: BERT, RoBERTa, ELECTRA, DistilBERT, …).
+tree: ``crate`` (hf-tdiag's CRATE), ``vit`` (pre-norm encoders: ViT, DeiT, …),
+``bert`` (post-norm encoders: BERT, RoBERTa, ELECTRA, DistilBERT, …) and the
+causal decoders of :mod:`hf_tdiag.probes.decoders`: ``gpt2`` (fused Conv1D
+``c_attn``) and ``llama`` (Llama, Mistral, Qwen, Gemma: separate q/k/v/o
+projections, grouped-query attention, gated MLP, RMSNorm, rotary positions).
 Projections are found by their role in each block (the names Transformers uses
 for query/key/value/output/feed-forward linears), not from a list of model
 classes, so any encoder that follows those conventions is supported.
@@ -34,7 +37,7 @@ _EXPECTED = (
     "expected an encoder whose blocks expose query/key/value nn.Linear projections "
     "(BERT/RoBERTa/ELECTRA/ViT/DeiT style 'attention.self.query|key|value' or "
     "'attention.attention.query|key|value', DistilBERT style 'attention.q_lin|k_lin|v_lin') "
-    "or a CRATE model (model_type 'crate')"
+    "or a CRATE model (model_type 'crate'), or a GPT-2 / Llama-family decoder (see hf_tdiag.probes.decoders)"
 )
 
 
@@ -59,6 +62,7 @@ class LayerHandles:
     attention_norm: nn.Module | None = None  # pre-attention LayerNorm (pre-norm blocks only)
     attention_module: nn.Module | None = None  # the module whose input is the attention input
     extra: dict = field(default_factory=dict)
+    num_kv_heads: int | None = None  # K/V heads (grouped-query attention: fewer than num_heads); None = num_heads
 
     def projection_weight(self, source: str) -> torch.Tensor:
         """Weight ``(H*dh, d)`` of the ``query``, ``key`` or ``value`` projection."""
@@ -79,7 +83,7 @@ class LayerHandles:
 class Architecture:
     """What a diagnostic needs to know about a model's encoder."""
 
-    family: str  # "crate" | "vit" | "bert"
+    family: str  # "crate" | "vit" | "bert" | "gpt2" | "llama"
     model_type: str
     hidden_size: int
     num_layers: int
@@ -89,6 +93,9 @@ class Architecture:
     layers: list[LayerHandles]
     encoder_layers: nn.ModuleList
     base_model: nn.Module
+    causal: bool = False  # decoders: token t attends to tokens <= t only
+    num_kv_heads: int | None = None  # decoders with grouped-query attention: K/V heads (None = num_heads)
+    decoder: object = None  # the decoders' :class:`hf_tdiag.probes.decoders.DecoderLayout`, None for encoders
 
 
 def _config_int(config, *names: str) -> int | None:
@@ -153,6 +160,66 @@ def _crate_layers(model: nn.Module, config) -> tuple[list[LayerHandles], nn.Modu
     return handles, blocks, base
 
 
+class FusedProjection(nn.Module):
+    """One role's slice of a fused ``Conv1D`` (GPT-2's ``c_attn``) seen as an ``nn.Linear``: ``weight (out, in)`` and
+    ``bias`` are views of the fused parameters; calling it computes ``x Wᵀ + b`` (the model itself never calls it,
+    so hooks on it do not fire)."""
+
+    def __init__(self, conv: nn.Module, rows: tuple[int, int]):
+        super().__init__()
+        object.__setattr__(self, "conv", conv)  # not a submodule: the view owns no parameters
+        self.rows = rows
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.conv.weight.mT[self.rows[0] : self.rows[1]]
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        b = self.conv.bias
+        return None if b is None else b[self.rows[0] : self.rows[1]]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+def _decoder_architecture(model: nn.Module) -> Architecture:
+    from .decoders import decoder_layout
+
+    layout = decoder_layout(model)
+    handles = []
+    for i, mods in enumerate(layout.modules):
+        get = model.get_submodule
+        if layout.family == "gpt2":
+            qkv = get(mods["query"])
+            d = layout.hidden_size
+            q, k, v = (FusedProjection(qkv, (j * d, (j + 1) * d)) for j in range(3))
+            extra = {}
+        else:
+            q, k, v = get(mods["query"]), get(mods["key"]), get(mods["value"])
+            qkv = q
+            extra = {"gate": get(mods["ffn_gate"])} if layout.gated else {}
+        up, down = ("ffn_up", "ffn_down") if layout.gated else ("ffn_in", "ffn_out")
+        block_path = mods["attn_output"].rsplit(".", 2)[0]
+        handles.append(
+            LayerHandles(
+                index=i, block=get(block_path), num_heads=layout.num_heads, head_dim=layout.head_dim,
+                query=q, key=k, value=v, attention_output=get(mods["attn_output"]), intermediate=get(mods[up]),
+                ffn_output=get(mods[down]),
+                attention_norm=get(mods["attention_norm"]) if "attention_norm" in mods else None,
+                attention_module=_parent(model, mods["query"]) if layout.family == "llama" else qkv,
+                extra=extra, num_kv_heads=layout.num_kv_heads,
+            )
+        )
+    blocks = model.get_submodule(layout.layers_path)
+    return Architecture(
+        family=layout.family, model_type=layout.model_type, hidden_size=layout.hidden_size,
+        num_layers=layout.num_layers, num_heads=layout.num_heads, head_dim=layout.head_dim, pre_norm=True,
+        layers=handles, encoder_layers=blocks, base_model=getattr(model, "base_model", model), causal=True, num_kv_heads=layout.num_kv_heads,
+        decoder=layout,
+    )
+
+
 def describe(model: nn.Module) -> Architecture:
     """Locate every block's attention/feed-forward modules; raise a clear error for unsupported models."""
     if not isinstance(model, nn.Module):
@@ -179,6 +246,14 @@ def describe(model: nn.Module) -> Architecture:
             base_model=base,
         )
 
+    from .decoders import find_decoder
+
+    if find_decoder(model) is not None:
+        return _decoder_architecture(model)
+    if any(getattr(m, "is_causal", False) is True for m in model.modules()):
+        from .decoders import decoder_layout
+
+        decoder_layout(model)  # raises the decoder error: a causal model of an unsupported layout
     if hidden is None or num_heads is None:
         raise ValueError(f"model: config of type {model_type!r} has no hidden size / number of heads; {_EXPECTED}")
     num_layers = _config_int(config, "num_hidden_layers", "n_layers", "num_layers")

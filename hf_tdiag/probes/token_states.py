@@ -42,6 +42,24 @@ class TokenStates:
     token_mask: Optional[torch.Tensor]  # (B, N) bool from the batch's attention_mask, or None
     layernorm_applied: bool  # True when block states were passed through a pre-attention LayerNorm
     source_outputs: Optional[List[Optional[torch.Tensor]]] = None  # (B, K, N, p) the source linear's own output
+    causal: bool = False  # decoders: token t's state depends on tokens <= t only (see :func:`visible_tokens`)
+
+    def visible_tokens(self) -> Optional[torch.Tensor]:
+        """``(B, N, N)`` bool: query token k attends to token t (t ≤ k for a causal model, both real tokens);
+        None for an encoder without padding."""
+        return visible_tokens(self.token_mask, self.causal, self.block_inputs[0].shape[1])
+
+
+def visible_tokens(token_mask: Optional[torch.Tensor], causal: bool, num_tokens: int) -> Optional[torch.Tensor]:
+    """The attention visibility ``(B, N, N)`` (or ``(1, N, N)`` without a mask) of a causal and/or padded batch:
+    ``visible[b, k, t]`` iff token t is real (``token_mask``) and, for a causal model, ``t ≤ k``; None when neither applies."""
+    if token_mask is None and not causal:
+        return None
+    n = num_tokens
+    vis = torch.ones(1, n, n, dtype=torch.bool) if token_mask is None else token_mask[:, None, :].expand(-1, n, -1)
+    if causal:
+        vis = vis & torch.ones(n, n, dtype=torch.bool, device=vis.device).tril()
+    return vis
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -207,4 +225,5 @@ def token_states(
         token_mask=token_mask,
         layernorm_applied=any(n is not None for n in norms),
         source_outputs=source_outputs,
+        causal=bool(getattr(arch, "causal", False)),
     )
