@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from test_schatten_reference import dense_reference
-from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
+from transformers import BertConfig, BertModel, GPTNeoXConfig, GPTNeoXModel
 
 import hf_tdiag
 from hf_tdiag.cli import main as cli_main
@@ -88,9 +88,10 @@ def test_cli_schatten_writes_table_csv_json_and_figures(miniatures, tmp_path, ca
 
 
 def test_cli_reports_unsupported_models_as_errors(tmp_path, capsys):
-    GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=20, n_positions=8)).save_pretrained(tmp_path / "g")
+    GPTNeoXModel(GPTNeoXConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, vocab_size=20,
+                               intermediate_size=64)).save_pretrained(tmp_path / "g")
     assert cli_main(["schatten", str(tmp_path / "g")]) == 1
-    assert "unsupported architecture 'gpt2'" in capsys.readouterr().err
+    assert "'gpt_neox') is not a supported decoder" in capsys.readouterr().err
     assert cli_main(["schatten", str(tmp_path / "nothing-here")]) == 1
     with pytest.raises(SystemExit) as exit_info:  # refused by the parser, naming the flag
         cli_main(["schatten", str(tmp_path / "g"), "--workers", "0"])

@@ -16,8 +16,8 @@ from transformers import (
     DistilBertModel,
     ElectraConfig,
     ElectraModel,
-    GPT2Config,
-    GPT2Model,
+    GPTNeoXConfig,
+    GPTNeoXModel,
     RobertaConfig,
     RobertaModel,
     ViTConfig,
@@ -207,9 +207,15 @@ def test_l_phi_and_rank_tol_are_passed_through():
 
 
 def test_unsupported_models_and_bad_arguments(tmp_path):
-    gpt2 = GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=20, n_positions=8))
-    with pytest.raises(ValueError, match=r"unsupported architecture 'gpt2'.*query: query \| q_lin"):
-        hf_tdiag.spectrum_bounds(gpt2)
+    neox = GPTNeoXModel(GPTNeoXConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, vocab_size=20,
+                                      intermediate_size=64))  # a decoder with a fused query_key_value: unsupported
+    with pytest.raises(ValueError, match=r"not a supported decoder.*GPT-2.*query_key_value"):
+        hf_tdiag.spectrum_bounds(neox)
+    roberta_like = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                        vocab_size=20))
+    roberta_like.encoder.layer[0].attention.self.query = torch.nn.Identity()
+    with pytest.raises(ValueError, match=r"unsupported architecture 'bert'.*query: query \| q_lin"):
+        hf_tdiag.spectrum_bounds(roberta_like)
     with pytest.raises(ValueError, match="unsupported architecture"):
         encoder_weights(torch.nn.Sequential(torch.nn.Linear(3, 3)))
     two = torch.nn.ModuleDict({"a": _bert(), "b": _bert()})

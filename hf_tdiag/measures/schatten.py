@@ -144,6 +144,72 @@ def low_rank_product_spectrum(left, right, *, check: bool = True) -> tuple[torch
     return sigma, col_norms
 
 
+# Chunks of at most this many entries (8 MiB in float64) bound the working memory of the streamed spectra.
+CHUNK_ENTRIES = 1 << 20
+
+
+def chunk_rows(num_cols: int, chunk_entries: int | None = None) -> int:
+    """Rows per chunk of a matrix with ``num_cols`` columns: ``max(1, chunk_entries // num_cols)`` (default
+    :data:`CHUNK_ENTRIES`)."""
+    return max(1, (CHUNK_ENTRIES if chunk_entries is None else chunk_entries) // max(1, num_cols))
+
+
+def streamed_gram(chunks, on_chunk=None) -> torch.Tensor:
+    """G = Σ_c A_cᵀ A_c of the row blocks ``A_c (r_c, n)`` of a tall matrix A, upper triangle, float64 ``(n, n)``.
+
+    BLAS ``dsyrk`` accumulates in place (no ``n×n`` temporary), one block at a time, so A is never held whole;
+    the lower triangle is left unspecified. ``on_chunk(A_c)`` (float64) is called on every block as it passes.
+    """
+    from scipy.linalg.blas import dsyrk
+
+    gram = None
+    for c in chunks:
+        c = c.detach().to(torch.float64).cpu()
+        if on_chunk is not None:
+            on_chunk(c)
+        x = c.numpy()
+        # a C-ordered block is the Fortran-ordered A_cᵀ: dsyrk(trans=0) of it is A_cᵀ A_c without a copy
+        x, trans = (x.T, 0) if x.flags.c_contiguous else (np.asfortranarray(x), 1)
+        if gram is None:
+            gram = np.zeros((c.shape[1], c.shape[1]), dtype=np.float64, order="F")
+        gram = dsyrk(1.0, x, beta=1.0, c=gram, trans=trans, lower=0, overwrite_c=1)
+    return torch.from_numpy(gram)
+
+
+def streamed_r_factor(chunks, on_chunk=None) -> torch.Tensor:
+    """R of A = QR for a tall A given as row blocks (TSQR: R ← qr([R; A_c]).R); ``σ(A) = σ(R)``, float64 ``(n, n)``."""
+    r = None
+    for c in chunks:
+        a = c.detach().to(torch.float64)
+        if on_chunk is not None:
+            on_chunk(a)
+        r = torch.linalg.qr(a if r is None else torch.cat([r, a]), mode="r")[1]
+    return r
+
+
+def streamed_singular_values(make_chunks, method: str = "auto", on_chunk=None) -> torch.Tensor:
+    """σ of a tall matrix ``(m, n)``, ``m ≥ n``, given as row blocks: ``make_chunks()`` yields them anew on each call.
+
+    ``"auto"``: eigenvalues of the streamed Gram (:func:`streamed_gram`), kept when the condition number is ≤ 1000
+    (the rule of :func:`singular_values`); otherwise — and for ``"svd"`` — the SVD of the TSQR factor R
+    (:func:`streamed_r_factor`), a second pass over the blocks. Peak memory: one block plus two ``n×n`` matrices.
+    ``on_chunk`` sees every float64 block of the first pass (for norms computed on the way).
+    """
+    if method not in ("auto", "svd"):
+        raise ValueError(f"method: expected 'auto' or 'svd', got {method!r}")
+    if method == "auto":
+        from scipy.linalg import eigvalsh
+
+        gram = streamed_gram(make_chunks(), on_chunk)
+        lam = eigvalsh(gram.numpy(), lower=False, overwrite_a=True, check_finite=False, driver="evd")
+        del gram
+        lam = torch.from_numpy(np.ascontiguousarray(lam[::-1]))
+        if float(lam[-1]) >= GRAM_MIN_RATIO * float(lam[0]) and float(lam[0]) > 0:
+            return lam.clamp_min(0).sqrt()
+        on_chunk = None
+    return torch.linalg.svdvals(streamed_r_factor(make_chunks(), on_chunk))
+
+
 def rank_threshold(sigma, full_dim: int | None = None, rank_tol: float = DEFAULT_RANK_TOL) -> torch.Tensor:
     """τ = rank_tol · n · max(σ₁, 1), with n = full_dim (default len(σ)); shape ``(...,)``."""
     s = _tensor(sigma, "sigma", min_dim=1)
@@ -383,6 +449,7 @@ def edelman_bound(alpha, xi) -> torch.Tensor:
 
 
 __all__: Sequence[str] = [
+    "CHUNK_ENTRIES",
     "DEFAULT_L_PHI",
     "DEFAULT_RANK_TOL",
     "all_finite",
@@ -408,4 +475,7 @@ __all__: Sequence[str] = [
     "spectral_norm",
     "spectrum_adaptive_bound",
     "stable_rank",
+    "streamed_gram",
+    "streamed_r_factor",
+    "streamed_singular_values",
 ]

@@ -1,4 +1,4 @@
-"""``hf_tdiag.spectrum_bounds``: spectrum-adaptive Schatten and Edelman bound proxies of an encoder.
+"""``hf_tdiag.spectrum_bounds``: spectrum-adaptive Schatten and Edelman bound proxies of an encoder or a decoder.
 
 Wires the weight probe (:mod:`hf_tdiag.probes.bert_weights`) to the math in
 :mod:`hf_tdiag.measures.schatten`. Per layer ℓ and head h (row-vector
@@ -18,6 +18,38 @@ reported with type ``"ista"``, and M_out is the identity: ``‖M_out‖₂ = 1``
 every factor, and, not being learned, it adds no term to ``B_ours`` and no
 ``‖M_out‖_{2,1}`` term to ξ_ℓ. L_φ is left as given (ISTA's ReLU is 1-Lipschitz;
 pass ``L_phi=1.0`` for that reading).
+
+Decoders (GPT-2 and Llama families, :mod:`hf_tdiag.probes.decoders`) — the extension of the paper's matrices:
+
+* **Grouped-query attention.** Query head h reads K/V head g(h) = h // (H/H_kv). The attention output is
+  Σ_h softmax(x W_Q,h (x W_K,g(h))ᵀ) x W_V,g(h) W_O,h — exactly multi-head attention with each K/V head repeated for
+  the H/H_kv query heads of its group (Transformers' ``repeat_kv``). The paper's per-head analysis applies to that
+  equivalent multi-head model, so there are H matrices of each kind per layer:
+  ``QK_h = W_Q,hᵀ W_K,g(h)`` and ``Ṽ_h = W_V,g(h)ᵀ (W_O)ᵀ[rows of h]`` (N×N, rank ≤ d_h). A shared K/V head enters
+  the products of every query head of its group; the bound's complexity is in the products, not in the factors.
+* **Gated MLP** ``down(act(x W_gateᵀ) ⊙ x W_upᵀ)``: it is the paper's ``φ(x M_in) M_out`` with
+  ``M_in = [W_gateᵀ | W_upᵀ]`` (N × 2I, type ``m_in``), ``M_out = W_downᵀ`` (I × N) and the non-elementwise
+  φ(a, b) = act(a) ⊙ b from R^{2I} to R^I. Every step of the paper's argument that touches the MLP uses only that
+  x ↦ x M_in is linear (its covering number), ‖M_in‖₂, ‖M_out‖₂ and a Lipschitz constant of φ, so the formulas carry
+  over unchanged with ‖M_in‖₂ = ‖[W_gateᵀ | W_upᵀ]‖₂ and ‖M_in‖_{2,1} = ‖W_gateᵀ‖_{2,1} + ‖W_upᵀ‖_{2,1}. φ is
+  bilinear in (act(a), b), so its Lipschitz constant is not universal — it grows with the size of the
+  pre-activations on the data's domain; ``L_phi`` stays the user's number (default 1.13, GELU's) and is not derived.
+  Counting gate and up as one matrix keeps one M_in term per layer, as in the paper, with one post-hoc p.
+* **Rotary position embedding** is a parameter-free rotation R applied to q and k after the projections; it does
+  not change the weight matrices, and the proxies are computed from the weights. The logit of a query x and a key
+  x' at offset Δ is ``(x W_Q,hᵀ) R_Δ (x' W_K,g(h)ᵀ)ᵀ = x (W_Q,hᵀ R_Δ W_K,g(h)) x'ᵀ`` (PyTorch ``(p, d)`` weights):
+  the matrix ``W_Q,hᵀ R_Δ W_K,g(h)`` has the same rank (≤ d_h) and the same spectral
+  norm bound ‖W_Q,h‖₂‖W_K,g(h)‖₂ for every Δ, but not the same other singular values; ``QK_h`` is its Δ = 0 member
+  (no supremum over offsets is taken). GPT-2's learned absolute positions are embeddings, excluded like BERT's.
+* RMSNorm (and LayerNorm) scales, biases (Qwen's q/k/v biases, GPT-2's), Gemma's embedding scaling, per-head q/k
+  norms (Qwen3, Gemma3), the embeddings and the LM head — tied or untied — are not matrices of the bound, as for
+  BERT. GPT-2's ``Conv1D`` stores ``W (in, out)`` (``y = x W + b``): its weights already are the row-vector matrices.
+
+Streaming (``streaming=True``, :mod:`hf_tdiag.probes.checkpoint`): the layout is read from the model class built
+on the meta device; each job — a layer's heads, its M_in, its M_out — opens only the shards holding its tensors
+(``safe_open``), and FFN matrices larger than 2²⁰ entries are reduced in row blocks of their tall orientation
+(Gram ``Σ_c A_cᵀA_c`` by in-place ``dsyrk``; TSQR when ill-conditioned), so at most one block is in float64 at a
+time. The in-memory path runs the same jobs on the model's parameters: same numbers, bit for bit.
 """
 
 from __future__ import annotations
@@ -36,6 +68,7 @@ from .._threads import torch_threads
 from .._validation import positive_float, positive_int, real
 from ..measures import schatten as S
 from .bert_weights import EncoderWeights, encoder_weights
+from .spectrum_sources import DecoderSource, EncoderSource, ffn_job, head_job
 
 MATRIX_TYPES = ("qk", "v", "m_in", "ista", "m_out")
 
@@ -117,6 +150,8 @@ class SpectrumBoundReport:
     matrices: list[MatrixRecord] = field(default_factory=list)
     layers_path: str = ""  # module path of the analysed layer list, e.g. "encoder.layer"
     layer_gains: np.ndarray | None = None  # (L,) f_k, α_ℓ = Π_{k>ℓ} f_k
+    num_kv_heads: int | None = None  # decoders with grouped-query attention: K/V heads (QK_h, Ṽ_h use head h // (H/H_kv))
+    gated: bool = False  # gated MLP: M_in = [W_gateᵀ | W_upᵀ] (N × 2I)
 
     @property
     def degenerate(self) -> bool:
@@ -223,6 +258,8 @@ class SpectrumBoundReport:
             "xi": self.xi.tolist(),
             "layers_path": self.layers_path,
             "layer_gains": None if self.layer_gains is None else self.layer_gains.tolist(),
+            "num_kv_heads": self.num_kv_heads,
+            "gated": self.gated,
             "degenerate": self.degenerate,
             "matrices": [m.to_dict(include_spectra) for m in self.matrices],
         }
@@ -295,23 +332,7 @@ def _check_finite(w: EncoderWeights, layer: int, roles) -> None:
             raise ValueError(f"model: layer {layer} {role} ({w.layers[layer].names.get(role)}) contains NaN or inf")
 
 
-def _head_spectra(w: EncoderWeights, layer: int) -> dict[str, torch.Tensor]:
-    """QK_h and Ṽ_h spectra and column norms of one layer, from the d_h×d_h cores."""
-    f64 = torch.float64
-    q, k, v, o = (w.heads(layer, role).to(f64) for role in ("query", "key", "value", "attn_output"))
-    out = {}
-    out["qk_sigma"], out["qk_cols"] = S.low_rank_product_spectrum(q.mT, k, check=False)  # QK_h = W_Q,hᵀ W_K,h
-    out["v_sigma"], out["v_cols"] = S.low_rank_product_spectrum(v.mT, o, check=False)  # Ṽ_h = W_V,hᵀ (W_O)ᵀ[h]
-    # ‖·‖_{1,1} needs the entries: the N×N products are formed here, one head at a time
-    out["qk_11"] = torch.stack([(q[h].mT @ k[h]).abs().sum() for h in range(q.shape[0])])
-    out["v_11"] = torch.stack([(v[h].mT @ o[h]).abs().sum() for h in range(v.shape[0])])
-    return out
-
-
-def _ffn_spectrum(weight: torch.Tensor, svd_method: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """σ, column norms and ‖·‖_{1,1} of an FFN matrix in row-vector orientation (``weight`` is the ``(out, in)`` Linear weight)."""
-    m = weight.to(torch.float64).mT
-    return S.singular_values(m, method=svd_method, check=False), torch.linalg.vector_norm(m, dim=-2), m.abs().sum()
+_ffn_spectrum = ffn_job  # one FFN matrix's σ, column norms and ‖·‖_{1,1} (module attribute: tests patch it)
 
 
 # Below this many entries per FFN matrix a thread pool costs more than it saves.
@@ -325,10 +346,12 @@ def _default_workers(device: torch.device, ffn_entries: int) -> int:
     return max(1, torch.get_num_threads())
 
 
-def _all_spectra(w: EncoderWeights, svd_method: str, num_workers: int, progress: bool) -> list[dict[str, torch.Tensor]]:
+def _all_spectra(source, svd_method: str, num_workers: int, progress: bool, by_layer: bool = False) -> list[dict[str, torch.Tensor]]:
     """Per-layer spectra, computed by ``num_workers`` threads (the solvers release the GIL).
 
-    Jobs: one per FFN matrix (the dense, expensive part), one per layer for the per-head cores.
+    Jobs: one per FFN matrix (the dense, expensive part), one per layer for the per-head cores; each job reads its
+    tensors from ``source`` only while it runs. ``by_layer`` orders the jobs layer by layer (streaming: one layer's
+    tensors at a time with one worker), else FFN first (the longest jobs start earliest).
     BLAS and torch run single-threaded inside every job (torch's thread count is restored on
     return), so ``num_workers`` threads use ``num_workers`` cores; results agree across worker
     counts to rounding (MKL's kernels may round differently with the memory alignment they get).
@@ -337,18 +360,19 @@ def _all_spectra(w: EncoderWeights, svd_method: str, num_workers: int, progress:
 
     from threadpoolctl import threadpool_limits
 
-    L = w.num_layers
-    for i in range(L):
-        _check_finite(w, i, ("query", "key", "value", "attn_output", "ffn_in", "ffn_out"))
-    jobs: list[tuple[int, str, Any]] = [(i, "in", w.layers[i].ffn_in) for i in range(L)]
-    jobs += [(i, "out", w.layers[i].ffn_out) for i in range(L) if w.layers[i].ffn_out is not None]
-    jobs += [(i, "heads", None) for i in range(L)]  # FFN first: the longest jobs start earliest
+    L = source.shapes.num_layers
+    kinds = ("in", "out", "heads") if source.shapes.has_ffn_out else ("in", "heads")
+    if by_layer:
+        jobs = [(i, kind) for i in range(L) for kind in kinds]
+    else:
+        jobs = [(i, kind) for kind in kinds for i in range(L)]
 
     def run(job):
-        i, kind, weight = job
-        if kind == "heads":
-            return _head_spectra(w, i)
-        sigma, cols, n11 = _ffn_spectrum(weight, svd_method)
+        i, kind = job
+        with source.tensors(i, kind) as tensors:
+            if kind == "heads":
+                return head_job(tensors)
+            sigma, cols, n11 = _ffn_spectrum(tensors, svd_method)
         return {f"{kind}_sigma": sigma, f"{kind}_cols": cols, f"{kind}_11": n11}
 
     per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(L)]
@@ -442,12 +466,45 @@ def _check_bound_arguments(L_phi, rank_tol, svd_method, num_workers) -> float:
     return real(rank_tol, "rank_tol", low=0, high=1, high_open=True)
 
 
-def _stacked_spectra(w: EncoderWeights, svd_method: str, num_workers: int | None, progress: bool) -> dict:
+def _source(model_or_path, streaming: bool, load_kwargs):
+    """(source, name, default worker count) for an in-memory model or, with ``streaming``, a checkpoint on disk."""
+    if streaming:
+        if not isinstance(model_or_path, (str, os.PathLike)):
+            raise TypeError(
+                "model_or_path: streaming=True reads a checkpoint's safetensors shards; expected a local folder or a "
+                f"Hub id, got {type(model_or_path).__name__}"
+            )
+        from .checkpoint import open_checkpoint
+        from .decoders import decoder_layout
+
+        kwargs = dict(load_kwargs)
+        trust = kwargs.pop("trust_remote_code", False)
+        if kwargs:
+            raise TypeError(f"load_kwargs: streaming=True takes only trust_remote_code, got {sorted(kwargs)}")
+        ckpt = open_checkpoint(model_or_path, trust_remote_code=trust)
+        layout = decoder_layout(ckpt.meta_model)
+        return DecoderSource(layout, open_tensors=ckpt.tensors), ckpt.source, 1
+    model, name = _model_and_name(model_or_path, load_kwargs)
+    from .decoders import decoder_layout, find_decoder, model_getter
+
+    if isinstance(model, torch.nn.Module) and find_decoder(model) is not None:
+        layout = decoder_layout(model)
+        device = next(model.parameters()).device
+        source = DecoderSource(layout, get=model_getter(model), device=device)
+    else:
+        if isinstance(model, torch.nn.Module) and any(getattr(m, "is_causal", False) is True for m in model.modules()):
+            decoder_layout(model)  # a causal model of an unsupported layout: the decoder error names what is expected
+        w = encoder_weights(model)
+        for i in range(w.num_layers):
+            _check_finite(w, i, ("query", "key", "value", "attn_output", "ffn_in", "ffn_out"))
+        source = EncoderSource(w)
+    return source, name, _default_workers(source.device, source.ffn_entries())
+
+
+def _stacked_spectra(source, svd_method: str, num_workers: int, progress: bool, streaming: bool) -> dict:
     """Every layer's spectra and column norms (:func:`_all_spectra`), stacked over layers: ``{key: (L, ...)}``."""
-    if num_workers is None:
-        num_workers = _default_workers(w.layers[0].query.device, w.layers[0].ffn_in.numel())
     with torch.no_grad():
-        per_layer = _all_spectra(w, svd_method, num_workers, progress)
+        per_layer = _all_spectra(source, svd_method, num_workers, progress, by_layer=streaming)
     return {key: torch.stack([d[key] for d in per_layer]) for key in per_layer[0]}
 
 
@@ -463,17 +520,18 @@ def _operator_norms(sp: dict, L: int) -> dict[str, torch.Tensor]:
     return norms
 
 
-def _matrix_groups(w: EncoderWeights, sp: dict, gamma: dict, alpha: torch.Tensor) -> list[tuple]:
-    """``(type, σ, column norms, (1,1) norms, γ, α, full dimension)`` of each matrix type, for :func:`_type_stats`."""
-    L, N, H = w.num_layers, w.hidden_size, w.num_heads
-    n_in = min(N, w.intermediate_size)
+def _matrix_groups(sh, sp: dict, gamma: dict, alpha: torch.Tensor) -> list[tuple]:
+    """``(type, σ, column norms, (1,1) norms, γ, α, full dimension)`` of each matrix type, for :func:`_type_stats`
+    (``sh``: the source's shapes; a gated M_in is N × 2I)."""
+    L, N, H = sh.num_layers, sh.hidden_size, sh.num_heads
     groups = [
         ("qk", sp["qk_sigma"], sp["qk_cols"], sp["qk_11"], gamma["qk"], alpha[:, None], N),
         ("v", sp["v_sigma"], sp["v_cols"], sp["v_11"], gamma["v"][:, None].expand(L, H), alpha[:, None], N),
-        (w.ffn_in_type, sp["in_sigma"], sp["in_cols"], sp["in_11"], gamma["m_in"], alpha, n_in),
+        (sh.ffn_in_type, sp["in_sigma"], sp["in_cols"], sp["in_11"], gamma["m_in"], alpha, min(N, sh.ffn_in_width)),
     ]
     if "out_sigma" in sp:
-        groups.append(("m_out", sp["out_sigma"], sp["out_cols"], sp["out_11"], gamma["m_out"], alpha, n_in))
+        groups.append(("m_out", sp["out_sigma"], sp["out_cols"], sp["out_11"], gamma["m_out"], alpha,
+                       min(N, sh.intermediate_size)))
     return groups
 
 
@@ -486,52 +544,61 @@ def spectrum_bounds(
     svd_method: str = "auto",
     num_workers: int | None = None,
     progress: bool = False,
+    streaming: bool = False,
     **load_kwargs,
 ) -> SpectrumBoundReport:
-    """Spectrum-adaptive Schatten proxy B_ours = Σ_W min_p c(W, p) + √L and Edelman's proxy of an encoder.
+    """Spectrum-adaptive Schatten proxy B_ours = Σ_W min_p c(W, p) + √L and Edelman's proxy of an encoder or decoder.
 
     Args:
-        model_or_path: a Transformers model (BERT-like, ViT-like or CRATE), a local folder or a Hub id
-            (loaded with ``AutoModel.from_pretrained(model_or_path, **load_kwargs)`` through
+        model_or_path: a Transformers model (BERT-like, ViT-like, CRATE, or a GPT-2 / Llama-family decoder), a local
+            folder or a Hub id (loaded with ``AutoModel.from_pretrained(model_or_path, **load_kwargs)`` through
             :func:`hf_tdiag.loading.load_pretrained`: ``trust_remote_code=False`` unless passed as True).
-        L_phi: Lipschitz constant of the FFN activation (1.13 for GELU).
+        L_phi: Lipschitz constant of the FFN activation (1.13 for GELU; for a gated MLP the constant of
+            ``(a, b) ↦ act(a) ⊙ b`` on the data's domain — see the module docstring).
         p_grid_m: grid resolution m of p ∈ {0, 1/m, …, 2}; default ⌈L + ln N⌉.
         rank_tol: singular values ≤ rank_tol · min(rows, cols) · max(σ₁, 1) are exact zeros.
         svd_method: ``"auto"`` (Gram eigenvalues for well-conditioned FFN matrices, else SVD) or ``"svd"``.
         num_workers: threads that solve the FFN spectra and per-layer head cores side by side, each with one BLAS thread
-            (default ``torch.get_num_threads()`` on CPU for FFN matrices of ≥ 2¹⁸ entries, else 1); results
-            agree across values to rounding (~1e-15 relative).
+            (default ``torch.get_num_threads()`` on CPU for FFN matrices of ≥ 2¹⁸ entries, else 1; 1 when
+            streaming); results agree across values to rounding (~1e-15 relative).
         progress: show a progress bar over layers.
+        streaming: read a decoder checkpoint (folder or Hub id; safetensors, sharded or not) one job's tensors at a
+            time (``safe_open`` on the shards the index names) without instantiating the model: peak memory is
+            about the largest layer's weights (times ``num_workers``), not the model's. Same numbers as the
+            in-memory path, bit for bit.
     """
     rank_tol = _check_bound_arguments(L_phi, rank_tol, svd_method, num_workers)
-    model, name = _model_and_name(model_or_path, load_kwargs)
-    w = encoder_weights(model)
-    L, N, H = w.num_layers, w.hidden_size, w.num_heads
+    if not isinstance(streaming, bool):
+        raise TypeError(f"streaming: expected True or False, got {streaming!r}")
+    source, name, default_workers = _source(model_or_path, streaming, load_kwargs)
+    sh = source.shapes
+    L, N, H = sh.num_layers, sh.hidden_size, sh.num_heads
     ps = S.p_grid(L, N, p_grid_m)
-    sp = _stacked_spectra(w, svd_method, num_workers, progress)
+    workers = default_workers if num_workers is None else num_workers
+    sp = _stacked_spectra(source, svd_method, workers, progress, streaming)
     norms = _operator_norms(sp, L)
     gains = S.layer_gain(norms["in"], norms["out"], norms["v"], norms["qk"], L_phi)
     alpha = S.propagation_factors(norms["in"], norms["out"], norms["v"], norms["qk"], L_phi)
     gamma = S.type_factors(norms["in"], norms["out"], norms["v"])
     dev = sp["qk_sigma"].device
-    stats = {g[0]: _type_stats(*g[1:], ps.to(dev), L, N, rank_tol) for g in _matrix_groups(w, sp, gamma, alpha)}
+    stats = {g[0]: _type_stats(*g[1:], ps.to(dev), L, N, rank_tol) for g in _matrix_groups(sh, sp, gamma, alpha)}
     ours = float(S.spectrum_adaptive_bound(torch.cat([torch.as_tensor(st["best"]).reshape(-1) for st in stats.values()]), L))
     xi = S.edelman_layer_terms(
         norms["in"], norms["out"], norms["v"], sp["qk_cols"].sum(-1), sp["v_cols"].sum(-1), sp["in_cols"].sum(-1),
         norms["out_21"],
     )
     edelman = float(S.edelman_bound(alpha, xi))
-    shapes = {"qk": (N, N), "v": (N, N), w.ffn_in_type: (N, w.intermediate_size), "m_out": (w.intermediate_size, N)}
+    shapes = {"qk": (N, N), "v": (N, N), sh.ffn_in_type: (N, sh.ffn_in_width), "m_out": (sh.intermediate_size, N)}
     records = _records(stats, shapes, L, H)
     return SpectrumBoundReport(
         model=name,
-        model_type=w.model_type,
-        family=w.family,
+        model_type=sh.model_type,
+        family=sh.family,
         num_layers=L,
         hidden_size=N,
         num_heads=H,
-        head_dim=w.head_dim,
-        intermediate_size=w.intermediate_size,
+        head_dim=sh.head_dim,
+        intermediate_size=sh.intermediate_size,
         L_phi=float(L_phi),
         rank_tol=rank_tol,
         p_grid=ps.numpy(),
@@ -540,8 +607,10 @@ def spectrum_bounds(
         alpha=alpha.cpu().numpy(),
         xi=xi.cpu().numpy(),
         matrices=records,
-        layers_path=w.layer_paths[0].rsplit(".", 1)[0],
+        layers_path=sh.layers_path,
         layer_gains=gains.cpu().numpy(),
+        num_kv_heads=sh.num_kv_heads,
+        gated=sh.gated,
     )
 
 
