@@ -18,6 +18,16 @@ every token scaled to unit ℓ2 norm per head (:func:`official_compression_rate`
 ``sparsity`` and ``R`` at the block output ``Z^ℓ`` (ISTA's output), and
 ``srr = Rc − R + λ·sparsity`` of those. Values are per sample; reports keep the
 mean and standard deviation over samples.
+
+Decoders (GPT-2, Llama, Mistral, Qwen2, …): the states come from the model's own causal forward pass (token t's
+state depends on tokens ≤ t; nothing else in R, Rᶜ or sparsity is causal: each is a function of the set of a
+sample's real tokens). Padding: the batch's ``attention_mask`` selects the real tokens of each sample, so with
+right padding a padded sample measures exactly as it does alone (its real tokens never see the padding).
+``Z^L`` is block L's output before the decoder's final norm (``ln_f`` / ``model.norm``) — Transformers'
+``hidden_states[L]`` of a decoder has that norm applied, its ``hidden_states[ℓ]`` for ℓ < L are the block outputs.
+``U`` per ``source`` with grouped-query attention (K = H query subspaces, or K = H_kv shared key/value subspaces,
+each once): :mod:`hf_tdiag.probes.subspaces`; the report's settings carry ``num_subspaces`` and, per subspace,
+the ``query_heads`` that read it.
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ from ..measures.coding_rate import (
     sparsity,
 )
 from .architecture import describe
-from .subspaces import check_source, subspaces
+from .subspaces import check_source, subspace_heads, subspaces
 from .token_states import model_device, token_states
 
 TERMS: Tuple[str, ...] = ("R", "Rc", "sparsity", "srr")
@@ -410,6 +420,7 @@ def _measure(model, batches, accelerator, max_batches, progress, **kwargs) -> Tu
 
 def _settings(model, arch, device, accelerator, states, **given) -> Dict[str, Any]:
     config = getattr(model, "config", None)
+    heads = subspace_heads(arch, given["source"])
     return {
         "eps": float(given["eps"]),
         "lam": float(given["lam"]),
@@ -427,6 +438,9 @@ def _settings(model, arch, device, accelerator, states, **given) -> Dict[str, An
         "family": arch.family,
         "num_layers": arch.num_layers,
         "num_heads": arch.num_heads,
+        "num_kv_heads": arch.num_kv_heads or arch.num_heads,
+        "causal": bool(arch.causal),
+        **({} if arch.family == "crate" else {"num_subspaces": heads["num_subspaces"], "query_heads": heads["query_heads"]}),
         "head_dim": arch.head_dim,
         "hidden_size": arch.hidden_size,
         "dtype": str(next((p.dtype for p in model.parameters()), torch.float32)).replace("torch.", ""),
