@@ -138,18 +138,20 @@ def load_pretrained(
 ) -> nn.Module:
     """``auto_class.from_pretrained(source, trust_remote_code=..., **kwargs)`` with hf-tdiag's checks and errors.
 
-    ``auto_class`` defaults to ``AutoModelForImageClassification`` for image classifiers (and CRATE), else
-    ``AutoModel``; ``config`` (from :func:`load_config`) is read when not given. ValueError naming ``name`` for a
+    ``auto_class`` defaults to ``AutoModelForImageClassification`` for image classifiers (and CRATE),
+    ``AutoModelForCausalLM`` for a checkpoint saved from a causal language model (``*ForCausalLM`` /
+    ``*LMHeadModel`` in ``config.architectures``: its LM head is what the diagnostics read out), else ``AutoModel``; ``config`` (from :func:`load_config`) is read when not given. ValueError naming ``name`` for a
     refused custom-code repo, a missing repo or unreadable weights.
     """
-    from transformers import AutoModel, AutoModelForImageClassification
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageClassification
 
     trust = _check_trust(trust_remote_code)
     source = check_source(source, name)
     if config is None:
         config = load_config(source, trust_remote_code=trust, name=name)
     if auto_class is None:
-        auto_class = AutoModelForImageClassification if _wants_classifier(config) else AutoModel
+        auto_class = (AutoModelForImageClassification if _wants_classifier(config)
+                      else AutoModelForCausalLM if _wants_causal_lm(config) else AutoModel)
     try:
         return auto_class.from_pretrained(source, config=config, trust_remote_code=trust, **kwargs)
     except ValueError as err:
@@ -193,6 +195,11 @@ def _is_vision_config(config) -> bool:
 def _wants_classifier(config) -> bool:
     archs = getattr(config, "architectures", None) or []
     return any(a.endswith("ForImageClassification") for a in archs) or getattr(config, "model_type", "") == "crate"
+
+
+def _wants_causal_lm(config) -> bool:
+    archs = getattr(config, "architectures", None) or []
+    return any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs)
 
 
 def default_image_processor(config):

@@ -72,3 +72,35 @@ def decoder_models(decoder_dirs):
         f: AutoModelForCausalLM.from_pretrained(p, attn_implementation="eager", dtype=torch.float32).eval()
         for f, p in decoder_dirs.items()
     }
+
+
+def char_tokenizer(bos: bool = True):
+    """An offline character-level tokenizer for the test vocabulary (64 ids): ``<s>`` = 0 (prepended when ``bos``, as
+    Llama's tokenizer does), ``</s>`` = 1 (also the pad token), ``<unk>`` = 2, then lowercase letters, digits and
+    punctuation."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    chars = string.ascii_lowercase + string.digits + " .,!?'-"
+    vocab = {"<s>": 0, "</s>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="</s>")
+
+
+TEXTS = [
+    "the cat sat on the warm mat today",
+    "a dog ran fast across the green park",
+    "red sun sets slowly over the hill",
+    "cold rain falls on the old roof",
+    "we eat fresh bread and hot soup",
+    "the home team won the cup again",
+    "my phone needs a new battery now",
+    "snow covers the quiet mountain road",
+]

@@ -36,6 +36,7 @@ from ..measures.concepts.certified import (
     layernorm_output_norm,
     op_norm,
 )
+from .concept_decoder import alpha_estimated
 from .concept_model import ConceptModel, LayerActivations
 
 __all__ = ["certified_constants", "estimate_constants", "block_lipschitz_certified"]
@@ -260,7 +261,10 @@ def estimate_constants(cm: ConceptModel, acts: LayerActivations, A_hat: torch.Te
     readout64 = _float64_readout(cm)
     l_readout = jacobian_spectral_norm(readout64, acts.block_inputs[-1][sub].double(), n_iter=power_iters)
     per_block = [max(float(a.max()), float(r.max())) for a, r in zip(jac, ratios)]
-    _, alpha = alpha_constants(cm, layer, acts.block_inputs[0], torch.zeros(acts.frame.shape[:2]))
+    if cm.certified:
+        _, alpha = alpha_constants(cm, layer, acts.block_inputs[0], torch.zeros(acts.frame.shape[:2]))
+    else:  # decoders: RMSNorm-aware token scale, grouped-query value heads
+        alpha = alpha_estimated(cm, layer, acts.block_inputs[0])
     return {
         "w_c_op": float(op_norm(cm.head.weight)),
         "l_block": max(per_block, default=1.0),
@@ -280,6 +284,7 @@ def _float64_readout(cm: ConceptModel):
     pooling = cm.pooling
 
     def readout(x):
-        return mods[0](x[:, 0] if pooling == "cls" else x.mean(dim=1))
+        pooled = x[:, 0] if pooling == "cls" else (x[:, -1] if pooling == "last" else x.mean(dim=1))
+        return mods[0](pooled)
 
     return readout

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from ..measures.concepts import SemiNMF, fidelity_errors, kl_bound, kl_bound_chain, kl_divergence
 from .concept_constants import certified_constants, estimate_constants
+from .concept_decoder import CERTIFIED_NOTE
 from .concept_model import (
     ConceptModel,
     LayerActivations,
@@ -126,27 +127,34 @@ def _per_input(t, n):
 
 def _bound_report(report, cm, acts, layer, A_hat, errs, kl, power_iters, max_images, progress):
     """Adds ``bound_certified``, ``bound_certified_chain``, ``bound_estimated`` (per input and mean), their terms,
-    the fractions of inputs with KL below each, and both sets of constants."""
+    the fractions of inputs with KL below each, and both sets of constants (decoders: the estimated ones only,
+    ``bound_certified_note`` says why)."""
     n, n_tokens, n_suf = len(kl), report["n_tokens"], cm.num_layers - layer
-    cert = certified_constants(cm, acts, layer, A_hat)
     est = estimate_constants(cm, acts, A_hat, layer, power_iters=power_iters, max_images=max_images, progress=progress)
-    seed_c = kl_bound(cert["w_c_op"], cert["l_block"], n_suf, n_tokens, errs["delta_rec"], cert["alpha"],
-                      errs["gram_norm"], errs["delta_gram"], l_readout=cert["l_readout"])
-    chain = kl_bound_chain(cert["w_c_op"], cert["head_input_deviation"])
     seed_e = kl_bound(est["w_c_op"], est["l_block"], n_suf, n_tokens, errs["delta_rec"], est["alpha"],
                       errs["gram_norm"], errs["delta_gram"], l_readout=est["l_readout"])
+    values = [("bound_estimated", seed_e["bound"]), ("bound_estimated_rec_term", seed_e["rec_term"]),
+              ("bound_estimated_gram_term", seed_e["gram_term"])]
+    kinds = ["estimated"]
+    if cm.certified:
+        cert = certified_constants(cm, acts, layer, A_hat)
+        seed_c = kl_bound(cert["w_c_op"], cert["l_block"], n_suf, n_tokens, errs["delta_rec"], cert["alpha"],
+                          errs["gram_norm"], errs["delta_gram"], l_readout=cert["l_readout"])
+        chain = kl_bound_chain(cert["w_c_op"], cert["head_input_deviation"])
+        values += [("bound_certified", seed_c["bound"]), ("bound_certified_chain", chain),
+                   ("bound_certified_rec_term", seed_c["rec_term"]), ("bound_certified_gram_term", seed_c["gram_term"])]
+        kinds.insert(0, "certified")
+        report["constants_certified"] = _certified_summary(cert, n)
+    else:
+        report["bound_certified_note"] = CERTIFIED_NOTE
     per = report["per_image"]
-    for name, value in (("bound_certified", seed_c["bound"]), ("bound_certified_chain", chain),
-                        ("bound_certified_rec_term", seed_c["rec_term"]), ("bound_certified_gram_term", seed_c["gram_term"]),
-                        ("bound_estimated", seed_e["bound"]), ("bound_estimated_rec_term", seed_e["rec_term"]),
-                        ("bound_estimated_gram_term", seed_e["gram_term"])):
+    for name, value in values:
         per[name] = _per_input(value, n)
         report[name] = sum(per[name]) / n
-    for kind in ("certified", "estimated"):
+    for kind in kinds:
         below = (kl <= torch.as_tensor(per[f"bound_{kind}"], dtype=torch.float64)).double()
         per[f"kl_below_bound_{kind}"] = _to_list(below)
         report[f"frac_kl_below_bound_{kind}"] = float(below.mean())
-    report["constants_certified"] = _certified_summary(cert, n)
     report["constants_estimated"] = _estimated_summary(est, n, power_iters)
 
 

@@ -4,7 +4,8 @@ Supported: CRATE and ViT-like image classifiers (concept tokens = patch tokens; 
 token, untouched), and BERT-like encoders on texts (concept tokens = the non-special tokens; ``[CLS]`` and
 ``[SEP]`` untouched; readout = the model's own pooled output ``tanh(W_p z_CLS + b_p)``; head = the model's
 ``classifier`` when it is a sequence classifier, else a linear head fitted by
-:func:`hf_tdiag.probes.concept_text.fit_linear_head`).
+:func:`hf_tdiag.probes.concept_text.fit_linear_head`), and decoder LLMs on texts (GPT-2, Llama family; readout =
+the final norm of the last token, head = the LM head; :mod:`hf_tdiag.probes.concept_decoder`).
 
 ``hidden_states[ℓ]`` is the output of block ℓ (0 = the embedding output); the suffix ``g_{>ℓ}`` is blocks ℓ+1..L,
 the readout, then the linear head ``h(z) = W_c z + b``.
@@ -21,10 +22,13 @@ from torch import nn
 from .._validation import integer
 from ..models.crate.configuration_crate import size_pair
 from .architecture import describe
+from .concept_decoder import DecoderConceptModel, decoder_block_forward, final_norm
 from .token_states import model_device, model_dtype
 
-_SUPPORTED = ("CRATE (model_type 'crate'), a ViT-like image classifier (ViTForImageClassification, DeiT, ...) or a "
-              "BERT-like encoder with a pooler (BertModel, BertForSequenceClassification, ...)")
+_SUPPORTED = ("CRATE (model_type 'crate'), a ViT-like image classifier (ViTForImageClassification, DeiT, ...), a "
+              "BERT-like encoder with a pooler (BertModel, BertForSequenceClassification, ...) or a GPT-2 / "
+              "Llama-family decoder (GPT2LMHeadModel, LlamaForCausalLM, ...)")
+_TEXT_FAMILIES = ("bert", "gpt2", "llama")
 
 
 @dataclass
@@ -46,11 +50,44 @@ class ConceptModel:
 
     @property
     def modality(self) -> str:
-        return "text" if self.family == "bert" else "image"
+        return "text" if self.family in _TEXT_FAMILIES else "image"
+
+    @property
+    def certified(self) -> bool:
+        """Whether the certified constants of :mod:`hf_tdiag.probes.concept_constants` cover this family."""
+        return True
 
     def block_forward(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         out = block(hidden)
         return out[0] if isinstance(out, tuple) else out
+
+    def run(self, kwargs: dict) -> tuple:
+        """``(hidden_states[0..L], logits or None)`` of one forward pass on ``kwargs``."""
+        out = self.model(**kwargs, output_hidden_states=True)
+        return out.hidden_states, getattr(out, "logits", None)
+
+
+@dataclass
+class DecoderModel(DecoderConceptModel, ConceptModel):
+    """A decoder LLM split for concept fidelity (:mod:`hf_tdiag.probes.concept_decoder`)."""
+
+    @property
+    def certified(self) -> bool:
+        return False
+
+    def block_forward(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return decoder_block_forward(self, block, hidden)
+
+    def run(self, kwargs: dict) -> tuple:
+        """Block outputs ``Z^0..Z^L`` before the final norm (its input is read with a hook), last-token logits."""
+        seen = {}
+        hook = self.final_norm.register_forward_pre_hook(lambda m, a: seen.__setitem__("z", a[0]))
+        try:
+            out = self.model(**kwargs, output_hidden_states=True, use_cache=False)
+        finally:
+            hook.remove()
+        logits = getattr(out, "logits", None)
+        return (*out.hidden_states[:-1], seen["z"]), (logits[:, -1] if logits is not None else None)
 
 
 def _image_model(model, arch, head) -> ConceptModel:
@@ -98,6 +135,19 @@ def _text_model(model, arch, head) -> ConceptModel:
                         None, arch)
 
 
+def _decoder_model(model, arch, head) -> ConceptModel:
+    norm = final_norm(model, arch)
+    if head is None:
+        lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        head = lm_head if isinstance(lm_head, nn.Linear) and lm_head.weight.shape[1] == arch.hidden_size else None
+
+    def readout(z, norm=norm):
+        return norm(z[:, -1])
+
+    return DecoderModel(model, arch.family, arch.encoder_layers, readout, (norm,), "last", head, arch.num_layers, 0, 0,
+                        None, arch, final_norm=norm)
+
+
 def concept_model_parts(model: nn.Module, head: nn.Linear | None = None) -> ConceptModel:
     """Find blocks, readout and head of a supported classifier (``head`` overrides/supplies the linear head)."""
     if not isinstance(model, nn.Module) or getattr(model, "config", None) is None:
@@ -108,6 +158,8 @@ def concept_model_parts(model: nn.Module, head: nn.Linear | None = None) -> Conc
         arch = describe(model)
     except (ValueError, TypeError) as err:
         raise ValueError(f"model: expected {_SUPPORTED}; {err}") from None
+    if arch.causal:
+        return _decoder_model(model, arch, head)
     own = getattr(model, "classifier", None)
     head = head if head is not None else (own if isinstance(own, nn.Linear) else None)
     if arch.family == "bert":
@@ -235,10 +287,10 @@ def layer_activations(model, inputs, layer: int, batch_size: int = 64, cm: Conce
         with torch.no_grad():
             for kw in batches:
                 kw = {k: v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device) for k, v in kw.items()}
-                out = model(**kw, output_hidden_states=True)
-                outs.append(out.hidden_states[layer:])
-                logits.append(getattr(out, "logits", None))
-                pooled.append(cm.readout(out.hidden_states[-1]))
+                hidden_states, out_logits = cm.run(kw)
+                outs.append(hidden_states[layer:])
+                logits.append(out_logits)
+                pooled.append(cm.readout(hidden_states[-1]))
     finally:
         model.train(was_training)
     states = [torch.cat([o[j] for o in outs]) for j in range(len(outs[0]))]

@@ -148,6 +148,21 @@ def first_token_attention_figure(tokens: list[str], attentions: torch.Tensor) ->
     return fig
 
 
+def token_codes_figure(tokens: list[str], codes: torch.Tensor) -> Figure:
+    """Heatmap of concept codes ``(tokens, k)`` of one text: one row per concept, one column per token."""
+    c = codes.detach().double().cpu().numpy().T
+    fig, axes = _subplots(1, 1, (max(4.0, 0.28 * len(tokens) + 1.5), 0.35 * c.shape[0] + 1.2))
+    ax = axes[0, 0]
+    im = ax.imshow(c, aspect="auto", cmap="viridis")
+    ax.set_xticks(range(len(tokens)))
+    ax.set_xticklabels([t if t.strip() else "␣" for t in tokens], fontsize=7, rotation=90)
+    ax.set_yticks(range(c.shape[0]))
+    ax.set_yticklabels([f"c{k}" for k in range(c.shape[0])], fontsize=7)
+    ax.set_xlabel("token")
+    fig.colorbar(im, ax=ax, fraction=0.03, label="code")
+    return fig
+
+
 def predictions_figure(images: list, labels: list[str], probs: list[float], truths: list[str] | None = None) -> Figure:
     """Small gallery of inputs with the predicted label and its probability (and the true label if known)."""
     n = len(images)

@@ -71,9 +71,13 @@ def text_inputs(loaded: LoadedModel, path, limit: int) -> ReportInputs:
     if loaded.processor is None:
         raise ValueError(f"texts: no tokenizer found for {loaded.source!r}; save one next to the model")
     lines = text_lines(path, limit)
-    batch = loaded.processor(lines, padding=True, truncation=True, max_length=128, return_tensors="pt")
+    tokenizer = loaded.processor
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token  # decoder tokenizers (GPT-2, Llama) often have no pad token
+    tokenizer.padding_side = "right"  # causal models: the real tokens of a right-padded text never see the padding
+    batch = tokenizer(lines, padding=True, truncation=True, max_length=128, return_tensors="pt")
     batch = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
-    return ReportInputs(batch, None, None, f"{len(lines)} lines of {path}")
+    return ReportInputs(batch, None, None, f"{len(lines)} lines of {path}", texts=lines)
 
 
 __all__ = ["inputs_from_args", "text_inputs"]

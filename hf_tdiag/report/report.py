@@ -6,7 +6,7 @@ Sections (each one wires a public API of hf_tdiag to its figures; no math here):
 * ``srr``       — per-layer sparse rate reduction (:func:`hf_tdiag.layer_srr`), vision and text models;
 * ``schatten``  — spectrum-adaptive vs Edelman bound proxies (:func:`hf_tdiag.spectrum_bounds`), any encoder;
 * ``concepts``  — Semi-NMF concepts, δ_rec/δ_gram, empirical KL vs the bound (:func:`hf_tdiag.concept_fidelity`),
-  image classifiers;
+  image classifiers and decoder LLMs on texts (next-token distribution of the last token; estimated bound only);
 * ``attention`` — attention maps over the image and the attention-as-SVM head diagnostic
   (:func:`hf_tdiag.attention_svm_diagnostic`).
 
@@ -49,6 +49,7 @@ class ReportInputs:
     labels: torch.Tensor | None = None
     images: list | None = None  # PIL images, same order as batch (vision models)
     description: str = ""
+    texts: list | None = None  # the raw texts, same order as batch (text models)
 
     @property
     def num_samples(self) -> int:
@@ -189,6 +190,10 @@ def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: R
         ["parameters", params],
         ["input", loaded.modality],
     ]
+    if arch.causal:
+        rows.insert(6, ["key/value heads (query heads per K/V head)",
+                        f"{arch.num_kv_heads} ({arch.num_heads // arch.num_kv_heads})"])
+        rows.insert(7, ["attention", "causal"])
     numbers: dict[str, Any] = {
         "model_type": loaded.model_type,
         "family": arch.family,
@@ -198,6 +203,8 @@ def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: R
         "hidden_size": arch.hidden_size,
         "num_parameters": params,
     }
+    if arch.causal:
+        numbers.update(causal=True, num_kv_heads=arch.num_kv_heads)
     section = Section("summary", "Model and predictions", tables=[Table("Architecture", ["property", "value"], rows)])
     if inputs is None:
         section.summary = "No inputs were given: only weight-based diagnostics apply."
@@ -206,6 +213,9 @@ def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: R
     numbers["num_inputs"] = inputs.num_samples
     section.summary = f"Inputs: {inputs.description} ({inputs.num_samples} samples)."
     logits, _ = _forward(loaded, inputs)
+    if logits is not None and arch.causal and logits.ndim == 3 and isinstance(inputs.batch, dict):
+        numbers["next_token_perplexity"] = next_token_perplexity(logits, inputs.batch)
+        section.summary += f" Next-token perplexity on them: {numbers['next_token_perplexity']:.4g}."
     if logits is not None and loaded.is_classifier:
         probs = logits.softmax(-1)
         conf, pred = probs.max(-1)
@@ -225,6 +235,25 @@ def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: R
             section.figures.append(Figure("Predicted label (probability) of the first inputs", _png(fig)))
     section.numbers = numbers
     return section
+
+
+def next_token_perplexity(logits: torch.Tensor, batch: dict) -> float:
+    """``exp`` of the mean cross-entropy of token t+1 given tokens ≤ t over the real (unpadded) tokens."""
+    ids = batch["input_ids"]
+    mask = batch.get("attention_mask")
+    mask = torch.ones_like(ids) if mask is None else mask
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].double().flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
+    keep = (mask[:, 1:] * mask[:, :-1]).flatten().double()
+    return float(torch.exp((nll * keep).sum() / keep.sum().clamp(min=1)))
+
+
+def gqa_note(settings: dict) -> str:
+    """The SRR summary's words on U for a causal / grouped-query model ('' for an encoder)."""
+    if not settings.get("causal"):
+        return ""
+    K, H = settings.get("num_subspaces"), settings.get("num_heads")
+    shared = f"; K = {K} shared key/value subspaces, each read by {H // K} query heads" if K and H and K != H else ""
+    return f" (causal decoder: each sample's real tokens, padding excluded; Z^L before the final norm{shared})"
 
 
 def section_srr(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
@@ -252,6 +281,7 @@ def section_srr(loaded: LoadedModel, inputs: ReportInputs | None, options: Repor
             f"SRR = Rᶜ − R + λ‖Z‖₀/(dN) (lower is better), measured on {report.num_samples} samples "
             f"with ε = {options.srr_eps}, λ = {options.srr_lam}"
             + ("" if loaded.model_type == "crate" else f", U from the {options.srr_source} projections")
+            + gqa_note(report.settings)
             + "."
         ),
         tables=tables,
@@ -315,6 +345,16 @@ def fidelity_rows(result: dict) -> list[list]:
         ["empirical KL (max)", result["kl_max"]],
         ["top-1 agreement", result["top1_agreement"]],
     ]
+    if "bound_certified" not in result and "bound_estimated" in result:
+        rows += [
+            ["KL bound, certified constants", result.get("bound_certified_note", "not computed")],
+            ["KL bound, estimated constants (mean)", result["bound_estimated"]],
+            ["estimated bound: reconstruction term (mean)", result["bound_estimated_rec_term"]],
+            ["estimated bound: Gram term (mean)", result["bound_estimated_gram_term"]],
+            ["fraction of inputs with KL ≤ estimated bound", result["frac_kl_below_bound_estimated"]],
+        ]
+        rows += [[f"constant {k} (estimated)", v] for k, v in result["constants_estimated"].items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if "bound_certified" in result:
         rows += [
             ["KL bound, certified constants (mean)", result["bound_certified"]],
@@ -338,6 +378,8 @@ def _default_concept_layer(num_layers: int) -> int:
 
 def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
     title = _TITLES["concepts"]
+    if inputs is not None and inputs.texts and _arch(loaded).causal:
+        return decoder_concepts_section(loaded, inputs, options)
     if inputs is None or loaded.modality != "image":
         return _skip("concepts", title, "needs image inputs: concepts are fitted on a layer's patch-token activations")
     if not loaded.is_classifier:
@@ -371,6 +413,52 @@ def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: 
         numbers=result,
     )
     _add_figures(section, lambda: concept_plots(loaded, inputs.batch, tensors["codes"], result))
+    return section
+
+
+def decoder_concepts_section(loaded: LoadedModel, inputs: ReportInputs, options: ReportOptions) -> Section:
+    """Concepts of a decoder LLM's token states on the report's texts (see :mod:`hf_tdiag.probes.concept_decoder`)."""
+    num_layers = int(_arch(loaded).num_layers)
+    layer = _default_concept_layer(num_layers) if options.concept_layer is None else int(options.concept_layer)
+    result = hf_tdiag.concept_fidelity(
+        loaded.model, list(inputs.texts), layer, options.n_concepts, tokenizer=loaded.processor,
+        power_iters=options.concept_power_iters, max_images_for_constants=options.concept_constant_images,
+        return_tensors=True, progress=False,
+    )
+    tensors = result.pop("tensors")
+    rows = fidelity_rows(result)
+    section = Section(
+        "concepts",
+        _TITLES["concepts"],
+        summary=(
+            f"Semi-NMF with {result['n_concepts']} concepts of the token states after block {layer} "
+            f"({result['n_images']} texts × {result['n_tokens']} tokens × {result['hidden_size']} dims; every text cut "
+            "to the shortest one's token count, special tokens kept aside). The empirical KL replaces those states by "
+            "their reconstruction Â, runs the remaining blocks (causal) and compares the next-token distributions of "
+            "the last token (final norm + LM head); the bound ½(‖W_c‖_op L_readout)² · L_block^{2L_suf} · "
+            "(√N δ_rec + α‖G‖_F δ_gram)² uses local estimates of its constants. Certified bound: "
+            f"{result.get('bound_certified_note', 'see the table')}."
+        ),
+        tables=[Table("Fidelity", ["quantity", "value"], rows)],
+        numbers=result,
+    )
+
+    def figures():
+        out = []
+        if tensors["codes"] is not None:
+            ids = loaded.processor(list(inputs.texts[:1]), add_special_tokens=False)["input_ids"][0]
+            tokens = loaded.processor.convert_ids_to_tokens(ids[: result["n_tokens"]])
+            codes = tensors["codes"].reshape(result["n_images"], result["n_tokens"], -1)[0]
+            out.append((f"Concept codes of the first text's tokens after block {layer}",
+                        F.token_codes_figure(tokens, codes)))
+        if "bound_estimated" in result.get("per_image", {}):
+            from hf_tdiag.viz import concepts as VC
+
+            out.append(("Empirical KL against the bound with estimated constants, per text",
+                        VC.plot_kl_vs_bound({"Semi-NMF": result}, kind="estimated")))
+        return out
+
+    _add_figures(section, figures)
     return section
 
 
