@@ -160,8 +160,8 @@ def head_job(groups) -> dict[str, torch.Tensor]:
     for q, k, v, o in groups:
         q, k, v, o = (t.to(f64) for t in (q, k, v, o))
         res = {}
-        res["qk_sigma"], res["qk_cols"] = S._low_rank_product_spectrum(q.mT, k)
-        res["v_sigma"], res["v_cols"] = S._low_rank_product_spectrum(v.mT, o)
+        res["qk_sigma"], res["qk_cols"] = S.low_rank_product_spectrum(q.mT, k, check=False)
+        res["v_sigma"], res["v_cols"] = S.low_rank_product_spectrum(v.mT, o, check=False)
         res["qk_11"] = torch.stack([_abs_product_sum(q[h], k[h]) for h in range(q.shape[0])])
         res["v_11"] = torch.stack([_abs_product_sum(v[h], o[h]) for h in range(v.shape[0])])
         for key, val in res.items():
@@ -179,7 +179,7 @@ def ffn_job(parts: list[torch.Tensor], svd_method: str) -> tuple[torch.Tensor, t
     f64 = torch.float64
     if len(parts) == 1 and parts[0].numel() <= S.CHUNK_ENTRIES:
         m = parts[0].to(f64).mT
-        return S._singular_values(m, svd_method), torch.linalg.vector_norm(m, dim=-2), m.abs().sum()
+        return S.singular_values(m, method=svd_method, check=False), torch.linalg.vector_norm(m, dim=-2), m.abs().sum()
     rows = sum(p.shape[0] for p in parts)
     cols = parts[0].shape[1]
     tall = rows >= cols
