@@ -90,26 +90,24 @@ def plain(text: str | None) -> str:
     return text.replace("``", "")
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type``: an integer >= 1."""
+def _int_at_least(text: str, low: int, words: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type``: an integer >= 1."""
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
     """argparse ``type``: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
+    return _int_at_least(text, 0, "a non-negative integer")
 
 
 def finite_float(text: str) -> float:

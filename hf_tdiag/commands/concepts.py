@@ -19,6 +19,16 @@ from .._cli_args import (
 )
 
 
+def _write_results(output_dir: str, json_name: str, out: dict, table: str) -> None:
+    """``output_dir/json_name`` and ``table.txt`` (atomically); the table and the JSON path on stdout."""
+    from hf_tdiag._atomic import write_json, write_text
+
+    json_path = write_json(os.path.join(output_dir, json_name), _json_ready(out))
+    write_text(os.path.join(output_dir, "table.txt"), table + "\n")
+    print(table)
+    print(f"wrote {json_path}")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "concepts",
@@ -154,7 +164,6 @@ def _describe(source: dict) -> str:
 
 
 def _run_sweep(args, model, inputs, opts, source, threads) -> int:
-    from hf_tdiag._atomic import write_json, write_text
     from hf_tdiag._threads import torch_threads
     from hf_tdiag.measures.concepts import SemiNMF
     from hf_tdiag.probes.concept_fidelity import concept_fidelity
@@ -168,11 +177,7 @@ def _run_sweep(args, model, inputs, opts, source, threads) -> int:
         out = concept_fidelity(model, inputs, None, est, layers=layers, bounds=not args.no_bound,
                                power_iters=args.power_iters, batch_size=args.batch_size, **opts)
     out.update(model=args.model, inputs=source, gram_weight=mu, n_concepts=args.concepts)
-    json_path = write_json(os.path.join(args.output_dir, "sweep.json"), _json_ready(out))
-    table = format_sweep_table(out["table"])
-    write_text(os.path.join(args.output_dir, "table.txt"), table + "\n")
-    print(table)
-    print(f"wrote {json_path}")
+    _write_results(args.output_dir, "sweep.json", out, format_sweep_table(out["table"]))
     if not args.no_figures:
         path = save_figure(plot_layer_sweep(out, title=f"{os.path.basename(str(args.model).rstrip('/'))}: k={args.concepts}, "
                                                        f"mu={mu:g}, {_describe(source)}"),
@@ -210,7 +215,6 @@ def _figures(args, model, pixels, out, estimators, layer, threads):
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_tdiag._atomic import write_json, write_text
     from hf_tdiag._threads import model_threads, torch_threads
     from hf_tdiag.loading import load_model
     from hf_tdiag.probes.concept_fidelity import compare_concepts
@@ -233,11 +237,7 @@ def run(args: argparse.Namespace) -> int:
                                power_iters=args.power_iters, batch_size=args.batch_size, **opts)
     estimators = out.pop("estimators")
     out.update(model=args.model, inputs=source)
-    json_path = write_json(os.path.join(args.output_dir, "concepts.json"), _json_ready(out))
-    table = format_table(out["table"])
-    write_text(os.path.join(args.output_dir, "table.txt"), table + "\n")
-    print(table)
-    print(f"wrote {json_path}")
+    _write_results(args.output_dir, "concepts.json", out, format_table(out["table"]))
     if not args.no_figures:
         for path in _figures(args, model, pixels, out, estimators, layer, threads):
             print(f"wrote {path}")

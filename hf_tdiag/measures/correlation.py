@@ -34,13 +34,18 @@ def _as_vector(x, name: str) -> np.ndarray:
     return arr
 
 
+def _paired(x, y) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` and ``y`` as finite float vectors of the same length."""
+    x, y = _as_vector(x, "x"), _as_vector(y, "y")
+    if x.shape != y.shape:
+        raise ValueError(f"x, y: expected the same length, got {x.shape[0]} and {y.shape[0]}")
+    return x, y
+
+
 def kendall_tau(x, y) -> float:
     """Kendall's τ-b: ``(n_c − n_d) / √((n₀ − n₁)(n₀ − n₂))`` over all pairs, ties in x (n₁) and y (n₂) excluded
     (computed by ``scipy.stats.kendalltau``)."""
-    x = _as_vector(x, "x")
-    y = _as_vector(y, "y")
-    if x.shape != y.shape:
-        raise ValueError(f"x, y: expected the same length, got {x.shape[0]} and {y.shape[0]}")
+    x, y = _paired(x, y)
     n = x.shape[0]
     if n < 2:
         raise ValueError(f"x, y: expected at least 2 observations for a rank correlation, got {n}")
@@ -53,10 +58,7 @@ def kendall_tau(x, y) -> float:
 def jiang_tau(x, y) -> float:
     """Jiang et al.'s τ (their Eq. 1, τ-a): ``Σ_{i≠j} sign(x_i − x_j)·sign(y_i − y_j) / (n(n − 1))``; a tied pair counts 0,
     fewer than two observations give 0."""
-    x = _as_vector(x, "x")
-    y = _as_vector(y, "y")
-    if x.shape != y.shape:
-        raise ValueError(f"x, y: expected the same length, got {x.shape[0]} and {y.shape[0]}")
+    x, y = _paired(x, y)
     n = x.shape[0]
     if n < 2:
         return 0.0

@@ -156,52 +156,43 @@ def plot_p_opt_init_vs_trained(rows_init, rows_trained) -> Figure:
 
 def plot_spectra_init_vs_trained(report_init, report_trained) -> Figure:
     """σᵢ/σ₁ of every matrix of one model at initialisation (grey) and after training (coloured by layer)."""
-    types = _types(report_trained)
-    fig = Figure(figsize=(3.2 * len(types), 3.4), layout="constrained")
-    axes = fig.subplots(1, len(types), squeeze=False)[0]
-    cmap = _layer_colors(report_trained.num_layers)
-    for ax, t in zip(axes, types):
-        for rep, trained in ((report_init, False), (report_trained, True)):
-            for m in rep.matrices:
-                if m.type != t or m.rank == 0:
-                    continue
-                s = m.singular_values
-                ax.plot(np.arange(1, len(s) + 1), s / s[0], color=cmap[m.layer] if trained else "0.6",
-                        lw=0.8 if trained else 0.6, alpha=0.8 if trained else 0.5)
-        ax.set_yscale("log")
-        ax.set_xlabel("index i")
-        ax.set_title(TYPE_LABELS[t], fontsize=9)
-        ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel("σᵢ / σ₁  (grey: at initialisation)")
-    _layer_colorbar(fig, axes, report_trained.num_layers)
-    fig.suptitle(f"Spectral decay at initialisation and after training — {_title_name(report_trained)}", fontsize=9)
-    return fig
+    return _spectral_decay_figure(
+        report_trained, report_init, ylabel="σᵢ / σ₁  (grey: at initialisation)",
+        title=f"Spectral decay at initialisation and after training — {_title_name(report_trained)}",
+    )
 
 
 def _types(report) -> list[str]:
     return [t for t in TYPE_LABELS if any(m.type == t for m in report.matrices)]
 
 
-def plot_spectral_decay(report) -> Figure:
-    """σᵢ/σ₁ against i for every matrix, one panel per matrix type, coloured by layer (log scale)."""
+def _spectral_decay_figure(report, background=None, *, ylabel: str, title: str) -> Figure:
+    """σᵢ/σ₁ against i per matrix type (log scale), coloured by layer; ``background``'s matrices in grey behind."""
     types = _types(report)
     fig = Figure(figsize=(3.2 * len(types), 3.4), layout="constrained")
     axes = fig.subplots(1, len(types), squeeze=False)[0]
     cmap = _layer_colors(report.num_layers)
+    width = 0.7 if background is None else 0.8
     for ax, t in zip(axes, types):
-        for m in report.matrices:
-            if m.type != t or m.rank == 0:
-                continue
-            s = m.singular_values
-            ax.plot(np.arange(1, len(s) + 1), s / s[0], color=cmap[m.layer], lw=0.7, alpha=0.7)
+        layers = [(background, lambda m: "0.6", 0.6, 0.5)] if background is not None else []
+        for rep, color, lw, alpha in layers + [(report, lambda m: cmap[m.layer], width, width)]:
+            for m in rep.matrices:
+                if m.type == t and m.rank > 0:
+                    s = m.singular_values
+                    ax.plot(np.arange(1, len(s) + 1), s / s[0], color=color(m), lw=lw, alpha=alpha)
         ax.set_yscale("log")
         ax.set_xlabel("index i")
         ax.set_title(TYPE_LABELS[t], fontsize=9)
         ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel("σᵢ / σ₁")
+    axes[0].set_ylabel(ylabel)
     _layer_colorbar(fig, axes, report.num_layers)
-    fig.suptitle(f"Spectral decay — {_title_name(report)}", fontsize=9)
+    fig.suptitle(title, fontsize=9)
     return fig
+
+
+def plot_spectral_decay(report) -> Figure:
+    """σᵢ/σ₁ against i for every matrix, one panel per matrix type, coloured by layer (log scale)."""
+    return _spectral_decay_figure(report, ylabel="σᵢ / σ₁", title=f"Spectral decay — {_title_name(report)}")
 
 
 def plot_optimal_p(report) -> Figure:
