@@ -5,6 +5,7 @@
     scripts/mutation.sh probes                           # one package (hf_tdiag/probes/**)
     scripts/mutation.sh hf_tdiag/measures/coding_rate.py # one module
     scripts/mutation.sh --summary probes                 # print the recorded results again, run nothing
+    scripts/mutation.sh --survivors hf_tdiag/measures/coding_rate.py  # retest only the recorded survivors (new tests)
 
 Each module runs in its own scratch copy of the checkout (``$MUTATION_DIR``, default ``$TMPDIR/hf_tdiag_mutation``),
 so nothing is written into the repository and a second run reuses mutmut's cache there. The pyproject's
@@ -148,7 +149,7 @@ def tally(codes: dict[str, int | None], equivalent: dict[str, str]) -> dict:
     return t
 
 
-def run_module(module: str, tool: dict, scratch: Path, jobs: int, summary_only: bool) -> dict:
+def run_module(module: str, tool: dict, scratch: Path, jobs: int, summary_only: bool, survivors: bool = False) -> dict:
     work = scratch / module[:-3].replace("/", ".")
     tests = tests_for(module, tool.get("hf_tdiag", {}).get("mutation", {}).get("tests", {}))
     if not summary_only:
@@ -161,6 +162,8 @@ def run_module(module: str, tool: dict, scratch: Path, jobs: int, summary_only: 
         print(f"== {module}: tests {' '.join(tests)}", flush=True)
         env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)]
+        if survivors:  # mutmut skips mutants it has a result for unless they are named
+            cmd += tally(results_of(work, module), equivalents())["survivors"]
         with open(work / "mutmut.log", "w") as log:
             subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
     t = tally(results_of(work, module), equivalents())
@@ -199,12 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("targets", nargs="*", help=f"packages ({' '.join(packages)}), folders or module paths")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "1")), help="mutmut workers")
     ap.add_argument("--summary", action="store_true", help="print the recorded results, run nothing")
+    ap.add_argument("--survivors", action="store_true", help="retest only the recorded survivors (after adding tests)")
     args = ap.parse_args(argv)
     scratch = Path(os.environ.get("MUTATION_DIR", Path(tempfile.gettempdir()) / "hf_tdiag_mutation"))
     modules = [m for t in (args.targets or packages) for m in modules_of(t, packages)]
     rows = []
     for module in modules:
-        t = run_module(module, tool, scratch, args.jobs, args.summary)
+        t = run_module(module, tool, scratch, args.jobs, args.summary, args.survivors)
         if t.get("generated"):
             rows.append(t)
             if not args.summary:

@@ -342,8 +342,13 @@ def test_every_public_rate_refuses_non_finite_inputs_by_default_and_skips_the_ch
     Z[1, 2, 3] = math.nan
     A = head_projections(Z.nan_to_num(), U).clone()
     A[0, 1, 0, 0] = math.inf
+    U_nan = U.clone()
+    U_nan[1, 0, 1] = math.nan
     calls = {
+        "coding_rate": lambda **kw: coding_rate(Z, **kw),
         "sparsity": lambda **kw: sparsity(Z, **kw),
+        "compression_rate, NaN in U": lambda **kw: compression_rate(Z.nan_to_num(), U_nan, **kw),
+        "head_projections, NaN in U": lambda **kw: head_projections(Z.nan_to_num(), U_nan, **kw),
         "compression_rate": lambda **kw: compression_rate(Z, U, **kw),
         "head_projections": lambda **kw: head_projections(Z, U, **kw),
         "compression_rate_from_projections": lambda **kw: compression_rate_from_projections(A, **kw),
@@ -353,7 +358,12 @@ def test_every_public_rate_refuses_non_finite_inputs_by_default_and_skips_the_ch
     for name, call in calls.items():
         with pytest.raises(ValueError, match="NaN|inf|finite"):
             call()
-        call(check_finite=False)  # the caller vouches for the values: no check, a (non-finite) result
+        try:  # the caller vouches for the values: no check; a non-finite result or a failure inside linear algebra
+            out = call(check_finite=False)
+        except RuntimeError as err:  # torch.linalg's LinAlgError, not the argument check's ValueError
+            assert not isinstance(err, ValueError), name
+        else:
+            assert name == "sparsity" or not bool(torch.isfinite(out).all()), name  # sparsity: a count (below)
     # sparsity with the check off still counts the NaN entry as non-zero: 1 + the non-zeros of a Gaussian sample
     assert float(sparsity(Z, check_finite=False)[1]) == pytest.approx(float((Z[1] != 0).sum()) / 20)
 
@@ -464,3 +474,128 @@ def test_srr_defaults_mask_and_argument_names_by_hand():
         srr_terms(Z, U, lam=math.nan)
     with pytest.raises(ValueError, match=r"^eps: "):
         srr_terms(Z, U, eps=-1.0)
+
+
+def test_srr_terms_pass_precision_to_both_rates_and_take_projections_with_several_batch_dims():
+    g = torch.Generator().manual_seed(9)
+    Z = torch.randn(2, 3, 20, 6, generator=g)  # float32: "auto" would form the Grams in float32
+    U = torch.randn(2, 6, 3, generator=g)
+    A = head_projections(Z, U)
+    terms = srr_terms(Z, U, precision="float64")
+    # float64 log-determinants of the float32 states / projections, to float64 round-off
+    torch.testing.assert_close(terms["R"], coding_rate(Z.double()), rtol=1e-12, atol=0)
+    torch.testing.assert_close(terms["Rc"], compression_rate_from_projections(A.double()), rtol=1e-12, atol=0)
+    # projections (B1, B2, K, N, p) reused from a forward: the same four terms as from U
+    reused = srr_terms(Z, projections=A, precision="float64")
+    for key in ("R", "Rc", "sparsity", "srr"):
+        torch.testing.assert_close(reused[key], terms[key], rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="projections: expected shape"):
+        srr_terms(Z, projections=A[..., :5, :])
+
+
+def test_eps_whose_square_under_or_overflows_is_refused():
+    Z = torch.randn(1, 4, 3, dtype=torch.float64)
+    for eps in (1e-200, 1e200):  # ε² is 0 or inf in float64
+        with pytest.raises(ValueError, match=r"^eps: expected a value whose square"):
+            coding_rate(Z, eps=eps)
+    assert math.isfinite(float(coding_rate(Z, eps=1e-100)[0])) and math.isfinite(float(coding_rate(Z, eps=1e100)[0]))
+
+
+def test_no_subspace_and_fractional_masks_are_refused():
+    Z = torch.randn(2, 4, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"K >= 1"):
+        compression_rate(Z, torch.empty(0, 3, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="booleans or 0/1"):
+        coding_rate(Z, token_mask=torch.full((2, 4), 0.5))
+    torch.testing.assert_close(coding_rate(Z, token_mask=torch.ones(2, 4)), coding_rate(Z))  # 0/1 floats are fine
+    # a (B1, B2, N) mask: each of the four samples needs a kept token of its own
+    Z4 = torch.randn(2, 2, 4, 3, dtype=torch.float64)
+    mask = torch.ones(2, 2, 4, dtype=torch.bool)
+    mask[0, 1] = False
+    with pytest.raises(ValueError, match="every sample needs at least one unmasked token"):
+        coding_rate(Z4, token_mask=mask)
+
+
+def test_masks_with_several_batch_dims_count_each_samples_own_tokens():
+    g = torch.Generator().manual_seed(12)
+    Z = torch.randn(2, 3, 6, 5, generator=g, dtype=torch.float64)
+    Z[Z.abs() < 0.4] = 0.0
+    U = torch.randn(2, 5, 2, generator=g, dtype=torch.float64)
+    mask = torch.rand(2, 3, 6, generator=g) < 0.6
+    mask[..., 0] = True
+    R, Rc, S = coding_rate(Z, 0.3, mask), compression_rate(Z, U, 0.3, mask), sparsity(Z, mask)
+    Rc_proj = compression_rate_from_projections(head_projections(Z, U), 0.3, mask)
+    for i in range(2):
+        for j in range(3):
+            kept = Z[i, j][mask[i, j]].numpy()[None]
+            assert float(R[i, j]) == pytest.approx(float(naive_R(kept, 0.3)[0]), rel=1e-10)
+            assert float(Rc[i, j]) == pytest.approx(float(naive_Rc(kept, U.numpy(), 0.3)[0]), rel=1e-10)
+            assert float(Rc_proj[i, j]) == pytest.approx(float(Rc[i, j]), rel=1e-10)
+            assert float(S[i, j]) == pytest.approx(float(naive_sparsity(kept)[0]), rel=1e-12)
+    # one head (K = 1) with a mask
+    one = compression_rate_from_projections(head_projections(Z, U[:1]), 0.3, mask)
+    torch.testing.assert_close(one, compression_rate(Z, U[:1], 0.3, mask))
+
+
+def test_float32_states_with_a_mask_match_float64_and_projections_keep_float32():
+    g = torch.Generator().manual_seed(13)
+    Z = torch.randn(3, 12, 8, generator=g)
+    U = torch.randn(2, 8, 4, generator=g)
+    mask = torch.ones(3, 12, dtype=torch.bool)
+    mask[1, 7:] = False
+    assert head_projections(Z, U).dtype == torch.float32
+    assert head_projections(Z.double(), U).dtype == torch.float64
+    exact = compression_rate(Z.double(), U.double(), token_mask=mask)
+    torch.testing.assert_close(compression_rate(Z, U, token_mask=mask), exact, rtol=1e-6, atol=0)
+    exact = coding_rate(Z.double(), token_mask=mask)
+    torch.testing.assert_close(coding_rate(Z, token_mask=mask), exact, rtol=1e-6, atol=0)
+
+
+def test_cholesky_logdet_falls_back_to_eigenvalues_where_positive_definiteness_is_lost():
+    import importlib
+
+    cr = importlib.import_module("hf_tdiag.measures.coding_rate")
+    spd = torch.tensor([[4.0, 2.0], [2.0, 3.0]], dtype=torch.float64)  # det 8
+    psd = torch.tensor([[1.0, 1.0], [1.0, 1.0]], dtype=torch.float64)  # eigenvalues 2 and 0
+    mats = torch.stack([torch.stack([spd, psd]), torch.stack([spd, 2 * spd])])  # (2, 2, 2, 2)
+    logdet, _, info = cr._cholesky_logdet(mats)
+    assert bool((info != 0).any())
+    tiny = math.log(torch.finfo(torch.float64).tiny)
+    expected = [[math.log(8.0), math.log(2.0) + tiny], [math.log(8.0), math.log(32.0)]]
+    np.testing.assert_allclose(logdet.numpy(), expected, rtol=1e-12)
+    logdet, _, info = cr._cholesky_logdet(mats[1])  # all positive definite: the Cholesky route
+    assert not bool((info != 0).any())
+    np.testing.assert_allclose(logdet.numpy(), [math.log(8.0), math.log(32.0)], rtol=1e-12)
+
+
+def test_float32_guard_compares_the_estimate_with_the_tolerance_and_the_inner_length(monkeypatch):
+    import importlib
+
+    cr = importlib.import_module("hf_tdiag.measures.coding_rate")
+    seen, inner = [], []
+    gram = cr._gram
+    monkeypatch.setattr(cr, "_gram", lambda A: seen.append(A.dtype) or gram(A))
+    estimate = {"value": 0.0}
+    monkeypatch.setattr(cr, "float32_gram_error",
+                        lambda mat, L, inner_length=None, **kw: inner.append(kw["inner"]) or
+                        torch.as_tensor(estimate["value"], dtype=torch.float64).expand(mat.shape[:-2]))
+    g = torch.Generator().manual_seed(14)
+    # the inner length m of the Gram products is the longer side of A
+    for shape, m in (((2, 40, 7), 40), ((2, 3, 7, 40), 40), ((2, 3, 9, 5), 9)):
+        inner.clear()
+        cr.logdet_identity_plus_gram(torch.randn(*shape, generator=g), 0.5)
+        assert inner == [m], shape
+    A = torch.randn(2, 20, 4, generator=g)
+    for c in (5.0, 0.01):  # |logdet| above 2, and below 1 (the tolerance is relative to max(|logdet|, 1))
+        seen.clear()
+        estimate["value"] = 0.0
+        logdet = cr.logdet_identity_plus_gram(A, c)
+        assert seen == [torch.float32]
+        bound = cr.FLOAT32_GRAM_TOLERANCE * logdet.abs().clamp_min(1.0)  # per matrix
+        for value, fallback in ((bound, False), (bound * 1.01, True)):
+            estimate["value"] = value
+            seen.clear()
+            cr.logdet_identity_plus_gram(A, c)
+            assert seen == ([torch.float32, torch.float64] if fallback else [torch.float32]), (c, value)
+        if c < 1:
+            assert float(logdet.abs().max()) < 1.0
