@@ -145,7 +145,7 @@ def vit_head(n_images=8, max_queries=64, one_image=False, layer=6, head=0):
     g = torch.Generator().manual_seed(0)
     x = torch.nn.functional.avg_pool2d(torch.randn(1 if one_image else n_images, 3, 224, 224, generator=g), 9, 1, 4) * 3
     t0, c0 = time.perf_counter(), time.process_time()
-    diag = attention_svm_diagnostic(model, x, layer, head, max_queries=max_queries)
+    diag = attention_svm_diagnostic(model, x, layer + 1, head, max_queries=max_queries)  # block number layer + 1: the last
     total, cpu = time.perf_counter() - t0, time.process_time() - c0
     s = diag.summary()
     return {"time_s": total, "cpu_time_s": cpu, "svm_time_s": s["svm"]["solve_time_s"], "num_queries": s["num_queries"],

@@ -50,7 +50,7 @@ def test_evaluate_round_trip_matches_the_probe(crate_dir):
 def test_command_writes_json_and_figures(crate_dir, tmp_path, capsys):
     path, _ = crate_dir
     out_dir = tmp_path / "o"
-    rc = cli_main(["attention-svm", path, "--dataset", "digits", "--layer", "0", "--head", "all", "--limit", "3", "--max-queries", "12",
+    rc = cli_main(["attention-svm", path, "--dataset", "digits", "--layer", "1", "--head", "all", "--limit", "3", "--max-queries", "12",
                    "--output-dir", str(out_dir)])
     assert rc == 0
     data = json.loads((out_dir / "attention_svm.json").read_text())
@@ -59,12 +59,12 @@ def test_command_writes_json_and_figures(crate_dir, tmp_path, capsys):
     assert [h["head"] for h in heads] == list(range(num_heads))
     for h in heads:
         assert h["num_queries"] == 12 and -1 <= h["correlation"] <= 1
-        assert (out_dir / f"attention_svm_l0_h{h['head']}.png").stat().st_size > 1000
+        assert (out_dir / f"attention_svm_l1_h{h['head']}.png").stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "margin ratio" in printed and "wrote" in printed
     assert cli_main(["attention-svm", path, "--dataset", "digits", "--layer", "9", "--head", "0"]) == 1
-    assert cli_main(["attention-svm", path, "--dataset", "digits", "--layer", "0", "--head", "x"]) == 1
-    assert cli_main(["attention-svm", path, "--dataset", "digits", "--layer", "0", "--queries", "a,b"]) == 1
+    assert cli_main(["attention-svm", path, "--dataset", "digits", "--layer", "1", "--head", "x"]) == 1
+    assert cli_main(["attention-svm", path, "--dataset", "digits", "--layer", "1", "--queries", "a,b"]) == 1
 
 
 def test_figures_for_the_recipe_rows():

@@ -49,7 +49,7 @@ def _own_attention(model, ids, layer, head, mask=None):
 def test_gpt2_causal_head_against_the_model(gpt2_dir):
     model = _eager(gpt2_dir)
     ids = torch.randint(0, 64, (3, 9), generator=torch.Generator().manual_seed(1))
-    diag = attention_svm_diagnostic(model, {"input_ids": ids}, 1, 2, max_queries=None)
+    diag = attention_svm_diagnostic(model, {"input_ids": ids}, 2, 2, max_queries=None)  # block 2 = attentions[1]
     out, attn = _own_attention(model, ids, 1, 2)
     assert diag.causal and not diag.rotary and diag.family == "gpt2" and diag.include_bias
     qi = diag.query_index
@@ -87,7 +87,7 @@ def test_gpt2_padding_is_never_a_constraint(gpt2_dir):
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(2))
     mask = torch.ones(2, 8, dtype=torch.long)
     mask[1, 5:] = 0  # right padding
-    diag = attention_svm_diagnostic(model, {"input_ids": ids, "attention_mask": mask}, 0, 1, max_queries=None)
+    diag = attention_svm_diagnostic(model, {"input_ids": ids, "attention_mask": mask}, 1, 1, max_queries=None)
     qi = diag.query_index
     assert not ((qi[:, 0] == 1) & (qi[:, 1] >= 5)).any()
     rows = qi[:, 0] == 1
@@ -98,7 +98,7 @@ def test_llama_grouped_rotary_head_against_the_model(llama_dir):
     model = _eager(llama_dir)
     ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(3))
     head = 3  # key/value head 1 of 2
-    diag = attention_svm_diagnostic(model, ids, 1, head, max_queries=None)
+    diag = attention_svm_diagnostic(model, ids, 2, head, max_queries=None)  # block 2 = layers[1]
     _, attn = _own_attention(model, ids, 1, head)
     assert diag.causal and diag.rotary and diag.family == "llama" and not diag.include_bias
     qi = diag.query_index
@@ -121,4 +121,4 @@ def test_causal_diagnostic_rejects_cls_queries(gpt2_dir):
     model = _eager(gpt2_dir)
     ids = torch.randint(0, 64, (1, 6))
     with pytest.raises(ValueError, match="queries"):
-        attention_svm_diagnostic(model, ids, 0, 0, queries="cls")
+        attention_svm_diagnostic(model, ids, 1, 0, queries="cls")

@@ -17,7 +17,7 @@ from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcess
 from hf_tdiag.cli import main as cli_main  # noqa: E402
 from hf_tdiag.inputs import digits_images  # noqa: E402
 
-LAYER, HEAD, IMAGES = 1, 2, 2
+LAYER, HEAD, IMAGES = 1, 2, 2  # LAYER: 0-based index into the model's blocks; the API takes block LAYER + 1
 
 
 def _least_distance(G: np.ndarray) -> np.ndarray:
@@ -110,7 +110,7 @@ def test_reference_can_tell_the_plausible_bugs_apart(setup):
 
 def test_diagnostic_numbers_against_the_independent_computation(setup):
     _, model, _, pixel_values, ref = setup
-    diag = hf_tdiag.attention_svm_diagnostic(model, pixel_values, LAYER, HEAD, max_queries=None)
+    diag = hf_tdiag.attention_svm_diagnostic(model, pixel_values, LAYER + 1, HEAD, max_queries=None)
     _check(diag.summary(), diag.to_dict(), ref)
     # the active set is what the returned W_mm makes tight: recount it from margins recomputed with W_mm
     W = diag.svm.W.numpy()
@@ -126,14 +126,14 @@ def test_diagnostic_numbers_against_the_independent_computation(setup):
 
 def test_evaluate_module_numbers_against_the_independent_computation(setup):
     path, _, images, _, ref = setup
-    out = evaluate.load(hf_tdiag.metric_path("attention_svm")).compute(model=path, images=images, layer=LAYER, head=HEAD,
+    out = evaluate.load(hf_tdiag.metric_path("attention_svm")).compute(model=path, images=images, layer=LAYER + 1, head=HEAD,
                                                                       max_queries=0)  # 0 = every query, as on the CLI
     _check(out, out, ref)
 
 
 def test_cli_numbers_against_the_independent_computation(setup, tmp_path):
     path, _, _, _, ref = setup
-    rc = cli_main(["attention-svm", path, "--layer", str(LAYER), "--head", str(HEAD), "--dataset", "digits",
+    rc = cli_main(["attention-svm", path, "--layer", str(LAYER + 1), "--head", str(HEAD), "--dataset", "digits",
                    "--limit", str(IMAGES), "--max-queries", "0", "--output-dir", str(tmp_path)])
     assert rc == 0
     head = json.loads((tmp_path / "attention_svm.json").read_text())["heads"][0]

@@ -33,7 +33,7 @@ def _bert():
 def test_vit_selection_input_and_head_matrix():
     model = _vit()
     x = torch.randn(2, 3, 32, 32)
-    diag = attention_svm_diagnostic(model, x, 1, 2, max_queries=12)
+    diag = attention_svm_diagnostic(model, x, 2, 2, max_queries=12)  # block 2 = model.layers[1]
     # independent: the block's LayerNorm output and the model's own attention probabilities
     out = model(pixel_values=x, output_attentions=True, output_hidden_states=True)
     block = model.layers[1]
@@ -59,7 +59,7 @@ def test_head_set_to_its_own_max_margin_solution_scores_one():
     model = _vit()
     x = torch.randn(2, 3, 32, 32)
     layer, head, p = 1, 1, 12
-    first = attention_svm_diagnostic(model, x, layer, head, max_queries=10, include_bias=False)
+    first = attention_svm_diagnostic(model, x, layer + 1, head, max_queries=10, include_bias=False)
     assert first.svm.feasible and first.correlation < 0.9
     W_mm = first.svm.W  # rank ≤ 10 queries ≤ head_dim 12: write it as W_Kᵀ W_Q / √p
     U, s, Vh = torch.linalg.svd(W_mm)
@@ -73,7 +73,7 @@ def test_head_set_to_its_own_max_margin_solution_scores_one():
         attn.q_proj.weight[head * p : (head + 1) * p] = Qt.T.float()
         attn.q_proj.bias.zero_()
         attn.k_proj.bias.zero_()
-    second = attention_svm_diagnostic(model, x, layer, head, max_queries=10, include_bias=False)
+    second = attention_svm_diagnostic(model, x, layer + 1, head, max_queries=10, include_bias=False)
     assert torch.equal(second.query_index, first.query_index)
     assert torch.equal(second.selected, first.selected)
     assert second.correlation == pytest.approx(1.0, abs=1e-5)
@@ -86,7 +86,7 @@ def test_bert_padding_and_query_bias():
     ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(1))
     am = torch.ones(2, 9, dtype=torch.long)
     am[1, 6:] = 0
-    diag = attention_svm_diagnostic(model, {"input_ids": ids, "attention_mask": am}, 0, 1, max_queries=None)
+    diag = attention_svm_diagnostic(model, {"input_ids": ids, "attention_mask": am}, 1, 1, max_queries=None)
     assert diag.family == "bert" and diag.include_bias
     assert diag.W_head.shape == (32, 33)
     # every real token is a query, padded ones are not; padded tokens carry no constraint
@@ -108,7 +108,7 @@ def test_crate_head_matrix_is_u_ut():
     torch.manual_seed(0)
     model = crate.CrateForImageClassification(cfg).eval()
     x = torch.randn(2, 3, 16, 16)
-    diag = attention_svm_diagnostic(model, x, 1, 3, max_queries=16)
+    diag = attention_svm_diagnostic(model, x, 2, 3, max_queries=16)  # block 2 = encoder.layer[1]
     assert diag.family == "crate" and not diag.include_bias
     U = model.crate.encoder.layer[1].attention.qkv.weight[3 * 8 : 4 * 8].T.double()
     assert torch.allclose(diag.W_head, U @ U.T / math.sqrt(8))
@@ -123,17 +123,20 @@ def test_crate_head_matrix_is_u_ut():
 def test_cls_queries_and_bad_arguments():
     model = _vit()
     x = torch.randn(3, 3, 32, 32)
-    diag = attention_svm_diagnostic(model, x, 0, 0, queries="cls")
+    diag = attention_svm_diagnostic(model, x, 1, 0, queries="cls")
     assert diag.query_index[:, 1].tolist() == [0, 0, 0]
-    with pytest.raises(ValueError, match="layer"):
-        attention_svm_diagnostic(model, x, 5, 0)
+    L = len(model.layers)
+    with pytest.raises(ValueError, match=rf"layer: expected a block number in 1..{L} .*got {L + 1}"):
+        attention_svm_diagnostic(model, x, L + 1, 0)
+    with pytest.raises(ValueError, match="layer: expected a positive integer, got 0"):  # blocks are numbered 1..L
+        attention_svm_diagnostic(model, x, 0, 0)
     with pytest.raises(ValueError, match="head"):
-        attention_svm_diagnostic(model, x, 0, 4)
+        attention_svm_diagnostic(model, x, 1, 4)
     with pytest.raises(ValueError, match="queries"):
-        attention_svm_diagnostic(model, x, 0, 0, queries="middle")
+        attention_svm_diagnostic(model, x, 1, 0, queries="middle")
     with pytest.raises(ValueError, match="one_hot_threshold"):
-        attention_svm_diagnostic(model, x, 0, 0, one_hot_threshold=0.0)
+        attention_svm_diagnostic(model, x, 1, 0, one_hot_threshold=0.0)
     with pytest.raises(TypeError, match="model"):
-        attention_svm_diagnostic("not a model", x, 0, 0)
+        attention_svm_diagnostic("not a model", x, 1, 0)
     s = diag.to_dict()
     assert len(s["head_margins"]) == 3 and s["svm"]["feasible"]

@@ -105,7 +105,7 @@ def _parse(argv):
     [
         ("srr", ["m", "--dataset", "digits"]),
         ("concepts", ["m", "--dataset", "digits"]),
-        ("attention-svm", ["m", "--dataset", "digits", "--layer", "0"]),
+        ("attention-svm", ["m", "--dataset", "digits", "--layer", "1"]),
         ("report", ["m"]),
         ("schatten", ["m"]),
         ("study", []),
@@ -122,7 +122,7 @@ def test_output_dir_in_every_spelling(command, required):
         assert _parse([command, *required, "--output", "z"]).output_dir == "z"  # the old name
 
 
-@pytest.mark.parametrize("command, extra", [("srr", []), ("concepts", []), ("attention-svm", ["--layer", "0"]),
+@pytest.mark.parametrize("command, extra", [("srr", []), ("concepts", []), ("attention-svm", ["--layer", "1"]),
                                             ("report", [])])
 def test_max_samples_and_its_old_names(command, extra):
     base = [command, "m", "--dataset", "digits", *extra]
@@ -164,7 +164,7 @@ def test_schatten_old_l_phi_spellings():
         assert _parse(["schatten", "m", flag, "3"]).workers == 3
 
 
-@pytest.mark.parametrize("command, extra", [("srr", []), ("concepts", []), ("attention-svm", ["--layer", "0"])])
+@pytest.mark.parametrize("command, extra", [("srr", []), ("concepts", []), ("attention-svm", ["--layer", "1"])])
 def test_measuring_commands_require_one_input(command, extra, capsys):
     with pytest.raises(SystemExit) as info:
         cli_main([command, "m", *extra])
@@ -181,7 +181,7 @@ def test_one_default_number_of_concepts():
 
 
 def test_max_queries_all_and_zero_mean_every_query():
-    base = ["attention-svm", "m", "--dataset", "digits", "--layer", "0"]
+    base = ["attention-svm", "m", "--dataset", "digits", "--layer", "1"]
     assert _parse(base).max_queries == 64
     assert _parse([*base, "--max-queries", "all"]).max_queries is None
     assert _parse([*base, "--max-queries", "0"]).max_queries is None
@@ -196,12 +196,12 @@ def test_max_queries_zero_in_the_python_api_is_every_query(one_torch_thread):
     model = ViTModel(ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1,
                                num_attention_heads=2, intermediate_size=16)).eval()
     x = torch.randn(2, 1, 8, 8)
-    every = hf_tdiag.attention_svm_diagnostic(model, x, 0, 0, max_queries=None)
-    zero = hf_tdiag.attention_svm_diagnostic(model, x, 0, 0, max_queries=0)
+    every = hf_tdiag.attention_svm_diagnostic(model, x, 1, 0, max_queries=None)
+    zero = hf_tdiag.attention_svm_diagnostic(model, x, 1, 0, max_queries=0)
     assert zero.summary()["num_queries"] == every.summary()["num_queries"] == 2 * 5
     assert zero.summary()["correlation"] == every.summary()["correlation"]
     with pytest.raises(ValueError, match="max_queries"):
-        hf_tdiag.attention_svm_diagnostic(model, x, 0, 0, max_queries=-1)
+        hf_tdiag.attention_svm_diagnostic(model, x, 1, 0, max_queries=-1)
 
 
 def test_normalize_flag_and_plain():
@@ -325,7 +325,7 @@ def test_save_pretrained_writes_the_auto_maps_without_the_auto_classes_in_use(tm
 
 
 @pytest.mark.parametrize("command, extra", [("srr", ["--dataset", "digits"]), ("concepts", ["--dataset", "digits"]),
-                                            ("attention-svm", ["--dataset", "digits", "--layer", "0"]), ("report", []),
+                                            ("attention-svm", ["--dataset", "digits", "--layer", "1"]), ("report", []),
                                             ("schatten", [])])
 def test_trust_remote_code_is_an_explicit_flag(command, extra):
     assert _parse([command, "m", *extra]).trust_remote_code is False

@@ -201,7 +201,7 @@ def _overlays(fig):
 def test_attention_heads_figure_overlays_each_heads_cls_row_on_the_patch_grid():
     att = _attentions()
     image = np.arange(16.0).reshape(4, 4)
-    fig = F.attention_heads_figure(image, att, grid=(2, 2), layer=1)
+    fig = F.attention_heads_figure(image, att, grid=(2, 2), layer=2)  # block 2 = att[1]
     maps = _overlays(fig)
     assert len(maps) == 3
     for k in range(3):
@@ -209,8 +209,10 @@ def test_attention_heads_figure_overlays_each_heads_cls_row_on_the_patch_grid():
     base = fig.axes[0].images[0].get_array()
     np.testing.assert_allclose(base, image / 15.0)  # the image rescaled to [0, 1]
     assert [ax.get_title() for ax in fig.axes[:3]] == ["head 0", "head 1", "head 2"]
-    with pytest.raises(ValueError, match="layer: expected 0 <= layer < 2, got 2"):
-        F.attention_heads_figure(image, att, grid=(2, 2), layer=2)
+    assert "layer 2" in fig._suptitle.get_text()
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match=f"layer: expected a block number 1..2, got {bad}"):
+            F.attention_heads_figure(image, att, grid=(2, 2), layer=bad)
 
 
 def test_attention_layers_figure_is_the_mean_over_heads_per_layer():
@@ -221,20 +223,22 @@ def test_attention_layers_figure_is_the_mean_over_heads_per_layer():
     for layer in range(3):
         by_hand = (att[layer, 0, 0, 3:] + att[layer, 1, 0, 3:]).double().numpy() / 2
         np.testing.assert_allclose(maps[layer], by_hand.reshape(2, 2))
+    assert [ax.get_title() for ax in fig.axes if ax.get_title()] == ["layer 1", "layer 2", "layer 3"]
 
 
 def test_token_attention_figures_show_the_head_mean_matrix_and_first_rows():
     att = _attentions(L=2, K=2, n=4)
     tokens = ["[CLS]", "a", "b", "[SEP]"]
-    fig = F.token_attention_figure(tokens, att, layer=1)
+    fig = F.token_attention_figure(tokens, att, layer=2)  # block 2 = att[1]
     np.testing.assert_allclose(fig.axes[0].images[0].get_array(), ((att[1, 0] + att[1, 1]) / 2).double().numpy())
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == tokens
     fig = F.first_token_attention_figure(tokens, att)
     rows = fig.axes[0].images[0].get_array()
     np.testing.assert_allclose(rows, ((att[:, 0, 0] + att[:, 1, 0]) / 2).double().numpy())
     assert rows.shape == (2, 4)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["1", "2"]
     with pytest.raises(ValueError, match=r"attentions: expected \(layers, heads, 3, 3\)"):
-        F.token_attention_figure(tokens[:3], att, layer=0)
+        F.token_attention_figure(tokens[:3], att, layer=1)
 
 
 def test_predictions_figure_titles_and_images():

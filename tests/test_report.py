@@ -209,9 +209,9 @@ def test_report_on_crate_matches_direct_api_calls(crate_dir, crate_report):
         attn = loaded.model(pixel_values=pv[:1], output_attentions=True).attentions
     cls = np.asarray(report.section("attention").numbers["cls_attention_first_input"])
     np.testing.assert_allclose(cls[-1, 0].reshape(-1), attn[-1][0, 0, 0, 1:].numpy(), rtol=1e-6)
-    diag = hf_tdiag.attention_svm_diagnostic(loaded.model, pv, 3, 0, max_queries=64)
+    diag = hf_tdiag.attention_svm_diagnostic(loaded.model, pv, 4, 0, max_queries=64)  # default: the last block
     svm = report.section("attention").numbers["attention_svm"]
-    assert svm["layer"] == 3 and svm["head"] == 0 and svm["num_queries"] == 64
+    assert svm["layer"] == 4 and svm["head"] == 0 and svm["num_queries"] == 64
     assert svm["correlation"] == pytest.approx(diag.correlation, rel=1e-9)
     assert svm["one_hot_fraction_all"] == pytest.approx(diag.one_hot_fraction_all)
 

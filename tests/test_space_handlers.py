@@ -69,7 +69,7 @@ def test_crate_tab_prediction_matches_direct_forward(crate_dir, digit_png):
     # one panel per head of the chosen layer / per layer, each holding the image and the attention overlay
     assert sum(1 for ax in heads_fig.axes if len(ax.images) == 2) == model.config.num_attention_heads
     assert sum(1 for ax in layers_fig.axes if len(ax.images) == 2) == model.config.num_hidden_layers
-    assert "layer 3" in heads_fig._suptitle.get_text()
+    assert "layer 4" in heads_fig._suptitle.get_text()  # -1 / out of range: the last of 4 blocks
     # SRR curves: one line per term panel for this model, values = layer_srr of this image
     import hf_tdiag
 
@@ -97,7 +97,7 @@ def test_crate_tab_compares_variants(crate_dir, digit_png, monkeypatch, tmp_path
     panel = next(ax for ax in srr_fig.axes if ax.get_title().startswith("SRR"))
     assert len(panel.get_lines()) >= 2  # this model and crate-c (solid block outputs; dashed mid states)
     with pytest.raises(gr.Error) as excinfo:
-        H.crate_tab(crate_dir, digit_png, 0, ["crate-x"])
+        H.crate_tab(crate_dir, digit_png, 1, ["crate-x"])
     assert "unknown variant" in _message(excinfo)
 
 
@@ -107,7 +107,7 @@ def test_crate_tab_accepts_rgb_upload_and_warns_on_bad_layer(crate_dir, tmp_path
     with pytest.warns(UserWarning, match="does not exist"):
         labels, heads_fig, *_ = H.crate_tab(crate_dir, str(rgb), 17)
     assert sum(labels.values()) == pytest.approx(1.0, abs=1e-5)
-    assert "layer 3" in heads_fig._suptitle.get_text()
+    assert "layer 4" in heads_fig._suptitle.get_text()  # -1 / out of range: the last of 4 blocks
 
 
 def test_non_image_file_gives_clear_error(crate_dir, tmp_path):
@@ -247,12 +247,13 @@ def test_svm_head_tab_matches_diagnostic(crate_dir, digit_png, bert_dir):
     text, fig, rows = H.svm_head_tab(crate_dir, digit_png, -1, 1, 3)
     loaded = load_model(crate_dir)
     pv = pixel_values_for([Image.open(digit_png)] + digits_test_images(3)[0], loaded)
-    diag = hf_tdiag.attention_svm_diagnostic(loaded.model, pv, 3, 1, max_queries=64)
+    diag = hf_tdiag.attention_svm_diagnostic(loaded.model, pv, 4, 1, max_queries=64)
     values = dict((q, v) for q, v in rows)
     assert values["corr(W_h, W_mm)"] == f"{diag.correlation:.4g}"
-    assert f"{diag.correlation:.4f}" in text and "Head 1 of layer 3 on 4 images" in text
+    assert f"{diag.correlation:.4f}" in text and "Head 1 of layer 4 on 4 images" in text
     assert isinstance(fig, Figure)
-    for args, needle in (((crate_dir, digit_png, 0, 9, 0), "head: expected 0..3"),
+    for args, needle in (((crate_dir, digit_png, 1, 9, 0), "head: expected 0..3"),
+                         ((crate_dir, digit_png, 0, 0, 0), "layer: expected a block number 1..4"),
                          ((bert_dir, digit_png, 0, 0, 0), "text model")):
         with pytest.raises(gr.Error) as excinfo:
             H.svm_head_tab(*args)

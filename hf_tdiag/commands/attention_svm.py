@@ -12,7 +12,6 @@ from .._cli_args import (
     add_threads_flag,
     add_trust_remote_code_flag,
     finite_float,
-    non_negative_int,
     plain,
     positive_int,
 )
@@ -30,7 +29,7 @@ def register(subparsers) -> None:
         "attention-svm",
         help="Att-SVM diagnostic of attention heads (Tarzanagh et al. 2023): correlation of W_K^T W_Q with W_mm",
         description=plain(
-            "For one layer and head (or every head with --head all) of a CRATE, ViT-like or BERT-like model: take "
+            "For one block (1..L) and head (or every head with --head all) of a CRATE, ViT-like or BERT-like model: take "
             "each query's attended token as its selection, solve the attention SVM W_mm = argmin ||W|| s.t. "
             "(x_sel - x_t)^T W x_q >= 1 in the head's input space, and report the correlation of the head's "
             "W_K^T W_Q with W_mm, its margins against the SVM margin and how one-hot its attention is. "
@@ -38,8 +37,9 @@ def register(subparsers) -> None:
         ),
     )
     p.add_argument("model", metavar="MODEL", help="local model folder (save_pretrained) or Hub id")
-    p.add_argument("--layer", type=non_negative_int, required=True, help="block index (0-based)")
-    p.add_argument("--head", default="0", help="head index, or 'all' (default 0)")
+    p.add_argument("--layer", type=positive_int, required=True,
+                   help="block number 1..L (the l-th transformer block; its input is hidden_states[l-1])")
+    p.add_argument("--head", default="0", help="head index, 0-based as in Transformers, or 'all' (default 0)")
     add_input_flags(p, max_samples=8)
     p.add_argument("--queries", default="all", help="'all', 'cls' or comma-separated token positions (default all)")
     p.add_argument("--max-queries", type=_max_queries, default=64,
@@ -98,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, eager_attention=False, trust_remote_code=args.trust_remote_code)
     loaded.model.to(device)
     arch = describe(loaded.model)
-    if not 0 <= args.layer < arch.num_layers:
-        raise ValueError(f"--layer: expected 0..{arch.num_layers - 1}, got {args.layer}")
-    num_heads = arch.layers[args.layer].num_heads
+    if not 1 <= args.layer <= arch.num_layers:
+        raise ValueError(f"--layer: expected a block number 1..{arch.num_layers}, got {args.layer}")
+    num_heads = arch.layers[args.layer - 1].num_heads
     if args.head == "all":
         heads = list(range(num_heads))
     else:

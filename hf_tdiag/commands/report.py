@@ -40,10 +40,12 @@ def register(subparsers) -> None:
         default=None,
         help="subset of: summary srr schatten concepts attention (default: all that apply)",
     )
-    p.add_argument("--layer", type=non_negative_int, default=None, help="layer for the concept section (default: middle)")
-    p.add_argument("--attention-layer", type=non_negative_int, default=None,
-                   help="layer for the head diagnostic (default: last)")
-    p.add_argument("--head", type=non_negative_int, default=0, help="head for the attention-SVM diagnostic (default: 0)")
+    p.add_argument("--layer", type=non_negative_int, default=None,
+                   help="concept layer: hidden_states index 0..L, l = output of block l (default: the middle block)")
+    p.add_argument("--attention-layer", type=positive_int, default=None,
+                   help="block number 1..L of the attention maps and head diagnostic (default: the last block L)")
+    p.add_argument("--head", type=non_negative_int, default=0,
+                   help="head for the attention-SVM diagnostic, 0-based as in Transformers (default: 0)")
     p.add_argument("--concepts", type=positive_int, default=NUM_CONCEPTS,
                    help=f"number of Semi-NMF concepts (default {NUM_CONCEPTS})")
     p.add_argument("--srr-source", default="query", choices=("query", "key", "value"), help="U for non-CRATE models")

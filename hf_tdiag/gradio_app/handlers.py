@@ -186,6 +186,12 @@ def _label(loaded: LoadedModel) -> str:
     return getattr(loaded.config, "variant", None) or loaded.model_type or "model"
 
 
+def _block_number(layer, num_layers: int) -> int:
+    """A block number 1..L from the UI: ``None`` or -1 is the last block, -2 the one before, ..."""
+    layer = int(layer if layer is not None else -1)
+    return layer + num_layers + 1 if layer < 0 else layer
+
+
 @user_errors
 def crate_tab(spec, image_path, layer, compare=None, progress=gr.Progress(track_tqdm=True)):
     """CRATE tab: prediction, attention maps of every head of ``layer``, per-layer mean attention, per-layer SRR
@@ -198,12 +204,11 @@ def crate_tab(spec, image_path, layer, compare=None, progress=gr.Progress(track_
     _require_image_classifier(loaded, "CRATE")
     image = open_image(image_path)
     num_layers = int(loaded.config.num_hidden_layers)
-    layer = int(layer if layer is not None else -1)
-    if layer < 0:
-        layer += num_layers
-    if not 0 <= layer < num_layers:
-        gr.Warning(f"layer {layer} does not exist in a {num_layers}-layer model; showing the last layer")
-        layer = num_layers - 1
+    layer = _block_number(layer, num_layers)
+    if not 1 <= layer <= num_layers:
+        gr.Warning(f"layer {layer} does not exist in a {num_layers}-layer model (blocks 1..{num_layers}); "
+                   "showing the last layer")
+        layer = num_layers
     labels, attentions, pixel_values = classify(loaded, image)
     grid = _grid(loaded, pixel_values.unsqueeze(0))
     shown = _display_image(pixel_values)
@@ -263,7 +268,7 @@ def _bounds_report(loaded: LoadedModel, L_phi: float):
 
 def _bounds_table(report) -> list[list]:
     return [
-        [m.layer, "" if m.head is None else m.head, m.type, m.rank, round(m.spectral_norm, 6),
+        [m.layer + 1, "" if m.head is None else m.head, m.type, m.rank, round(m.spectral_norm, 6),
          round(m.stable_rank, 4), round(m.p_opt, 4), round(m.min_contribution, 6), float(f"{m.flip_factor_down:.4g}")]
         for m in report.matrices
     ]
@@ -458,10 +463,9 @@ def svm_head_tab(spec, image_path, layer=-1, head=0, extra_digits=15, progress=g
         raise UserInputError("image: upload an image or add some digits test images")
     num_layers = int(loaded.config.num_hidden_layers)
     num_heads = int(loaded.config.num_attention_heads)
-    if layer < 0:
-        layer += num_layers
-    if not 0 <= layer < num_layers:
-        raise UserInputError(f"layer: expected -{num_layers}..{num_layers - 1}, got {layer}")
+    layer = _block_number(layer, num_layers)
+    if not 1 <= layer <= num_layers:
+        raise UserInputError(f"layer: expected a block number 1..{num_layers} (or -1 for the last), got {layer}")
     if not 0 <= head < num_heads:
         raise UserInputError(f"head: expected 0..{num_heads - 1}, got {head}")
     pixel_values = pixel_values_for(images, loaded)

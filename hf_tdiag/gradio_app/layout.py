@@ -83,7 +83,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                         with gr.Row():
                             example_index = gr.Number(value=0, precision=0, minimum=0, label="Digits test example #")
                             example_btn = gr.Button("Use digits example", elem_id="crate-example")
-                        layer = gr.Number(value=-1, precision=0, label="Layer for per-head maps (-1 = last)")
+                        layer = gr.Number(value=-1, precision=0, label="Layer for per-head maps: block 1..L (-1 = last)")
                         compare = gr.CheckboxGroup(
                             choices=list(CRATE_VARIANTS),
                             label="Compare variants (default digits model of each; trained on first use)",
@@ -135,7 +135,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     with gr.Column(scale=1):
                         concept_image = _image_input("Image (optional)", "concepts-image")
                         n_concepts = gr.Slider(2, 16, value=4, step=1, label="Concepts")
-                        concept_layer = gr.Number(value=-1, precision=0, label="Layer ℓ (-1 = middle)")
+                        concept_layer = gr.Number(value=-1, precision=0, label="Layer ℓ: output of block ℓ, 0 = embeddings (-1 = middle)")
                         extra_digits = gr.Slider(0, 128, value=31, step=1, label="Also fit on N digits test images")
                         concepts_btn = gr.Button("Fit concepts", variant="primary", elem_id="concepts-run")
                     with gr.Column(scale=2):
@@ -180,8 +180,8 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                 with gr.Row():
                     with gr.Column(scale=1):
                         head_image = _image_input("Image (optional)", "svm-image")
-                        head_layer = gr.Number(value=-1, precision=0, label="Layer (-1 = last)")
-                        head_index = gr.Number(value=0, precision=0, label="Head")
+                        head_layer = gr.Number(value=-1, precision=0, label="Layer: block 1..L (-1 = last)")
+                        head_index = gr.Number(value=0, precision=0, label="Head (0-based)")
                         head_digits = gr.Slider(0, 64, value=15, step=1, label="Also use N digits test images")
                         head_btn = gr.Button("Diagnose head", variant="primary", elem_id="svm-head-run")
                     with gr.Column(scale=2):

@@ -24,7 +24,7 @@ from .._validation import integer
 from .architecture import describe
 from .decoders import decoder_layout, find_decoder, model_getter
 
-__all__ = ["HeadWeights", "head_weights", "decoder_kind"]
+__all__ = ["HeadWeights", "head_weights", "decoder_kind", "num_blocks"]
 
 
 @dataclass
@@ -88,8 +88,16 @@ def _parent_module(model: nn.Module, path: str) -> nn.Module:
     return model.get_submodule(path.rsplit(".", 1)[0])
 
 
+def num_blocks(model: nn.Module) -> int:
+    """The number L of transformer blocks (encoder or decoder layers) of ``model``."""
+    if decoder_kind(model) is not None:
+        return decoder_layout(model).num_layers
+    return describe(model).num_layers
+
+
 def head_weights(model: nn.Module, layer: int, head: int) -> HeadWeights:
-    """The query/key weights of head ``head`` in block ``layer`` (0-based) and the module to hook for its input."""
+    """The query/key weights of head ``head`` in the block with 0-based index ``layer`` (block number ``layer + 1``)
+    and the module to hook for its input."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a Transformers model (torch.nn.Module), got {type(model).__name__}")
     if decoder_kind(model) is not None:

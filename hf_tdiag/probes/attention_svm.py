@@ -1,6 +1,6 @@
 """How max-margin-like is one trained attention head? (Att-SVM diagnostic, after Tarzanagh et al. 2023.)
 
-For one head ``h`` of block ``layer`` of a CRATE, ViT-like or BERT-like encoder, or of a GPT-2 or
+For one head ``h`` of block ``layer`` (1..L) of a CRATE, ViT-like or BERT-like encoder, or of a GPT-2 or
 Llama-style decoder, and a batch of inputs:
 
 1. the head's input tokens are read with a forward pre-hook on its query
@@ -40,20 +40,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._validation import non_negative_int
+from .._validation import integer, non_negative_int
 from ..measures.attention_svm import AttSVMResult, att_svm_self, matrix_correlation
-from .attention_heads import HeadWeights, head_weights
+from .attention_heads import HeadWeights, head_weights, num_blocks
 from .token_states import forward_kwargs
 
-__all__ = ["AttentionSVMDiagnostic", "attention_svm_diagnostic", "head_qk", "visible_projection"]
+__all__ = ["AttentionSVMDiagnostic", "attention_svm_diagnostic", "block_index", "head_qk", "visible_projection"]
 
 
 @dataclass
 class AttentionSVMDiagnostic:
     """Result of :func:`attention_svm_diagnostic`."""
 
-    layer: int
-    head: int
+    layer: int  # block number 1..L
+    head: int  # 0-based head index
     family: str
     norm: str
     include_bias: bool
@@ -114,9 +114,18 @@ class AttentionSVMDiagnostic:
         return out
 
 
+def block_index(model: nn.Module, layer) -> int:
+    """The 0-based index of block number ``layer`` (1..L, the convention of every user-facing layer number)."""
+    integer(layer, "layer", low=1)
+    L = num_blocks(model)
+    if layer > L:
+        raise ValueError(f"layer: expected a block number in 1..{L} (block l: the l-th transformer block), got {layer}")
+    return layer - 1
+
+
 def head_qk(model: nn.Module, layer: int, head: int):
-    """``(W_Q, b_Q, W_K, b_K, p, family)`` of one head (see :func:`hf_tdiag.probes.attention_heads.head_weights`)."""
-    hw = head_weights(model, layer, head)
+    """``(W_Q, b_Q, W_K, b_K, p, family)`` of head ``head`` of block ``layer`` (1..L)."""
+    hw = head_weights(model, block_index(model, layer), head)
     return hw.W_Q, hw.b_Q, hw.W_K, hw.b_K, hw.head_dim, hw.family
 
 
@@ -282,7 +291,8 @@ def attention_svm_diagnostic(
     tol: float = 1e-10,
     progress: bool = False,
 ) -> AttentionSVMDiagnostic:
-    """Att-SVM diagnostic of head ``head`` in block ``layer`` on a batch of ``inputs``.
+    """Att-SVM diagnostic of head ``head`` (0-based, as Transformers numbers heads) of block ``layer`` (1..L: the
+    l-th transformer block, whose input is ``hidden_states[l-1]``) on a batch of ``inputs``.
 
     ``inputs``: pixel values / input ids (tensor) or a dict batch (``attention_mask``
     marks padding for text models). ``queries``: ``"all"`` tokens, ``"cls"`` (position 0)
@@ -292,7 +302,7 @@ def attention_svm_diagnostic(
     term is part of the comparison (default: when the query projection has a bias).
     """
     _check_arguments(model, one_hot_threshold, max_queries)
-    hw = head_weights(model, layer, head)
+    hw = head_weights(model, block_index(model, layer), head)
     X, valid = _head_inputs(model, hw, inputs)
     logp = _log_probs(hw, X, valid)  # (B, N, N)
     max_p, selected = logp.exp().max(-1)

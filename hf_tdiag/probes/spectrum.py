@@ -82,7 +82,7 @@ def _json_float(x: float) -> float | str | None:
 class MatrixRecord:
     """One analysed matrix (row-vector orientation) and its place in the bound."""
 
-    layer: int
+    layer: int  # 0-based index of the block (kept for the cached JSON): block number = layer + 1; tables show 1..L
     head: int | None
     type: str
     shape: tuple[int, int]
@@ -189,7 +189,7 @@ class SpectrumBoundReport:
         layer_rows = []
         for layer in range(self.num_layers):
             downs = [m.flip_factor_down for m in self.matrices if m.layer == layer and math.isfinite(m.flip_factor_down)]
-            layer_rows.append([layer, float(gains[layer]), float(self.alpha[layer]), max(downs) if downs else float("nan")])
+            layer_rows.append([layer + 1, float(gains[layer]), float(self.alpha[layer]), max(downs) if downs else float("nan")])
         layer_heads = ["layer", "gain f_ℓ", "α_ℓ = Π_{k>ℓ} f_k", "largest κ↓ (×γα_ℓL for p > 0 to win)"]
         return {"types": (heads, rows), "layers": (layer_heads, layer_rows)}
 

@@ -95,27 +95,35 @@ def _overlay_grid(image, maps: np.ndarray, titles: list[str], suptitle: str) -> 
     return fig
 
 
+def _check_block(layer, num_layers: int) -> int:
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= num_layers:
+        raise ValueError(f"layer: expected a block number 1..{num_layers}, got {layer!r}")
+    return layer
+
+
 def attention_heads_figure(image, attentions: torch.Tensor, grid: tuple[int, int], layer: int) -> Figure:
-    """CLS attention of every head of ``layer`` over ``image`` (attentions ``(L, K, N, N)`` of one input)."""
+    """CLS attention of every head of block ``layer`` (1..L) over ``image`` (attentions ``(L, K, N, N)`` of one
+    input: ``attentions[l-1]`` is block l's)."""
     maps = cls_attention_grid(attentions, grid)
-    if not 0 <= layer < maps.shape[0]:
-        raise ValueError(f"layer: expected 0 <= layer < {maps.shape[0]}, got {layer}")
+    layer = _check_block(layer, maps.shape[0])
     titles = [f"head {k}" for k in range(maps.shape[1])]
-    return _overlay_grid(image, maps[layer], titles, f"CLS attention over the image, layer {layer}")
+    return _overlay_grid(image, maps[layer - 1], titles, f"CLS attention over the image, layer {layer}")
 
 
 def attention_layers_figure(image, attentions: torch.Tensor, grid: tuple[int, int]) -> Figure:
     """Mean over heads of the CLS attention, one panel per layer (attentions ``(L, K, N, N)`` of one input)."""
     maps = cls_attention_grid(attentions, grid).mean(axis=1)
-    titles = [f"layer {i}" for i in range(maps.shape[0])]
+    titles = [f"layer {i}" for i in range(1, maps.shape[0] + 1)]
     return _overlay_grid(image, maps, titles, "CLS attention (mean over heads) per layer")
 
 
 def token_attention_figure(tokens: list[str], attentions: torch.Tensor, layer: int) -> Figure:
-    """Token-to-token attention of ``layer``, mean over heads, tokens as tick labels (attentions ``(L, K, N, N)``)."""
+    """Token-to-token attention of block ``layer`` (1..L), mean over heads, tokens as tick labels (attentions
+    ``(L, K, N, N)``)."""
     if attentions.dim() != 4 or attentions.shape[-1] != len(tokens):
         raise ValueError(f"attentions: expected (layers, heads, {len(tokens)}, {len(tokens)}), got {tuple(attentions.shape)}")
-    matrix = attentions[layer].mean(0).detach().to(torch.float64).cpu().numpy()
+    layer = _check_block(layer, attentions.shape[0])
+    matrix = attentions[layer - 1].mean(0).detach().to(torch.float64).cpu().numpy()
     n = len(tokens)
     side = min(9.0, 2.0 + 0.28 * n)
     fig, axes = _subplots(1, 1, (side + 1.2, side), layout="constrained")
@@ -141,8 +149,8 @@ def first_token_attention_figure(tokens: list[str], attentions: torch.Tensor) ->
     ax = axes[0][0]
     im = ax.imshow(rows, cmap="inferno", aspect="auto", interpolation="nearest")
     ax.set_xticks(range(n), tokens, rotation=90, fontsize=7 if n <= 32 else 5)
-    ax.set_yticks(range(layers), [str(i) for i in range(layers)], fontsize=8)
-    ax.set_ylabel("layer")
+    ax.set_yticks(range(layers), [str(i) for i in range(1, layers + 1)], fontsize=8)
+    ax.set_ylabel("layer (block 1..L)")
     ax.set_title(f"Attention of {tokens[0]!s} to each token, mean over heads", fontsize=10)
     fig.colorbar(im, ax=ax, shrink=0.8)
     return fig
@@ -204,8 +212,8 @@ def optimal_p_heatmap(report) -> Figure:
     im = ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=2.0, aspect="auto", interpolation="nearest")
     labels = [t if h < 0 else f"{t} h{h}" for t, h in columns]
     ax.set_xticks(range(len(columns)), labels, rotation=90, fontsize=6 if len(columns) > 24 else 8)
-    ax.set_yticks(range(report.num_layers), [str(i) for i in range(report.num_layers)], fontsize=8)
-    ax.set_ylabel("layer")
+    ax.set_yticks(range(report.num_layers), [str(i) for i in range(1, report.num_layers + 1)], fontsize=8)
+    ax.set_ylabel("layer (block 1..L)")
     if grid.size <= 400:
         for (i, j), v in np.ndenumerate(grid):
             if np.isfinite(v):

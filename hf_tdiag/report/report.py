@@ -69,7 +69,7 @@ class ReportOptions:
     n_concepts: int = NUM_CONCEPTS
     concept_power_iters: int = 10  # power iterations per Lipschitz estimate of the bound's constants
     concept_constant_images: int = 8  # images used to estimate L_block and alpha
-    attention_layer: int | None = None  # default: last layer
+    attention_layer: int | None = None  # block number 1..L; default: the last block
     attention_head: int = 0
     max_svm_samples: int = 16
     L_phi: float = 1.13
@@ -299,7 +299,7 @@ def section_srr(loaded: LoadedModel, inputs: ReportInputs | None, options: Repor
 def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
     report = hf_tdiag.spectrum_bounds(loaded.model, L_phi=options.L_phi)
     rows = [
-        [m.layer, "—" if m.head is None else m.head, m.type, m.rank, m.spectral_norm, m.stable_rank, m.p_opt,
+        [m.layer + 1, "—" if m.head is None else m.head, m.type, m.rank, m.spectral_norm, m.stable_rank, m.p_opt,
          m.min_contribution, m.flip_factor_down]
         for m in report.matrices
     ]
@@ -497,9 +497,9 @@ def section_attention(loaded: LoadedModel, inputs: ReportInputs | None, options:
     if inputs is None:
         return _skip("attention", title, "needs inputs: attention maps are computed on the inputs")
     arch = _arch(loaded)
-    layer = arch.num_layers - 1 if options.attention_layer is None else int(options.attention_layer)
-    if not 0 <= layer < arch.num_layers:
-        raise ValueError(f"attention_layer: expected 0 <= layer < {arch.num_layers}, got {layer}")
+    layer = arch.num_layers if options.attention_layer is None else int(options.attention_layer)
+    if not 1 <= layer <= arch.num_layers:
+        raise ValueError(f"attention_layer: expected a block number 1..{arch.num_layers}, got {layer}")
     section = Section("attention", title)
     _, attn = _forward(loaded, ReportInputs(inputs.batch[:1] if isinstance(inputs.batch, torch.Tensor) else
                                             {k: v[:1] for k, v in inputs.batch.items()}), output_attentions=True)
@@ -682,7 +682,7 @@ def _resolved_options(loaded: LoadedModel, options: ReportOptions) -> dict:
     if values["concept_layer"] is None:
         values["concept_layer"] = f"{_default_concept_layer(num_layers)} (default: the middle block)"
     if values["attention_layer"] is None:
-        values["attention_layer"] = f"{num_layers - 1} (default: the last block)"
+        values["attention_layer"] = f"{num_layers} (default: the last block)"
     return values
 
 

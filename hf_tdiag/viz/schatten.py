@@ -208,10 +208,10 @@ def plot_optimal_p(report) -> Figure:
         ax.scatter(layers + offset, ps, s=10, color=f"C{i}", alpha=0.5)
         mean = [ps[layers == layer].mean() for layer in range(report.num_layers)]
         ax.plot(np.arange(report.num_layers) + offset, mean, color=f"C{i}", marker="o", label=TYPE_LABELS[t])
-    ax.set_xlabel("layer ℓ")
+    ax.set_xlabel("layer ℓ (block 1..L)")
     ax.set_ylabel("optimal p")
     ax.set_ylim(-0.05, 2.05)
-    ax.set_xticks(range(report.num_layers))
+    ax.set_xticks(range(report.num_layers), [str(i + 1) for i in range(report.num_layers)])  # record.layer is 0-based
     ax.set_title(f"Optimal Schatten index per matrix — {_title_name(report)}", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
@@ -252,7 +252,7 @@ def _layer_colors(n: int) -> list:
 
 
 def _layer_colorbar(fig: Figure, axes, num_layers: int) -> None:
-    """A colour bar mapping the line colours of :func:`_layer_colors` to layer indices 0 … L−1."""
+    """A colour bar mapping the line colours of :func:`_layer_colors` (record.layer 0 … L−1) to blocks 1 … L."""
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import BoundaryNorm
@@ -260,9 +260,9 @@ def _layer_colorbar(fig: Figure, axes, num_layers: int) -> None:
     bounds = np.arange(num_layers + 1) - 0.5
     cmap = colormaps["viridis"].resampled(max(num_layers, 2))
     sm = ScalarMappable(norm=BoundaryNorm(bounds, cmap.N), cmap=cmap)
-    bar = fig.colorbar(sm, ax=list(axes), label="layer ℓ", pad=0.01, aspect=30)
-    step = max(1, num_layers // 8)
-    bar.set_ticks(range(0, num_layers, step))
+    bar = fig.colorbar(sm, ax=list(axes), label="layer ℓ (block 1..L)", pad=0.01, aspect=30)
+    ticks = range(0, num_layers, max(1, num_layers // 8))
+    bar.set_ticks(ticks, labels=[str(i + 1) for i in ticks])
 
 
 def optimal_p_counts(report) -> dict[str, np.ndarray]:

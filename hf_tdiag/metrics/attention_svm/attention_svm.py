@@ -37,7 +37,8 @@ Args:
     images: PIL images (a list, or a datasets Image column); or
     pixel_values: a tensor (B, C, H, W) already processed for the model; or
     texts: strings for a text encoder (tokenized with the model folder's tokenizer or `tokenizer=`).
-    layer (`int`, default 0), head (`int`, default 0): the head to diagnose.
+    layer (`int`, default 1): the block number 1..L (the l-th transformer block); head (`int`, default 0): the head,
+        0-based as in Transformers.
     queries (`str` or list, default "all"): "all" tokens, "cls" (position 0) or a list of positions.
     max_queries (`int`, default 64): queries sampled (seeded) for the SVM; None or 0 = all.
     one_hot_threshold (`float`, default 0.9): attention counts as one-hot when its largest probability is >= this.
@@ -77,7 +78,7 @@ class AttentionSVM(ModelInputsMixin, evaluate.Measurement):
         inputs=None,
         pixel_values=None,
         model=None,
-        layer=0,
+        layer=1,
         head=0,
         queries="all",
         max_queries=64,
