@@ -17,7 +17,7 @@ Writes one PNG and one JSON per figure (``fig2_trajectories.png`` / ``.json``, â
 (per experiment: the settings run, the time taken and the load average then) to ``--output-dir``; runs with
 ``--only`` at the same size add to the ``summary.json`` already there, so experiments can be run one at a time.
 
-    python recipes/attention_svm.py --paper --output-dir runs/attention_svm_paper     # tens of minutes on 2 cores
+    python recipes/attention_svm.py --paper --output-dir runs/attention_svm_paper     # ~40 min on 2 busy cores
     python recipes/attention_svm.py --quick --output-dir runs/attention_svm_quick     # about a minute (CI)
     python recipes/attention_svm.py --replot --dpi 72 --output-dir runs/attention_svm_paper   # redraw from the JSON
 """
