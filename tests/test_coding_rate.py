@@ -441,6 +441,10 @@ def test_float32_gram_error_is_the_documented_hutchinson_estimate():
         hutchinson = float((z * torch.linalg.solve(H, z)).sum(0).mean())
         expected = 2.0**-24 * (math.sqrt(m) + math.sqrt(k) + 2.0) * hutchinson
         assert float(estimate[b]) == pytest.approx(expected, rel=1e-4)
+    # a float64 matrix gives the same estimate (the solve runs in float32 either way)
+    mat64 = mat.double()
+    torch.testing.assert_close(cr.float32_gram_error(mat64, torch.linalg.cholesky(mat64), inner=m), estimate,
+                               rtol=1e-4, atol=0)
     # Hutchinson's estimate is unbiased for tr(H⁻¹); with this many probes within 30% on this well-scaled matrix
     M = mat[0].double()
     d = M.diagonal().rsqrt()

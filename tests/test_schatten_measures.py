@@ -369,3 +369,96 @@ def test_flip_factor_of_rank_one_matrix_by_hand():
     # a zero matrix never flips (every c is 0): NaN
     zero = S.schatten_powers(torch.zeros(3, dtype=torch.float64), ps)
     assert all(math.isnan(float(x)) for x in S.flip_factors(zero, ps, scale, N))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Every tensor and count argument refused under its own name (a string, a tensor with too few dimensions, a zero count),
+# each function otherwise called with valid inputs; full_dim and rank_tol reach every norm. Written against the gaps
+# mutation testing found (argument names, min_dim checks and pass-through arguments that no test reached).
+import inspect  # noqa: E402
+
+L_, H_, P_ = 3, 2, 4
+VALID = {
+    "singular_values": dict(matrix=torch.randn(4, 3)),
+    "low_rank_product_spectrum": dict(left=torch.randn(5, 2), right=torch.randn(2, 4)),
+    "rank_threshold": dict(sigma=torch.tensor([3.0, 1.0]), full_dim=2),
+    "clean_spectrum": dict(sigma=torch.tensor([3.0, 1.0]), full_dim=2),
+    "schatten_power": dict(sigma=torch.tensor([3.0, 1.0]), p=1.0, full_dim=2),
+    "numerical_rank": dict(sigma=torch.tensor([3.0, 1.0]), full_dim=2),
+    "spectral_norm": dict(sigma=torch.tensor([3.0, 1.0])),
+    "frobenius_norm": dict(sigma=torch.tensor([3.0, 1.0]), full_dim=2),
+    "nuclear_norm": dict(sigma=torch.tensor([3.0, 1.0]), full_dim=2),
+    "norm_2_1": dict(matrix=torch.randn(4, 3)),
+    "norm_1_1": dict(matrix=torch.randn(4, 3)),
+    "p_grid": dict(num_layers=2, hidden_size=8, m=3),
+    "layer_gain": dict(m_in_norm=torch.rand(L_) + 1, m_out_norm=torch.rand(L_) + 1, v_norms=torch.rand(L_, H_) + 1,
+                       qk_norms=torch.rand(L_, H_) + 1, L_phi=1.0),
+    "type_factors": dict(m_in_norm=torch.rand(L_) + 1, m_out_norm=torch.rand(L_) + 1, v_norms=torch.rand(L_, H_) + 1),
+    "contributions": dict(powers=torch.rand(2, P_) + 1, ps=torch.arange(P_, dtype=torch.float64), gamma=1.0,
+                          alpha=torch.ones(2), num_layers=2, hidden_size=8),
+    "flip_factors": dict(powers=torch.rand(2, P_) + 1, ps=torch.arange(P_, dtype=torch.float64), scale=2.0,
+                         hidden_size=8),
+    "optimal_contribution": dict(curve=torch.rand(2, P_), ps=torch.arange(P_, dtype=torch.float64)),
+    "spectrum_adaptive_bound": dict(min_contributions=torch.rand(3), num_layers=4),
+    "edelman_layer_terms": dict(m_in_norm=torch.rand(L_), m_out_norm=torch.rand(L_), v_norms=torch.rand(L_, H_),
+                                qk_norms_2_1=torch.rand(L_, H_), v_norms_2_1=torch.rand(L_, H_),
+                                m_in_norm_2_1=torch.rand(L_), m_out_norm_2_1=torch.rand(L_)),
+    "edelman_bound": dict(alpha=torch.rand(L_), xi=torch.rand(L_)),
+}
+COUNTS = {"full_dim", "num_layers", "hidden_size", "m"}
+NOT_TENSORS = COUNTS | {"p"}
+# tensor arguments that must have at least this many dimensions
+MIN_DIM = {"matrix": 2, "left": 2, "right": 2, "sigma": 1, "m_in_norm": 1, "m_out_norm": 1, "v_norms": 2,
+           "qk_norms": 2, "powers": 1, "curve": 1, "qk_norms_2_1": 2, "v_norms_2_1": 2, "m_in_norm_2_1": 1,
+           "m_out_norm_2_1": 1, "alpha": 1, "xi": 1}
+MIN_DIM_BY_FUNCTION = {"contributions": {"alpha": 0}}  # γ and α broadcast to the batch: scalars are fine there
+
+CASES = [(f, a) for f, kw in VALID.items() for a in kw]
+
+
+def test_the_table_covers_every_public_function_with_tensor_or_count_arguments():
+    public = {n for n, f in inspect.getmembers(S, inspect.isfunction) if f.__module__ == S.__name__ and n[0] != "_"}
+    untested = public - set(VALID) - {"schatten_powers", "stable_rank", "chunk_rows", "streamed_gram",
+                                       "streamed_r_factor", "streamed_singular_values", "propagation_factors"}
+    assert not untested, untested
+    for name, kw in VALID.items():  # the valid calls are valid
+        getattr(S, name)(**kw)
+
+
+@pytest.mark.parametrize("function, arg", CASES)
+def test_a_wrong_argument_is_named(function, arg):
+    kw = dict(VALID[function])
+    if arg in COUNTS:
+        kw[arg] = 0
+        with pytest.raises(ValueError, match=rf"^{arg}: "):
+            getattr(S, function)(**kw)
+        return
+    if arg == "p":  # schatten_power's exponent: float(p), a bare conversion error (not named; noted for the lead)
+        return
+    kw[arg] = "not a tensor"
+    with pytest.raises(TypeError, match=rf"^{arg}: "):
+        getattr(S, function)(**kw)
+    need = MIN_DIM_BY_FUNCTION.get(function, {}).get(arg, MIN_DIM.get(arg, 0))
+    if need:
+        kw[arg] = torch.ones([2] * (need - 1))  # one dimension short
+        with pytest.raises(ValueError, match=rf"^{arg}: expected at least {need} dimension"):
+            getattr(S, function)(**kw)
+
+
+def test_full_dim_and_rank_tol_reach_every_norm_by_hand():
+    sigma = torch.tensor([[2.0, 0.5, 1e-3], [0.5, 2.0, 0.0]], dtype=torch.float64)
+    # τ = rank_tol · n · max(σ₁, 1): n = 3, tol 1e-3 -> τ = 6e-3 keeps 2 and 0.5; n = 300 -> τ = 0.6 keeps 2;
+    # the default tol 1e-10 keeps every non-zero value
+    cases = [(dict(full_dim=3, rank_tol=1e-3), [2.0, 0.5]), (dict(full_dim=300, rank_tol=1e-3), [2.0]),
+             (dict(full_dim=3), [2.0, 0.5, 1e-3]), (dict(), [2.0, 0.5, 1e-3])]
+    for kw, kept in cases:
+        second = [v for v in kept if v != 1e-3]  # the second row has no 1e-3 value
+        assert S.numerical_rank(sigma, **kw).tolist() == [len(kept), len(second)], kw
+        assert S.nuclear_norm(sigma, **kw).tolist() == pytest.approx([sum(kept), sum(second)], rel=1e-15), kw
+        fro = [sum(v * v for v in kept) ** 0.5, sum(v * v for v in second) ** 0.5]
+        assert S.frobenius_norm(sigma, **kw).tolist() == pytest.approx(fro, rel=1e-15), kw
+        assert S.schatten_power(sigma, 3.0, **kw).tolist() == pytest.approx(
+            [sum(v**3 for v in kept), sum(v**3 for v in second)], rel=1e-15), kw
+        assert S.stable_rank(sigma, **kw).tolist() == pytest.approx([f * f / 4.0 for f in fro], rel=1e-15), kw
+        expected_clean = sorted(kept, reverse=True) + [0.0] * (3 - len(kept))
+        assert S.clean_spectrum(sigma, **kw)[0].tolist() == pytest.approx(expected_clean, rel=1e-15), kw
