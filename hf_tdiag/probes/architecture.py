@@ -220,56 +220,39 @@ def _decoder_architecture(model: nn.Module) -> Architecture:
     )
 
 
-def describe(model: nn.Module) -> Architecture:
-    """Locate every block's attention/feed-forward modules; raise a clear error for unsupported models."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module (a Transformers model), got {type(model).__name__}")
-    config = getattr(model, "config", None)
-    if config is None:
-        raise TypeError(f"model: expected a Transformers model with a .config, got {type(model).__name__}")
-    model_type = getattr(config, "model_type", "") or ""
-    hidden = _config_int(config, "hidden_size", "dim", "d_model")
-    num_heads = _config_int(config, "num_attention_heads", "n_heads", "num_heads")
+def _crate_architecture(model: nn.Module, config) -> Architecture:
+    layers, blocks, base = _crate_layers(model, config)
+    return Architecture(
+        family="crate",
+        model_type="crate",
+        hidden_size=config.hidden_size,
+        num_layers=len(blocks),
+        num_heads=layers[0].num_heads,
+        head_dim=layers[0].head_dim,
+        pre_norm=True,
+        layers=layers,
+        encoder_layers=blocks,
+        base_model=base,
+    )
 
-    if model_type == "crate":
-        layers, blocks, base = _crate_layers(model, config)
-        return Architecture(
-            family="crate",
-            model_type=model_type,
-            hidden_size=config.hidden_size,
-            num_layers=len(blocks),
-            num_heads=layers[0].num_heads,
-            head_dim=layers[0].head_dim,
-            pre_norm=True,
-            layers=layers,
-            encoder_layers=blocks,
-            base_model=base,
-        )
 
-    from .decoders import find_decoder
-
-    if find_decoder(model) is not None:
-        return _decoder_architecture(model)
-    if any(getattr(m, "is_causal", False) is True for m in model.modules()):
-        from .decoders import decoder_layout
-
-        decoder_layout(model)  # raises the decoder error: a causal model of an unsupported layout
-    if hidden is None or num_heads is None:
-        raise ValueError(f"model: config of type {model_type!r} has no hidden size / number of heads; {_EXPECTED}")
-    num_layers = _config_int(config, "num_hidden_layers", "n_layers", "num_layers")
-    list_name, blocks = _find_layer_list(model, num_layers)
-    base = getattr(model, "base_model", model)
+def _encoder_handles(model: nn.Module, blocks, num_heads: int) -> tuple[list[LayerHandles], bool]:
+    """Each encoder block's handles (query/key/value, attention output, FFN, pre-attention norm), and whether the
+    blocks are pre-norm (ViT-like) rather than post-norm (BERT-like)."""
     handles = []
     pre_norm = None
     for i, block in enumerate(blocks):
         found = {role: _match_role(block, role) for role in _ROLE_PATTERNS}
         missing = [r for r in ("query", "key", "value") if found[r] is None]
         if missing:
-            raise ValueError(f"model: block {i} of {type(model).__name__} has no {'/'.join(missing)} projection; {_EXPECTED}")
+            raise ValueError(
+                f"model: block {i + 1} of {type(model).__name__} has no {'/'.join(missing)} projection; {_EXPECTED}"
+            )
         q_weight = found["query"][1].weight
         if q_weight.shape[0] % num_heads != 0:
             raise ValueError(
-                f"model: query projection of block {i} has {q_weight.shape[0]} outputs, not divisible by {num_heads} heads"
+                f"model: query projection of block {i + 1} has {q_weight.shape[0]} outputs, not divisible by "
+                f"{num_heads} heads"
             )
         norm = next((getattr(block, n) for n in _PRE_NORM_NAMES if isinstance(getattr(block, n, None), nn.LayerNorm)), None)
         pre_norm = norm is not None if pre_norm is None else pre_norm
@@ -289,6 +272,35 @@ def describe(model: nn.Module) -> Architecture:
                 attention_module=_parent(block, found["query"][0]),
             )
         )
+    return handles, bool(pre_norm)
+
+
+def describe(model: nn.Module) -> Architecture:
+    """Locate every block's attention/feed-forward modules; raise a clear error for unsupported models."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module (a Transformers model), got {type(model).__name__}")
+    config = getattr(model, "config", None)
+    if config is None:
+        raise TypeError(f"model: expected a Transformers model with a .config, got {type(model).__name__}")
+    model_type = getattr(config, "model_type", "") or ""
+    if model_type == "crate":
+        return _crate_architecture(model, config)
+
+    from .decoders import find_decoder
+
+    if find_decoder(model) is not None:
+        return _decoder_architecture(model)
+    if any(getattr(m, "is_causal", False) is True for m in model.modules()):
+        from .decoders import decoder_layout
+
+        decoder_layout(model)  # raises the decoder error: a causal model of an unsupported layout
+    hidden = _config_int(config, "hidden_size", "dim", "d_model")
+    num_heads = _config_int(config, "num_attention_heads", "n_heads", "num_heads")
+    if hidden is None or num_heads is None:
+        raise ValueError(f"model: config of type {model_type!r} has no hidden size / number of heads; {_EXPECTED}")
+    num_layers = _config_int(config, "num_hidden_layers", "n_layers", "num_layers")
+    list_name, blocks = _find_layer_list(model, num_layers)
+    handles, pre_norm = _encoder_handles(model, blocks, num_heads)
     return Architecture(
         family="vit" if pre_norm else "bert",
         model_type=model_type,
@@ -296,8 +308,8 @@ def describe(model: nn.Module) -> Architecture:
         num_layers=len(blocks),
         num_heads=num_heads,
         head_dim=handles[0].head_dim,
-        pre_norm=bool(pre_norm),
+        pre_norm=pre_norm,
         layers=handles,
         encoder_layers=blocks,
-        base_model=base,
+        base_model=getattr(model, "base_model", model),
     )
