@@ -462,3 +462,21 @@ def test_full_dim_and_rank_tol_reach_every_norm_by_hand():
         assert S.stable_rank(sigma, **kw).tolist() == pytest.approx([f * f / 4.0 for f in fro], rel=1e-15), kw
         expected_clean = sorted(kept, reverse=True) + [0.0] * (3 - len(kept))
         assert S.clean_spectrum(sigma, **kw)[0].tolist() == pytest.approx(expected_clean, rel=1e-15), kw
+
+
+def test_layer_gain_and_type_factors_refuse_each_shape_mismatch_alone():
+    base = VALID["layer_gain"]
+    bad = {"m_out_norm": torch.rand(L_ + 1), "v_norms": torch.rand(L_ + 1, H_), "qk_norms": torch.rand(L_, H_ + 1),
+           "m_in_norm": torch.rand(L_, 1)}
+    for arg, value in bad.items():
+        with pytest.raises(ValueError, match="expected shapes"):
+            S.layer_gain(**{**base, arg: value})
+        if arg != "qk_norms":
+            with pytest.raises(ValueError, match="expected shapes"):
+                S.type_factors(**{k: v for k, v in {**base, arg: value}.items() if k in VALID["type_factors"]})
+    for L_phi in (0.0, -1.0, [1.0, 2.0]):
+        with pytest.raises(ValueError, match=r"^L_phi: expected a positive scalar"):
+            S.layer_gain(**{**base, "L_phi": L_phi})
+    # by hand: f_k = L_φ ‖M_in‖ ‖M_out‖ Σ_h ‖V_h‖ (1 + 4‖QK_h‖)
+    f = S.layer_gain([2.0], [3.0], [[1.0, 0.5]], [[0.25, 1.0]], L_phi=0.5)
+    assert f.tolist() == pytest.approx([0.5 * 2 * 3 * (1.0 * 2.0 + 0.5 * 5.0)])
