@@ -43,7 +43,7 @@ def plot_trajectories(res: dict) -> Figure:
             p = as_array(res["paths"][param][i])
             scale = max(np.linalg.norm(p[-1]), 1e-12) / 2.5
             ax.plot(p[:, 0] / scale, p[:, 1] / scale, color=c, ls=ls, lw=1)
-    ax.set_aspect("equal")
+    ax.set_aspect("equal", adjustable="datalim")  # equal scales, the axes fill the figure
     ax.grid(alpha=0.3)
     fc = res["final_correlation"]
     ax.set_title(f"GD paths (W solid, KQ dashed; scaled) vs SVM directions\ncorr(W, W_mm) = {fc['W_vs_fro']:.4f}, "
