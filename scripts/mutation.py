@@ -173,8 +173,41 @@ def run_module(module: str, tool: dict, scratch: Path, jobs: int, summary_only: 
     return t
 
 
+KEYS = ("generated", "killed", "timeout", "survived", "equivalent", "no_tests", "not_checked")
+
+
+def package_totals(rows: list[dict]) -> dict[str, dict]:
+    """Per package (``hf_tdiag/measures`` ...): the counts summed over its modules, and the killed share."""
+    totals: dict[str, dict] = {}
+    for r in rows:
+        pkg = "/".join(r["module"].split("/")[:2])
+        t = totals.setdefault(pkg, {**dict.fromkeys(KEYS, 0), "modules": []})
+        for k in KEYS:
+            t[k] += r[k]
+        t["modules"].append(r["module"])
+    for t in totals.values():
+        t["killed_percent"] = score(t)
+    return totals
+
+
+def write_json(path: Path, rows: list[dict]) -> None:
+    """The summary as JSON: per module (counts, killed share, survivors' names) and per package."""
+    import importlib.metadata
+
+    data = {
+        "tool": f"mutmut {importlib.metadata.version('mutmut')}",
+        "killed_percent": "killed (timeouts included) / (generated - equivalent - not_checked)",
+        "equivalent_list": EQUIVALENT.relative_to(ROOT).as_posix(),
+        "packages": package_totals(rows),
+        "modules": [{**{k: r[k] for k in KEYS}, "killed_percent": score(r), "module": r["module"], "tests": r["tests"],
+                     "survivors": r["survivors"]} for r in rows],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
 def print_table(rows: list[dict]) -> None:
-    keys = ("generated", "killed", "timeout", "survived", "equivalent", "no_tests", "not_checked")
+    keys = KEYS
     print(f"{'module':<52}" + "".join(f"{k:>12}" for k in keys) + f"{'killed %':>10}")
     totals: dict[str, dict[str, int]] = {}
     for r in rows:
@@ -202,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("targets", nargs="*", help=f"packages ({' '.join(packages)}), folders or module paths")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "1")), help="mutmut workers")
     ap.add_argument("--summary", action="store_true", help="print the recorded results, run nothing")
+    ap.add_argument("--json", type=Path, help="also write the summary as JSON (e.g. benchmarks/results/mutation_summary.json)")
     ap.add_argument("--survivors", action="store_true", help="retest only the recorded survivors (after adding tests)")
     args = ap.parse_args(argv)
     scratch = Path(os.environ.get("MUTATION_DIR", Path(tempfile.gettempdir()) / "hf_tdiag_mutation"))
@@ -216,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{t['survived']} survived, {t['equivalent']} equivalent, {t['no_tests']} without tests",
                       flush=True)
     print_table(rows)
+    if args.json:
+        write_json(args.json, rows)
     return 0
 
 

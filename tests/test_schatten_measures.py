@@ -480,3 +480,12 @@ def test_layer_gain_and_type_factors_refuse_each_shape_mismatch_alone():
     # by hand: f_k = L_φ ‖M_in‖ ‖M_out‖ Σ_h ‖V_h‖ (1 + 4‖QK_h‖)
     f = S.layer_gain([2.0], [3.0], [[1.0, 0.5]], [[0.25, 1.0]], L_phi=0.5)
     assert f.tolist() == pytest.approx([0.5 * 2 * 3 * (1.0 * 2.0 + 0.5 * 5.0)])
+
+
+def test_edelman_bound_refuses_each_negative_input_alone_and_accepts_zeros_by_hand():
+    for alpha, xi in (([-1.0, 1.0], [1.0, 1.0]), ([1.0, 1.0], [1.0, -1e-9])):
+        with pytest.raises(ValueError, match=r"^alpha/xi: must be >= 0"):
+            S.edelman_bound(alpha, xi)
+    assert float(S.edelman_bound([0.0, 0.0], [0.0, 0.0])) == 1.0
+    # (1 + Σ α^{2/3} ξ)^{3/2} with α = (8, 0), ξ = (0.5, 3): (1 + 4·0.5)^{3/2} = 3^{3/2}
+    assert float(S.edelman_bound([8.0, 0.0], [0.5, 3.0])) == pytest.approx(3.0**1.5, rel=1e-14)
