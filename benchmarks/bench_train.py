@@ -126,7 +126,7 @@ def main(argv=None):
             runners[name] = Runner(accelerator, preset, cli, weight)
         times = {name: [] for name in runners}
         peaks = {}
-        for name, runner in runners.items():
+        for runner in runners.values():
             runner.run(cli.warmup)
         for _ in range(cli.rounds):  # interleave to share machine noise
             for name, runner in runners.items():

@@ -175,10 +175,7 @@ def srr_pass_section(device: torch.device, smoke: bool) -> dict:
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     print(f"srr_pass: forward {fwd:.2f} s, layer_srr {srr:.2f} s over {num_images} images ({srr / fwd:.2f}x forward)",
           flush=True)
-    del model, images
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return result
+    return result  # the caller empties the CUDA cache after each section
 
 
 def _timed(fn, device, repeats=3):
@@ -253,7 +250,7 @@ def srr_profile_section(device: torch.device, smoke: bool) -> dict:
         grams[name] = {"R_s": _timed(lambda gd=gd, cd=cd: _gram_logdet(Z, d / (N * 0.01), gd, cd), device)}
         if A is not None:
             p = A.shape[-1]
-            grams[name]["Rc_s"] = _timed(lambda gd=gd, cd=cd: _gram_logdet(A, p / (N * 0.01), gd, cd), device)
+            grams[name]["Rc_s"] = _timed(lambda gd=gd, cd=cd, p=p: _gram_logdet(A, p / (N * 0.01), gd, cd), device)
         ref = _gram_logdet(Z, d / (N * 0.01), torch.float64, torch.float64)
         val = _gram_logdet(Z, d / (N * 0.01), gd, cd).to(torch.float64)
         grams[name]["R_max_rel_diff"] = float(((val - ref).abs() / ref.abs().clamp_min(1.0)).max())
@@ -268,7 +265,6 @@ def srr_profile_section(device: torch.device, smoke: bool) -> dict:
                                                               max_name_column_width=60)
     print(result["profile_by_device_time"], flush=True)
     print({k: v for k, v in result.items() if not k.startswith("profile")}, flush=True)
-    del model, x
     return result
 
 

@@ -58,7 +58,7 @@ def test_gpt2_causal_head_against_the_model(gpt2_dir):
     assert torch.equal(diag.selected, attn.argmax(-1)[qi[:, 0], qi[:, 1]])
     assert torch.allclose(diag.max_probs, attn.max(-1).values[qi[:, 0], qi[:, 1]], atol=1e-5)
     # constraints exactly over the prefix t <= q, t != selected
-    for j, (b, q) in enumerate(qi.tolist()):
+    for j, (_, q) in enumerate(qi.tolist()):
         expect = [int(t <= q and t != int(diag.selected[j])) for t in range(9)]
         assert diag.svm.constraint[j].tolist() == expect
     # W_h from the fused Conv1D columns, sliced by hand

@@ -17,7 +17,7 @@ def test_lazy_exports_resolve_to_their_modules(package):
         assert getattr(package, name) is getattr(importlib.import_module(module_name), attr)
         assert name in package.__all__ and name in vars(package)  # cached after the first access
     with pytest.raises(AttributeError, match=rf"module '{package.__name__}' has no attribute 'not_a_name'"):
-        package.not_a_name
+        _ = package.not_a_name
 
 
 def test_importing_the_package_does_not_import_the_heavy_parts():

@@ -52,7 +52,7 @@ def llama_matrices(sd, L, H, H_kv):
     as Transformers' repeat_kv), M_in = [W_gateᵀ | W_upᵀ], M_out = W_downᵀ."""
     layers = []
     for i in range(L):
-        g = lambda n: sd[f"model.layers.{i}.{n}.weight"]  # noqa: E731
+        g = lambda n, i=i: sd[f"model.layers.{i}.{n}.weight"]  # noqa: E731
         wq, wk, wv, wo = g("self_attn.q_proj"), g("self_attn.k_proj"), g("self_attn.v_proj"), g("self_attn.o_proj")
         d = wq.shape[1]
         p = wq.shape[0] // H

@@ -77,7 +77,7 @@ def weight_matrices(model: nn.Module) -> dict[str, torch.Tensor]:
     model = _check_model(model)
     owners = {}
     for mod_name, module in model.named_modules():
-        for p_name, p in module.named_parameters(recurse=False):
+        for p_name, _ in module.named_parameters(recurse=False):
             owners[f"{mod_name}.{p_name}" if mod_name else p_name] = module
     out: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -54,7 +54,7 @@ def save_figure(fig: Figure, path, dpi: int = 120) -> str:
     return _save_atomic(fig, path, dpi=dpi)
 
 
-def _as_report_dict(report) -> Dict[str, Any]:
+def _as_report_dict(report) -> dict[str, Any]:
     data = report.to_dict() if hasattr(report, "to_dict") else report
     if not isinstance(data, Mapping) or "mean" not in data or "layers" not in data:
         raise TypeError(
@@ -71,7 +71,7 @@ def _default_label(data: Mapping) -> str:
     return f"{name} ({extra})" if extra else name
 
 
-def _named_reports(reports, labels) -> List[Tuple[str, Dict[str, Any]]]:
+def _named_reports(reports, labels) -> list[tuple[str, dict[str, Any]]]:
     if isinstance(reports, Mapping) and "mean" not in reports:
         items = [(str(k), _as_report_dict(v)) for k, v in reports.items()]
     elif isinstance(reports, Sequence) and not isinstance(reports, (str, bytes)):
@@ -105,11 +105,11 @@ def _state_curve(data: Mapping, state: str, term: str, with_std: bool):
 def plot_layer_srr(
     reports,
     *,
-    labels: Optional[Sequence[str]] = None,
+    labels: Sequence[str] | None = None,
     terms: Sequence[str] = ("R", "Rc", "sparsity", "srr"),
-    states: Optional[Sequence[str]] = None,
+    states: Sequence[str] | None = None,
     show_std: bool = True,
-    title: Optional[str] = None,
+    title: str | None = None,
 ) -> Figure:
     """Per-layer mean (± std band) of each SRR term, one panel per term, one colour per report.
 
