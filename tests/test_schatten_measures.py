@@ -489,3 +489,27 @@ def test_edelman_bound_refuses_each_negative_input_alone_and_accepts_zeros_by_ha
     assert float(S.edelman_bound([0.0, 0.0], [0.0, 0.0])) == 1.0
     # (1 + Σ α^{2/3} ξ)^{3/2} with α = (8, 0), ξ = (0.5, 3): (1 + 4·0.5)^{3/2} = 3^{3/2}
     assert float(S.edelman_bound([8.0, 0.0], [0.5, 3.0])) == pytest.approx(3.0**1.5, rel=1e-14)
+
+
+def test_contributions_refuse_negative_powers_and_factors_one_at_a_time():
+    kw = VALID["contributions"]
+    with pytest.raises(ValueError, match=r"^powers: Schatten powers must be >= 0"):
+        S.contributions(**{**kw, "powers": -kw["powers"]})
+    for arg in ("gamma", "alpha"):
+        with pytest.raises(ValueError, match=r"^gamma/alpha: factors must be >= 0"):
+            S.contributions(**{**kw, arg: -1.0})
+    # zero factors are allowed: c(W, 0) = (Σσ⁰)^{1/2} N^{1/2} (x⁰ = 1), c(W, p > 0) = 0
+    c = S.contributions(torch.tensor([4.0, 9.0]), [0.0, 1.0], gamma=1.0, alpha=0.0, num_layers=2, hidden_size=9)
+    assert c.tolist() == pytest.approx([2.0 * 3.0, 0.0])
+
+
+def test_flip_factors_of_a_batch_are_each_spectrums_own():
+    g = torch.Generator().manual_seed(3)
+    ps = torch.arange(5, dtype=torch.float64)
+    powers = torch.rand(3, 5, generator=g, dtype=torch.float64) * torch.tensor([[1.0], [50.0], [1e3]]) + 0.1
+    scale = torch.tensor([0.5, 2.0, 30.0], dtype=torch.float64)
+    down, up = S.flip_factors(powers, ps, scale, hidden_size=16)
+    for i in range(3):
+        d1, u1 = S.flip_factors(powers[i], ps, scale[i], hidden_size=16)
+        assert float(down[i]) == float(d1) and float(up[i]) == float(u1)
+    assert len({float(v) for v in down}) + len({float(v) for v in up}) > 2  # the rows really differ
