@@ -364,6 +364,8 @@ def test_every_public_rate_refuses_non_finite_inputs_by_default_and_skips_the_ch
             assert not isinstance(err, ValueError), name
         else:
             assert name == "sparsity" or not bool(torch.isfinite(out).all()), name  # sparsity: a count (below)
+    with pytest.raises(ValueError, match=r"^U: "):  # srr_terms has no switch: U is always checked
+        srr_terms(Z.nan_to_num(), U_nan)
     # sparsity with the check off still counts the NaN entry as non-zero: 1 + the non-zeros of a Gaussian sample
     assert float(sparsity(Z, check_finite=False)[1]) == pytest.approx(float((Z[1] != 0).sum()) / 20)
 
