@@ -162,8 +162,9 @@ def run_module(module: str, tool: dict, scratch: Path, jobs: int, summary_only: 
         print(f"== {module}: tests {' '.join(tests)}", flush=True)
         env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)]
-        if survivors:  # mutmut skips mutants it has a result for unless they are named
-            cmd += tally(results_of(work, module), equivalents())["survivors"]
+        if survivors:  # mutmut skips mutants it has a result for unless they are named: name the survivors
+            codes = results_of(work, module)  # and the mutants an interrupted run left unchecked
+            cmd += tally(codes, equivalents())["survivors"] + sorted(k for k, v in codes.items() if v is None)
         with open(work / "mutmut.log", "w") as log:
             subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
     t = tally(results_of(work, module), equivalents())
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "1")), help="mutmut workers")
     ap.add_argument("--summary", action="store_true", help="print the recorded results, run nothing")
     ap.add_argument("--json", type=Path, help="also write the summary as JSON (e.g. benchmarks/results/mutation_summary.json)")
-    ap.add_argument("--survivors", action="store_true", help="retest only the recorded survivors (after adding tests)")
+    ap.add_argument("--survivors", action="store_true", help="retest only the recorded survivors and unchecked mutants (after adding tests)")
     args = ap.parse_args(argv)
     scratch = Path(os.environ.get("MUTATION_DIR", Path(tempfile.gettempdir()) / "hf_tdiag_mutation"))
     modules = [m for t in (args.targets or packages) for m in modules_of(t, packages)]
