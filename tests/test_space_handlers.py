@@ -92,7 +92,7 @@ def test_crate_tab_compares_variants(crate_dir, digit_png, monkeypatch, tmp_path
     torch.manual_seed(1)
     CrateForImageClassification(cfg).save_pretrained(folder)
     CrateImageProcessor.for_config(cfg).save_pretrained(folder)
-    labels, _, _, srr_fig, table = H.crate_tab(crate_dir, digit_png, 0, ["crate-c"])
+    labels, _, _, srr_fig, table = H.crate_tab(crate_dir, digit_png, 1, ["crate-c"])
     assert "| crate-c (default digits model) |" in table
     panel = next(ax for ax in srr_fig.axes if ax.get_title().startswith("SRR"))
     assert len(panel.get_lines()) >= 2  # this model and crate-c (solid block outputs; dashed mid states)
@@ -114,7 +114,7 @@ def test_non_image_file_gives_clear_error(crate_dir, tmp_path):
     bad = tmp_path / "notes.png"
     bad.write_text("this is text")
     with pytest.raises(gr.Error) as excinfo:
-        H.crate_tab(crate_dir, str(bad), 0)
+        H.crate_tab(crate_dir, str(bad), 1)
     assert "not an image file" in _message(excinfo) and "notes.png" in _message(excinfo)
 
 
@@ -122,26 +122,26 @@ def test_huge_image_gives_clear_error(crate_dir, tmp_path):
     big = tmp_path / "big.png"
     Image.new("1", (6000, 6000)).save(big)
     with pytest.raises(gr.Error) as excinfo:
-        H.crate_tab(crate_dir, str(big), 0)
+        H.crate_tab(crate_dir, str(big), 1)
     assert "too large" in _message(excinfo) and "6000x6000" in _message(excinfo)
 
 
 def test_missing_image_gives_clear_error(crate_dir):
     with pytest.raises(gr.Error) as excinfo:
-        H.crate_tab(crate_dir, None, 0)
+        H.crate_tab(crate_dir, None, 1)
     assert "no image given" in _message(excinfo)
 
 
 def test_wrong_model_type_gives_clear_error(bert_dir, digit_png):
     with pytest.raises(gr.Error) as excinfo:
-        H.crate_tab(bert_dir, digit_png, 0)
+        H.crate_tab(bert_dir, digit_png, 1)
     msg = _message(excinfo)
     assert "image-classification model" in msg and "bert" in msg
 
 
 def test_unknown_ids_and_paths_give_clear_errors(digit_png, tmp_path):
     with pytest.raises(gr.Error) as excinfo:
-        H.crate_tab("someone/does-not-exist", digit_png, 0)  # Hub is offline in tests (HF_HUB_OFFLINE=1)
+        H.crate_tab("someone/does-not-exist", digit_png, 1)  # Hub is offline in tests (HF_HUB_OFFLINE=1)
     assert "neither a local model folder nor a model id reachable on the Hub" in _message(excinfo)
     with pytest.raises(gr.Error) as excinfo:
         H.model_summary(str(tmp_path / "no" / "such" / "folder"))
