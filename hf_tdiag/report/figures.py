@@ -16,6 +16,8 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from .._validation import integer
+
 
 def _subplots(rows: int, cols: int, figsize: tuple[float, float], **kwargs):
     """``(figure, axes grid)`` on an Agg canvas, without pyplot (the user's backend is never touched)."""
@@ -96,7 +98,8 @@ def _overlay_grid(image, maps: np.ndarray, titles: list[str], suptitle: str) -> 
 
 
 def _check_block(layer, num_layers: int) -> int:
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= num_layers:
+    layer = integer(layer, "layer")
+    if not 1 <= layer <= num_layers:
         raise ValueError(f"layer: expected a block number 1..{num_layers}, got {layer!r}")
     return layer
 
