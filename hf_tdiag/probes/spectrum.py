@@ -367,13 +367,20 @@ def _all_spectra(source, svd_method: str, num_workers: int, progress: bool, by_l
     else:
         jobs = [(i, kind) for kind in kinds for i in range(L)]
 
+    release = getattr(source, "release", None)
+    extra = {"release": release} if release is not None else {}
+
     def run(job):
         i, kind = job
         with source.tensors(i, kind) as tensors:
             if kind == "heads":
-                return head_job(tensors)
-            sigma, cols, n11 = _ffn_spectrum(tensors, svd_method)
-        return {f"{kind}_sigma": sigma, f"{kind}_cols": cols, f"{kind}_11": n11}
+                out = head_job(tensors)
+            else:
+                sigma, cols, n11 = _ffn_spectrum(tensors, svd_method, **extra)
+                out = {f"{kind}_sigma": sigma, f"{kind}_cols": cols, f"{kind}_11": n11}
+        if release is not None:
+            release()
+        return out
 
     per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(L)]
     with torch_threads(1), threadpool_limits(limits=1, user_api="blas"), tqdm(

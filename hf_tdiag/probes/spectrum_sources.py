@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._memory import release_free_memory
 from ..measures import schatten as S
 
 __all__ = ["SourceShapes", "EncoderSource", "DecoderSource", "head_job", "ffn_job"]
@@ -86,6 +87,8 @@ class DecoderSource:
             raise ValueError("get/open_tensors: expected exactly one of them")
         self.layout = layout
         self._open = open_tensors or (lambda names: nullcontext(get))
+        # streaming from a checkpoint: freed heap pages go back to the OS between blocks (hf_tdiag._memory)
+        self.release = release_free_memory if open_tensors is not None else None
         self._device = device or torch.device("cpu")
         lay = layout
         self.shapes = SourceShapes(
@@ -124,7 +127,10 @@ class DecoderSource:
     def tensors(self, layer: int, kind: str):
         """As :meth:`EncoderSource.tensors`; heads come one K/V group at a time (a generator)."""
         lay = self.layout
-        with self._open(self.names(layer, kind)) as get:
+        names = self.names(layer, kind)
+        with self._open(names) as read:
+            # each tensor read once (a checkpoint's get() copies it out of the shard): the checks and the job share it
+            get = {n: read(n) for n in names}.__getitem__
             for role in self.roles(kind):
                 w = lay.weight(layer, role, get)
                 if not S.all_finite(w):
@@ -141,15 +147,28 @@ class DecoderSource:
         for g in range(lay.num_kv_heads):
             rows = slice(g * G, (g + 1) * G)
             yield q[rows], k[g : g + 1].expand(G, -1, -1), v[g : g + 1].expand(G, -1, -1), o[rows]
+            if self.release is not None:
+                self.release()
 
 
-def _abs_product_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """‖aᵀ b‖_{1,1} for ``a, b (p, N)``, formed in column blocks when ``N²`` exceeds one chunk."""
+def _abs_product_sum(a: torch.Tensor, b: torch.Tensor, buffers: dict | None = None) -> torch.Tensor:
+    """‖aᵀ b‖_{1,1} for ``a, b (p, N)``, formed in column blocks when ``N²`` exceeds one chunk (each block written into
+    a reused buffer of ``buffers`` and made absolute in place: no new block-sized allocation per block)."""
     n = b.shape[-1]
     step = S.chunk_rows(a.shape[-1])
     if step >= n:
         return (a.mT @ b).abs().sum()
-    return sum((a.mT @ b[:, j : j + step]).abs().sum() for j in range(0, n, step))
+    buffers = {} if buffers is None else buffers
+    sums = []
+    for j in range(0, n, step):
+        blk = b[:, j : j + step]
+        shape = (a.shape[-1], blk.shape[-1])
+        out = buffers.get(shape)
+        if out is None:
+            out = buffers[shape] = torch.empty(shape, dtype=a.dtype, device=a.device)
+        torch.mm(a.mT, blk, out=out)
+        sums.append(out.abs_().sum())
+    return sum(sums)
 
 
 def head_job(groups) -> dict[str, torch.Tensor]:
@@ -157,20 +176,22 @@ def head_job(groups) -> dict[str, torch.Tensor]:
     cores, column norms and ‖·‖_{1,1} (the N×N products formed one head at a time); float64."""
     f64 = torch.float64
     parts: dict[str, list[torch.Tensor]] = {}
+    buffers: dict = {}  # the N×chunk product blocks of ‖·‖_{1,1}, reused across heads
     for q, k, v, o in groups:
         q, k, v, o = (t.to(f64) for t in (q, k, v, o))
         res = {}
         res["qk_sigma"], res["qk_cols"] = S.low_rank_product_spectrum(q.mT, k, check=False)
         res["v_sigma"], res["v_cols"] = S.low_rank_product_spectrum(v.mT, o, check=False)
-        res["qk_11"] = torch.stack([_abs_product_sum(q[h], k[h]) for h in range(q.shape[0])])
-        res["v_11"] = torch.stack([_abs_product_sum(v[h], o[h]) for h in range(v.shape[0])])
+        res["qk_11"] = torch.stack([_abs_product_sum(q[h], k[h], buffers) for h in range(q.shape[0])])
+        res["v_11"] = torch.stack([_abs_product_sum(v[h], o[h], buffers) for h in range(v.shape[0])])
         for key, val in res.items():
             parts.setdefault(key, []).append(val)
     return {key: torch.cat(vals) for key, vals in parts.items()}
 
 
-def ffn_job(parts: list[torch.Tensor], svd_method: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ffn_job(parts: list[torch.Tensor], svd_method: str, release=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """σ, column norms and ‖·‖_{1,1} of the row-vector FFN matrix ``M = Wᵀ``, ``W = [parts stacked by rows]`` (out, in).
+    ``release()`` (optional) runs before each streamed block (the streaming path hands freed memory back there).
 
     A single part of at most :data:`~hf_tdiag.measures.schatten.CHUNK_ENTRIES` entries is solved whole; anything
     larger is streamed in row blocks of its tall orientation (:func:`~hf_tdiag.measures.schatten.streamed_singular_values`),
@@ -190,12 +211,16 @@ def ffn_job(parts: list[torch.Tensor], svd_method: str) -> tuple[torch.Tensor, t
         def chunks():
             for p in parts:
                 for i in range(0, p.shape[0], step):
+                    if release is not None:
+                        release()
                     yield p[i : i + step]
     else:  # row blocks of Wᵀ: column blocks of every part side by side
         step = S.chunk_rows(rows)
 
         def chunks():
             for j in range(0, cols, step):
+                if release is not None:
+                    release()
                 yield torch.cat([p[:, j : j + step] for p in parts]).mT
 
     def on_chunk(c: torch.Tensor) -> None:
