@@ -11,6 +11,12 @@ over ``num_workers`` threads. Both sides get the same cores (``--threads``: BLAS
 of the references and the worker count of ours).
 
     .venv/bin/python benchmarks/bench_schatten.py [--threads 1] [--references values,thin,numpy_default,torch]
+
+``--streaming`` measures something else: peak memory and time of ``spectrum_bounds(path, streaming=True)`` against
+the in-memory path on a sharded ≈ 0.6 B-parameter Llama-style decoder saved once in bf16 outside the repository
+(``benchmarks/schatten_streaming.py``; its options: ``--cache-dir``, ``--repeats``, ``--output``).
+
+    nice -n 10 .venv/bin/python benchmarks/bench_schatten.py --streaming [--repeats 2]
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from transformers import BertConfig, BertModel  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, HERE)
 
 import hf_tdiag  # noqa: E402
 from hf_tdiag.probes.spectrum import _default_workers  # noqa: E402
@@ -64,6 +71,11 @@ def dense_torch_spectra(model, num_layers: int, num_heads: int) -> float:
 
 
 def main() -> None:
+    if "--streaming" in sys.argv:
+        from schatten_streaming import main as streaming_main
+
+        streaming_main([a for a in sys.argv[1:] if a != "--streaming"])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--hidden", type=int, default=768)
