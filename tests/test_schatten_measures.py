@@ -384,6 +384,7 @@ VALID = {
     "rank_threshold": dict(sigma=torch.tensor([3.0, 1.0]), full_dim=2),
     "clean_spectrum": dict(sigma=torch.tensor([3.0, 1.0]), full_dim=2),
     "schatten_power": dict(sigma=torch.tensor([3.0, 1.0]), p=1.0, full_dim=2),
+    "schatten_powers": dict(sigma=torch.tensor([3.0, 1.0]), ps=[1.0, 2.0], full_dim=2),
     "numerical_rank": dict(sigma=torch.tensor([3.0, 1.0]), full_dim=2),
     "spectral_norm": dict(sigma=torch.tensor([3.0, 1.0])),
     "frobenius_norm": dict(sigma=torch.tensor([3.0, 1.0]), full_dim=2),
@@ -418,7 +419,7 @@ CASES = [(f, a) for f, kw in VALID.items() for a in kw]
 
 def test_the_table_covers_every_public_function_with_tensor_or_count_arguments():
     public = {n for n in S.__all__ if inspect.isfunction(getattr(S, n))}
-    untested = public - set(VALID) - {"schatten_powers", "stable_rank", "chunk_rows", "streamed_gram", "all_finite",
+    untested = public - set(VALID) - {"stable_rank", "chunk_rows", "streamed_gram", "all_finite",
                                        "streamed_r_factor", "streamed_singular_values", "propagation_factors"}
     assert not untested, untested
     for name, kw in VALID.items():  # the valid calls are valid
@@ -513,3 +514,41 @@ def test_flip_factors_of_a_batch_are_each_spectrums_own():
         d1, u1 = S.flip_factors(powers[i], ps, scale[i], hidden_size=16)
         assert float(down[i]) == float(d1) and float(up[i]) == float(u1)
     assert len({float(v) for v in down}) + len({float(v) for v in up}) > 2  # the rows really differ
+
+
+
+def test_empty_and_one_column_matrices_and_spectra_by_hand():
+    for shape in ((2, 0, 3), (2, 3, 0)):  # no singular values, per matrix of the batch
+        assert S.singular_values(torch.zeros(shape)).shape == (2, 0)
+    assert S.spectral_norm(torch.zeros(2, 0)).tolist() == [0.0, 0.0]
+    assert S.rank_threshold(torch.zeros(2, 0), full_dim=4, rank_tol=0.25).tolist() == [1.0, 1.0]  # tol · n
+    # one column / one row: σ = the vector's length
+    assert S.singular_values(torch.tensor([[3.0], [4.0]])).tolist() == pytest.approx([5.0])
+    assert S.singular_values(torch.tensor([[3.0, 4.0]]), method="svd").tolist() == pytest.approx([5.0])
+    assert S.spectral_norm(torch.tensor([[2.5]])).tolist() == [2.5]
+    assert S.rank_threshold(torch.tensor([[2.5]]), rank_tol=0.5).tolist() == [1.25]
+
+
+def test_rank_tol_bounds_and_per_matrix_thresholds():
+    sigma = torch.tensor([[3.0, 1.0], [0.5, 0.1]])
+    for bad in (-0.1, 1.0, 1.5):
+        with pytest.raises(ValueError, match=r"^rank_tol: "):
+            S.rank_threshold(sigma, rank_tol=bad)
+    assert S.rank_threshold(sigma, rank_tol=0.0).tolist() == [0.0, 0.0]
+    # τ = tol · n · max(σ₁, 1) per row: 0.1 · 2 · 3 and 0.1 · 2 · 1
+    assert S.rank_threshold(sigma, rank_tol=0.1).tolist() == pytest.approx([0.6, 0.2])
+
+
+def test_stable_rank_of_a_spectrum_below_one_and_of_zero():
+    # ‖W‖_F² / ‖W‖₂² = (0.25 + 0.0625) / 0.25
+    assert S.stable_rank(torch.tensor([0.5, 0.25])).tolist() == pytest.approx(1.25)
+    assert S.stable_rank(torch.tensor([0.0, 0.0])).tolist() == 0.0
+
+
+def test_a_non_numeric_argument_is_named_with_what_was_expected():
+    with pytest.raises(TypeError, match=r"^matrix: expected a torch.Tensor or numpy array, got str"):
+        S.norm_2_1("x")
+    with pytest.raises(TypeError, match=r"^matrix: expected a numeric tensor/array, got list"):
+        S.norm_2_1([["a", "b"]])
+    with pytest.raises(TypeError, match=r"^matrix: expected a torch.Tensor or numpy array, got bool"):
+        S.norm_2_1(True)

@@ -115,7 +115,7 @@ def _gram_eigenvalues(w: torch.Tensor) -> torch.Tensor:
         x = mat.numpy()
         gram = x.T @ x if tall else x @ x.T  # NumPy routes a matrix times its own transpose to dsyrk
         lam = np.linalg.eigvalsh(gram)
-        out.append(torch.from_numpy(np.ascontiguousarray(lam[::-1])))
+        out.append(torch.from_numpy(lam[::-1].copy()))  # a copy: ascontiguousarray keeps a 1-element view's stride
     return torch.stack(out).reshape(*w.shape[:-2], -1)
 
 
