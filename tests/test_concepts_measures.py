@@ -441,3 +441,29 @@ def test_the_fit_runs_the_square_root_update_in_its_mu_phase():
     assert m.history_["rec_loss"][1] == pytest.approx(ref, rel=1e-10)
     W1 = lstsq_dictionary(A, U1)
     assert m.history_["rec_loss"][2] == pytest.approx(float(((A - U1 @ W1.T) ** 2).sum() / (A**2).sum()), rel=1e-10)
+
+
+def test_objective_and_dictionary_step_by_hand_ridge_dtype_and_a_singular_gram():
+    # ‖A − U Wᵀ‖²_F with A = [1, 2], U = [1], W = [1, 1]ᵀ: (1 − 1)² + (2 − 1)² = 1
+    one = torch.tensor([[1.0]])
+    assert float(semi_nmf_objective(torch.tensor([[1.0, 2.0]]), one, torch.tensor([[1.0], [1.0]]))) == 1.0
+    g = torch.Generator().manual_seed(21)
+    A = torch.randn(30, 6, generator=g, dtype=torch.float64)
+    U = torch.rand(30, 3, generator=g, dtype=torch.float64) * torch.tensor([1.0, 5.0, 10.0], dtype=torch.float64)
+    # ridge r: W = Aᵀ U (UᵀU + r·mean(diag UᵀU)·I)⁻¹, written out
+    G = U.T @ U
+    for ridge in (0.0, 0.1):
+        expected = torch.linalg.solve(G + ridge * float(G.diagonal().mean()) * torch.eye(3, dtype=torch.float64),
+                                      U.T @ A).T
+        torch.testing.assert_close(lstsq_dictionary(A, U, ridge=ridge), expected, rtol=1e-10, atol=1e-12)
+    # float32 in, float32 out (solved in float64)
+    W32 = lstsq_dictionary(A.float(), U.float())
+    assert W32.dtype == torch.float32
+    torch.testing.assert_close(W32.double(), lstsq_dictionary(A, U), rtol=1e-4, atol=1e-5)
+    # a concept no row uses (a zero code column): UᵀU is singular, the plain Cholesky fails and the jittered one
+    # gives the minimum-norm least-squares dictionary (that concept's atom 0)
+    Us = torch.cat([U[:, :2], torch.zeros(30, 1, dtype=torch.float64)], dim=1)
+    min_norm = (torch.linalg.pinv(Us) @ A).T
+    got = lstsq_dictionary(A, Us)
+    torch.testing.assert_close(got, min_norm, rtol=1e-8, atol=1e-10)
+    assert float(got[:, 2].abs().max()) == 0.0
