@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -375,7 +376,6 @@ def test_flip_factor_of_rank_one_matrix_by_hand():
 # Every tensor and count argument refused under its own name (a string, a tensor with too few dimensions, a zero count),
 # each function otherwise called with valid inputs; full_dim and rank_tol reach every norm. Written against the gaps
 # mutation testing found (argument names, min_dim checks and pass-through arguments that no test reached).
-import inspect  # noqa: E402
 
 L_, H_, P_ = 3, 2, 4
 VALID = {
