@@ -552,3 +552,10 @@ def test_a_non_numeric_argument_is_named_with_what_was_expected():
         S.norm_2_1([["a", "b"]])
     with pytest.raises(TypeError, match=r"^matrix: expected a torch.Tensor or numpy array, got bool"):
         S.norm_2_1(True)
+
+
+def test_empty_spectra_with_two_batch_dims_keep_the_batch_shape():
+    empty = torch.zeros(2, 3, 0)
+    assert S.rank_threshold(empty, full_dim=5, rank_tol=0.1).shape == (2, 3)
+    assert S.spectral_norm(empty).shape == (2, 3)
+    assert S.singular_values(torch.zeros(2, 3, 4, 0)).shape == (2, 3, 0)
