@@ -78,10 +78,18 @@ def ours_fro(X, z, sel, repeats=3) -> dict:
     Xt, zt, st = torch.from_numpy(X), torch.from_numpy(z), torch.from_numpy(sel)
     runs = [_timed(lambda: att_svm(Xt, zt, st)) for _ in range(repeats)]
     res = runs[-1][0]
-    return {"time_s": statistics.median(r[1] for r in runs), "times_s": [r[1] for r in runs],
-            "cpu_time_s": statistics.median(r[2] for r in runs), "objective": res.objective, "status": res.status,
-            "duality_gap": res.duality_gap, "min_margin": float(res.margins[res.constraint == 1].min()),
-            "num_active": res.num_active, "num_constraints": res.num_constraints, "solver": res.solver}
+    return {
+        "time_s": statistics.median(r[1] for r in runs),
+        "times_s": [r[1] for r in runs],
+        "cpu_time_s": statistics.median(r[2] for r in runs),
+        "objective": res.objective,
+        "status": res.status,
+        "duality_gap": res.duality_gap,
+        "min_margin": float(res.margins[res.constraint == 1].min()),
+        "num_active": res.num_active,
+        "num_constraints": res.num_constraints,
+        "solver": res.solver,
+    }
 
 
 def symmetrized_kernel(X, z, sel) -> np.ndarray:
@@ -116,10 +124,21 @@ def libsvm_fro(X, z, sel, tol=LIBSVM_TOL) -> dict:
     norm = float(np.sqrt(c @ g))
     margins = g[:m]
     sv = svc.support_
-    out = {"fit_time_s": t_fit, "fit_cpu_time_s": c_fit, "kernel_time_s": t_kernel, "kernel_cpu_time_s": c_kernel,
-           "time_s": t_fit + t_kernel, "cpu_time_s": c_fit + c_kernel, "objective": norm / float(margins.min()),
-           "intercept": float(svc.intercept_[0]), "num_support": int(sv.size), "iterations": int(svc.n_iter_[0]),
-           "C": LIBSVM_C, "tol": tol, "kernel_gb": Ks.nbytes / 1e9}
+    out = {
+        "fit_time_s": t_fit,
+        "fit_cpu_time_s": c_fit,
+        "kernel_time_s": t_kernel,
+        "kernel_cpu_time_s": c_kernel,
+        "time_s": t_fit + t_kernel,
+        "cpu_time_s": c_fit + c_kernel,
+        "objective": norm / float(margins.min()),
+        "intercept": float(svc.intercept_[0]),
+        "num_support": int(sv.size),
+        "iterations": int(svc.n_iter_[0]),
+        "C": LIBSVM_C,
+        "tol": tol,
+        "kernel_gb": Ks.nbytes / 1e9,
+    }
     return out
 
 
@@ -131,27 +150,53 @@ def cvxpy_fro(X, z, sel) -> dict:
     cons = [np.delete(X[i, sel[i]] - X[i], sel[i], axis=0) @ W @ z[i] >= 1 for i in range(n)]
     prob = cp.Problem(cp.Minimize(cp.norm(W, "fro")), cons)
     _, t, c = _timed(prob.solve)
-    return {"time_s": t, "cpu_time_s": c, "objective": float(prob.value), "status": prob.status,
-            "solver": prob.solver_stats.solver_name}
+    return {
+        "time_s": t,
+        "cpu_time_s": c,
+        "objective": float(prob.value),
+        "status": prob.status,
+        "solver": prob.solver_stats.solver_name,
+    }
+
+
 def vit_head(n_images=8, max_queries=64, one_image=False, layer=6, head=0):
     from transformers import ViTConfig, ViTModel
 
     from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
 
     torch.manual_seed(0)
-    cfg = ViTConfig(image_size=224, patch_size=16, hidden_size=768, num_hidden_layers=layer + 1,
-                    num_attention_heads=12, intermediate_size=3072)
+    cfg = ViTConfig(
+        image_size=224,
+        patch_size=16,
+        hidden_size=768,
+        num_hidden_layers=layer + 1,
+        num_attention_heads=12,
+        intermediate_size=3072,
+    )
     model = ViTModel(cfg).eval()
     g = torch.Generator().manual_seed(0)
     x = torch.nn.functional.avg_pool2d(torch.randn(1 if one_image else n_images, 3, 224, 224, generator=g), 9, 1, 4) * 3
     t0, c0 = time.perf_counter(), time.process_time()
-    diag = attention_svm_diagnostic(model, x, layer + 1, head, max_queries=max_queries)  # block number layer + 1: the last
+    diag = attention_svm_diagnostic(
+        model, x, layer + 1, head, max_queries=max_queries
+    )  # block number layer + 1: the last
     total, cpu = time.perf_counter() - t0, time.process_time() - c0
     s = diag.summary()
-    return {"time_s": total, "cpu_time_s": cpu, "svm_time_s": s["svm"]["solve_time_s"], "num_queries": s["num_queries"],
-            "tokens": 197, "d": 768, "images": 1 if one_image else n_images, "num_constraints": s["svm"]["num_constraints"],
-            "num_active": s["svm"]["num_active"], "duality_gap": s["svm"]["duality_gap"], "solver": s["svm"]["solver"],
-            "correlation": s["correlation"], "status": s["svm"]["status"]}
+    return {
+        "time_s": total,
+        "cpu_time_s": cpu,
+        "svm_time_s": s["svm"]["solve_time_s"],
+        "num_queries": s["num_queries"],
+        "tokens": 197,
+        "d": 768,
+        "images": 1 if one_image else n_images,
+        "num_constraints": s["svm"]["num_constraints"],
+        "num_active": s["svm"]["num_active"],
+        "duality_gap": s["svm"]["duality_gap"],
+        "solver": s["svm"]["solver"],
+        "correlation": s["correlation"],
+        "status": s["svm"]["status"],
+    }
 
 
 def vit_cls_queries(n_images=64, layer=6, head=0):
@@ -161,8 +206,14 @@ def vit_cls_queries(n_images=64, layer=6, head=0):
     from hf_tdiag.measures.attention_svm import att_svm, attention_probs
 
     torch.manual_seed(0)
-    cfg = ViTConfig(image_size=224, patch_size=16, hidden_size=768, num_hidden_layers=layer + 1,
-                    num_attention_heads=12, intermediate_size=3072)
+    cfg = ViTConfig(
+        image_size=224,
+        patch_size=16,
+        hidden_size=768,
+        num_hidden_layers=layer + 1,
+        num_attention_heads=12,
+        intermediate_size=3072,
+    )
     model = ViTModel(cfg).eval()
     cap = {}
     blk = model.layers[layer].attention
@@ -174,16 +225,23 @@ def vit_cls_queries(n_images=64, layer=6, head=0):
     hook.remove()
     X = cap["x"].double()
     p = 64
-    q = X[:, 0] @ blk.q_proj.weight[head * p:(head + 1) * p].double().T
-    k = X @ blk.k_proj.weight[head * p:(head + 1) * p].double().T
+    q = X[:, 0] @ blk.q_proj.weight[head * p : (head + 1) * p].double().T
+    k = X @ blk.k_proj.weight[head * p : (head + 1) * p].double().T
     sel = attention_probs(q[:, None], k)[:, 0].argmax(-1)
     t0, c0 = time.perf_counter(), time.process_time()
     res = att_svm(X, X[:, 0], sel)
-    return {"time_s": time.perf_counter() - t0, "cpu_time_s": time.process_time() - c0, "queries": n_images, "tokens": 197, "d": 768,
-            "num_constraints": res.num_constraints, "num_active": res.num_active, "duality_gap": res.duality_gap,
-            "status": res.status, "solver": res.solver}
-
-
+    return {
+        "time_s": time.perf_counter() - t0,
+        "cpu_time_s": time.process_time() - c0,
+        "queries": n_images,
+        "tokens": 197,
+        "d": 768,
+        "num_constraints": res.num_constraints,
+        "num_active": res.num_active,
+        "duality_gap": res.duality_gap,
+        "status": res.status,
+        "solver": res.solver,
+    }
 
 
 def run_case(n, T, d, args) -> dict:
@@ -191,20 +249,34 @@ def run_case(n, T, d, args) -> dict:
     label = f"n={n} T={T} d={d}"
     ours = ours_fro(X, z, sel, repeats=3 if n * T * d < 1e6 else 1)
     case = {"case": f"frobenius {label}", "ours": ours}
-    print(f"[{label}] hf-tdiag: {ours['time_s']:.3f} s (cpu {ours['cpu_time_s']:.3f} s), objective {ours['objective']:.12g}, "
-          f"gap {ours['duality_gap']:.1e}, {ours['num_constraints']} constraints, {ours['num_active']} active")
+    print(
+        f"[{label}] hf-tdiag: {ours['time_s']:.3f} s (cpu {ours['cpu_time_s']:.3f} s), objective {ours['objective']:.12g}, "
+        f"gap {ours['duality_gap']:.1e}, {ours['num_constraints']} constraints, {ours['num_active']} active"
+    )
     base = libsvm_fro(X, z, sel)
     rel = abs(base["objective"] - ours["objective"]) / ours["objective"]
-    case.update(libsvm=base, objective_rel_diff=rel, speedup=base["time_s"] / ours["time_s"],
-                speedup_fit_only=base["fit_time_s"] / ours["time_s"], speedup_cpu_time=base["cpu_time_s"] / ours["cpu_time_s"])
-    print(f"[{label}] libsvm: fit {base['fit_time_s']:.3f} s + kernel {base['kernel_time_s']:.3f} s ({base['kernel_gb']:.2f} GB), "
-          f"objective {base['objective']:.12g}, {base['num_support']} support points, intercept {base['intercept']:.1e}")
-    print(f"[{label}] speedup vs libsvm: {case['speedup']:.1f}x (kernel + fit), {case['speedup_fit_only']:.1f}x (fit only); "
-          f"objectives differ by {rel:.1e} relative")
+    case.update(
+        libsvm=base,
+        objective_rel_diff=rel,
+        speedup=base["time_s"] / ours["time_s"],
+        speedup_fit_only=base["fit_time_s"] / ours["time_s"],
+        speedup_cpu_time=base["cpu_time_s"] / ours["cpu_time_s"],
+    )
+    print(
+        f"[{label}] libsvm: fit {base['fit_time_s']:.3f} s + kernel {base['kernel_time_s']:.3f} s ({base['kernel_gb']:.2f} GB), "
+        f"objective {base['objective']:.12g}, {base['num_support']} support points, intercept {base['intercept']:.1e}"
+    )
+    print(
+        f"[{label}] speedup vs libsvm: {case['speedup']:.1f}x (kernel + fit), {case['speedup_fit_only']:.1f}x (fit only); "
+        f"objectives differ by {rel:.1e} relative"
+    )
     if args.cvxpy and n * T * d < 1e6:
         cvx = cvxpy_fro(X, z, sel)
-        case.update(cvxpy=cvx, speedup_cvxpy=cvx["time_s"] / ours["time_s"],
-                    objective_rel_diff_cvxpy=abs(cvx["objective"] - ours["objective"]) / ours["objective"])
+        case.update(
+            cvxpy=cvx,
+            speedup_cvxpy=cvx["time_s"] / ours["time_s"],
+            objective_rel_diff_cvxpy=abs(cvx["objective"] - ours["objective"]) / ours["objective"],
+        )
         print(f"[{label}] cvxpy ({cvx['solver']}): {cvx['time_s']:.1f} s; speedup {case['speedup_cvxpy']:.0f}x")
     return case
 
@@ -215,7 +287,10 @@ def main(argv=None) -> int:
     p.add_argument("--skip-large", "--skip_large", action="store_true", help="only the n=32, T=50, d=64 case")
     p.add_argument("--cvxpy", action="store_true", help="also time cvxpy's default solver at the small case (~13 min)")
     p.add_argument("--vit", action="store_true", help="also time the end-to-end diagnostic on a ViT-B/16-sized head")
-    p.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "bench_attention_svm_cpu.json"))
+    p.add_argument(
+        "--output",
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "bench_attention_svm_cpu.json"),
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
@@ -228,14 +303,20 @@ def main(argv=None) -> int:
     for n, T, d in CASES[:1] if args.skip_large else CASES:
         run["cases"].append(run_case(n, T, d, args))
     if args.vit:
-        for label, kwargs in (("vit-b head, 64 queries over 8 images (diagnostic end to end)", {}),
-                              ("vit-b head, 64 queries of one image (diagnostic end to end)", {"one_image": True})):
+        for label, kwargs in (
+            ("vit-b head, 64 queries over 8 images (diagnostic end to end)", {}),
+            ("vit-b head, 64 queries of one image (diagnostic end to end)", {"one_image": True}),
+        ):
             r = vit_head(**kwargs)
             run["cases"].append({"case": label, "ours": r})
-            print(f"[{label}] {r['time_s']:.2f} s total, SVM {r['svm_time_s']:.2f} s, {r['num_constraints']} constraints")
+            print(
+                f"[{label}] {r['time_s']:.2f} s total, SVM {r['svm_time_s']:.2f} s, {r['num_constraints']} constraints"
+            )
         r = vit_cls_queries()
         run["cases"].append({"case": "vit-b head, 64 images x CLS query x 197 tokens (solver only)", "ours": r})
-        print(f"[64 images x CLS] SVM {r['time_s']:.2f} s, {r['num_constraints']} constraints, gap {r['duality_gap']:.1e}")
+        print(
+            f"[64 images x CLS] SVM {r['time_s']:.2f} s, {r['num_constraints']} constraints, gap {r['duality_gap']:.1e}"
+        )
     if hasattr(os, "getloadavg"):
         run["machine"]["load_average_end"] = list(os.getloadavg())
     os.makedirs(os.path.dirname(args.output), exist_ok=True)

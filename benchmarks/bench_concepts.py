@@ -74,7 +74,9 @@ def naive_reference_fit(A, k, iters, seed=0):
     for _ in range(iters):
         W = A.T @ U @ torch.linalg.pinv(U.T @ U)
         AW, WtW = A @ W, W.T @ W
-        U = U * torch.sqrt((AW.clamp(min=0) + U @ (-WtW).clamp(min=0)) / (((-AW).clamp(min=0) + U @ WtW.clamp(min=0)) + 1e-12))
+        U = U * torch.sqrt(
+            (AW.clamp(min=0) + U @ (-WtW).clamp(min=0)) / (((-AW).clamp(min=0) + U @ WtW.clamp(min=0)) + 1e-12)
+        )
     W = A.T @ U @ torch.linalg.pinv(U.T @ U)
     return U, W.T
 
@@ -87,9 +89,18 @@ def train_vit(epochs: int, seed: int = 0):
     X = torch.tensor(X, dtype=torch.float32).reshape(-1, 1, 8, 8) / 8 - 1
     y = torch.tensor(y)
     torch.manual_seed(seed)
-    cfg = ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=384, num_hidden_layers=2,
-                    num_attention_heads=6, intermediate_size=768, num_labels=10,
-                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = ViTConfig(
+        image_size=8,
+        patch_size=2,
+        num_channels=1,
+        hidden_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        intermediate_size=768,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     model = ViTForImageClassification(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     n_train, bs = 1500, 64
@@ -143,14 +154,18 @@ def main(argv=None) -> int:
         model = ViTForImageClassification.from_pretrained(args.model).eval()
         _, X, _ = train_vit(0)  # the digits tensors only
         with torch.no_grad():
-            acc = float((model(pixel_values=X[1500:]).logits.argmax(1) == torch.tensor(_digit_labels()[1500:])).float().mean())
+            acc = float(
+                (model(pixel_values=X[1500:]).logits.argmax(1) == torch.tensor(_digit_labels()[1500:])).float().mean()
+            )
         t_train = 0.0
         source = f"layer-1 patch tokens of the ViT in {args.model}"
         print(f"loaded {args.model}, test accuracy {acc:.3f}")
     else:
         t_train, (model, X, acc) = timed(lambda: train_vit(args.epochs))
-        source = ("layer-1 patch tokens of a ViT (hidden 384, 2 blocks, 6 heads, patch 2) trained in-script on "
-                  f"scikit-learn digits for {args.epochs} epochs")
+        source = (
+            "layer-1 patch tokens of a ViT (hidden 384, 2 blocks, 6 heads, patch 2) trained in-script on "
+            f"scikit-learn digits for {args.epochs} epochs"
+        )
         print(f"trained ViT (d=384, 2 blocks) on digits in {t_train:.1f}s, test accuracy {acc:.3f}")
         if args.save_model:
             model.save_pretrained(args.save_model)
@@ -163,7 +178,11 @@ def main(argv=None) -> int:
     a_norm = float(A.double().norm())
 
     OC, oc_version = load_overcomplete_seminmf()
-    baseline = f"overcomplete {oc_version} SemiNMF(solver='mu', tol=0)" if OC else "naive reference MU (overcomplete unavailable)"
+    baseline = (
+        f"overcomplete {oc_version} SemiNMF(solver='mu', tol=0)"
+        if OC
+        else "naive reference MU (overcomplete unavailable)"
+    )
 
     def ours():
         return SemiNMF(args.concepts, max_iter=args.iters, refine_iter=0, tol=0.0).fit(A)
@@ -191,16 +210,25 @@ def main(argv=None) -> int:
     mo, mt = statistics.median(t_ours), statistics.median(t_theirs)
     print(f"Semi-NMF {tuple(A.shape)}, k={args.concepts}, {args.iters} MU iterations:")
     print(f"  hf_tdiag   {mo:.2f}s   ||A-Â||/SVD floor = {err_ours / floor:.4f}   rel err {err_ours / a_norm:.4f}")
-    print(f"  baseline   {mt:.2f}s   ||A-Â||/SVD floor = {err_theirs / floor:.4f}   rel err {err_theirs / a_norm:.4f}   ({baseline})")
-    print(f"  speed ratio baseline/hf_tdiag = {mt / mo:.2f}x   (rank-{args.concepts} SVD floor rel err {floor / a_norm:.4f})")
+    print(
+        f"  baseline   {mt:.2f}s   ||A-Â||/SVD floor = {err_theirs / floor:.4f}   rel err {err_theirs / a_norm:.4f}   ({baseline})"
+    )
+    print(
+        f"  speed ratio baseline/hf_tdiag = {mt / mo:.2f}x   (rank-{args.concepts} SVD floor rel err {floor / a_norm:.4f})"
+    )
 
     # one Gram-aligned fit vs one classifier-supervised fit (same data as images × patches)
     runner = suffix_runner(model, 1, acts.prefix[:n_img])
     t_gram, gram = timed(lambda: SemiNMF(args.concepts, gram_weight=1.0, max_iter=args.iters, refine_iter=100).fit(A3))
-    t_sup, sup = timed(lambda: ClassifierSupervisedSemiNMF(args.concepts, kl_weight=10.0, supervised_iter=100,
-                                                           max_iter=args.iters, batch_size=250).fit(A3, runner))
-    print(f"Gram-aligned fit (200 MU + 100 refine): {t_gram:.2f}s; classifier-supervised fit (200 MU + 100 Adam "
-          f"through the suffix): {t_sup:.2f}s; ratio supervised/gram = {t_sup / t_gram:.2f}x")
+    t_sup, sup = timed(
+        lambda: ClassifierSupervisedSemiNMF(
+            args.concepts, kl_weight=10.0, supervised_iter=100, max_iter=args.iters, batch_size=250
+        ).fit(A3, runner)
+    )
+    print(
+        f"Gram-aligned fit (200 MU + 100 refine): {t_gram:.2f}s; classifier-supervised fit (200 MU + 100 Adam "
+        f"through the suffix): {t_sup:.2f}s; ratio supervised/gram = {t_sup / t_gram:.2f}x"
+    )
 
     result = {
         "benchmark": "bench_concepts",

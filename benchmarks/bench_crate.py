@@ -34,16 +34,27 @@ from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification  # no
 
 def build_crate(args, hidden, layers, heads, attn="sdpa"):
     cfg = CrateConfig(
-        image_size=args.image_size, patch_size=args.patch_size, num_channels=3, hidden_size=hidden,
-        num_hidden_layers=layers, num_attention_heads=heads, num_labels=args.num_labels, variant=args.variant,
+        image_size=args.image_size,
+        patch_size=args.patch_size,
+        num_channels=3,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_labels=args.num_labels,
+        variant=args.variant,
     )
     return CrateForImageClassification._from_config(cfg, attn_implementation=attn)
 
 
 def build_vit(args, hidden, layers, heads, mlp_ratio=4):
     cfg = ViTConfig(
-        image_size=args.image_size, patch_size=args.patch_size, num_channels=3, hidden_size=hidden,
-        num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=mlp_ratio * hidden,
+        image_size=args.image_size,
+        patch_size=args.patch_size,
+        num_channels=3,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=mlp_ratio * hidden,
         num_labels=args.num_labels,
     )
     return ViTForImageClassification._from_config(cfg, attn_implementation="sdpa")
@@ -163,16 +174,26 @@ def run(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--num-labels", type=int, default=10)
     p.add_argument("--variant", default="crate")
-    p.add_argument("--precision", choices=["fp32", "bf16-autocast", "bf16"], default=None,
-                   help="default fp32 (CPU) / bf16-autocast (--gpu-preset)")
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16-autocast", "bf16"],
+        default=None,
+        help="default fp32 (CPU) / bf16-autocast (--gpu-preset)",
+    )
     p.add_argument("--device", default=None, help="default cpu (cuda with --gpu-preset)")
     p.add_argument("--compile", action="store_true", help="torch.compile every model")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing for both models")
     p.add_argument("--no-eager", action="store_true", help="skip the CRATE eager-attention row")
-    p.add_argument("--attention-variants", action="store_true",
-                   help="with --gpu-preset: also CRATE with flex_attention and CRATE/ViT-B with SDPA forced to FlashAttention")
-    p.add_argument("--gpu-preset", action="store_true",
-                   help="CRATE-base vs ViT-S/16 and ViT-B/16, 224 px, bf16 autocast, batch 128, on cuda")
+    p.add_argument(
+        "--attention-variants",
+        action="store_true",
+        help="with --gpu-preset: also CRATE with flex_attention and CRATE/ViT-B with SDPA forced to FlashAttention",
+    )
+    p.add_argument(
+        "--gpu-preset",
+        action="store_true",
+        help="CRATE-base vs ViT-S/16 and ViT-B/16, 224 px, bf16 autocast, batch 128, on cuda",
+    )
     p.add_argument("--output", default=None, help="JSON path (default benchmarks/results/bench_crate_<device>.json)")
     args = p.parse_args(argv)
     defaults = dict(batch=16, steps=2, warmup=1, rounds=3, precision="fp32", device="cpu")
@@ -218,7 +239,9 @@ def run(argv=None) -> dict:
     for name, build in contenders:
         torch.manual_seed(0)
         try:
-            runners[name] = TrainingRunner(build(), args, device, context=flash_only if "flash kernel only" in name else None)
+            runners[name] = TrainingRunner(
+                build(), args, device, context=flash_only if "flash kernel only" in name else None
+            )
         except Exception as exc:  # an attention backend this machine cannot run: record it, time the others
             failed[name] = f"{type(exc).__name__}: {exc}"[:2000]
             print(f"{name}: failed ({failed[name][:200]})")
@@ -230,8 +253,14 @@ def run(argv=None) -> dict:
             runner.run(args.steps)
     results = {name: runner.summary() for name, runner in runners.items()}
     for name, r in results.items():
-        mem = f"  act {r['activation_memory_gib']:.2f} GiB  peak {r['peak_memory_gib']:.2f} GiB" if "peak_memory_gib" in r else ""
-        print(f"{name:32s} {r['images_per_s']:9.1f} img/s  {r['ms_per_step']:8.1f} ms/step  {r['params_m']:7.2f}M params{mem}")
+        mem = (
+            f"  act {r['activation_memory_gib']:.2f} GiB  peak {r['peak_memory_gib']:.2f} GiB"
+            if "peak_memory_gib" in r
+            else ""
+        )
+        print(
+            f"{name:32s} {r['images_per_s']:9.1f} img/s  {r['ms_per_step']:8.1f} ms/step  {r['params_m']:7.2f}M params{mem}"
+        )
     base = results[baseline]["images_per_s"]
     ratios = {name: r["images_per_s"] / base for name, r in results.items() if name != baseline}
     for name, ratio in ratios.items():
@@ -251,7 +280,9 @@ def run(argv=None) -> dict:
         "failed": failed,
         "machine": machine_info(device),
     }
-    out = args.output or os.path.join(ROOT, "benchmarks", "results", f"bench_crate_{device.type if device.type != 'cuda' else 'gpu'}.json")
+    out = args.output or os.path.join(
+        ROOT, "benchmarks", "results", f"bench_crate_{device.type if device.type != 'cuda' else 'gpu'}.json"
+    )
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=2)

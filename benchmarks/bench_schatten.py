@@ -47,9 +47,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, HERE)
 
+from test_schatten_reference import SVD_CALLS, dense_reference  # noqa: E402
+
 import hf_tdiag  # noqa: E402
 from hf_tdiag.probes.spectrum import _default_workers  # noqa: E402
-from test_schatten_reference import SVD_CALLS, dense_reference  # noqa: E402
 
 
 def dense_torch_spectra(model, num_layers: int, num_heads: int) -> float:
@@ -154,7 +155,12 @@ def main() -> None:
     result = {
         "benchmark": "schatten_bound_full_analysis",
         "target": ">= 30x the dense per-matrix float64 SVD reference (numpy_default: np.linalg.svd(x) per explicit matrix)",
-        "model_shape": {"layers": args.layers, "hidden": args.hidden, "heads": args.heads, "intermediate": 4 * args.hidden},
+        "model_shape": {
+            "layers": args.layers,
+            "hidden": args.hidden,
+            "heads": args.heads,
+            "intermediate": 4 * args.hidden,
+        },
         "num_matrices": len(ours.matrices),
         "ours_s": best,
         "ours_all_s": timings,
@@ -162,7 +168,12 @@ def main() -> None:
         "reference_s": ref_times,
         "speedup": speedup,
         "relative_error": rel,
-        "values": {"ours": ours.ours, "edelman": ours.edelman, "ref_ours": ref_values["ours"], "ref_edelman": ref_values["edelman"]},
+        "values": {
+            "ours": ours.ours,
+            "edelman": ours.edelman,
+            "ref_ours": ref_values["ours"],
+            "ref_edelman": ref_values["edelman"],
+        },
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor(),
@@ -182,7 +193,9 @@ def main() -> None:
         f"svd method {best['svd']:.2f}s"
     )
     for r, t in ref_times.items():
-        print(f"  reference {r:>14}: {t:7.2f}s -> {t / best['auto']:6.1f}x (one worker {t / best['auto_one_worker']:.1f}x)")
+        print(
+            f"  reference {r:>14}: {t:7.2f}s -> {t / best['auto']:6.1f}x (one worker {t / best['auto_one_worker']:.1f}x)"
+        )
     print(
         f"  rel. error ours {rel['ours']:.1e}, edelman {rel['edelman']:.1e}, "
         f"per-matrix max {rel['max_per_matrix_min_contribution']:.1e}"

@@ -111,11 +111,19 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--variant", default="crate")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: stable timings on a shared machine; 0 keeps torch's default)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: stable timings on a shared machine; 0 keeps torch's default)",
+    )
     parser.add_argument("--skip-pipeline", action="store_true", help="skip the end-to-end layer_srr timing")
-    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                        help="wall (perf_counter) or cpu (process CPU time, for a loaded machine; one thread)")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="wall (perf_counter) or cpu (process CPU time, for a loaded machine; one thread)",
+    )
     parser.add_argument("--output", default=None, help="JSON path (default benchmarks/results/bench_srr_<device>.json)")
     args = parser.parse_args(argv)
 
@@ -143,9 +151,15 @@ def main(argv=None):
     c = p / (N * eps**2)
     t_ours, v_ours = timeit(lambda: [logdet_identity_plus_gram(A, c, "float64") for A in projs], device, args.repeats)
     t_ref, v_ref = timeit(lambda: [ref_logdet_token_side(A, c) for A in projs], device, args.repeats)
-    results["rc_logdets"] = {"ours_s": t_ours, "reference_s": t_ref, "speedup": t_ref / t_ours,
-                             "max_rel_diff": _max_rel(v_ours, v_ref)}
-    print(f"rc_logdets   ours {t_ours * 1e3:9.1f} ms   reference {t_ref * 1e3:9.1f} ms   speedup {t_ref / t_ours:6.2f}x")
+    results["rc_logdets"] = {
+        "ours_s": t_ours,
+        "reference_s": t_ref,
+        "speedup": t_ref / t_ours,
+        "max_rel_diff": _max_rel(v_ours, v_ref),
+    }
+    print(
+        f"rc_logdets   ours {t_ours * 1e3:9.1f} ms   reference {t_ref * 1e3:9.1f} ms   speedup {t_ref / t_ours:6.2f}x"
+    )
 
     # 2) the whole per-layer measure
     def ours(precision):
@@ -167,21 +181,30 @@ def main(argv=None):
     }
     for name in ("whole_vs_float32_token_side", "whole_vs_float64_token_side", "whole_float64_vs_float64_token_side"):
         r = results[name]
-        print(f"{name:38s} ours {r['ours_s'] * 1e3:8.1f} ms   reference {r['reference_s'] * 1e3:8.1f} ms   "
-              f"speedup {r['speedup']:5.2f}x")
-    print("agreement (max relative difference to the float64 token-side reference): "
-          + ", ".join(f"{k} {v:.1e}" for k, v in results["agreement"].items()))
+        print(
+            f"{name:38s} ours {r['ours_s'] * 1e3:8.1f} ms   reference {r['reference_s'] * 1e3:8.1f} ms   "
+            f"speedup {r['speedup']:5.2f}x"
+        )
+    print(
+        "agreement (max relative difference to the float64 token-side reference): "
+        + ", ".join(f"{k} {v:.1e}" for k, v in results["agreement"].items())
+    )
 
     # 3) end to end: layer_srr (forward + full measure) vs the bare forward pass
     if not args.skip_pipeline:
+
         def bare_forward():
             with torch.no_grad():
                 return model(pixel_values=x).logits
 
         t_fwd, _ = timeit(bare_forward, device, args.repeats)
-        t_pipe, _ = timeit(lambda: layer_srr(model, x, batch_size=args.batch_size, progress=False), device, args.repeats)
+        t_pipe, _ = timeit(
+            lambda: layer_srr(model, x, batch_size=args.batch_size, progress=False), device, args.repeats
+        )
         results["pipeline"] = {"forward_s": t_fwd, "layer_srr_s": t_pipe, "ratio_to_forward": t_pipe / t_fwd}
-        print(f"pipeline     forward {t_fwd * 1e3:.1f} ms, layer_srr {t_pipe * 1e3:.1f} ms ({t_pipe / t_fwd:.2f}x forward)")
+        print(
+            f"pipeline     forward {t_fwd * 1e3:.1f} ms, layer_srr {t_pipe * 1e3:.1f} ms ({t_pipe / t_fwd:.2f}x forward)"
+        )
 
     record = {
         "benchmark": "bench_srr",
@@ -189,11 +212,26 @@ def main(argv=None):
         "input and mid state with U^l, plus the embeddings); ours = measure_token_states (smaller-side Gram, batched "
         "float64 Cholesky, precision auto = float32 Gram where the condition check allows); references = token-side "
         "N x N torch.logdet per head and per state (official style) in float32 (official precision) and float64",
-        "settings": {"L": L, "d": d, "K": K, "p": p, "N": N, "batch_size": args.batch_size, "eps": eps, "lam": lam,
-                     "model_dtype": args.dtype, "repeats": args.repeats, "variant": args.variant, "clock": args.clock},
+        "settings": {
+            "L": L,
+            "d": d,
+            "K": K,
+            "p": p,
+            "N": N,
+            "batch_size": args.batch_size,
+            "eps": eps,
+            "lam": lam,
+            "model_dtype": args.dtype,
+            "repeats": args.repeats,
+            "variant": args.variant,
+            "clock": args.clock,
+        },
         "results": results,
-        "targets": {"whole_vs_float32_token_side_speedup_min": 2.5, "whole_vs_float64_token_side_speedup_min": 2.0,
-                    "agreement_max_rel": 1e-5},
+        "targets": {
+            "whole_vs_float32_token_side_speedup_min": 2.5,
+            "whole_vs_float64_token_side_speedup_min": 2.0,
+            "agreement_max_rel": 1e-5,
+        },
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor(),
@@ -205,7 +243,9 @@ def main(argv=None):
             "load_average_at_start": os.getloadavg(),
         },
     }
-    out = args.output or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"bench_srr_{device.type}.json")
+    out = args.output or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results", f"bench_srr_{device.type}.json"
+    )
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=2)

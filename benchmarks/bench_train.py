@@ -61,7 +61,9 @@ class Runner:
         loader = torch.utils.data.DataLoader(dataset, batch_size=cli.batch, shuffle=False)
         optimizer = build_optimizer(model, "adamw", 1e-4, 0.05)
         scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=0, num_training_steps=10_000)
-        self.model, self.optimizer, self.loader, self.scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+        self.model, self.optimizer, self.loader, self.scheduler = accelerator.prepare(
+            model, optimizer, loader, scheduler
+        )
         self.unwrapped = accelerator.unwrap_model(self.model)
         self.batches = iter(self.loader)
         self.step_index = 0
@@ -100,8 +102,13 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--mixed_precision", default=None, choices=("no", "bf16", "fp16"))
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--srr-layer", "--srr_layer", dest="srr_layer", default="last",
-                        help="the regularised layer, as the trainer's --srr-layer (default last = Z^L)")
+    parser.add_argument(
+        "--srr-layer",
+        "--srr_layer",
+        dest="srr_layer",
+        default="last",
+        help="the regularised layer, as the trainer's --srr-layer (default last = Z^L)",
+    )
     parser.add_argument("--output", default=None)
     cli = parser.parse_args(argv)
     gpu = cli.gpu
@@ -154,7 +161,11 @@ def main(argv=None):
             f"{preset:11s} {plain['num_parameters'] / 1e6:6.1f}M params | plain {plain['images_per_s']:8.1f} img/s "
             f"{plain['ms_per_step']:8.1f} ms/step | +SRR {srr['images_per_s']:8.1f} img/s {srr['ms_per_step']:8.1f} "
             f"ms/step | SRR/plain time {srr['srr_over_plain_time']:.2f}x"
-            + (f" | peak {plain['peak_memory_gib']:.2f} / {srr['peak_memory_gib']:.2f} GiB" if device.type == "cuda" else ""),
+            + (
+                f" | peak {plain['peak_memory_gib']:.2f} / {srr['peak_memory_gib']:.2f} GiB"
+                if device.type == "cuda"
+                else ""
+            ),
             flush=True,
         )
         del runners

@@ -109,8 +109,28 @@ def train_step_section(device: torch.device, smoke: bool, out_dir: str) -> dict:
 
     path = os.path.join(out_dir, "bench_crate_gpu_suite.json")
     if smoke:
-        argv = ["--hidden-size", "32", "--layers", "2", "--heads", "2", "--image-size", "16", "--patch-size", "8",
-                "--batch", "2", "--steps", "1", "--rounds", "1", "--device", device.type, "--output", path]
+        argv = [
+            "--hidden-size",
+            "32",
+            "--layers",
+            "2",
+            "--heads",
+            "2",
+            "--image-size",
+            "16",
+            "--patch-size",
+            "8",
+            "--batch",
+            "2",
+            "--steps",
+            "1",
+            "--rounds",
+            "1",
+            "--device",
+            device.type,
+            "--output",
+            path,
+        ]
     else:
         argv = ["--gpu-preset", "--attention-variants", "--output", path]
     return bench_crate.run(argv)
@@ -121,8 +141,15 @@ def srr_pass_section(device: torch.device, smoke: bool) -> dict:
     from hf_tdiag import CrateConfig, CrateForImageClassification, layer_srr
 
     if smoke:
-        cfg = CrateConfig(image_size=16, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
-                          num_attention_heads=2, num_labels=10)
+        cfg = CrateConfig(
+            image_size=16,
+            patch_size=8,
+            num_channels=3,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_labels=10,
+        )
         num_images, batch_size, dtype = 16, 8, torch.float32
     else:
         cfg = CrateConfig.from_preset("crate-base", num_labels=1000)
@@ -173,8 +200,10 @@ def srr_pass_section(device: torch.device, smoke: bool) -> dict:
     }
     if device.type == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    print(f"srr_pass: forward {fwd:.2f} s, layer_srr {srr:.2f} s over {num_images} images ({srr / fwd:.2f}x forward)",
-          flush=True)
+    print(
+        f"srr_pass: forward {fwd:.2f} s, layer_srr {srr:.2f} s over {num_images} images ({srr / fwd:.2f}x forward)",
+        flush=True,
+    )
     return result  # the caller empties the CUDA cache after each section
 
 
@@ -211,8 +240,15 @@ def srr_profile_section(device: torch.device, smoke: bool) -> dict:
     from hf_tdiag.probes.token_states import token_states
 
     if smoke:
-        cfg = CrateConfig(image_size=16, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
-                          num_attention_heads=2, num_labels=10)
+        cfg = CrateConfig(
+            image_size=16,
+            patch_size=8,
+            num_channels=3,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_labels=10,
+        )
         batch, dtype = 8, torch.float32
     else:
         cfg = CrateConfig.from_preset("crate-base", num_labels=1000)
@@ -234,17 +270,24 @@ def srr_profile_section(device: torch.device, smoke: bool) -> dict:
     def whole():
         return batch_srr_values(model, x, arch=arch, U=U)
 
-    result = {"batch": batch, "model_dtype": str(dtype).replace("torch.", ""),
-              "forward_s": _timed(bare, device), "token_states_s": _timed(states_only, device),
-              "batch_srr_values_s": _timed(whole, device)}
+    result = {
+        "batch": batch,
+        "model_dtype": str(dtype).replace("torch.", ""),
+        "forward_s": _timed(bare, device),
+        "token_states_s": _timed(states_only, device),
+        "batch_srr_values_s": _timed(whole, device),
+    }
     result["measure_only_s"] = result["batch_srr_values_s"] - result["token_states_s"]
     # Gram + Cholesky precision variants on the real state shapes of this batch (R on Z, Rc on the projections)
     ts = states_only()
     Z = ts.block_inputs[len(ts.block_inputs) // 2].to(torch.float32)
     A = ts.projections[len(ts.block_inputs) // 2] if ts.projections else None
     N, d = Z.shape[-2], Z.shape[-1]
-    variants = {"gram64_chol64": (torch.float64, torch.float64), "gram32_chol64": (torch.float32, torch.float64),
-                "gram32_chol32": (torch.float32, torch.float32)}
+    variants = {
+        "gram64_chol64": (torch.float64, torch.float64),
+        "gram32_chol64": (torch.float32, torch.float64),
+        "gram32_chol32": (torch.float32, torch.float32),
+    }
     grams = {}
     for name, (gd, cd) in variants.items():
         grams[name] = {"R_s": _timed(lambda gd=gd, cd=cd: _gram_logdet(Z, d / (N * 0.01), gd, cd), device)}
@@ -261,8 +304,9 @@ def srr_profile_section(device: torch.device, smoke: bool) -> dict:
         _sync(device)
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     result["profile_by_device_time"] = prof.key_averages().table(sort_by=sort, row_limit=20, max_name_column_width=60)
-    result["profile_by_cpu_time"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15,
-                                                              max_name_column_width=60)
+    result["profile_by_cpu_time"] = prof.key_averages().table(
+        sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60
+    )
     print(result["profile_by_device_time"], flush=True)
     print({k: v for k, v in result.items() if not k.startswith("profile")}, flush=True)
     return result
@@ -273,8 +317,20 @@ def trainer_step_section(device: torch.device, smoke: bool, out_dir: str) -> dic
 
     path = os.path.join(out_dir, "bench_train_gpu_suite.json")
     if smoke:
-        argv = ["--presets", "crate-tiny", "--image_size", "32", "--batch", "2", "--steps", "1", "--rounds", "1",
-                "--output", path]
+        argv = [
+            "--presets",
+            "crate-tiny",
+            "--image_size",
+            "32",
+            "--batch",
+            "2",
+            "--steps",
+            "1",
+            "--rounds",
+            "1",
+            "--output",
+            path,
+        ]
     else:
         argv = ["--gpu", "--output", path]
     return bench_train.main(argv)
@@ -282,9 +338,14 @@ def trainer_step_section(device: torch.device, smoke: bool, out_dir: str) -> dic
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes on whatever device there is (checks the script)")
-    parser.add_argument("--sections", default="machine,train_step,srr_pass,srr_profile,trainer_step",
-                        help="comma-separated subset of the sections")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes on whatever device there is (checks the script)"
+    )
+    parser.add_argument(
+        "--sections",
+        default="machine,train_step,srr_pass,srr_profile,trainer_step",
+        help="comma-separated subset of the sections",
+    )
     parser.add_argument("--output", default=None, help="JSON path (default benchmarks/results/gpu_suite.json)")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -296,8 +357,14 @@ def main(argv=None) -> dict:
         torch.backends.cudnn.allow_tf32 = True
     out = args.output or os.path.join(HERE, "results", "gpu_suite.json")
     scratch = tempfile.mkdtemp(prefix="gpu_suite_")
-    record = {"benchmark": "gpu_suite", "smoke": args.smoke, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "sections": {}, "section_seconds": {}, "errors": {}}
+    record = {
+        "benchmark": "gpu_suite",
+        "smoke": args.smoke,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "sections": {},
+        "section_seconds": {},
+        "errors": {},
+    }
     runners = {
         "machine": lambda: machine_section(device, args.smoke),
         "train_step": lambda: train_step_section(device, args.smoke, scratch),

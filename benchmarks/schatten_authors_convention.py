@@ -35,9 +35,10 @@ from threadpoolctl import threadpool_limits
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
+from test_schatten_reference import dense_reference_from_matrices  # noqa: E402
+
 import hf_tdiag  # noqa: E402
 from hf_tdiag.probes.bert_weights import encoder_weights  # noqa: E402
-from test_schatten_reference import dense_reference_from_matrices  # noqa: E402
 
 
 def explicit_matrices(model) -> list[dict]:
@@ -46,12 +47,14 @@ def explicit_matrices(model) -> list[dict]:
     layers = []
     for i, lw in enumerate(w.layers):
         q, k, v, o = (w.heads(i, r).double().numpy() for r in ("query", "key", "value", "attn_output"))
-        layers.append({
-            "qk": [q[h].T @ k[h] for h in range(w.num_heads)],
-            "v": [v[h].T @ o[h] for h in range(w.num_heads)],
-            "m_in": lw.ffn_in.double().numpy().T,
-            "m_out": None if lw.ffn_out is None else lw.ffn_out.double().numpy().T,
-        })
+        layers.append(
+            {
+                "qk": [q[h].T @ k[h] for h in range(w.num_heads)],
+                "v": [v[h].T @ o[h] for h in range(w.num_heads)],
+                "m_in": lw.ffn_in.double().numpy().T,
+                "m_out": None if lw.ffn_out is None else lw.ffn_out.double().numpy().T,
+            }
+        )
     return layers
 
 
@@ -93,7 +96,9 @@ def compare(name: str, model, rank_tol: float = 1e-10) -> dict:
     p_small = float(res["authors"]["p_grid"][1])
     curves_a, curves_o = np.stack(res["authors"]["curves"]), np.stack(res["hf_tdiag"]["curves"])
     types = res["hf_tdiag"]["types"]
-    c_ratio = {str(t): float(np.median(curves_a[types == t, 1] / curves_o[types == t, 1])) for t in dict.fromkeys(types)}
+    c_ratio = {
+        str(t): float(np.median(curves_a[types == t, 1] / curves_o[types == t, 1])) for t in dict.fromkeys(types)
+    }
     out = {
         "model": name,
         "num_layers": rep.num_layers,
@@ -121,29 +126,48 @@ def compare(name: str, model, rank_tol: float = 1e-10) -> dict:
 
 
 def show(r: dict) -> None:
-    print(f"\n{r['model']}  (L={r['num_layers']}, N={r['hidden_size']}, H={r['num_heads']}, d_h={r['head_dim']}, "
-          f"{r['num_matrices']} matrices, m={r['p_grid_m']})")
-    print(f"  hf_tdiag.spectrum_bounds: B_ours {r['hf_tdiag_spectrum_bounds']['ours']:.10g}  "
-          f"B_Edelman {r['hf_tdiag_spectrum_bounds']['edelman']:.6g}  ({r['hf_tdiag_spectrum_bounds']['seconds']:.2f} s)")
+    print(
+        f"\n{r['model']}  (L={r['num_layers']}, N={r['hidden_size']}, H={r['num_heads']}, d_h={r['head_dim']}, "
+        f"{r['num_matrices']} matrices, m={r['p_grid_m']})"
+    )
+    print(
+        f"  hf_tdiag.spectrum_bounds: B_ours {r['hf_tdiag_spectrum_bounds']['ours']:.10g}  "
+        f"B_Edelman {r['hf_tdiag_spectrum_bounds']['edelman']:.6g}  ({r['hf_tdiag_spectrum_bounds']['seconds']:.2f} s)"
+    )
     for conv, label in (("hf_tdiag", "dense, σ > τ only (hf-tdiag)"), ("authors", "dense, all σ for p > 0 (authors)")):
         c = r[conv]
         print(f"  {label:<36} B_ours {c['ours']:.10g}  B_Edelman {c['edelman']:.6g}  degenerate={c['degenerate']}")
         for t, h in c["p_opt_histogram"].items():
             print(f"      p_opt {t:<5} " + "  ".join(f"p={p}: {n}" for p, n in h.items()))
-    print(f"  B_ours authors / hf-tdiag - 1 = {r['rel_diff_b_ours_authors_vs_hf_tdiag']:+.3e};  "
-          f"spectrum_bounds vs dense hf-tdiag: {r['rel_diff_spectrum_bounds_vs_dense_hf_tdiag']:+.1e}")
+    print(
+        f"  B_ours authors / hf-tdiag - 1 = {r['rel_diff_b_ours_authors_vs_hf_tdiag']:+.3e};  "
+        f"spectrum_bounds vs dense hf-tdiag: {r['rel_diff_spectrum_bounds_vs_dense_hf_tdiag']:+.1e}"
+    )
     p = r["smallest_positive_p"]
-    print(f"  at p = {p:.4g}: median Σ_all σᵖ / Σ_(σ>τ) σᵖ per type: "
-          + ", ".join(f"{t} {v:.4g}" for t, v in r["sum_sigma_p_all_over_kept_median"].items()))
-    print(f"  at p = {p:.4g}: median c_authors / c_hf-tdiag per type: "
-          + ", ".join(f"{t} {v:.4g}" for t, v in r["c_at_smallest_p_authors_over_ours_median"].items()))
+    print(
+        f"  at p = {p:.4g}: median Σ_all σᵖ / Σ_(σ>τ) σᵖ per type: "
+        + ", ".join(f"{t} {v:.4g}" for t, v in r["sum_sigma_p_all_over_kept_median"].items())
+    )
+    print(
+        f"  at p = {p:.4g}: median c_authors / c_hf-tdiag per type: "
+        + ", ".join(f"{t} {v:.4g}" for t, v in r["c_at_smallest_p_authors_over_ours_median"].items())
+    )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", default=[], help="extra local model folders (repeatable)")
-    ap.add_argument("--grid-cell", "--grid_cell", dest="grid_cell", type=int, nargs=2, action="append", default=[],
-                    metavar=("L", "N"), help="train this cell of the CPU trained grid and compare on it (repeatable)")
+    ap.add_argument(
+        "--grid-cell",
+        "--grid_cell",
+        dest="grid_cell",
+        type=int,
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("L", "N"),
+        help="train this cell of the CPU trained grid and compare on it (repeatable)",
+    )
     ap.add_argument("--output", default=os.path.join(HERE, "results", "schatten_authors_convention.json"))
     args = ap.parse_args(argv)
 
@@ -172,9 +196,19 @@ def main(argv=None) -> int:
             show(results[-1])
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w", encoding="utf-8") as fh:
-        json.dump({"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                               "torch": torch.__version__, "numpy": np.__version__},
-                   "results": results}, fh, indent=2)
+        json.dump(
+            {
+                "machine": {
+                    "platform": platform.platform(),
+                    "cpus": os.cpu_count(),
+                    "torch": torch.__version__,
+                    "numpy": np.__version__,
+                },
+                "results": results,
+            },
+            fh,
+            indent=2,
+        )
     print(f"\nwrote {args.output}")
     return 0 if all(math.isfinite(r["authors"]["ours"]) for r in results) else 1
 

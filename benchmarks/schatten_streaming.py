@@ -36,8 +36,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CACHE = os.path.join(tempfile.gettempdir(), "hf_tdiag_bench", "llama-gqa-bf16")
 SHAPE = {  # ≈ 0.6 B parameters: 16 blocks of ≈ 31.7 M + 2 × 49 M embeddings
-    "hidden_size": 1536, "num_hidden_layers": 16, "num_attention_heads": 12, "num_key_value_heads": 4,
-    "intermediate_size": 5504, "vocab_size": 32000,
+    "hidden_size": 1536,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "intermediate_size": 5504,
+    "vocab_size": 32000,
 }
 
 
@@ -48,8 +52,17 @@ def _config(shape: dict):
 
 
 def _param_count(shape: dict) -> int:
-    d, L, H, Hkv, inter, V = (shape[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                                   "num_key_value_heads", "intermediate_size", "vocab_size"))
+    d, L, H, Hkv, inter, V = (
+        shape[k]
+        for k in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "vocab_size",
+        )
+    )
     p = d // H
     per_layer = 2 * d * d + 2 * d * Hkv * p + 3 * d * inter + 2 * d
     return L * per_layer + 2 * V * d + d
@@ -76,13 +89,18 @@ def build_checkpoint(folder: str, shape: dict, shard: str) -> dict:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(_config(shape), dtype=torch.bfloat16)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.ndim == 2:
                 p.normal_(0, 0.02)
     model.save_pretrained(folder, max_shard_size=shard)
-    data = {"shape": shape, "num_parameters": sum(p.numel() for p in model.parameters()), "dtype": "bfloat16",
-            "max_shard_size": shard, "shards": len([f for f in os.listdir(folder) if f.endswith(".safetensors")]),
-            "write_s": time.perf_counter() - t0}
+    data = {
+        "shape": shape,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "dtype": "bfloat16",
+        "max_shard_size": shard,
+        "shards": len([f for f in os.listdir(folder) if f.endswith(".safetensors")]),
+        "write_s": time.perf_counter() - t0,
+    }
     with open(info, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=2)
     return data
@@ -114,8 +132,12 @@ def measure(folder: str, mode: str) -> dict:
         open_checkpoint(folder)
     else:
         report = hf_tdiag.spectrum_bounds(folder, streaming=mode == "streaming")
-        out.update(ours=report.ours, edelman=report.edelman, num_matrices=len(report.matrices),
-                   per_matrix=[m.min_contribution for m in report.matrices])
+        out.update(
+            ours=report.ours,
+            edelman=report.edelman,
+            num_matrices=len(report.matrices),
+            per_matrix=[m.min_contribution for m in report.matrices],
+        )
     out["seconds"] = time.perf_counter() - t0
     out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
     return out
@@ -128,8 +150,13 @@ def _run(folder: str, mode: str, allocator: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     env.update(ALLOCATORS[allocator])
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", mode, "--cache-dir", folder],
-                          capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--measure", mode, "--cache-dir", folder],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"measurement {mode} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -165,46 +192,62 @@ def run(cache_dir: str, output: str, repeats: int, shard: str) -> dict:
             for mode in ("baseline", "streaming", "memory"):
                 r = _run(cache_dir, mode, allocator)
                 runs[allocator][mode].append(r)
-                print(f"  {allocator:>20} {mode:>9}: {r['seconds']:7.2f}s, peak RSS {r['peak_rss_bytes'] / 2**20:8.1f} MiB",
-                      flush=True)
+                print(
+                    f"  {allocator:>20} {mode:>9}: {r['seconds']:7.2f}s, peak RSS {r['peak_rss_bytes'] / 2**20:8.1f} MiB",
+                    flush=True,
+                )
     first = {a: (rs["streaming"][0], rs["memory"][0]) for a, rs in runs.items()}
-    same = all(s["ours"] == m["ours"] and s["edelman"] == m["edelman"] and s["per_matrix"] == m["per_matrix"]
-               for s, m in first.values())
+    same = all(
+        s["ours"] == m["ours"] and s["edelman"] == m["edelman"] and s["per_matrix"] == m["per_matrix"]
+        for s, m in first.values()
+    )
     s0 = first["glibc_default"][0]
     result = {
         "benchmark": "schatten_streaming_memory",
         "targets": "streaming peak RSS <= 1.5 x largest layer's weights + fixed overhead; time <= 1.2 x in-memory",
         "fixed_overhead": "peak RSS of a process that imports hf_tdiag (torch, transformers), scipy.linalg and "
-                          "threadpoolctl and reads the checkpoint's layout (config, index, meta-device model)",
+        "threadpoolctl and reads the checkpoint's layout (config, index, meta-device model)",
         "checkpoint": ckpt,
         "largest_layer_bytes": layers["largest"],
         "model_weight_bytes": 2 * ckpt["num_parameters"],
         "allocators": {a: _summary(rs, layers["largest"]) for a, rs in runs.items()},
         "same_numbers": same,
         "values": {"ours": s0["ours"], "edelman": s0["edelman"], "num_matrices": s0["num_matrices"]},
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-                    "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "nice": os.nice(0)},
+        "machine": {
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+            "nice": os.nice(0),
+        },
     }
     os.makedirs(os.path.dirname(output), exist_ok=True)
     with open(output, "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=2)
     mib = 2**20
-    print(f"checkpoint: {ckpt['num_parameters'] / 1e9:.3f} B parameters, bf16, {ckpt['shards']} shards; largest layer "
-          f"{layers['largest'] / mib:.1f} MiB; same numbers streaming / in memory: {same}")
+    print(
+        f"checkpoint: {ckpt['num_parameters'] / 1e9:.3f} B parameters, bf16, {ckpt['shards']} shards; largest layer "
+        f"{layers['largest'] / mib:.1f} MiB; same numbers streaming / in memory: {same}"
+    )
     for a, sm in result["allocators"].items():
         peak = sm["peak_rss_bytes"]
-        print(f"{a}: fixed overhead {peak['baseline'] / mib:.0f} MiB; streaming peak {peak['streaming'] / mib:.0f} MiB = "
-              f"overhead + {sm['streaming_working_bytes'] / mib:.0f} MiB ({sm['streaming_working_over_largest_layer']:.2f}x "
-              f"the largest layer); in-memory peak {peak['memory'] / mib:.0f} MiB; time streaming "
-              f"{sm['seconds_best']['streaming']:.1f}s, in memory {sm['seconds_best']['memory']:.1f}s, ratio "
-              f"{sm['time_ratio_streaming_over_memory']:.2f}")
+        print(
+            f"{a}: fixed overhead {peak['baseline'] / mib:.0f} MiB; streaming peak {peak['streaming'] / mib:.0f} MiB = "
+            f"overhead + {sm['streaming_working_bytes'] / mib:.0f} MiB ({sm['streaming_working_over_largest_layer']:.2f}x "
+            f"the largest layer); in-memory peak {peak['memory'] / mib:.0f} MiB; time streaming "
+            f"{sm['seconds_best']['streaming']:.1f}s, in memory {sm['seconds_best']['memory']:.1f}s, ratio "
+            f"{sm['time_ratio_streaming_over_memory']:.2f}"
+        )
     print(f"wrote {output}")
     return result
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cache-dir", default=DEFAULT_CACHE, help=f"where the checkpoint is written once (default {DEFAULT_CACHE})")
+    ap.add_argument(
+        "--cache-dir", default=DEFAULT_CACHE, help=f"where the checkpoint is written once (default {DEFAULT_CACHE})"
+    )
     ap.add_argument("--output", default=os.path.join(HERE, "results", "bench_schatten_streaming_cpu.json"))
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--max-shard-size", default="200MB")

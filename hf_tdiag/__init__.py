@@ -36,7 +36,9 @@ def metric_path(name: str) -> str:
     script = os.path.join(here, f"{name}.py")
     if not os.path.isfile(script):
         available = sorted(
-            d for d in os.listdir(os.path.dirname(here)) if os.path.isfile(os.path.join(os.path.dirname(here), d, f"{d}.py"))
+            d
+            for d in os.listdir(os.path.dirname(here))
+            if os.path.isfile(os.path.join(os.path.dirname(here), d, f"{d}.py"))
         )
         raise ValueError(f"metric_path: unknown metric {name!r}; available: {available}")
     return here

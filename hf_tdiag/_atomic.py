@@ -11,7 +11,8 @@ import csv
 import json
 import os
 import tempfile
-from typing import IO, Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import IO, Any
 
 
 def _fsync_dir(directory: str) -> None:
@@ -28,7 +29,9 @@ def _fsync_dir(directory: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8", newline: str | None = None) -> Iterator[IO]:
+def atomic_open(
+    path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8", newline: str | None = None
+) -> Iterator[IO]:
     """``with atomic_open(path) as fh: fh.write(...)``: ``path`` is replaced only when the block succeeds."""
     if mode not in ("w", "wb"):
         raise ValueError(f"mode: expected 'w' or 'wb', got {mode!r}")
@@ -55,8 +58,15 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         raise
 
 
-def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2, sort_keys: bool = False, allow_nan: bool = True,
-               default=None) -> str:
+def write_json(
+    path: str | os.PathLike,
+    obj: Any,
+    *,
+    indent: int | None = 2,
+    sort_keys: bool = False,
+    allow_nan: bool = True,
+    default=None,
+) -> str:
     """Write ``obj`` as JSON (trailing newline) atomically; return the path. ``default``: as in ``json.dumps``."""
     text = json.dumps(obj, indent=indent, sort_keys=sort_keys, allow_nan=allow_nan, default=default)
     with atomic_open(path) as fh:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib.abc
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 _CONFIG = "transformers.models.auto.configuration_auto"
 _IMAGE = "transformers.models.auto.image_processing_auto"

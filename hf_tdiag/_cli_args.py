@@ -43,8 +43,11 @@ class HelpFormatter(argparse.HelpFormatter):
             if all(line.startswith((" ", "*", "-", "|")) for line in lines if line.strip()):
                 blocks.append("\n".join(indent + line for line in lines))
             else:
-                blocks.append(textwrap.fill(" ".join(line.strip() for line in lines), width, initial_indent=indent,
-                                            subsequent_indent=indent))
+                blocks.append(
+                    textwrap.fill(
+                        " ".join(line.strip() for line in lines), width, initial_indent=indent, subsequent_indent=indent
+                    )
+                )
         return "\n\n".join(blocks)
 
     def _format_action_invocation(self, action: argparse.Action) -> str:
@@ -147,23 +150,33 @@ def device(text: str) -> str:
 
 def add_output_dir(parser, default: str | None, help: str, *aliases: str, required: bool = False) -> None:
     """``--output-dir DIR`` (``--output_dir`` accepted; ``aliases`` are old names kept for scripts)."""
-    parser.add_argument("--output-dir", *aliases, type=output_dir, default=default, required=required, metavar="DIR",
-                        help=help)
+    parser.add_argument(
+        "--output-dir", *aliases, type=output_dir, default=default, required=required, metavar="DIR", help=help
+    )
 
 
 def add_input_flags(parser, *, texts: bool = True, required: bool = True, max_samples: int = MAX_SAMPLES) -> None:
     """The inputs a measure runs on: one of ``--images DIR``, ``--dataset NAME``, ``--texts FILE``; ``--split``;
     ``--max-samples N`` (``--limit``/``--max-images`` kept as old names)."""
     src = parser.add_mutually_exclusive_group(required=required)
-    src.add_argument("--images", metavar="DIR", help="folder of images (class sub-folders allowed) or a save_to_disk folder")
     src.add_argument(
-        "--dataset", metavar="NAME", help="'digits' (scikit-learn's 8x8 digits, offline), a datasets name or a save_to_disk folder"
+        "--images", metavar="DIR", help="folder of images (class sub-folders allowed) or a save_to_disk folder"
+    )
+    src.add_argument(
+        "--dataset",
+        metavar="NAME",
+        help="'digits' (scikit-learn's 8x8 digits, offline), a datasets name or a save_to_disk folder",
     )
     if texts:
         src.add_argument("--texts", metavar="FILE", help="text file, one input per line (text encoders)")
     parser.add_argument("--split", default=None, help="dataset split (default: test, validation or train, first found)")
     parser.add_argument(
-        "--max-samples", "--limit", "--max-images", type=positive_int, default=max_samples, metavar="N",
+        "--max-samples",
+        "--limit",
+        "--max-images",
+        type=positive_int,
+        default=max_samples,
+        metavar="N",
         help=f"number of inputs measured (default {max_samples})",
     )
 
@@ -171,7 +184,11 @@ def add_input_flags(parser, *, texts: bool = True, required: bool = True, max_sa
 def add_threads_flag(parser) -> None:
     """``--threads N``: torch CPU threads (default: hf_tdiag._threads.pick_threads)."""
     parser.add_argument(
-        "--threads", "--num-threads", type=positive_int, default=None, metavar="N",
+        "--threads",
+        "--num-threads",
+        type=positive_int,
+        default=None,
+        metavar="N",
         help="torch CPU threads (default: 1 for models under 10M parameters on CPU, where more threads only "
         "add synchronisation, else torch's; OMP_NUM_THREADS in the environment is respected)",
     )
@@ -180,33 +197,53 @@ def add_threads_flag(parser) -> None:
 def add_trust_remote_code_flag(parser) -> None:
     """``--trust-remote-code``: the one way to let a model repository run its own Python code."""
     parser.add_argument(
-        "--trust-remote-code", action="store_true",
+        "--trust-remote-code",
+        action="store_true",
         help="run the model repository's own Python code (auto_map); only for repositories you trust (default: refused)",
     )
 
 
 def add_device_flag(parser) -> None:
     """``--device``: torch device."""
-    parser.add_argument("--device", type=device, default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument(
+        "--device", type=device, default=None, help="torch device (default: cuda if available, else cpu)"
+    )
 
 
 def add_executor_flags(parser, jobs_flag: str = "--jobs") -> None:
     """``--executor local|ray`` and the Ray options (``--ray-address``, ``--ray-num-cpus``, ``--ray-num-gpus``,
     ``--ray-max-retries``): who trains a grid's runs (``hf_tdiag.study.executors``)."""
     parser.add_argument(
-        "--executor", default="local", choices=["local", "ray"],
+        "--executor",
+        default="local",
+        choices=["local", "ray"],
         help=f'who trains the runs: "local" (this machine, {jobs_flag} processes) or "ray" (a Ray task per run; '
         'pip install "hf-tdiag[ray]")',
     )
-    parser.add_argument("--ray-address", default=None,
-                        help='Ray cluster to join (e.g. "auto" after `ray start --head`); default: start a local '
-                        f"instance with {jobs_flag} x CPUs-per-run CPUs")
-    parser.add_argument("--ray-num-cpus", type=positive_int, default=None,
-                        help="CPUs each run's Ray task asks for, and its torch threads (default: --threads, else 1)")
-    parser.add_argument("--ray-num-gpus", type=float, default=None,
-                        help="GPUs each run's Ray task asks for (default: 1 where CUDA is present, else 0)")
-    parser.add_argument("--ray-max-retries", type=non_negative_int, default=1,
-                        help="times Ray retries a run whose worker process died (default 1)")
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        help='Ray cluster to join (e.g. "auto" after `ray start --head`); default: start a local '
+        f"instance with {jobs_flag} x CPUs-per-run CPUs",
+    )
+    parser.add_argument(
+        "--ray-num-cpus",
+        type=positive_int,
+        default=None,
+        help="CPUs each run's Ray task asks for, and its torch threads (default: --threads, else 1)",
+    )
+    parser.add_argument(
+        "--ray-num-gpus",
+        type=float,
+        default=None,
+        help="GPUs each run's Ray task asks for (default: 1 where CUDA is present, else 0)",
+    )
+    parser.add_argument(
+        "--ray-max-retries",
+        type=non_negative_int,
+        default=1,
+        help="times Ray retries a run whose worker process died (default 1)",
+    )
 
 
 def executor_options(args: argparse.Namespace) -> dict:
@@ -217,5 +254,9 @@ def executor_options(args: argparse.Namespace) -> dict:
         if given:
             raise ValueError(f"--{given[0].replace('_', '-')}: only used with --executor ray")
         return {}
-    return {"address": args.ray_address, "num_cpus": args.ray_num_cpus, "num_gpus": args.ray_num_gpus,
-            "max_retries": args.ray_max_retries}
+    return {
+        "address": args.ray_address,
+        "num_cpus": args.ray_num_cpus,
+        "num_gpus": args.ray_num_gpus,
+        "max_retries": args.ray_max_retries,
+    }

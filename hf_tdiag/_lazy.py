@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def lazy_exports(package: str, targets: dict[str, str], namespace: dict[str, Any]) -> Callable[[str], Any]:

@@ -44,8 +44,9 @@ def _int_words(low: int | None, high: int | None) -> str:
     return "an integer" if low is None else f"an integer >= {low}"
 
 
-def integer(value, name: str, *, low: int | None = None, high: int | None = None, allow_none: bool = False,
-            none_means: str = "") -> int | None:
+def integer(
+    value, name: str, *, low: int | None = None, high: int | None = None, allow_none: bool = False, none_means: str = ""
+) -> int | None:
     """An int (not a bool) with ``low <= value < high`` where given; ``None`` passes when ``allow_none``
     (``none_means``, e.g. ``" for every query"``, says what it stands for in the message)."""
     if value is None and allow_none:
@@ -78,8 +79,16 @@ def _real_words(low, high, low_open: bool, high_open: bool) -> str:
     return f"a finite number in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
 
 
-def real(value, name: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
-         high_open: bool = False, allow_none: bool = False) -> float | None:
+def real(
+    value,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    allow_none: bool = False,
+) -> float | None:
     """A finite real number (int or float, not a bool) in the given bounds, returned as a float."""
     if value is None and allow_none:
         return None
@@ -130,9 +139,17 @@ def all_finite(t) -> bool:
     return bool(torch.isfinite(t.detach()).all())
 
 
-def check_tensor(x, name: str, *, ndim: int | tuple[int, ...] | None = None, min_ndim: int | None = None,
-                 shape: str | None = None, finite: bool = True, allow_numpy: bool = False,
-                 nonempty_trailing: int | None = None):
+def check_tensor(
+    x,
+    name: str,
+    *,
+    ndim: int | tuple[int, ...] | None = None,
+    min_ndim: int | None = None,
+    shape: str | None = None,
+    finite: bool = True,
+    allow_numpy: bool = False,
+    nonempty_trailing: int | None = None,
+):
     """A floating torch tensor (float16/bfloat16/float32/float64), returned as given (a numpy array is converted
     when ``allow_numpy``).
 

@@ -77,9 +77,7 @@ def _decode(data, name: str, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
     try:
         image = Image.open(io.BytesIO(data) if isinstance(data, bytes) else data)
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError):
-        raise UserInputError(
-            f"{name}: not an image file Pillow can read (PNG, JPEG, WebP, BMP, GIF…)"
-        ) from None
+        raise UserInputError(f"{name}: not an image file Pillow can read (PNG, JPEG, WebP, BMP, GIF…)") from None
     check_image_size(image, max_pixels, name=name)
     try:
         image.load()
@@ -164,9 +162,7 @@ def digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     from sklearn.model_selection import train_test_split
 
     images, labels = digits_arrays()
-    return train_test_split(
-        images, labels, test_size=DIGITS_TEST_SIZE, random_state=DIGITS_SPLIT_SEED, stratify=labels
-    )
+    return train_test_split(images, labels, test_size=DIGITS_TEST_SIZE, random_state=DIGITS_SPLIT_SEED, stratify=labels)
 
 
 def digits_images(limit: int | None = None, rgb: bool = False, split: str | None = None) -> ImageSet:
@@ -326,7 +322,9 @@ def load_images(spec, *, split: str | None = None, limit: int | None = None, **d
     if text.strip().lower() in DIGITS_NAMES:
         return digits_images(limit=limit, split=split)
     if os.path.isdir(text) and not any(os.scandir(text)):
-        raise ValueError(f"{text!r}: the folder is empty; expected image files (class sub-folders allowed) or a saved dataset")
+        raise ValueError(
+            f"{text!r}: the folder is empty; expected image files (class sub-folders allowed) or a saved dataset"
+        )
     if not is_saved_dataset(text) and _is_image_folder(Path(text)) and not dataset_kwargs:
         return images_from_folder(text, limit=limit, split=split)
     return images_from_dataset(text, split=split, limit=limit, **dataset_kwargs)

@@ -70,7 +70,9 @@ def check_source(source, name: str = "model") -> str:
             f"{name}: {source!r} is not an existing folder and not a valid Hub id (expected 'name' or 'namespace/name')"
         )
     if os.path.isdir(source) and not os.path.isfile(os.path.join(source, "config.json")):
-        raise ValueError(f"{name}: the folder {source!r} has no config.json; expected a folder written by save_pretrained")
+        raise ValueError(
+            f"{name}: the folder {source!r} has no config.json; expected a folder written by save_pretrained"
+        )
     return source
 
 
@@ -150,8 +152,13 @@ def load_pretrained(
     if config is None:
         config = load_config(source, trust_remote_code=trust, name=name)
     if auto_class is None:
-        auto_class = (AutoModelForImageClassification if _wants_classifier(config)
-                      else AutoModelForCausalLM if _wants_causal_lm(config) else AutoModel)
+        auto_class = (
+            AutoModelForImageClassification
+            if _wants_classifier(config)
+            else AutoModelForCausalLM
+            if _wants_causal_lm(config)
+            else AutoModel
+        )
     try:
         return auto_class.from_pretrained(source, config=config, trust_remote_code=trust, **kwargs)
     except ValueError as err:
@@ -159,7 +166,9 @@ def load_pretrained(
             raise ValueError(_refusal(source, name)) from None
         raise ValueError(f"{name}: could not load {source!r} as {auto_class.__name__}: {_short(err)}") from None
     except (OSError, KeyError, RuntimeError) as err:
-        raise ValueError(f"{name}: could not load weights of {source!r} as {auto_class.__name__}: {_short(err)}") from None
+        raise ValueError(
+            f"{name}: could not load weights of {source!r} as {auto_class.__name__}: {_short(err)}"
+        ) from None
     except Exception as err:
         if type(err).__name__ == "SafetensorError":  # safetensors' own exception type: a truncated or garbled file
             raise _weights_error(source, name, err) from None
@@ -254,7 +263,9 @@ def load_model(spec, *, eager_attention: bool = True, trust_remote_code: bool = 
             pass
     model.eval()
     if _is_vision_config(model.config):
-        processor = None if processor_source is None else load_image_processor(processor_source, trust_remote_code=trust)
+        processor = (
+            None if processor_source is None else load_image_processor(processor_source, trust_remote_code=trust)
+        )
         return LoadedModel(model, processor or default_image_processor(model.config), source, "image")
     tokenizer = None if processor_source is None else load_tokenizer(processor_source, trust_remote_code=trust)
     return LoadedModel(model, tokenizer, source, "text")

@@ -22,8 +22,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -77,8 +78,9 @@ class GridCell:
         return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
 
 
-def grid_cells(name: str = "cpu", layers: Iterable[int] | None = None, widths: Iterable[int] | None = None,
-               **overrides) -> list[GridCell]:
+def grid_cells(
+    name: str = "cpu", layers: Iterable[int] | None = None, widths: Iterable[int] | None = None, **overrides
+) -> list[GridCell]:
     """The cells of grid ``name`` (``GRIDS``), optionally with other layers/widths or GridCell overrides."""
     if name not in GRIDS:
         raise ValueError(f"name: expected one of {sorted(GRIDS)}, got {name!r}")
@@ -96,9 +98,16 @@ def build_model(cell: GridCell):
     from transformers import ViTConfig, ViTForImageClassification
 
     cfg = ViTConfig(
-        image_size=8, patch_size=cell.patch_size, num_channels=1, hidden_size=cell.hidden_size,
-        num_hidden_layers=cell.num_layers, num_attention_heads=cell.num_heads, intermediate_size=4 * cell.hidden_size,
-        num_labels=10, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        image_size=8,
+        patch_size=cell.patch_size,
+        num_channels=1,
+        hidden_size=cell.hidden_size,
+        num_hidden_layers=cell.num_layers,
+        num_attention_heads=cell.num_heads,
+        intermediate_size=4 * cell.hidden_size,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
     )
     torch.manual_seed(cell.seed)
     return ViTForImageClassification(cfg)
@@ -161,8 +170,13 @@ def train(model, cell: GridCell, data, device: str = "cpu") -> dict[str, float]:
     seconds = time.perf_counter() - t0
     train_acc, train_loss = _accuracy_and_loss(model, x_tr, y_tr)
     test_acc, test_loss = _accuracy_and_loss(model, x_te, y_te)
-    return {"train_accuracy": train_acc, "train_loss": train_loss, "test_accuracy": test_acc, "test_loss": test_loss,
-            "train_seconds": seconds}
+    return {
+        "train_accuracy": train_acc,
+        "train_loss": train_loss,
+        "test_accuracy": test_acc,
+        "test_loss": test_loss,
+        "train_seconds": seconds,
+    }
 
 
 # --------------------------------------------------------------------------- measuring and caching
@@ -170,8 +184,13 @@ def train(model, cell: GridCell, data, device: str = "cpu") -> dict[str, float]:
 
 def report_summary(report) -> dict[str, Any]:
     """The numbers the grid tables and figures use, from one :class:`SpectrumBoundReport`."""
-    out = {"ours": report.ours, "edelman": report.edelman, "degenerate": report.degenerate,
-           "alpha_first": float(report.alpha[0]), "mean_p_opt": float(np.mean([m.p_opt for m in report.matrices]))}
+    out = {
+        "ours": report.ours,
+        "edelman": report.edelman,
+        "degenerate": report.degenerate,
+        "alpha_first": float(report.alpha[0]),
+        "mean_p_opt": float(np.mean([m.p_opt for m in report.matrices])),
+    }
     for t in SUMMARY_TYPES:
         recs = report.by_type(t)
         out[f"mean_p_opt_{t}"] = float(np.mean([m.p_opt for m in recs]))
@@ -223,9 +242,15 @@ def run_cell(cell: GridCell, cache_dir: str, device: str | None = None) -> dict:
     trained = spectrum_bounds(model.cpu().eval(), L_phi=cell.L_phi)
     trained.to_json(paths["trained"])
     rec = {
-        "key": cell.key(), "cell": asdict(cell), "num_heads": cell.num_heads, "device": device,
-        "torch_threads": torch.get_num_threads(), "init": report_summary(init), "trained": report_summary(trained),
-        "metrics": metrics, "seconds": time.perf_counter() - t0,
+        "key": cell.key(),
+        "cell": asdict(cell),
+        "num_heads": cell.num_heads,
+        "device": device,
+        "torch_threads": torch.get_num_threads(),
+        "init": report_summary(init),
+        "trained": report_summary(trained),
+        "metrics": metrics,
+        "seconds": time.perf_counter() - t0,
     }
     write_json_atomic(paths["record"], rec)
     return {**rec, "cached": False}
@@ -240,8 +265,16 @@ def run_cell_spec(spec: dict) -> dict:
     return run_cell(GridCell(**spec["cell"]), spec["cache_dir"], spec.get("device"))
 
 
-def run_grid(cells: Iterable[GridCell], cache_dir: str, jobs: int = 1, device: str | None = None, log=print,
-             threads: int | None = None, executor: str = "local", executor_options: dict | None = None) -> list[dict]:
+def run_grid(
+    cells: Iterable[GridCell],
+    cache_dir: str,
+    jobs: int = 1,
+    device: str | None = None,
+    log=print,
+    threads: int | None = None,
+    executor: str = "local",
+    executor_options: dict | None = None,
+) -> list[dict]:
     """Run every cell (cached ones are read back), largest cells first; records in input order.
 
     ``executor`` is one of :mod:`hf_tdiag.study.executors`: ``"local"`` (``jobs`` processes, ``threads`` torch
@@ -254,23 +287,39 @@ def run_grid(cells: Iterable[GridCell], cache_dir: str, jobs: int = 1, device: s
     cells = list(cells)
     positive_int(jobs, "jobs")
     run_all = get_executor(executor)
-    order = sorted(range(len(cells)), key=lambda i: -cells[i].num_layers * cells[i].hidden_size**2)
-    specs = [{"index": i, "hparams": {"num_layers": cells[i].num_layers, "hidden_size": cells[i].hidden_size},
-              "cell": asdict(cells[i]), "cache_dir": cache_dir, "device": device} for i in order]
+    order = sorted(range(len(cells)), key=lambda i: -cells[i].num_layers * cells[i].hidden_size ** 2)
+    specs = [
+        {
+            "index": i,
+            "hparams": {"num_layers": cells[i].num_layers, "hidden_size": cells[i].hidden_size},
+            "cell": asdict(cells[i]),
+            "cache_dir": cache_dir,
+            "device": device,
+        }
+        for i in order
+    ]
     results: dict[int, dict] = {}
     failures: list[dict] = []
 
     def on_done(spec, rec, failure):
         if failure is not None:
             failures.append(failure)
-            log(f"L={spec['cell']['num_layers']} N={spec['cell']['hidden_size']}: failed, {failure['error']}\n"
-                f"{failure['traceback']}")
+            log(
+                f"L={spec['cell']['num_layers']} N={spec['cell']['hidden_size']}: failed, {failure['error']}\n"
+                f"{failure['traceback']}"
+            )
         else:
             results[spec["index"]] = rec
             log(_line(rec))
 
-    run_all(specs, jobs=jobs, threads=threads or max(1, (os.cpu_count() or 1) // jobs), on_done=on_done,
-            task=run_cell_spec, **dict(executor_options or {}))
+    run_all(
+        specs,
+        jobs=jobs,
+        threads=threads or max(1, (os.cpu_count() or 1) // jobs),
+        on_done=on_done,
+        task=run_cell_spec,
+        **dict(executor_options or {}),
+    )
     if failures:
         names = ", ".join(f"L={f['hparams']['num_layers']} N={f['hparams']['hidden_size']}" for f in failures)
         raise RuntimeError(f"{len(failures)} of {len(cells)} cells failed ({names}); first: {failures[0]['error']}")
@@ -280,21 +329,42 @@ def run_grid(cells: Iterable[GridCell], cache_dir: str, jobs: int = 1, device: s
 def _line(rec: dict) -> str:
     c, i, t, m = rec["cell"], rec["init"], rec["trained"], rec["metrics"]
     how = "cached" if rec.get("cached") else f"{rec['seconds']:.0f} s"
-    return (f"L={c['num_layers']} N={c['hidden_size']}: test acc {m['test_accuracy']:.3f}; B_ours {i['ours']:.4g} -> "
-            f"{t['ours']:.4g}, B_Edelman {i['edelman']:.4g} -> {t['edelman']:.4g} ({how})")
+    return (
+        f"L={c['num_layers']} N={c['hidden_size']}: test acc {m['test_accuracy']:.3f}; B_ours {i['ours']:.4g} -> "
+        f"{t['ours']:.4g}, B_Edelman {i['edelman']:.4g} -> {t['edelman']:.4g} ({how})"
+    )
 
 
 def grid_rows(records: Iterable[dict], stage: str) -> list[dict[str, Any]]:
     """Flat rows (``num_layers``, ``hidden_size``, proxies, …) of one stage, ``"init"`` or ``"trained"``."""
     if stage not in ("init", "trained"):
         raise ValueError(f"stage: expected 'init' or 'trained', got {stage!r}")
-    return [{"num_layers": r["cell"]["num_layers"], "hidden_size": r["cell"]["hidden_size"], "num_heads": r["num_heads"],
-             **r[stage], **{f"metric_{k}": v for k, v in r["metrics"].items()}} for r in records]
+    return [
+        {
+            "num_layers": r["cell"]["num_layers"],
+            "hidden_size": r["cell"]["hidden_size"],
+            "num_heads": r["num_heads"],
+            **r[stage],
+            **{f"metric_{k}": v for k, v in r["metrics"].items()},
+        }
+        for r in records
+    ]
 
 
-__all__ = ["GRIDS", "GridCell", "build_model", "digits_tensors", "grid_cells", "grid_rows", "load_record",
-           "report_summary", "run_cell", "run_cell_spec", "run_grid", "train"]
-
+__all__ = [
+    "GRIDS",
+    "GridCell",
+    "build_model",
+    "digits_tensors",
+    "grid_cells",
+    "grid_rows",
+    "load_record",
+    "report_summary",
+    "run_cell",
+    "run_cell_spec",
+    "run_grid",
+    "train",
+]
 
 
 def load_report_pair(record: dict, cache_dir: str):

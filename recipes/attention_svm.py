@@ -59,12 +59,18 @@ def parse_args(argv=None):
     size = p.add_mutually_exclusive_group()
     size.add_argument("--paper", action="store_true", help="the paper's settings (n, T, d, runs, steps; slow)")
     size.add_argument("--quick", action="store_true", help="a CI size (the default)")
-    add_output_dir(p, "runs/attention_svm", "where the PNG/JSON per figure and summary.json go (default runs/attention_svm)")
+    add_output_dir(
+        p, "runs/attention_svm", "where the PNG/JSON per figure and summary.json go (default runs/attention_svm)"
+    )
     p.add_argument("--only", nargs="+", choices=EXPERIMENTS, default=list(EXPERIMENTS), help="experiments to run")
-    p.add_argument("--threads", type=positive_int, default=1, metavar="N", help="torch threads (default 1: the tensors are small)")
+    p.add_argument(
+        "--threads", type=positive_int, default=1, metavar="N", help="torch threads (default 1: the tensors are small)"
+    )
     p.add_argument("--progress", action="store_true", help="progress bars for the GD runs")
     p.add_argument("--dpi", type=int, default=120, help="PNG resolution (default 120)")
-    p.add_argument("--replot", action="store_true", help="redraw the PNGs from the JSON files in --output-dir (no runs)")
+    p.add_argument(
+        "--replot", action="store_true", help="redraw the PNGs from the JSON files in --output-dir (no runs)"
+    )
     return p.parse_args(argv)
 
 
@@ -134,7 +140,9 @@ def main(argv=None) -> int:
                 summary["figures"] = [f for f in summary["figures"] if f != fig_name] + [fig_name]
         _write_json(summary_path, summary)
         print(f"{name}: {summary['timings_s'][name]:.1f} s", flush=True)
-    print(f"done in {time.perf_counter() - t_all:.1f} s; {len(summary['figures'])} figures (PNG + JSON) in {args.output_dir}")
+    print(
+        f"done in {time.perf_counter() - t_all:.1f} s; {len(summary['figures'])} figures (PNG + JSON) in {args.output_dir}"
+    )
     return 0
 
 

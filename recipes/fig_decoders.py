@@ -29,8 +29,15 @@ BENCH = os.path.join(HERE, "..", "benchmarks", "results", "bench_schatten_stream
 
 def srr_by_source(folder: str) -> dict:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=128, num_hidden_layers=6, num_attention_heads=8,
-                         num_key_value_heads=2, intermediate_size=344, max_position_embeddings=128)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=344,
+        max_position_embeddings=128,
+    )
     model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():  # weights of std 0.3 instead of the 0.02 init: projections well away from zero
         for name, p in model.named_parameters():
@@ -67,9 +74,18 @@ def figure(srr: dict, bench: dict | None) -> Figure:
         return fig
     mib = 2**20
     default, tuned = bench["allocators"]["glibc_default"], bench["allocators"]["mmap_threshold_128k"]
-    names = ["fixed\noverhead", "streaming\n(glibc default)", "streaming\n(mmap thr. 128k)", "in memory\n(glibc default)"]
-    values = [default["peak_rss_bytes"]["baseline"] / mib, default["peak_rss_bytes"]["streaming"] / mib,
-              tuned["peak_rss_bytes"]["streaming"] / mib, default["peak_rss_bytes"]["memory"] / mib]
+    names = [
+        "fixed\noverhead",
+        "streaming\n(glibc default)",
+        "streaming\n(mmap thr. 128k)",
+        "in memory\n(glibc default)",
+    ]
+    values = [
+        default["peak_rss_bytes"]["baseline"] / mib,
+        default["peak_rss_bytes"]["streaming"] / mib,
+        tuned["peak_rss_bytes"]["streaming"] / mib,
+        default["peak_rss_bytes"]["memory"] / mib,
+    ]
     bx.bar(names, values, color=["0.6", "tab:olive", "tab:green", "tab:red"])
     target = (default["peak_rss_bytes"]["baseline"] + 1.5 * bench["largest_layer_bytes"]) / mib
     bx.axhline(target, color="tab:green", ls="--", lw=1, label="overhead + 1.5 × largest layer")
@@ -78,8 +94,11 @@ def figure(srr: dict, bench: dict | None) -> Figure:
     bx.tick_params(axis="x", labelsize=7)
     ckpt = bench["checkpoint"]
     t = default["seconds_best"]
-    bx.set_title(f"spectrum_bounds, {ckpt['num_parameters'] / 1e9:.2f} B bf16, {ckpt['shards']} shards; "
-                 f"{t['streaming']:.0f} s streaming, {t['memory']:.0f} s in memory", fontsize=8)
+    bx.set_title(
+        f"spectrum_bounds, {ckpt['num_parameters'] / 1e9:.2f} B bf16, {ckpt['shards']} shards; "
+        f"{t['streaming']:.0f} s streaming, {t['memory']:.0f} s in memory",
+        fontsize=8,
+    )
     bx.set_ylabel("peak resident memory (MiB)")
     bx.legend(fontsize=7)
     fig.tight_layout()

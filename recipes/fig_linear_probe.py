@@ -55,7 +55,11 @@ def measure(model, processor, max_train: int | None = None) -> dict:
         "num_train": int(len(y_tr)),
         "num_test": int(len(y_te)),
         "features": "token mean of Z^l; standardised; LogisticRegression(C=1)",
-        "classifier_test_accuracy": float((model(pixel_values=torch.cat(list(_pixel_values(processor, x_te)))).logits.argmax(-1).numpy() == y_te).mean()),
+        "classifier_test_accuracy": float(
+            (
+                model(pixel_values=torch.cat(list(_pixel_values(processor, x_te)))).logits.argmax(-1).numpy() == y_te
+            ).mean()
+        ),
     }
 
 
@@ -78,8 +82,15 @@ def main(argv=None) -> int:
         from hf_tdiag.training import train
 
         args.model = args.run_dir or os.path.join(args.output_dir, "linear_probe_run")
-        train(output_dir=args.model, variant=args.variant, num_train_epochs=args.num_train_epochs, seed=args.seed,
-              layer_srr_samples=0, disable_tqdm=True, after_fit=[])
+        train(
+            output_dir=args.model,
+            variant=args.variant,
+            num_train_epochs=args.num_train_epochs,
+            seed=args.seed,
+            layer_srr_samples=0,
+            disable_tqdm=True,
+            after_fit=[],
+        )
     model = AutoModelForImageClassification.from_pretrained(args.model).eval()
     processor = AutoImageProcessor.from_pretrained(args.model)
     with torch.no_grad():
@@ -90,12 +101,18 @@ def main(argv=None) -> int:
     with open(os.path.join(args.output_dir, "linear_probe.json"), "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=2)
         fh.write("\n")
-    title = (f"{model.config.variant} on digits: linear probe vs SRR per layer "
-             f"(Kendall τ = {result['kendall_tau_srr_vs_accuracy']:.2f})")
-    png = save_figure(plot_probe_vs_srr(result, title=title), os.path.join(args.output_dir, "linear_probe.png"), dpi=100)
+    title = (
+        f"{model.config.variant} on digits: linear probe vs SRR per layer "
+        f"(Kendall τ = {result['kendall_tau_srr_vs_accuracy']:.2f})"
+    )
+    png = save_figure(
+        plot_probe_vs_srr(result, title=title), os.path.join(args.output_dir, "linear_probe.png"), dpi=100
+    )
     for ell, (a, s) in enumerate(zip(result["probe_accuracy"], result["srr"])):
         print(f"layer {ell}: probe accuracy {a:.4f}  SRR {s:9.4f}")
-    print(f"Kendall tau(SRR, accuracy) = {result['kendall_tau_srr_vs_accuracy']:.3f} (p = {result['kendall_p_value']:.3f})")
+    print(
+        f"Kendall tau(SRR, accuracy) = {result['kendall_tau_srr_vs_accuracy']:.3f} (p = {result['kendall_p_value']:.3f})"
+    )
     print(f"wrote {png} and linear_probe.json")
     return 0
 

@@ -31,14 +31,23 @@ def main(argv=None) -> int:
     parser.add_argument("--eps", type=float, default=0.1)
     args = parser.parse_args(argv)
     result = mssa_step_compression(
-        np.linspace(0.0, args.max_step, args.num_steps), variants=VARIANTS, num_tokens=args.num_tokens,
-        hidden_size=args.hidden_size, num_heads=args.num_heads, seeds=range(args.seeds), eps=args.eps,
+        np.linspace(0.0, args.max_step, args.num_steps),
+        variants=VARIANTS,
+        num_tokens=args.num_tokens,
+        hidden_size=args.hidden_size,
+        num_heads=args.num_heads,
+        seeds=range(args.seeds),
+        eps=args.eps,
     )
     small = int(np.searchsorted(result["step_sizes"], 0.5))
     result["summary"] = {
-        v: {"mean_change_at_step_%g" % result["step_sizes"][small]: float(np.mean(np.asarray(c)[:, small] - np.asarray(c)[:, 0])),
+        v: {
+            "mean_change_at_step_%g" % result["step_sizes"][small]: float(
+                np.mean(np.asarray(c)[:, small] - np.asarray(c)[:, 0])
+            ),
             "mean_change_at_max_step": float(np.mean(np.asarray(c)[:, -1] - np.asarray(c)[:, 0])),
-            "rises_for_every_seed_at_small_step": bool((np.asarray(c)[:, 1] > np.asarray(c)[:, 0]).all())}
+            "rises_for_every_seed_at_small_step": bool((np.asarray(c)[:, 1] > np.asarray(c)[:, 0]).all()),
+        }
         for v, c in result["Rc"].items()
     }
     os.makedirs(args.output_dir, exist_ok=True)

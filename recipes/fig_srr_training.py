@@ -33,8 +33,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output-dir", "--output_dir", dest="output_dir", default="figures_out")
     parser.add_argument("--history", default=None, help="an srr_history.json to plot (skips training)")
-    parser.add_argument("--run-dir", "--run_dir", dest="run_dir", default=None,
-                        help="where the training run goes (default <output-dir>/srr_training_run)")
+    parser.add_argument(
+        "--run-dir",
+        "--run_dir",
+        dest="run_dir",
+        default=None,
+        help="where the training run goes (default <output-dir>/srr_training_run)",
+    )
     parser.add_argument("--variant", default="crate")
     parser.add_argument("--num-train-epochs", "--num_train_epochs", dest="num_train_epochs", type=int, default=40)
     parser.add_argument("--track-srr-every", "--track_srr_every", dest="track_srr_every", default="epoch")
@@ -45,9 +50,17 @@ def main(argv=None) -> int:
         from hf_tdiag.training import train
 
         run_dir = args.run_dir or os.path.join(args.output_dir, "srr_training_run")
-        train(output_dir=run_dir, variant=args.variant, num_train_epochs=args.num_train_epochs,
-              track_srr_every=args.track_srr_every, track_srr_samples=args.track_srr_samples, seed=args.seed,
-              layer_srr_samples=0, disable_tqdm=True, after_fit=[])
+        train(
+            output_dir=run_dir,
+            variant=args.variant,
+            num_train_epochs=args.num_train_epochs,
+            track_srr_every=args.track_srr_every,
+            track_srr_samples=args.track_srr_samples,
+            seed=args.seed,
+            layer_srr_samples=0,
+            disable_tqdm=True,
+            after_fit=[],
+        )
         args.history = os.path.join(run_dir, "srr_history.json")
     with open(args.history, encoding="utf-8") as fh:
         data = json.load(fh)

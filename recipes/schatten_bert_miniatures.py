@@ -65,9 +65,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--local-dir", default=None, help="folder with local copies (skips models not found there)")
     ap.add_argument("--layers", type=positive_int, nargs="+", default=list(LAYERS), help="depths L (default: all six)")
     ap.add_argument("--hidden", type=positive_int, nargs="+", default=list(HIDDEN), help="widths H (default: all four)")
-    ap.add_argument("--l-phi", "--L-phi", type=finite_float, default=1.13,
-                    help="FFN activation Lipschitz constant L_phi (default 1.13, GELU)")
-    ap.add_argument("--p-grid-m", type=positive_int, default=None, help="p grid {0, 1/m, ..., 2}; default m = ceil(L + ln N)")
+    ap.add_argument(
+        "--l-phi",
+        "--L-phi",
+        type=finite_float,
+        default=1.13,
+        help="FFN activation Lipschitz constant L_phi (default 1.13, GELU)",
+    )
+    ap.add_argument(
+        "--p-grid-m", type=positive_int, default=None, help="p grid {0, 1/m, ..., 2}; default m = ceil(L + ln N)"
+    )
     ap.add_argument("--rank-tol", type=finite_float, default=1e-10, help="rank threshold factor (default 1e-10)")
     ap.add_argument("--detail-model", default=None, help="miniature name for the per-matrix figures (default: largest)")
     args = ap.parse_args(argv)
@@ -80,14 +87,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import hf_tdiag
+    from hf_tdiag._atomic import write_csv, write_json
+    from hf_tdiag.viz import save_figure
     from hf_tdiag.viz.schatten import (
         plot_norm_scaling,
         plot_proxies_vs_depth,
         plot_proxies_vs_width,
         save_report_figures,
     )
-    from hf_tdiag._atomic import write_csv, write_json
-    from hf_tdiag.viz import save_figure
 
     os.makedirs(os.path.join(args.output_dir, "reports"), exist_ok=True)
     jobs, missing = [], []
@@ -109,7 +116,10 @@ def main(argv=None) -> int:
         rep.to_json(os.path.join(args.output_dir, "reports", f"{name}.json"))
         reports[name] = rep
         rows.append({"name": name, **rep.summary(), "seconds": seconds})
-        print(f"[{i}/{len(jobs)}] {name}: B_ours {rep.ours:.6g}  B_Edelman {rep.edelman:.6g}  ({seconds:.1f}s)", flush=True)
+        print(
+            f"[{i}/{len(jobs)}] {name}: B_ours {rep.ours:.6g}  B_Edelman {rep.edelman:.6g}  ({seconds:.1f}s)",
+            flush=True,
+        )
 
     add_normalized_columns(rows)
     write_csv(os.path.join(args.output_dir, "miniatures.csv"), rows)

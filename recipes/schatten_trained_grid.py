@@ -40,16 +40,41 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, nargs="+", default=None, help="depths (default: the grid's)")
     ap.add_argument("--hidden", type=int, nargs="+", default=None, help="widths (default: the grid's)")
     ap.add_argument("--steps", type=int, default=None, help="training steps per cell (default: the grid's)")
-    ap.add_argument("--head-dim", "--head_dim", dest="head_dim", type=int, default=None,
-                    help="head width; heads = N / head-dim (default: the grid's, 32 on cpu)")
-    ap.add_argument("--patch-size", "--patch_size", dest="patch_size", type=int, default=None,
-                    help="patch side on the 8x8 digits: 4 (default, 4 tokens + CLS) or 2 (16 + CLS, ~3x the cost)")
+    ap.add_argument(
+        "--head-dim",
+        "--head_dim",
+        dest="head_dim",
+        type=int,
+        default=None,
+        help="head width; heads = N / head-dim (default: the grid's, 32 on cpu)",
+    )
+    ap.add_argument(
+        "--patch-size",
+        "--patch_size",
+        dest="patch_size",
+        type=int,
+        default=None,
+        help="patch side on the 8x8 digits: 4 (default, 4 tokens + CLS) or 2 (16 + CLS, ~3x the cost)",
+    )
     ap.add_argument("--jobs", type=positive_int, default=1, help="cells trained at once (processes)")
-    ap.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                    help="torch CPU threads per cell (default: cpu_count // jobs)")
+    ap.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="torch CPU threads per cell (default: cpu_count // jobs)",
+    )
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    ap.add_argument("--detail-cell", "--detail_cell", dest="detail_cell", type=int, nargs=2, default=None,
-                    metavar=("L", "N"), help="cell whose spectra are plotted (default: the deepest, widest)")
+    ap.add_argument(
+        "--detail-cell",
+        "--detail_cell",
+        dest="detail_cell",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("L", "N"),
+        help="cell whose spectra are plotted (default: the deepest, widest)",
+    )
     add_executor_flags(ap)
     args = ap.parse_args(argv)
     try:
@@ -89,13 +114,17 @@ def write_figures(records: list[dict], out_dir: str, detail) -> None:
 
     init, trained = grid_rows(records, "init"), grid_rows(records, "trained")
     VS.plot_init_vs_trained(init, trained, "num_layers").savefig(os.path.join(out_dir, "proxies_vs_depth.png"), dpi=110)
-    VS.plot_init_vs_trained(init, trained, "hidden_size").savefig(os.path.join(out_dir, "proxies_vs_width.png"), dpi=110)
+    VS.plot_init_vs_trained(init, trained, "hidden_size").savefig(
+        os.path.join(out_dir, "proxies_vs_width.png"), dpi=110
+    )
     VS.plot_p_opt_init_vs_trained(init, trained).savefig(os.path.join(out_dir, "p_opt.png"), dpi=110)
     cells = [r["cell"] for r in records]
     L, N = detail or max(((c["num_layers"], c["hidden_size"]) for c in cells), key=lambda x: (x[1], x[0]))
     match = [r for r in records if (r["cell"]["num_layers"], r["cell"]["hidden_size"]) == (L, N)]
     if not match:
-        raise SystemExit(f"--detail-cell {L} {N} is not in the grid; cells: {sorted((c['num_layers'], c['hidden_size']) for c in cells)}")
+        raise SystemExit(
+            f"--detail-cell {L} {N} is not in the grid; cells: {sorted((c['num_layers'], c['hidden_size']) for c in cells)}"
+        )
     rep_init, rep_trained = load_report_pair(match[0], out_dir)
     VS.plot_spectra_init_vs_trained(rep_init, rep_trained).savefig(os.path.join(out_dir, "spectra.png"), dpi=110)
 
@@ -105,19 +134,29 @@ def main(argv=None) -> int:
     from hf_tdiag.schatten_grid import grid_cells, run_grid
 
     os.makedirs(args.output_dir, exist_ok=True)
-    cells = grid_cells(args.grid, args.layers, args.hidden, steps=args.steps, head_dim=args.head_dim,
-                       patch_size=args.patch_size)
+    cells = grid_cells(
+        args.grid, args.layers, args.hidden, steps=args.steps, head_dim=args.head_dim, patch_size=args.patch_size
+    )
     t0 = time.perf_counter()
     try:
-        records = run_grid(cells, args.output_dir, jobs=args.jobs, device=args.device, threads=args.threads,
-                           executor=args.executor, executor_options=args.executor_options,
-                           log=lambda s: print(s, flush=True))
+        records = run_grid(
+            cells,
+            args.output_dir,
+            jobs=args.jobs,
+            device=args.device,
+            threads=args.threads,
+            executor=args.executor,
+            executor_options=args.executor_options,
+            log=lambda s: print(s, flush=True),
+        )
     except (RuntimeError, ImportError) as err:  # failed cells (logged with their tracebacks); the Ray extra missing
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"{len(cells)} cells in {time.perf_counter() - t0:.0f} s "
-          f"({sum(not r.get('cached') for r in records)} trained now, jobs={args.jobs}, executor={args.executor})",
-          flush=True)
+    print(
+        f"{len(cells)} cells in {time.perf_counter() - t0:.0f} s "
+        f"({sum(not r.get('cached') for r in records)} trained now, jobs={args.jobs}, executor={args.executor})",
+        flush=True,
+    )
     write_tables(records, args.output_dir)
     write_figures(records, args.output_dir, args.detail_cell)
     print(f"wrote {args.output_dir}/grid.csv, grid.json and figures")

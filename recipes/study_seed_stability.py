@@ -21,7 +21,9 @@ from hf_tdiag.study.worker import examples_tensors, load_trained
 
 
 def _kept_runs(study_dir: str, count: int) -> list[dict]:
-    kept = [r for r in load_records(study_dir) if os.path.isfile(os.path.join(study_dir, "work", r["key"], "config.json"))]
+    kept = [
+        r for r in load_records(study_dir) if os.path.isfile(os.path.join(study_dir, "work", r["key"], "config.json"))
+    ]
     first_per_variant = list({r["hparams"].get("variant"): r for r in reversed(kept)}.values())[::-1]
     rest = [r for r in kept if r not in first_per_variant]
     return (first_per_variant + rest)[:count]
@@ -46,12 +48,17 @@ def main(argv=None) -> int:
     out = {"study_dir": os.path.abspath(args.study_dir), "settings": study["settings"], "seeds": args.seeds, "runs": []}
     for rec in runs:
         t0 = time.time()
-        model, examples = load_trained(rec["hparams"], study["grid"]["fixed"], os.path.join(args.study_dir, "work", rec["key"]),
-                                       max_examples=settings.max_examples)
+        model, examples = load_trained(
+            rec["hparams"],
+            study["grid"]["fixed"],
+            os.path.join(args.study_dir, "work", rec["key"]),
+            max_examples=settings.max_examples,
+        )
         x, y = examples_tensors(examples, settings.max_examples)
         result = seed_stability(model, x, y, settings, seeds=args.seeds, draws=draws)
-        out["runs"].append({"key": rec["key"], "hparams": rec["hparams"], "stability": result,
-                            "seconds": round(time.time() - t0, 1)})
+        out["runs"].append(
+            {"key": rec["key"], "hparams": rec["hparams"], "stability": result, "seconds": round(time.time() - t0, 1)}
+        )
         for name, per in result.items():
             print(rec["hparams"], name, {d: round(v["cv"], 3) for d, v in per.items()})
     write_json_atomic(args.output, out)

@@ -69,7 +69,9 @@ def tests_for(module: str, mapping: dict[str, list[str]]) -> list[str]:
     dotted = module[:-3].replace("/", ".").removesuffix(".__init__")
     parent, name = dotted.rsplit(".", 1)
     pattern = re.compile(rf"{re.escape(dotted)}\b|from {re.escape(parent)} import[^\n]*\b{name}\b")
-    return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py") if pattern.search(p.read_text()))
+    return sorted(
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py") if pattern.search(p.read_text())
+    )
 
 
 def toml_value(value) -> str:
@@ -96,10 +98,15 @@ def write_pyproject(work: Path, tool: dict, module: str, tests: list[str]) -> No
 
 def sync_checkout(work: Path) -> None:
     """Copy the checkout's files (tracked and untracked-not-ignored, mtimes kept) into the scratch folder."""
-    listed = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        capture_output=True, check=True,
-    ).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for folder in ("hf_tdiag", "tests", "scripts"):
         shutil.rmtree(work / folder, ignore_errors=True)
     for rel in filter(None, listed):
@@ -129,8 +136,17 @@ def results_of(work: Path, module: str) -> dict[str, int | None]:
 
 
 def tally(codes: dict[str, int | None], equivalent: dict[str, str]) -> dict:
-    t = {"generated": len(codes), "killed": 0, "timeout": 0, "survived": 0, "equivalent": 0, "no_tests": 0,
-         "not_checked": 0, "other": 0, "survivors": []}
+    t = {
+        "generated": len(codes),
+        "killed": 0,
+        "timeout": 0,
+        "survived": 0,
+        "equivalent": 0,
+        "no_tests": 0,
+        "not_checked": 0,
+        "other": 0,
+        "survivors": [],
+    }
     for name, code in sorted(codes.items()):
         if code in KILLED:
             t["killed"] += 1
@@ -200,8 +216,16 @@ def write_json(path: Path, rows: list[dict]) -> None:
         "killed_percent": "killed (timeouts included) / (generated - equivalent - not_checked)",
         "equivalent_list": EQUIVALENT.relative_to(ROOT).as_posix(),
         "packages": package_totals(rows),
-        "modules": [{**{k: r[k] for k in KEYS}, "killed_percent": score(r), "module": r["module"], "tests": r["tests"],
-                     "survivors": r["survivors"]} for r in rows],
+        "modules": [
+            {
+                **{k: r[k] for k in KEYS},
+                "killed_percent": score(r),
+                "module": r["module"],
+                "tests": r["tests"],
+                "survivors": r["survivors"],
+            }
+            for r in rows
+        ],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
@@ -236,8 +260,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("targets", nargs="*", help=f"packages ({' '.join(packages)}), folders or module paths")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "1")), help="mutmut workers")
     ap.add_argument("--summary", action="store_true", help="print the recorded results, run nothing")
-    ap.add_argument("--json", type=Path, help="also write the summary as JSON (e.g. benchmarks/results/mutation_summary.json)")
-    ap.add_argument("--survivors", action="store_true", help="retest only the recorded survivors and unchecked mutants (after adding tests)")
+    ap.add_argument(
+        "--json", type=Path, help="also write the summary as JSON (e.g. benchmarks/results/mutation_summary.json)"
+    )
+    ap.add_argument(
+        "--survivors",
+        action="store_true",
+        help="retest only the recorded survivors and unchecked mutants (after adding tests)",
+    )
     args = ap.parse_args(argv)
     scratch = Path(os.environ.get("MUTATION_DIR", Path(tempfile.gettempdir()) / "hf_tdiag_mutation"))
     modules = [m for t in (args.targets or packages) for m in modules_of(t, packages)]
@@ -247,9 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         if t.get("generated"):
             rows.append(t)
             if not args.summary:
-                print(f"   {module}: {t['killed'] + t['timeout']}/{t['generated']} killed, "
-                      f"{t['survived']} survived, {t['equivalent']} equivalent, {t['no_tests']} without tests",
-                      flush=True)
+                print(
+                    f"   {module}: {t['killed'] + t['timeout']}/{t['generated']} killed, "
+                    f"{t['survived']} survived, {t['equivalent']} equivalent, {t['no_tests']} without tests",
+                    flush=True,
+                )
     print_table(rows)
     if args.json:
         write_json(args.json, rows)

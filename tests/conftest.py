@@ -10,8 +10,13 @@ import pytest
 # datasets, evaluate and remote-code modules, the default Space model, matplotlib's font cache, Chromium) goes to one
 # folder for this session, set before anything imports those libraries (they read the variables at import).
 _SESSION_HOME = tempfile.mkdtemp(prefix="hf_tdiag_tests_")
-for _name, _sub in (("HF_HOME", "hf"), ("HF_TDIAG_CACHE", "hf_tdiag"), ("MPLCONFIGDIR", "matplotlib"),
-                    ("XDG_CACHE_HOME", "xdg-cache"), ("XDG_CONFIG_HOME", "xdg-config")):
+for _name, _sub in (
+    ("HF_HOME", "hf"),
+    ("HF_TDIAG_CACHE", "hf_tdiag"),
+    ("MPLCONFIGDIR", "matplotlib"),
+    ("XDG_CACHE_HOME", "xdg-cache"),
+    ("XDG_CONFIG_HOME", "xdg-config"),
+):
     os.environ[_name] = os.path.join(_SESSION_HOME, _sub)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -31,7 +36,10 @@ def _untracked_in_repo() -> set[str] | None:
     try:
         out = subprocess.run(
             ["git", "-C", str(REPO), "ls-files", "--others", "--directory", "--no-empty-directory"],
-            capture_output=True, text=True, timeout=60, check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None

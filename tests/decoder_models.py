@@ -23,14 +23,38 @@ def configs():
     return {
         "gpt2": GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=64, **common),
         # GQA: 8 query heads, 2 key/value heads; untied embeddings
-        "llama": LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
-                             intermediate_size=96, max_position_embeddings=64, tie_word_embeddings=False, **common),
-        "mistral": MistralConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                 intermediate_size=48, max_position_embeddings=64, sliding_window=16,
-                                 tie_word_embeddings=False, **common),
+        "llama": LlamaConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            intermediate_size=96,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            **common,
+        ),
+        "mistral": MistralConfig(
+            num_hidden_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            max_position_embeddings=64,
+            sliding_window=16,
+            tie_word_embeddings=False,
+            **common,
+        ),
         # q/k/v biases, one K/V head for all four query heads, tied embeddings
-        "qwen2": Qwen2Config(num_hidden_layers=3, hidden_size=32, num_attention_heads=4, num_key_value_heads=1,
-                             intermediate_size=40, max_position_embeddings=64, tie_word_embeddings=True, **common),
+        "qwen2": Qwen2Config(
+            num_hidden_layers=3,
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            intermediate_size=40,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+            **common,
+        ),
     }
 
 
@@ -90,8 +114,9 @@ def char_tokenizer(bos: bool = True):
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
     if bos:
         tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="</s>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>"
+    )
 
 
 TEXTS = [

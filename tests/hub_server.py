@@ -66,7 +66,7 @@ class LocalHub:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     # ---- lifecycle ----
-    def start(self) -> "LocalHub":
+    def start(self) -> LocalHub:
         self.thread.start()
         return self
 
@@ -74,7 +74,7 @@ class LocalHub:
         self.server.shutdown()
         self.server.server_close()
 
-    def __enter__(self) -> "LocalHub":
+    def __enter__(self) -> LocalHub:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -100,7 +100,7 @@ class LocalHub:
     def downloads(self, repo_id: str) -> list[str]:
         """Files of ``repo_id`` fetched with GET so far (in order)."""
         prefix = f"/{repo_id}/resolve/"
-        return [p[len(prefix):].split("/", 1)[1] for m, p in self.requests if m == "GET" and p.startswith(prefix)]
+        return [p[len(prefix) :].split("/", 1)[1] for m, p in self.requests if m == "GET" and p.startswith(prefix)]
 
     def files(self, repo_id: str) -> dict[str, bytes]:
         return dict(self.repos[repo_id].files)

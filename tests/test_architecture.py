@@ -21,7 +21,9 @@ def _small(cls, **kw):
 
 
 def test_vit_is_pre_norm_and_exposes_projections():
-    cfg = ViTConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, image_size=16, patch_size=8)
+    cfg = ViTConfig(
+        hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, image_size=16, patch_size=8
+    )
     model = ViTForImageClassification(cfg)
     arch = describe(model)
     assert arch.family == "vit" and arch.pre_norm

@@ -79,7 +79,9 @@ def test_frobenius_matches_cvxpy(n, T, d, seed):
     lam = res.dual.numpy()
     assert (lam >= 0).all()
     Xn, zn = X.numpy(), z.numpy()
-    W_from_dual = sum(lam[i, t] * np.outer(Xn[i, sel[i]] - Xn[i, t], zn[i]) for i in range(n) for t in range(T) if t != sel[i])
+    W_from_dual = sum(
+        lam[i, t] * np.outer(Xn[i, sel[i]] - Xn[i, t], zn[i]) for i in range(n) for t in range(T) if t != sel[i]
+    )
     assert np.allclose(W_from_dual, res.W.numpy(), atol=1e-7 * np.abs(res.W.numpy()).max())
     assert lam.sum() == pytest.approx(res.objective**2, rel=1e-7)
     tight = res.margins.numpy()[lam > 1e-9 * lam.max()]

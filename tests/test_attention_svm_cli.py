@@ -38,7 +38,9 @@ def test_evaluate_round_trip_matches_the_probe(crate_dir):
     assert out["svm"]["feasible"] and out["svm"]["duality_gap"] < 1e-8
     json.dumps(out)
     # pixel values and add_batch give the same numbers
-    out_pv = module.compute(model=model, pixel_values=pixel_values, layer=1, head=0, max_queries=20, return_arrays=False)
+    out_pv = module.compute(
+        model=model, pixel_values=pixel_values, layer=1, head=0, max_queries=20, return_arrays=False
+    )
     assert out_pv["correlation"] == pytest.approx(out["correlation"], rel=1e-9)
     assert "head_margins" not in out_pv
     module.add_batch(images=images[:2])
@@ -50,8 +52,24 @@ def test_evaluate_round_trip_matches_the_probe(crate_dir):
 def test_command_writes_json_and_figures(crate_dir, tmp_path, capsys):
     path, _ = crate_dir
     out_dir = tmp_path / "o"
-    rc = cli_main(["attention-svm", path, "--dataset", "digits", "--layer", "1", "--head", "all", "--limit", "3", "--max-queries", "12",
-                   "--output-dir", str(out_dir)])
+    rc = cli_main(
+        [
+            "attention-svm",
+            path,
+            "--dataset",
+            "digits",
+            "--layer",
+            "1",
+            "--head",
+            "all",
+            "--limit",
+            "3",
+            "--max-queries",
+            "12",
+            "--output-dir",
+            str(out_dir),
+        ]
+    )
     assert rc == 0
     data = json.loads((out_dir / "attention_svm.json").read_text())
     heads = data["heads"]
@@ -72,7 +90,12 @@ def test_figures_for_the_recipe_rows():
 
     fig = plot_correlation_curves({"W": ([0, 1, 2], [0.1, 0.5, 0.99])})
     assert len(fig.axes[0].lines) == 2  # curve + threshold
-    fig = plot_global_frequency([{"d": 2, "global": 0.2, "local": 0.5, "undetermined": 0.3}, {"d": 8, "global": 1.0, "local": 0.0, "undetermined": 0.0}])
+    fig = plot_global_frequency(
+        [
+            {"d": 2, "global": 0.2, "local": 0.5, "undetermined": 0.3},
+            {"d": 8, "global": 1.0, "local": 0.0, "undetermined": 0.0},
+        ]
+    )
     assert len(fig.axes[0].lines) == 3
     fig = plot_rank([{"n": 2, "m": 4, "rank": 2}, {"n": 4, "m": 4, "rank": 4}])
     assert list(fig.axes[0].lines[0].get_ydata()) == [2, 4]

@@ -29,8 +29,17 @@ def gpt2_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
     torch.manual_seed(0)
-    cfg = LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
-                      intermediate_size=64, vocab_size=64, max_position_embeddings=64, bos_token_id=0, eos_token_id=0)
+    cfg = LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=32,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     path = tmp_path_factory.mktemp("llama")
     LlamaForCausalLM(cfg).save_pretrained(path)
     return path
@@ -65,7 +74,7 @@ def test_gpt2_causal_head_against_the_model(gpt2_dir):
     W = model.transformer.h[1].attn.c_attn.weight.double()
     bias = model.transformer.h[1].attn.c_attn.bias.double()
     p = 8
-    Wq, Wk, bq = W[:, 2 * p:3 * p].T, W[:, 32 + 2 * p:32 + 3 * p].T, bias[2 * p:3 * p]
+    Wq, Wk, bq = W[:, 2 * p : 3 * p].T, W[:, 32 + 2 * p : 32 + 3 * p].T, bias[2 * p : 3 * p]
     assert torch.allclose(diag.W_head[:, :32], Wk.T @ Wq / math.sqrt(p))
     assert torch.allclose(diag.W_head[:, 32], Wk.T @ bq / math.sqrt(p))
     # the head's margins are its logit gaps: log-probability differences of the model's own attention
@@ -105,8 +114,8 @@ def test_llama_grouped_rotary_head_against_the_model(llama_dir):
     assert torch.equal(diag.selected, attn.argmax(-1)[qi[:, 0], qi[:, 1]])
     assert torch.allclose(diag.max_probs, attn.max(-1).values[qi[:, 0], qi[:, 1]], atol=1e-5)
     attn_mod = model.model.layers[1].self_attn
-    Wq = attn_mod.q_proj.weight[3 * 8:4 * 8].double()
-    Wk = attn_mod.k_proj.weight[1 * 8:2 * 8].double()  # shared by query heads 2 and 3
+    Wq = attn_mod.q_proj.weight[3 * 8 : 4 * 8].double()
+    Wk = attn_mod.k_proj.weight[1 * 8 : 2 * 8].double()  # shared by query heads 2 and 3
     assert torch.allclose(diag.W_head, Wk.T @ Wq / math.sqrt(8))
     logp = attn.log()
     for j, (b, q) in enumerate(qi.tolist()):

@@ -9,12 +9,12 @@ pytest.importorskip("cvxpy")
 
 from hf_tdiag.measures.attention_gd import (  # noqa: E402
     MLPHead,
-    loss_and_grad_linear,
     attention_loss,
     attention_output,
     convergence_verdict,
     gen_svm_fit,
     is_locally_optimal,
+    loss_and_grad_linear,
     make_attention_data,
     make_planted_local_instance,
     train_attention,
@@ -73,8 +73,16 @@ def test_gd_kq_parameterization_converges_to_nuclear_svm():
     nuc = att_svm(data.X, data.z, data.optimal, norm="nuc")
     fro = att_svm(data.X, data.z, data.optimal)
     # the paper's settings: η = 0.1, K and Q normalized separately, Q = 0 and K small at the start
-    run = train_attention(data, param="KQ", steps=2000, lr=0.1, references={"nuc": nuc.W, "fro": fro.W}, record_every=100,
-                          eps=0.0, kq_penalty=0.0)
+    run = train_attention(
+        data,
+        param="KQ",
+        steps=2000,
+        lr=0.1,
+        references={"nuc": nuc.W, "fro": fro.W},
+        record_every=100,
+        eps=0.0,
+        kq_penalty=0.0,
+    )
     assert run.K.shape == (4, 4) and torch.allclose(run.W, run.K @ run.Q.T)
     assert run.correlation["nuc"][-1] >= 0.99
     # with the authors' machine-epsilon terms the penalty holds ‖KQᵀ‖ bounded once the loss gradient reaches

@@ -41,17 +41,23 @@ def _reference(model, pixel_values):
         X = block.layernorm_before(out.hidden_states[LAYER]).double().numpy()  # (B, N, d): the head's input
     attn = out.attentions[LAYER][:, HEAD].double().numpy()  # (B, N, N)
     p = block.attention.head_dim
-    U = block.attention.qkv.weight[HEAD * p:(HEAD + 1) * p].detach().double().numpy()  # (p, d)
+    U = block.attention.qkv.weight[HEAD * p : (HEAD + 1) * p].detach().double().numpy()  # (p, d)
     W_h = U.T @ U / np.sqrt(p)
     B, N, d = X.shape
     sel = attn.argmax(-1)
     queries = [(b, q) for b in range(B) for q in range(N)]
     # the Att-SVM, one constraint per (query, token), written naively
-    A = np.array([np.outer(X[b, sel[b, q]] - X[b, t], X[b, q]).ravel() for b, q in queries for t in range(N) if t != sel[b, q]])
+    A = np.array(
+        [np.outer(X[b, sel[b, q]] - X[b, t], X[b, q]).ravel() for b, q in queries for t in range(N) if t != sel[b, q]]
+    )
     W_mm = _least_distance(A).reshape(d, d)  # vec in row-major order: ⟨δ zᵀ, W⟩ = (δ ⊗ z)·vec(W)
-    head_m = np.array([min((X[b, sel[b, q]] - X[b, t]) @ W_h @ X[b, q] for t in range(N) if t != sel[b, q]) for b, q in queries])
+    head_m = np.array(
+        [min((X[b, sel[b, q]] - X[b, t]) @ W_h @ X[b, q] for t in range(N) if t != sel[b, q]) for b, q in queries]
+    )
     head_m /= np.linalg.norm(W_h)
-    svm_m = np.array([min((X[b, sel[b, q]] - X[b, t]) @ W_mm @ X[b, q] for t in range(N) if t != sel[b, q]) for b, q in queries])
+    svm_m = np.array(
+        [min((X[b, sel[b, q]] - X[b, t]) @ W_mm @ X[b, q] for t in range(N) if t != sel[b, q]) for b, q in queries]
+    )
     svm_m /= np.linalg.norm(W_mm)
     # what the inputs can see: projector onto the centred tokens (left) and onto the queries (right)
     C = np.concatenate([X[b] - X[b].mean(0) for b in range(B)])
@@ -61,12 +67,21 @@ def _reference(model, pixel_values):
     maxp = attn.max(-1).reshape(-1)
     srt = np.sort(head_m)
     return {
-        "correlation": corr(W_h, W_mm), "correlation_in_span": corr(W_vis, W_mm),
-        "margin_ratio": float(head_m.min() * np.linalg.norm(W_mm)), "svm_margin": float(1 / np.linalg.norm(W_mm)),
-        "head_margin_min": float(head_m.min()), "head_margin_median": float(srt[(len(srt) - 1) // 2]),
-        "one_hot_fraction": float((maxp >= 0.9).mean()), "one_hot_fraction_all": float((maxp >= 0.9).mean()),
-        "num_queries": B * N, "num_constraints": B * N * (N - 1), "objective": float(np.linalg.norm(W_mm)),
-        "head_margins": head_m, "svm_margins": svm_m, "max_probs": maxp, "selected": sel.reshape(-1),
+        "correlation": corr(W_h, W_mm),
+        "correlation_in_span": corr(W_vis, W_mm),
+        "margin_ratio": float(head_m.min() * np.linalg.norm(W_mm)),
+        "svm_margin": float(1 / np.linalg.norm(W_mm)),
+        "head_margin_min": float(head_m.min()),
+        "head_margin_median": float(srt[(len(srt) - 1) // 2]),
+        "one_hot_fraction": float((maxp >= 0.9).mean()),
+        "one_hot_fraction_all": float((maxp >= 0.9).mean()),
+        "num_queries": B * N,
+        "num_constraints": B * N * (N - 1),
+        "objective": float(np.linalg.norm(W_mm)),
+        "head_margins": head_m,
+        "svm_margins": svm_m,
+        "max_probs": maxp,
+        "selected": sel.reshape(-1),
         "mean_based_ratio": float(head_m.mean() * np.linalg.norm(W_mm)),
     }
 
@@ -74,7 +89,9 @@ def _reference(model, pixel_values):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     torch.manual_seed(0)
-    model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=2)).eval()
+    model = CrateForImageClassification(
+        CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=2)
+    ).eval()
     path = tmp_path_factory.mktemp("crate_numbers")
     model.save_pretrained(path)
     images = digits_images(limit=IMAGES).images
@@ -82,8 +99,16 @@ def setup(tmp_path_factory):
     return str(path), model, images, pixel_values, _reference(model, pixel_values)
 
 
-SCALARS = ("correlation", "correlation_in_span", "margin_ratio", "svm_margin", "head_margin_min", "head_margin_median",
-           "one_hot_fraction", "one_hot_fraction_all")
+SCALARS = (
+    "correlation",
+    "correlation_in_span",
+    "margin_ratio",
+    "svm_margin",
+    "head_margin_min",
+    "head_margin_median",
+    "one_hot_fraction",
+    "one_hot_fraction_all",
+)
 
 
 def _check(summary: dict, arrays: dict | None, ref: dict) -> None:
@@ -98,7 +123,9 @@ def _check(summary: dict, arrays: dict | None, ref: dict) -> None:
         for key in ("head_margins", "max_probs", "selected"):
             np.testing.assert_allclose(np.array(arrays[key])[order], ref[key], rtol=2e-5, atol=1e-7, err_msg=key)
         # a query's smallest margin away from the support depends on W_mm beyond its norm: cvxpy's accuracy
-        np.testing.assert_allclose(np.array(arrays["svm_margins"])[order], ref["svm_margins"], rtol=1e-3, err_msg="svm_margins")
+        np.testing.assert_allclose(
+            np.array(arrays["svm_margins"])[order], ref["svm_margins"], rtol=1e-3, err_msg="svm_margins"
+        )
 
 
 def test_reference_can_tell_the_plausible_bugs_apart(setup):
@@ -126,15 +153,32 @@ def test_diagnostic_numbers_against_the_independent_computation(setup):
 
 def test_evaluate_module_numbers_against_the_independent_computation(setup):
     path, _, images, _, ref = setup
-    out = evaluate.load(hf_tdiag.metric_path("attention_svm")).compute(model=path, images=images, layer=LAYER + 1, head=HEAD,
-                                                                      max_queries=0)  # 0 = every query, as on the CLI
+    out = evaluate.load(hf_tdiag.metric_path("attention_svm")).compute(
+        model=path, images=images, layer=LAYER + 1, head=HEAD, max_queries=0
+    )  # 0 = every query, as on the CLI
     _check(out, out, ref)
 
 
 def test_cli_numbers_against_the_independent_computation(setup, tmp_path):
     path, _, _, _, ref = setup
-    rc = cli_main(["attention-svm", path, "--layer", str(LAYER + 1), "--head", str(HEAD), "--dataset", "digits",
-                   "--limit", str(IMAGES), "--max-queries", "0", "--output-dir", str(tmp_path)])
+    rc = cli_main(
+        [
+            "attention-svm",
+            path,
+            "--layer",
+            str(LAYER + 1),
+            "--head",
+            str(HEAD),
+            "--dataset",
+            "digits",
+            "--limit",
+            str(IMAGES),
+            "--max-queries",
+            "0",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     head = json.loads((tmp_path / "attention_svm.json").read_text())["heads"][0]
     _check(head, head, ref)

@@ -62,7 +62,9 @@ def test_trajectories_directions_against_an_independent_svm():
     res = run_trajectories(cfg)
     data = make_trajectory_data(seed=cfg["seed"], T=cfg["T"])
     X, z, opt = data.X.numpy(), data.z.numpy(), data.optimal.numpy()
-    G = np.array([np.outer(X[i, opt[i]] - X[i, t], z[i]).ravel() for i in range(2) for t in range(cfg["T"]) if t != opt[i]])
+    G = np.array(
+        [np.outer(X[i, opt[i]] - X[i, t], z[i]).ravel() for i in range(2) for t in range(cfg["T"]) if t != opt[i]]
+    )
     W = _ldp(G).reshape(2, 2)
     np.testing.assert_allclose(np.array(res["svm_directions"]["fro"]), (W @ z.T).T, rtol=1e-6, atol=1e-9)
     top2 = np.sort((X @ data.v.numpy()) * data.Y.numpy()[:, None], axis=1)[:, -2:]
@@ -92,7 +94,9 @@ def test_convergence_rows_and_their_figures():
     assert 0 <= row["assumption_B1"] <= 1 and row["runs"] == 3 and len(res["runs"]) == 3
     fig = V.plot_convergence(res, param="KQ")
     heights = [p.get_height() for p in fig.axes[0].patches]
-    assert heights == pytest.approx([row["KQ"]["global"], row["KQ"]["local"], row["KQ"]["undetermined"], row["assumption_B1"]])
+    assert heights == pytest.approx(
+        [row["KQ"]["global"], row["KQ"]["local"], row["KQ"]["undetermined"], row["assumption_B1"]]
+    )
     fig = V.plot_margins(res)
     xs = np.concatenate([c.get_offsets()[:, 0] for c in fig.axes[0].collections])
     assert sorted(xs) == pytest.approx(sorted(r["global_margin"] for r in res["runs"]))
@@ -125,11 +129,15 @@ def test_tau_and_svm_rank_rows():
 
 
 def test_recipe_quick_writes_a_png_and_json_per_figure(tmp_path):
-    spec = importlib.util.spec_from_file_location("recipe_attention_svm", os.path.join(os.path.dirname(__file__), "..", "recipes", "attention_svm.py"))
+    spec = importlib.util.spec_from_file_location(
+        "recipe_attention_svm", os.path.join(os.path.dirname(__file__), "..", "recipes", "attention_svm.py")
+    )
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     out = tmp_path / "r"
-    assert recipe.main(["--quick", "--output-dir", str(out), "--only", "trajectories", "rank_m", "multitoken_lambda"]) == 0
+    assert (
+        recipe.main(["--quick", "--output-dir", str(out), "--only", "trajectories", "rank_m", "multitoken_lambda"]) == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["figures"] == ["fig2_trajectories", "rank_vs_m", "fig10_lambda"]
     for name in summary["figures"]:
@@ -140,7 +148,9 @@ def test_recipe_quick_writes_a_png_and_json_per_figure(tmp_path):
     lam = json.loads((out / "fig10_lambda.json").read_text())
     assert lam["rows"][0]["lam"] == 0.0 and lam["rows"][0]["predicted_mean_selected"] == 1.0
     assert list(itertools.chain(summary["timings_s"])) == ["trajectories", "rank_m", "multitoken_lambda"]
-    assert summary["settings"]["rank_m"]["m"] == [1, 5] and set(summary["load_average_1_5_15"]) == set(summary["timings_s"])
+    assert summary["settings"]["rank_m"]["m"] == [1, 5] and set(summary["load_average_1_5_15"]) == set(
+        summary["timings_s"]
+    )
     assert recipe.main(["--quick", "--output-dir", str(out), "--only", "rank_m"]) == 0  # a later --only run adds to it
     again = json.loads((out / "summary.json").read_text())
     assert again["figures"] == ["fig2_trajectories", "fig10_lambda", "rank_vs_m"]

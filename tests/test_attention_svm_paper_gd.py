@@ -11,8 +11,8 @@ from hf_tdiag.measures.attention_gd import (
     ReLUHead,
     all_support,
     attention_loss,
-    initial_gradient_separates,
     gen_svm_excluded,
+    initial_gradient_separates,
     make_attention_data,
     make_orthonormal_data,
     make_relu_head_data,
@@ -79,7 +79,9 @@ def test_w_steps_have_length_eta_and_follow_the_gradient():
 
 def test_a_batch_of_runs_equals_the_runs_one_by_one():
     datas = [make_attention_data(3, 4, 5, seed=s) for s in range(3)]
-    batch = train_attention_batch(stack_data(datas), param="KQ", steps=40, lr=0.1, seed=1, record_every=10, init="linear")
+    batch = train_attention_batch(
+        stack_data(datas), param="KQ", steps=40, lr=0.1, seed=1, record_every=10, init="linear"
+    )
     g = torch.Generator().manual_seed(1)
     b = 1 / math.sqrt(5)
     K = (torch.rand(3, 5, 5, generator=g, dtype=torch.float64) * 2 - 1) * b
@@ -93,13 +95,21 @@ def test_a_batch_of_runs_equals_the_runs_one_by_one():
 
 def test_gamma_filter_on_a_hand_built_instance():
     # two inputs, v = e1, Y = (1, -1): scores are ±first coordinates; gaps 0.3 and 0.05
-    X = torch.tensor([[[0.9, 0.0], [0.6, 0.0], [0.1, 0.0]], [[-0.5, 0.0], [-0.45, 0.0], [0.2, 0.0]]], dtype=torch.float64)
-    data = AttentionData(X=X, z=torch.ones(2, 2, dtype=torch.float64), v=torch.tensor([1.0, 0.0], dtype=torch.float64),
-                         Y=torch.tensor([1.0, -1.0], dtype=torch.float64))
+    X = torch.tensor(
+        [[[0.9, 0.0], [0.6, 0.0], [0.1, 0.0]], [[-0.5, 0.0], [-0.45, 0.0], [0.2, 0.0]]], dtype=torch.float64
+    )
+    data = AttentionData(
+        X=X,
+        z=torch.ones(2, 2, dtype=torch.float64),
+        v=torch.tensor([1.0, 0.0], dtype=torch.float64),
+        Y=torch.tensor([1.0, -1.0], dtype=torch.float64),
+    )
     assert data.optimal.tolist() == [0, 0]
     assert float(score_gap(data)) == pytest.approx(0.05)
     assert passes_gap_filter(data, 0.049) and not passes_gap_filter(data, 0.051)
-    both = stack_data([data, AttentionData(X=X[:1].expand(2, 3, 2).clone(), z=data.z, v=data.v, Y=torch.ones(2, dtype=torch.float64))])
+    both = stack_data(
+        [data, AttentionData(X=X[:1].expand(2, 3, 2).clone(), z=data.z, v=data.v, Y=torch.ones(2, dtype=torch.float64))]
+    )
     assert passes_gap_filter(both, 0.1).tolist() == [False, True]
     with pytest.raises(ValueError, match="gamma"):
         passes_gap_filter(data, -1.0)
@@ -123,7 +133,9 @@ def test_heads_match_their_formulas():
     u = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
     V = torch.randn(2, 4, 5, generator=g, dtype=torch.float64)
     out = ReLUHead(V)(u)
-    naive = torch.tensor([[sum(max(0.0, float(u[r, i] @ V[r, :, k])) for k in range(5)) for i in range(3)] for r in range(2)])
+    naive = torch.tensor(
+        [[sum(max(0.0, float(u[r, i] @ V[r, :, k])) for k in range(5)) for i in range(3)] for r in range(2)]
+    )
     assert torch.allclose(out, naive.double())
     v = torch.randn(2, 4, generator=g, dtype=torch.float64)
     lam = torch.tensor([0.0, 1.5], dtype=torch.float64)
@@ -140,9 +152,13 @@ def test_paper_data_generators():
     assert torch.allclose(data.z.norm(dim=-1), torch.ones(2, dtype=torch.float64))
     assert data.X[0, :, 0].mean() < 0 < data.X[1, :, 0].mean()  # the clouds sit around (−1, 0) and (1, 0)
     data, V = make_relu_head_data(3, 4, 6, seed=1)
-    assert float(V.norm()) == pytest.approx(1.0) and torch.allclose(data.X.norm(dim=-1), torch.ones(3, 4, dtype=torch.float64))
+    assert float(V.norm()) == pytest.approx(1.0) and torch.allclose(
+        data.X.norm(dim=-1), torch.ones(3, 4, dtype=torch.float64)
+    )
     orth = make_orthonormal_data(2, 4, 6, seed=0)
-    assert torch.allclose(orth.X @ orth.X.transpose(1, 2), torch.eye(4, dtype=torch.float64).expand(2, 4, 4), atol=1e-12)
+    assert torch.allclose(
+        orth.X @ orth.X.transpose(1, 2), torch.eye(4, dtype=torch.float64).expand(2, 4, 4), atol=1e-12
+    )
     scores = torch.tensor([[0.5, 0.4, -0.2], [0.1, 0.3, 0.0]], dtype=torch.float64)
     planted = make_orthonormal_data(2, 3, 6, scores, seed=0)
     assert torch.allclose(planted.scores, scores, atol=1e-12)
@@ -166,13 +182,19 @@ def test_assumption_b1_is_a_separating_first_gradient():
         W = torch.zeros(6, 6, dtype=torch.float64, requires_grad=True)
         (g,) = torch.autograd.grad(attention_loss(data, W), W)
         s = torch.einsum("ntd,de,ne->nt", data.X, -g, data.z)
-        expect = all(bool(s[i, data.optimal[i]] > s[i, t]) for i in range(3) for t in range(4) if t != int(data.optimal[i]))
+        expect = all(
+            bool(s[i, data.optimal[i]] > s[i, t]) for i in range(3) for t in range(4) if t != int(data.optimal[i])
+        )
         assert initial_gradient_separates(data) == expect
     # hand-built: two inputs with the same tokens and query but opposite labels have different optimal tokens;
     # no single W (the first gradient included) can rank token 0 first for one and token 1 first for the other
     X = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]]], dtype=torch.float64)
-    data = AttentionData(X=X, z=torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=torch.float64),
-                         v=torch.tensor([1.0, -0.2], dtype=torch.float64), Y=torch.tensor([1.0, -1.0], dtype=torch.float64))
+    data = AttentionData(
+        X=X,
+        z=torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=torch.float64),
+        v=torch.tensor([1.0, -0.2], dtype=torch.float64),
+        Y=torch.tensor([1.0, -1.0], dtype=torch.float64),
+    )
     assert data.optimal.tolist() == [0, 1]
     assert not initial_gradient_separates(data)
 

@@ -14,15 +14,29 @@ from hf_tdiag.probes.attention_svm import attention_svm_diagnostic  # noqa: E402
 
 
 def _vit(**kw):
-    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=64, attn_implementation="eager", **kw)
+    cfg = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        attn_implementation="eager",
+        **kw,
+    )
     torch.manual_seed(0)
     return ViTModel(cfg).eval()
 
 
 def _bert():
-    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                     attn_implementation="eager")
+    cfg = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     model = BertModel(cfg).eval()
     with torch.no_grad():  # non-zero query bias so the bias-augmented path is exercised
@@ -47,7 +61,13 @@ def test_vit_selection_input_and_head_matrix():
     Wk = block.attention.k_proj.weight[2 * p : 3 * p].double()
     assert torch.allclose(diag.W_head[:, :48], Wk.T @ Wq / math.sqrt(p))
     # the SVM was solved on exactly these tokens: recompute W_mm from scratch with the general solver
-    ref = att_svm(ln[qi[:, 0]], (torch.cat([ln, torch.ones(2, ln.shape[1], 1, dtype=ln.dtype)], 2) if diag.include_bias else ln)[qi[:, 0], qi[:, 1]], diag.selected)
+    ref = att_svm(
+        ln[qi[:, 0]],
+        (torch.cat([ln, torch.ones(2, ln.shape[1], 1, dtype=ln.dtype)], 2) if diag.include_bias else ln)[
+            qi[:, 0], qi[:, 1]
+        ],
+        diag.selected,
+    )
     assert diag.svm.objective == pytest.approx(ref.objective, rel=1e-6)
     assert diag.svm.duality_gap < 1e-8
     assert 0 < diag.margin_ratio <= 1 + 1e-9
@@ -103,8 +123,9 @@ def test_bert_padding_and_query_bias():
 
 def test_crate_head_matrix_is_u_ut():
     crate = pytest.importorskip("hf_tdiag.models.crate")
-    cfg = crate.CrateConfig(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            num_labels=3)
+    cfg = crate.CrateConfig(
+        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_labels=3
+    )
     torch.manual_seed(0)
     model = crate.CrateForImageClassification(cfg).eval()
     x = torch.randn(2, 3, 16, 16)

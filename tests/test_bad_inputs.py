@@ -28,8 +28,16 @@ def folders(tmp_path_factory):
     cfg = CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=1)
     CrateForImageClassification(cfg).save_pretrained(root / "crate")
     CrateImageProcessor.for_config(cfg).save_pretrained(root / "crate")
-    BertModel(BertConfig(vocab_size=30, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=32, max_position_embeddings=16)).save_pretrained(root / "bert")
+    BertModel(
+        BertConfig(
+            vocab_size=30,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=16,
+        )
+    ).save_pretrained(root / "bert")
     shutil.copytree(root / "crate", root / "truncated")
     weights = (root / "truncated" / "model.safetensors").read_bytes()
     (root / "truncated" / "model.safetensors").write_bytes(weights[: len(weights) // 2])
@@ -49,7 +57,9 @@ def folders(tmp_path_factory):
     (root / "empty_dir").mkdir()
     Image.new("L", (8, 8)).save(root / "img.png")
     (root / "remote").mkdir()
-    (root / "remote" / "config.json").write_text(json.dumps({"model_type": "evil", "auto_map": {"AutoModel": "evil.Evil"}}))
+    (root / "remote" / "config.json").write_text(
+        json.dumps({"model_type": "evil", "auto_map": {"AutoModel": "evil.Evil"}})
+    )
     (root / "remote" / "evil.py").write_text("raise SystemExit('remote code ran')\n")
     return root
 
@@ -155,14 +165,20 @@ def test_layernorm_on_a_post_ln_model_warns(folders, one_torch_thread):
 
     bert = BertModel.from_pretrained(folders / "bert").eval()
     with pytest.warns(UserWarning, match="apply_layernorm: bert has no pre-attention LayerNorm"):
-        report = hf_tdiag.layer_srr(bert, {"input_ids": torch.randint(0, 30, (2, 5))}, apply_layernorm=True, progress=False)
+        report = hf_tdiag.layer_srr(
+            bert, {"input_ids": torch.randint(0, 30, (2, 5))}, apply_layernorm=True, progress=False
+        )
     assert report.settings["layernorm_applied"] is False
 
 
 def test_empty_inputs_of_the_evaluate_modules(crate):
     import evaluate
 
-    for name, kwargs in (("srr", {}), ("concept_fidelity", {"layer": 1, "n_concepts": 2}), ("attention_svm", {"layer": 0})):
+    for name, kwargs in (
+        ("srr", {}),
+        ("concept_fidelity", {"layer": 1, "n_concepts": 2}),
+        ("attention_svm", {"layer": 0}),
+    ):
         with pytest.raises(ValueError, match="images: expected at least one input, got an empty list"):
             evaluate.load(hf_tdiag.metric_path(name)).compute(model=crate, images=[], **kwargs)
 
@@ -208,61 +224,237 @@ def _cli(argv, capsys):
 
 CLI_CASES = [
     # (id, argv with {root} for the fixture folder, exit code, text the error must contain)
-    ("convert empty file", ["convert-official", "{root}/empty.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1, "{root}/empty.pth' is empty"),
-    ("convert garbage", ["convert-official", "{root}/garbage.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1, "cannot read '{root}/garbage.pth'"),
-    ("convert folder", ["convert-official", "{root}/empty_dir", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1, "'{root}/empty_dir' is a folder"),
-    ("convert missing", ["convert-official", "{root}/nope.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1, "no such file '{root}/nope.pth'"),
-    ("convert list", ["convert-official", "{root}/list.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1, "'{root}/list.pth': state_dict must be a mapping"),
-    ("convert no head", ["convert-official", "{root}/nokeys.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1, "'{root}/nokeys.pth' has no 'mlp_head.1.weight'"),
-    ("convert truncated safetensors", ["convert-official", "{root}/truncated/model.safetensors", "--preset", "crate-digits", "--output-dir", "{root}/converted"], 1,
-     "cannot read '{root}/truncated/model.safetensors' as a safetensors file"),
-    ("convert unknown preset", ["convert-official", "{root}/nokeys.pth", "--preset", "crate-huge", "--output-dir", "{root}/converted"], 1, "--preset: expected one of"),
-    ("convert bad labels", ["convert-official", "{root}/crate-official.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted", "--labels", "{root}/labels.json"], 1,
-     "--labels: '{root}/labels.json' is not valid JSON"),
+    (
+        "convert empty file",
+        ["convert-official", "{root}/empty.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"],
+        1,
+        "{root}/empty.pth' is empty",
+    ),
+    (
+        "convert garbage",
+        ["convert-official", "{root}/garbage.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"],
+        1,
+        "cannot read '{root}/garbage.pth'",
+    ),
+    (
+        "convert folder",
+        ["convert-official", "{root}/empty_dir", "--preset", "crate-digits", "--output-dir", "{root}/converted"],
+        1,
+        "'{root}/empty_dir' is a folder",
+    ),
+    (
+        "convert missing",
+        ["convert-official", "{root}/nope.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"],
+        1,
+        "no such file '{root}/nope.pth'",
+    ),
+    (
+        "convert list",
+        ["convert-official", "{root}/list.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"],
+        1,
+        "'{root}/list.pth': state_dict must be a mapping",
+    ),
+    (
+        "convert no head",
+        ["convert-official", "{root}/nokeys.pth", "--preset", "crate-digits", "--output-dir", "{root}/converted"],
+        1,
+        "'{root}/nokeys.pth' has no 'mlp_head.1.weight'",
+    ),
+    (
+        "convert truncated safetensors",
+        [
+            "convert-official",
+            "{root}/truncated/model.safetensors",
+            "--preset",
+            "crate-digits",
+            "--output-dir",
+            "{root}/converted",
+        ],
+        1,
+        "cannot read '{root}/truncated/model.safetensors' as a safetensors file",
+    ),
+    (
+        "convert unknown preset",
+        ["convert-official", "{root}/nokeys.pth", "--preset", "crate-huge", "--output-dir", "{root}/converted"],
+        1,
+        "--preset: expected one of",
+    ),
+    (
+        "convert bad labels",
+        [
+            "convert-official",
+            "{root}/crate-official.pth",
+            "--preset",
+            "crate-digits",
+            "--output-dir",
+            "{root}/converted",
+            "--labels",
+            "{root}/labels.json",
+        ],
+        1,
+        "--labels: '{root}/labels.json' is not valid JSON",
+    ),
     ("srr zero-byte image", ["srr", "{root}/crate", "--images", "{root}/zero_png"], 1, "'a.png': not an image file"),
-    ("srr truncated weights", ["srr", "{root}/truncated", "--dataset", "digits"], 1, "'{root}/truncated/model.safetensors'"),
-    ("srr garbage config", ["srr", "{root}/garbage_config", "--dataset", "digits"], 1, "'{root}/garbage_config/config.json'"),
+    (
+        "srr truncated weights",
+        ["srr", "{root}/truncated", "--dataset", "digits"],
+        1,
+        "'{root}/truncated/model.safetensors'",
+    ),
+    (
+        "srr garbage config",
+        ["srr", "{root}/garbage_config", "--dataset", "digits"],
+        1,
+        "'{root}/garbage_config/config.json'",
+    ),
     ("srr config eps 0", ["srr", "{root}/eps0", "--dataset", "digits"], 1, "layer_norm_eps must be in (0.0, inf)"),
-    ("srr config.json as model", ["srr", "{root}/crate/config.json", "--dataset", "digits"], 1, "got the file '{root}/crate/config.json'"),
+    (
+        "srr config.json as model",
+        ["srr", "{root}/crate/config.json", "--dataset", "digits"],
+        1,
+        "got the file '{root}/crate/config.json'",
+    ),
     ("srr missing model", ["srr", "{root}/nope", "--dataset", "digits"], 1, "'{root}/nope' is not an existing folder"),
-    ("srr images is a file", ["srr", "{root}/crate", "--images", "{root}/afile"], 1, "images: expected a folder, got '{root}/afile'"),
-    ("srr texts on image model", ["srr", "{root}/crate", "--texts", "{root}/labels.json"], 1, "texts: '{root}/crate' is not a text model"),
+    (
+        "srr images is a file",
+        ["srr", "{root}/crate", "--images", "{root}/afile"],
+        1,
+        "images: expected a folder, got '{root}/afile'",
+    ),
+    (
+        "srr texts on image model",
+        ["srr", "{root}/crate", "--texts", "{root}/labels.json"],
+        1,
+        "texts: '{root}/crate' is not a text model",
+    ),
     ("srr BERT on images", ["srr", "{root}/bert", "--dataset", "digits"], 1, "'{root}/bert' is not a vision model"),
-    ("srr digits split", ["srr", "{root}/crate", "--dataset", "digits", "--split", "nope"], 1, "split: expected None, 'train' or 'test'"),
-    ("srr device", ["srr", "{root}/crate", "--dataset", "digits", "--device", "gpu0"], 2, "--device: expected a torch device"),
-    ("srr output dir is a file", ["srr", "{root}/crate", "--dataset", "digits", "--output-dir", "{root}/afile"], 2,
-     "--output-dir: '{root}/afile' is an existing file"),
+    (
+        "srr digits split",
+        ["srr", "{root}/crate", "--dataset", "digits", "--split", "nope"],
+        1,
+        "split: expected None, 'train' or 'test'",
+    ),
+    (
+        "srr device",
+        ["srr", "{root}/crate", "--dataset", "digits", "--device", "gpu0"],
+        2,
+        "--device: expected a torch device",
+    ),
+    (
+        "srr output dir is a file",
+        ["srr", "{root}/crate", "--dataset", "digits", "--output-dir", "{root}/afile"],
+        2,
+        "--output-dir: '{root}/afile' is an existing file",
+    ),
     ("srr max samples 0", ["srr", "{root}/crate", "--dataset", "digits", "--max-samples", "0"], 2, "--max-samples"),
-    ("srr eps nan", ["srr", "{root}/crate", "--dataset", "digits", "--eps", "nan"], 2, "--eps: expected a finite number"),
+    (
+        "srr eps nan",
+        ["srr", "{root}/crate", "--dataset", "digits", "--eps", "nan"],
+        2,
+        "--eps: expected a finite number",
+    ),
     ("srr batch size 0", ["srr", "{root}/crate", "--dataset", "digits", "--batch-size", "0"], 2, "--batch-size"),
     ("srr no input", ["srr", "{root}/crate"], 2, "one of the arguments --images --dataset --texts is required"),
-    ("srr unknown flag", ["srr", "{root}/crate", "--dataset", "digits", "--frobnicate"], 2, "unrecognized arguments: --frobnicate"),
+    (
+        "srr unknown flag",
+        ["srr", "{root}/crate", "--dataset", "digits", "--frobnicate"],
+        2,
+        "unrecognized arguments: --frobnicate",
+    ),
     ("schatten truncated", ["schatten", "{root}/truncated"], 1, "'{root}/truncated/model.safetensors'"),
     ("schatten empty folder", ["schatten", "{root}/empty_dir"], 1, "'{root}/empty_dir' has no config.json"),
     ("schatten l-phi nan", ["schatten", "{root}/crate", "--l-phi", "nan"], 2, "--l-phi"),
     ("concepts k 0", ["concepts", "{root}/crate", "--dataset", "digits", "--concepts", "0"], 2, "--concepts"),
-    ("concepts layer 99", ["concepts", "{root}/crate", "--dataset", "digits", "--layer", "99"], 1, "layer: expected 0 <= layer <= 1"),
-    ("concepts on BERT", ["concepts", "{root}/bert", "--dataset", "digits"], 1, "'{root}/bert' is a text model; pass --texts FILE"),
-    ("attention-svm head 99", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "1", "--head", "99"], 1, "head: expected an integer in [0, 4)"),
+    (
+        "concepts layer 99",
+        ["concepts", "{root}/crate", "--dataset", "digits", "--layer", "99"],
+        1,
+        "layer: expected 0 <= layer <= 1",
+    ),
+    (
+        "concepts on BERT",
+        ["concepts", "{root}/bert", "--dataset", "digits"],
+        1,
+        "'{root}/bert' is a text model; pass --texts FILE",
+    ),
+    (
+        "attention-svm head 99",
+        ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "1", "--head", "99"],
+        1,
+        "head: expected an integer in [0, 4)",
+    ),
     ("attention-svm layer -1", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "-1"], 2, "--layer"),
-    ("attention-svm layer 0", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "0"], 2, "--layer: expected a positive integer"),
-    ("attention-svm layer 5", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "5"], 1, "--layer: expected a block number 1..1, got 5"),
-    ("attention-svm queries", ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "1", "--queries", "999"], 1, "queries: positions must lie in [0, 17)"),
+    (
+        "attention-svm layer 0",
+        ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "0"],
+        2,
+        "--layer: expected a positive integer",
+    ),
+    (
+        "attention-svm layer 5",
+        ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "5"],
+        1,
+        "--layer: expected a block number 1..1, got 5",
+    ),
+    (
+        "attention-svm queries",
+        ["attention-svm", "{root}/crate", "--dataset", "digits", "--layer", "1", "--queries", "999"],
+        1,
+        "queries: positions must lie in [0, 17)",
+    ),
     ("report sections", ["report", "{root}/crate", "--sections", "bogus"], 1, "sections: unknown ['bogus']"),
-    ("report images on text model", ["report", "{root}/bert", "--images", "{root}/zero_png"], 1, "'{root}/bert' is a text model"),
-    ("srr images folder is empty", ["srr", "{root}/crate", "--images", "{root}/empty_dir"], 1, "'{root}/empty_dir': the folder is empty"),
+    (
+        "report images on text model",
+        ["report", "{root}/bert", "--images", "{root}/zero_png"],
+        1,
+        "'{root}/bert' is a text model",
+    ),
+    (
+        "srr images folder is empty",
+        ["srr", "{root}/crate", "--images", "{root}/empty_dir"],
+        1,
+        "'{root}/empty_dir': the folder is empty",
+    ),
     ("study axis", ["study", "--axis", "lr"], 1, "--axis: expected KEY=VALUE, got 'lr'"),
     ("study jobs 0", ["study", "--jobs", "0"], 2, "--jobs"),
-    ("train lr nan", ["train", "--output-dir", "{root}/t", "--learning-rate", "nan"], 1, "learning_rate: expected a finite number"),
-    ("train preset typo", ["train", "--output-dir", "{root}/t", "--preset", "crate-digit"], 1, "preset: expected one of"),
+    (
+        "train lr nan",
+        ["train", "--output-dir", "{root}/t", "--learning-rate", "nan"],
+        1,
+        "learning_rate: expected a finite number",
+    ),
+    (
+        "train preset typo",
+        ["train", "--output-dir", "{root}/t", "--preset", "crate-digit"],
+        1,
+        "preset: expected one of",
+    ),
     ("train output is a file", ["train", "--output-dir", "{root}/afile"], 2, "'{root}/afile' is an existing file"),
-    ("train resume missing", ["train", "--output-dir", "{root}/t", "--resume-from-checkpoint", "{root}/nope"], 1,
-     "resume_from_checkpoint: '{root}/nope' is not a folder"),
+    (
+        "train resume missing",
+        ["train", "--output-dir", "{root}/t", "--resume-from-checkpoint", "{root}/nope"],
+        1,
+        "resume_from_checkpoint: '{root}/nope' is not a folder",
+    ),
     ("unknown command", ["frobnicate"], 2, "invalid choice: 'frobnicate'"),
-    ("srr eps overflows", ["srr", "{root}/crate", "--dataset", "digits", "--max-samples", "2", "--eps", "1e308"], 1,
-     "eps: expected a value whose square is a positive finite float"),
-    ("srr binary texts", ["srr", "{root}/bert", "--texts", "{root}/garbage.pth"], 1, "texts: '{root}/garbage.pth' is not UTF-8 text"),
-    ("srr custom-code repo", ["srr", "{root}/remote", "--dataset", "digits"], 1, "'{root}/remote' needs its own Python code"),
+    (
+        "srr eps overflows",
+        ["srr", "{root}/crate", "--dataset", "digits", "--max-samples", "2", "--eps", "1e308"],
+        1,
+        "eps: expected a value whose square is a positive finite float",
+    ),
+    (
+        "srr binary texts",
+        ["srr", "{root}/bert", "--texts", "{root}/garbage.pth"],
+        1,
+        "texts: '{root}/garbage.pth' is not UTF-8 text",
+    ),
+    (
+        "srr custom-code repo",
+        ["srr", "{root}/remote", "--dataset", "digits"],
+        1,
+        "'{root}/remote' needs its own Python code",
+    ),
     ("concepts max-iter 0", ["concepts", "{root}/crate", "--dataset", "digits", "--max-iter", "0"], 2, "--max-iter"),
     ("report concepts 0", ["report", "{root}/crate", "--concepts", "0"], 2, "--concepts"),
     ("report max-samples 0", ["report", "{root}/crate", "--max-samples", "0"], 2, "--max-samples"),
@@ -284,8 +476,9 @@ def test_cli_errors_name_the_input(folders, argv, code, named, capsys, tmp_path,
 
 def test_cli_prints_the_layernorm_warning(folders, capsys, tmp_path):
     (tmp_path / "t.txt").write_text("a b\nc d\n")
-    code, err = _cli(["srr", folders / "bert", "--texts", tmp_path / "t.txt", "--layernorm", "--output-dir", tmp_path / "o"],
-                     capsys)
+    code, err = _cli(
+        ["srr", folders / "bert", "--texts", tmp_path / "t.txt", "--layernorm", "--output-dir", tmp_path / "o"], capsys
+    )
     assert code == 0
     assert "hf-tdiag srr: warning: apply_layernorm: bert has no pre-attention LayerNorm" in err
 

@@ -22,8 +22,14 @@ from hf_tdiag.cli import main as cli_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = ["attention-svm", "concepts", "convert-official", "report", "schatten", "srr", "study", "train"]
-RECIPES = ["attention_svm.py", "concept_fidelity.py", "schatten_bert_miniatures.py", "schatten_trained_grid.py",
-           "srr_generalization.py", "train_crate.py"]
+RECIPES = [
+    "attention_svm.py",
+    "concept_fidelity.py",
+    "schatten_bert_miniatures.py",
+    "schatten_trained_grid.py",
+    "srr_generalization.py",
+    "train_crate.py",
+]
 
 
 def _run(code: str, *args: str, env=None) -> subprocess.CompletedProcess:
@@ -87,8 +93,13 @@ def test_help_is_plain_and_flags_are_hyphenated(command, capsys):
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_help_is_plain_and_hyphenated(recipe):
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "recipes", recipe), "--help"], capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "recipes", recipe), "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "``" not in proc.stdout and ":mod:" not in proc.stdout
     flags = set(re.findall(r"(?<![\w-])--[A-Za-z][\w-]*", proc.stdout.split("options:")[-1]))
@@ -122,8 +133,9 @@ def test_output_dir_in_every_spelling(command, required):
         assert _parse([command, *required, "--output", "z"]).output_dir == "z"  # the old name
 
 
-@pytest.mark.parametrize("command, extra", [("srr", []), ("concepts", []), ("attention-svm", ["--layer", "1"]),
-                                            ("report", [])])
+@pytest.mark.parametrize(
+    "command, extra", [("srr", []), ("concepts", []), ("attention-svm", ["--layer", "1"]), ("report", [])]
+)
 def test_max_samples_and_its_old_names(command, extra):
     base = [command, "m", "--dataset", "digits", *extra]
     for flag in ("--max-samples", "--max_samples", "--limit", "--max-images"):
@@ -136,7 +148,13 @@ def test_max_samples_and_its_old_names(command, extra):
 
 def test_study_old_names_still_work():
     args = _parse(["study", "--limit", "3", "--max_examples", "128", "--no_plot", "--summarize_only", "--keep_models"])
-    assert (args.max_runs, args.max_samples, args.no_figures, args.summarize_only, args.keep_models) == (3, 128, True, True, True)
+    assert (args.max_runs, args.max_samples, args.no_figures, args.summarize_only, args.keep_models) == (
+        3,
+        128,
+        True,
+        True,
+        True,
+    )
 
 
 def test_trainer_takes_both_spellings_and_old_thread_flag():
@@ -193,8 +211,17 @@ def test_max_queries_zero_in_the_python_api_is_every_query(one_torch_thread):
 
     import hf_tdiag
 
-    model = ViTModel(ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1,
-                               num_attention_heads=2, intermediate_size=16)).eval()
+    model = ViTModel(
+        ViTConfig(
+            image_size=8,
+            patch_size=4,
+            num_channels=1,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=16,
+        )
+    ).eval()
     x = torch.randn(2, 1, 8, 8)
     every = hf_tdiag.attention_svm_diagnostic(model, x, 1, 0, max_queries=None)
     zero = hf_tdiag.attention_svm_diagnostic(model, x, 1, 0, max_queries=0)
@@ -246,8 +273,11 @@ def test_csv_of_rows_with_different_columns(tmp_path):
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == ["model", "x", "y"]
-    assert rows == [{"model": "a", "x": "1", "y": ""}, {"model": "b", "x": "", "y": "2"},
-                    {"model": "c", "x": "3", "y": ""}]
+    assert rows == [
+        {"model": "a", "x": "1", "y": ""},
+        {"model": "b", "x": "", "y": "2"},
+        {"model": "c", "x": "3", "y": ""},
+    ]
 
 
 def test_schatten_table_of_a_crate_and_a_bert(tmp_path, capsys, one_torch_thread):
@@ -256,8 +286,16 @@ def test_schatten_table_of_a_crate_and_a_bert(tmp_path, capsys, one_torch_thread
     from hf_tdiag.models.crate import CrateConfig, CrateModel
 
     CrateModel(CrateConfig.from_preset("crate-digits", num_hidden_layers=1)).save_pretrained(tmp_path / "crate")
-    BertModel(BertConfig(vocab_size=20, hidden_size=64, num_hidden_layers=1, num_attention_heads=1,
-                         intermediate_size=64, max_position_embeddings=8)).save_pretrained(tmp_path / "bert")
+    BertModel(
+        BertConfig(
+            vocab_size=20,
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            intermediate_size=64,
+            max_position_embeddings=8,
+        )
+    ).save_pretrained(tmp_path / "bert")
     out = tmp_path / "out"
     code = cli_main(["schatten", str(tmp_path / "crate"), str(tmp_path / "bert"), "--output-dir", str(out)])
     assert code == 0, capsys.readouterr().err
@@ -272,7 +310,10 @@ def test_schatten_table_of_a_crate_and_a_bert(tmp_path, capsys, one_torch_thread
     assert sum(name.endswith(".png") for name in os.listdir(out)) == 8  # four figures per model
     # the old per-file flags still choose exactly what is written
     only = tmp_path / "only.csv"
-    assert cli_main(["schatten", str(tmp_path / "bert"), "--csv", str(only), "--output-dir", str(tmp_path / "unused")]) == 0
+    assert (
+        cli_main(["schatten", str(tmp_path / "bert"), "--csv", str(only), "--output-dir", str(tmp_path / "unused")])
+        == 0
+    )
     assert only.is_file() and not (tmp_path / "unused").exists()
 
 
@@ -320,13 +361,21 @@ def test_save_pretrained_writes_the_auto_maps_without_the_auto_classes_in_use(tm
     proc = _run(code, str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split("\n")[:2] == [
-        "['AutoConfig', 'AutoModelForImageClassification']", "['AutoImageProcessor']"
+        "['AutoConfig', 'AutoModelForImageClassification']",
+        "['AutoImageProcessor']",
     ]
 
 
-@pytest.mark.parametrize("command, extra", [("srr", ["--dataset", "digits"]), ("concepts", ["--dataset", "digits"]),
-                                            ("attention-svm", ["--dataset", "digits", "--layer", "1"]), ("report", []),
-                                            ("schatten", [])])
+@pytest.mark.parametrize(
+    "command, extra",
+    [
+        ("srr", ["--dataset", "digits"]),
+        ("concepts", ["--dataset", "digits"]),
+        ("attention-svm", ["--dataset", "digits", "--layer", "1"]),
+        ("report", []),
+        ("schatten", []),
+    ],
+)
 def test_trust_remote_code_is_an_explicit_flag(command, extra):
     assert _parse([command, "m", *extra]).trust_remote_code is False
     assert _parse([command, "m", *extra, "--trust_remote_code"]).trust_remote_code is True

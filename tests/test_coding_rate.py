@@ -17,7 +17,6 @@ from hf_tdiag.measures import (
     srr_terms,
 )
 
-
 # ---------------------------------------------------------------------------
 # naive references: explicit loops, token-side (N x N) log-determinants, numpy
 # ---------------------------------------------------------------------------
@@ -121,7 +120,9 @@ def test_hand_worked_rank_one_and_zero():
     # one head: U = e_1 (d x 1) -> A = 0.5 x, Rc = ½ log(1 + 1/(Nε²) 0.25 ‖x‖²)
     U = torch.zeros(1, 4, 1, dtype=torch.float64)
     U[0, 0, 0] = 1.0
-    assert compression_rate(Z, U, eps=eps).item() == pytest.approx(0.5 * math.log(1 + 1 / (3 * eps**2) * 0.25 * 5), rel=1e-12)
+    assert compression_rate(Z, U, eps=eps).item() == pytest.approx(
+        0.5 * math.log(1 + 1 / (3 * eps**2) * 0.25 * 5), rel=1e-12
+    )
     # zero matrix: rates are 0, sparsity 0
     Z0 = torch.zeros(2, 5, 4)
     assert torch.equal(coding_rate(Z0), torch.zeros(2, dtype=torch.float64))
@@ -403,24 +404,38 @@ def test_the_precision_argument_reaches_the_log_determinants():
 
     Z = torch.randn(2, 5, 4)
     U = torch.randn(2, 4, 2)
-    for call in (lambda p: compression_rate(Z, U, precision=p), lambda p: coding_rate(Z, precision=p),
-                 lambda p: official_compression_rate(head_projections(Z, U), precision=p),
-                 lambda p: compression_rate_from_projections(head_projections(Z, U), precision=p)):
+    for call in (
+        lambda p: compression_rate(Z, U, precision=p),
+        lambda p: coding_rate(Z, precision=p),
+        lambda p: official_compression_rate(head_projections(Z, U), precision=p),
+        lambda p: compression_rate_from_projections(head_projections(Z, U), precision=p),
+    ):
         with pytest.raises(ValueError, match="precision"):
             call("float16")
         torch.testing.assert_close(call("float64"), call("auto"), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype, expected", [(torch.float64, torch.float64), (torch.float32, torch.float32),
-                                             (torch.float16, torch.float32), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize(
+    "dtype, expected",
+    [
+        (torch.float64, torch.float64),
+        (torch.float32, torch.float32),
+        (torch.float16, torch.float32),
+        (torch.bfloat16, torch.float32),
+    ],
+)
 def test_unit_tokens_computes_in_float64_for_float64_else_float32(dtype, expected):
     from hf_tdiag.measures.coding_rate import unit_tokens
 
     A = torch.tensor([[3.0, 4.0], [0.0, 0.0], [1.0, 0.0]], dtype=dtype)
     out = unit_tokens(A)
     assert out.dtype == expected
-    torch.testing.assert_close(out.double(), torch.tensor([[0.6, 0.8], [0.0, 0.0], [1.0, 0.0]], dtype=torch.float64),
-                               rtol=1e-3 if dtype in (torch.float16, torch.bfloat16) else 1e-7, atol=0)
+    torch.testing.assert_close(
+        out.double(),
+        torch.tensor([[0.6, 0.8], [0.0, 0.0], [1.0, 0.0]], dtype=torch.float64),
+        rtol=1e-3 if dtype in (torch.float16, torch.bfloat16) else 1e-7,
+        atol=0,
+    )
 
 
 def test_float32_gram_error_is_the_documented_hutchinson_estimate():
@@ -445,8 +460,9 @@ def test_float32_gram_error_is_the_documented_hutchinson_estimate():
         assert float(estimate[b]) == pytest.approx(expected, rel=1e-4)
     # a float64 matrix gives the same estimate (the solve runs in float32 either way)
     mat64 = mat.double()
-    torch.testing.assert_close(cr.float32_gram_error(mat64, torch.linalg.cholesky(mat64), inner=m), estimate,
-                               rtol=1e-4, atol=0)
+    torch.testing.assert_close(
+        cr.float32_gram_error(mat64, torch.linalg.cholesky(mat64), inner=m), estimate, rtol=1e-4, atol=0
+    )
     # Hutchinson's estimate is unbiased for tr(H⁻¹); with this many probes within 30% on this well-scaled matrix
     M = mat[0].double()
     d = M.diagonal().rsqrt()
@@ -582,9 +598,13 @@ def test_float32_guard_compares_the_estimate_with_the_tolerance_and_the_inner_le
     gram = cr._gram
     monkeypatch.setattr(cr, "_gram", lambda A: seen.append(A.dtype) or gram(A))
     estimate = {"value": 0.0}
-    monkeypatch.setattr(cr, "float32_gram_error",
-                        lambda mat, L, inner_length=None, **kw: inner.append(kw["inner"]) or
-                        torch.as_tensor(estimate["value"], dtype=torch.float64).expand(mat.shape[:-2]))
+    monkeypatch.setattr(
+        cr,
+        "float32_gram_error",
+        lambda mat, L, inner_length=None, **kw: (
+            inner.append(kw["inner"]) or torch.as_tensor(estimate["value"], dtype=torch.float64).expand(mat.shape[:-2])
+        ),
+    )
     g = torch.Generator().manual_seed(14)
     # the inner length m of the Gram products is the longer side of A
     for shape, m in (((2, 40, 7), 40), ((2, 3, 7, 40), 40), ((2, 3, 9, 5), 9)):

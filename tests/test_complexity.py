@@ -127,8 +127,14 @@ def test_weight_matrices_of_crate_variants(variant):
     from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
 
     cfg = CrateConfig(
-        image_size=8, patch_size=4, num_channels=1, hidden_size=8, num_hidden_layers=2,
-        num_attention_heads=2, num_labels=3, variant=variant,
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_labels=3,
+        variant=variant,
     )
     model = CrateForImageClassification(cfg)
     mats = weight_matrices(model)

@@ -24,7 +24,9 @@ def test_norm_measures_match_numpy():
     mats = [rng.normal(size=s) for s in [(5, 3), (4, 4), (7, 2)]]
     t = [torch.tensor(m, dtype=torch.float32) for m in mats]
     spec2 = [np.linalg.svd(m.astype(np.float32).astype(np.float64), compute_uv=False)[0] ** 2 for m in mats]
-    assert l2(t) == pytest.approx(sum(float((m.astype(np.float32).astype(np.float64) ** 2).sum()) for m in mats), rel=1e-12)
+    assert l2(t) == pytest.approx(
+        sum(float((m.astype(np.float32).astype(np.float64) ** 2).sum()) for m in mats), rel=1e-12
+    )
     assert log_prod_of_spec(t) == pytest.approx(math.log(np.prod(spec2)), rel=1e-10)
     assert sum_of_spec(t) == pytest.approx(3 * np.prod(spec2) ** (1 / 3), rel=1e-10)
     # scaling every matrix by c multiplies l2 and sum_of_spec by c^2 and adds 2 d log c to the log product
@@ -42,7 +44,9 @@ def test_bisection_hand_worked():
     assert [h[0] for h in history] == [0.5, 0.25, 0.375, 0.3125, 0.28125, 0.296875]
     assert reached and x == 0.296875
     x, reached, history = bisect_to_target(lambda s: 0.0, upper=2.0, target=0.1, depth=4)
-    assert not reached and x == 2.0 * (1 - 0.5**4) and len(history) == 4  # never perturbed enough: tends to the upper end
+    assert (
+        not reached and x == 2.0 * (1 - 0.5**4) and len(history) == 4
+    )  # never perturbed enough: tends to the upper end
 
 
 def _per_example_model(w0, threshold, batch=37):
@@ -63,6 +67,7 @@ def test_sharpness_mag_solves_the_hand_made_box_problem():
     w0 = 2.0 + 0.05 * torch.arange(n, dtype=torch.float64)
     w, logits_fn, batches = _per_example_model(w0, t)
     assert accuracy(logits_fn, batches) == 1.0
+
     # worst case in |u_i| <= a(|w_i| + eps): every weight moves down by its half-width; example i fails once
     # w_i - a (w_i + eps) <= t, i.e. a >= (w_i - t) / (w_i + eps); the accuracy drop at a is the fraction of such i
     def drop(a):

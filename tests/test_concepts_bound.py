@@ -31,9 +31,19 @@ def _digits(n=12):
 
 def _vit(layers=2, d=16, **kw):
     torch.manual_seed(0)
-    cfg = ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=d, num_hidden_layers=layers,
-                    num_attention_heads=2, intermediate_size=2 * d, num_labels=10, hidden_dropout_prob=0.0,
-                    attention_probs_dropout_prob=0.0, **kw)
+    cfg = ViTConfig(
+        image_size=8,
+        patch_size=2,
+        num_channels=1,
+        hidden_size=d,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=2 * d,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **kw,
+    )
     model = ViTForImageClassification(cfg).eval()
     with torch.no_grad():  # spread the LayerNorm gains and biases so γ_max and β matter
         for m in model.modules():
@@ -51,8 +61,15 @@ def _crate(layers=2, **kw):
 
 def _bert(layers=2, vocab=64):
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=layers, num_attention_heads=2,
-                     intermediate_size=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = BertConfig(
+        vocab_size=vocab,
+        hidden_size=16,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return BertModel(cfg).eval()
 
 
@@ -63,8 +80,12 @@ def _text_encoding(n=8, length=6, vocab=64, seed=0):
     ids = torch.cat([torch.ones(n, 1, dtype=torch.long), ids, 2 * torch.ones(n, 1, dtype=torch.long)], 1)
     mask = torch.ones(length + 2, dtype=torch.long)
     mask[0] = mask[-1] = 0
-    return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": torch.ones_like(ids),
-            "concept_mask": mask}
+    return {
+        "input_ids": ids,
+        "token_type_ids": torch.zeros_like(ids),
+        "attention_mask": torch.ones_like(ids),
+        "concept_mask": mask,
+    }
 
 
 def _exact_jacobian_norm(f, Z):
@@ -129,10 +150,14 @@ def test_attention_bound_holds_on_the_ball_with_biases():
     bq, bk, bv, bo = (torch.randn(d, generator=g, dtype=torch.float64) for _ in range(4))
     X0 = torch.randn(1, T, d, generator=g, dtype=torch.float64)
     for radius in (0.0, 0.5):
-        bound = float(attention_lipschitz(X0, torch.tensor([radius]), Wq, Wk, Wv, Wo, bq, heads, 1 / math.sqrt(d // heads)))
+        bound = float(
+            attention_lipschitz(X0, torch.tensor([radius]), Wq, Wk, Wv, Wo, bq, heads, 1 / math.sqrt(d // heads))
+        )
         worst = 0.0
         for Y in _points_in_ball(X0[0], radius, 5, seed=3):
-            worst = max(worst, _exact_jacobian_norm(lambda x: _naive_attention(x, Wq, Wk, Wv, Wo, bq, bk, bv, bo, heads), Y))
+            worst = max(
+                worst, _exact_jacobian_norm(lambda x: _naive_attention(x, Wq, Wk, Wv, Wo, bq, bk, bv, bo, heads), Y)
+            )
         assert worst <= bound
     # the key and value biases do not enter the bound (row-constant logits, zero-sum probability changes): large
     # ones still leave the exact Jacobian norm below it
@@ -201,7 +226,10 @@ def test_block_bounds_hold_against_exact_jacobians_and_token_moves(family):
 
     g = torch.Generator().manual_seed(7)
     scale = float(Z.norm(dim=-1).mean())
-    for radii in (torch.zeros(1, Z.shape[1]), 0.05 * scale * torch.rand(1, Z.shape[1], generator=g, dtype=torch.float64)):
+    for radii in (
+        torch.zeros(1, Z.shape[1]),
+        0.05 * scale * torch.rand(1, Z.shape[1], generator=g, dtype=torch.float64),
+    ):
         lip, dev = block_lipschitz_certified(cm, 1, Z, radii)
         ref = f(Z[0].double())
         for Y in _points_in_box(Z[0], radii[0], 2 if float(radii.max()) else 1, seed=8):
@@ -326,9 +354,16 @@ def test_chain_and_seed_form_from_the_reported_constants_by_hand():
         moved = c["per_image"]["head_input_deviation"][i]
         assert moved <= c["per_image"]["l_readout"][i] * gain * r["per_image"]["delta_rec"][i] * (1 + 1e-12)
         assert r["per_image"]["bound_certified_chain"][i] == pytest.approx(0.5 * (c["w_c_op"] * moved) ** 2, rel=1e-9)
-        seed = 0.5 * (c["w_c_op"] * c["per_image"]["l_readout"][i]) ** 2 * c["per_image"]["l_block"][i] ** 4 * (
-            math.sqrt(16) * r["per_image"]["delta_rec"][i]
-            + c["per_image"]["alpha"][i] * r["per_image"]["gram_norm"][i] * r["per_image"]["delta_gram"][i]) ** 2
+        seed = (
+            0.5
+            * (c["w_c_op"] * c["per_image"]["l_readout"][i]) ** 2
+            * c["per_image"]["l_block"][i] ** 4
+            * (
+                math.sqrt(16) * r["per_image"]["delta_rec"][i]
+                + c["per_image"]["alpha"][i] * r["per_image"]["gram_norm"][i] * r["per_image"]["delta_gram"][i]
+            )
+            ** 2
+        )
         assert r["per_image"]["bound_certified"][i] == pytest.approx(seed, rel=1e-9)
     assert len(c["per_image"]["l_blocks"][0]) == 2  # blocks 2 and 3 follow layer 1
 
@@ -343,13 +378,16 @@ def test_sweep_equals_separate_single_layer_runs():
     sweep = concept_fidelity(model, X, concepts=est, layers="all", power_iters=4, progress=False)
     assert sweep["layers"] == [0, 1, 2] and est.__dict__.get("components_") is None  # the spec is not consumed
     for layer in (0, 1, 2):
-        single = concept_fidelity(model, X, layer, SemiNMF(3, gram_weight=0.5, max_iter=20, refine_iter=5),
-                                  power_iters=4, progress=False)
+        single = concept_fidelity(
+            model, X, layer, SemiNMF(3, gram_weight=0.5, max_iter=20, refine_iter=5), power_iters=4, progress=False
+        )
         rep = sweep["per_layer"][layer]
         for key in ("delta_rec", "delta_gram", "kl", "bound_certified", "bound_certified_chain", "bound_estimated"):
             assert rep["per_image"][key] == single["per_image"][key], (layer, key)
         row = sweep["table"][layer]
-        assert row["layer"] == layer and row["kl"] == single["kl"] and row["bound_certified"] == single["bound_certified"]
+        assert (
+            row["layer"] == layer and row["kl"] == single["kl"] and row["bound_certified"] == single["bound_certified"]
+        )
     # the last layer with CLS pooling: the head's input is untouched, KL and the chain are exactly 0
     assert sweep["per_layer"][2]["kl"] == 0.0 and sweep["per_layer"][2]["bound_certified_chain"] == 0.0
     assert concept_fidelity(model, X, concepts=3, layers=[1], bounds=False, progress=False)["layers"] == [1]

@@ -13,14 +13,21 @@ from hf_tdiag.cli import main
 from hf_tdiag.measures.concepts import SemiNMF, match_concepts
 from hf_tdiag.probes.concept_fidelity import compare_concepts, concept_fidelity
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _vit_folder(path):
     torch.manual_seed(0)
-    cfg = ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=2,
-                    num_attention_heads=2, intermediate_size=64, num_labels=10)
+    cfg = ViTConfig(
+        image_size=8,
+        patch_size=2,
+        num_channels=1,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=10,
+    )
     model = ViTForImageClassification(cfg).eval()
     model.save_pretrained(path)
     ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.5], image_std=[0.5]).save_pretrained(path)
@@ -38,12 +45,31 @@ def test_evaluate_module_matches_the_python_api(tmp_path):
     model = _vit_folder(tmp_path / "vit")
     pixels = _pixels(16)
     cf = evaluate.load(hf_tdiag.metric_path("concept_fidelity"))
-    out = cf.compute(model=str(tmp_path / "vit"), pixel_values=pixels, layer=1, n_concepts=4, gram_weight=1.0,
-                     max_iter=30, refine_iter=10, power_iters=3, progress=False)
-    ref = concept_fidelity(model, pixels, 1, SemiNMF(4, gram_weight=1.0, max_iter=30, refine_iter=10),
-                           power_iters=3, progress=False)
-    for key in ("kl", "delta_rec", "delta_gram", "bound_certified", "bound_certified_chain", "bound_estimated",
-                "top1_agreement", "frac_kl_below_bound_certified", "frac_kl_below_bound_estimated"):
+    out = cf.compute(
+        model=str(tmp_path / "vit"),
+        pixel_values=pixels,
+        layer=1,
+        n_concepts=4,
+        gram_weight=1.0,
+        max_iter=30,
+        refine_iter=10,
+        power_iters=3,
+        progress=False,
+    )
+    ref = concept_fidelity(
+        model, pixels, 1, SemiNMF(4, gram_weight=1.0, max_iter=30, refine_iter=10), power_iters=3, progress=False
+    )
+    for key in (
+        "kl",
+        "delta_rec",
+        "delta_gram",
+        "bound_certified",
+        "bound_certified_chain",
+        "bound_estimated",
+        "top1_agreement",
+        "frac_kl_below_bound_certified",
+        "frac_kl_below_bound_estimated",
+    ):
         assert out[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-12), key
     assert out["constants_estimated"]["l_block"] == pytest.approx(ref["constants_estimated"]["l_block"], rel=1e-5)
     assert {"rec_loss", "gram_loss"} <= set(out["history"])
@@ -52,8 +78,16 @@ def test_evaluate_module_matches_the_python_api(tmp_path):
     from hf_tdiag.inputs import digits_images
 
     images = digits_images(limit=16).images
-    out2 = cf.compute(model=str(tmp_path / "vit"), images=images, layer=1, n_concepts=4, max_iter=30,
-                      estimate=False, progress=False, return_per_image=False)
+    out2 = cf.compute(
+        model=str(tmp_path / "vit"),
+        images=images,
+        layer=1,
+        n_concepts=4,
+        max_iter=30,
+        estimate=False,
+        progress=False,
+        return_per_image=False,
+    )
     processed = ViTImageProcessor.from_pretrained(tmp_path / "vit")(images=images, return_tensors="pt")["pixel_values"]
     assert torch.allclose(processed, pixels, atol=0.02)  # the same digits, rounded to uint8 first
     ref2 = concept_fidelity(model, processed, 1, SemiNMF(4, max_iter=30), estimate=False, progress=False)
@@ -65,10 +99,24 @@ def test_evaluate_module_matches_the_python_api(tmp_path):
 
 def test_compare_concepts_table_and_agreement():
     torch.manual_seed(0)
-    model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=2)).eval()
+    model = CrateForImageClassification(
+        CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=2)
+    ).eval()
     pixels = _pixels(20)
-    out = compare_concepts(model, pixels, 1, 4, gram_weights=(0.0, 5.0), supervised=True, kl_weight=50.0,
-                           max_iter=30, refine_iter=15, supervised_iter=15, power_iters=3, progress=False)
+    out = compare_concepts(
+        model,
+        pixels,
+        1,
+        4,
+        gram_weights=(0.0, 5.0),
+        supervised=True,
+        kl_weight=50.0,
+        max_iter=30,
+        refine_iter=15,
+        supervised_iter=15,
+        power_iters=3,
+        progress=False,
+    )
     assert [r["method"] for r in out["table"]] == ["plain", "gram(mu=5)", "supervised"]
     sup = out["estimators"]["supervised"]
     for label in ("plain", "gram(mu=5)"):
@@ -85,9 +133,32 @@ def test_compare_concepts_table_and_agreement():
 def test_cli_writes_json_table_and_figures(tmp_path, capsys):
     _vit_folder(tmp_path / "vit")
     outdir = tmp_path / "out"
-    code = main(["concepts", str(tmp_path / "vit"), "--layer", "1", "--concepts", "4", "--dataset", "digits", "--limit", "24",
-                 "--gram-weight", "0", "2", "--supervised", "--max-iter", "20", "--refine-iter", "10",
-                 "--power-iters", "3", "--output-dir", str(outdir)])
+    code = main(
+        [
+            "concepts",
+            str(tmp_path / "vit"),
+            "--layer",
+            "1",
+            "--concepts",
+            "4",
+            "--dataset",
+            "digits",
+            "--limit",
+            "24",
+            "--gram-weight",
+            "0",
+            "2",
+            "--supervised",
+            "--max-iter",
+            "20",
+            "--refine-iter",
+            "10",
+            "--power-iters",
+            "3",
+            "--output-dir",
+            str(outdir),
+        ]
+    )
     assert code == 0
     data = json.loads((outdir / "concepts.json").read_text())
     assert data["layer"] == 1 and data["inputs"]["count"] == 24 and data["inputs"]["kind"] == "images"
@@ -96,7 +167,23 @@ def test_cli_writes_json_table_and_figures(tmp_path, capsys):
         assert (outdir / name).stat().st_size > 0, name
     printed = capsys.readouterr().out
     assert "gram(mu=2)" in printed and "supervised" in printed
-    assert main(["concepts", str(tmp_path / "vit"), "--layer", "9", "--dataset", "digits", "--limit", "8", "--output-dir", str(outdir)]) == 1
+    assert (
+        main(
+            [
+                "concepts",
+                str(tmp_path / "vit"),
+                "--layer",
+                "9",
+                "--dataset",
+                "digits",
+                "--limit",
+                "8",
+                "--output-dir",
+                str(outdir),
+            ]
+        )
+        == 1
+    )
     assert "layer" in capsys.readouterr().err
 
 
@@ -112,7 +199,9 @@ def test_figures_draw_from_reports():
     rep = {"per_image": {"kl": [0.1, 0.2], "bound_certified": [1.0, 0.1]}, "frac_kl_below_bound_certified": 0.5}
     fig = plot_kl_vs_bound({"a": rep}, kind="certified")
     assert "50%" in fig.axes[0].get_legend().get_texts()[0].get_text()
-    fig = plot_mu_sweep([{"gram_weight": 0.0, "delta_gram": 0.1, "kl": 0.02}, {"gram_weight": 1.0, "delta_gram": 0.05, "kl": 0.01}])
+    fig = plot_mu_sweep(
+        [{"gram_weight": 0.0, "delta_gram": 0.1, "kl": 0.02}, {"gram_weight": 1.0, "delta_gram": 0.05, "kl": 0.01}]
+    )
     assert list(fig.axes[0].lines[0].get_ydata()) == [0.1, 0.05]
     with pytest.raises(ValueError, match="grid"):
         plot_concept_heatmaps(pixels, codes, (3, 3))
@@ -127,9 +216,23 @@ def test_agreement_numbers_against_brute_force():
     import numpy as np
 
     torch.manual_seed(0)
-    model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=2)).eval()
-    out = compare_concepts(model, _pixels(12), 1, 4, gram_weights=(0.0, 3.0), supervised=True, kl_weight=50.0,
-                           max_iter=20, refine_iter=10, supervised_iter=10, bounds=False, progress=False)
+    model = CrateForImageClassification(
+        CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=2)
+    ).eval()
+    out = compare_concepts(
+        model,
+        _pixels(12),
+        1,
+        4,
+        gram_weights=(0.0, 3.0),
+        supervised=True,
+        kl_weight=50.0,
+        max_iter=20,
+        refine_iter=10,
+        supervised_iter=10,
+        bounds=False,
+        progress=False,
+    )
     sup = out["estimators"]["supervised"].components_.double().numpy()
     start = out["estimators"]["supervised"].start_components_.double().numpy()
     for label in ("plain", "gram(mu=3)"):
@@ -139,4 +242,6 @@ def test_agreement_numbers_against_brute_force():
         assert out["agreement"][label]["mean_cosine"] == pytest.approx(best, rel=1e-12)
         a, b = (D - start).ravel(), (sup - start).ravel()
         expected = None if np.linalg.norm(a) == 0 else float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-        assert out["agreement"][label]["update_cosine"] == (pytest.approx(expected, rel=1e-9) if expected is not None else None)
+        assert out["agreement"][label]["update_cosine"] == (
+            pytest.approx(expected, rel=1e-9) if expected is not None else None
+        )

@@ -30,6 +30,7 @@ def _kl(p_logits, q_logits):
 
 def _replaced_logits(model, enc, layer, positions, A_hat):
     """Last-token logits of the full model with block ``layer``'s output at ``positions`` replaced by ``A_hat``."""
+
     def swap(module, args, out):
         hs = out[0] if isinstance(out, tuple) else out
         hs = hs.index_copy(1, positions, A_hat.to(hs))
@@ -48,8 +49,9 @@ def test_kl_matches_the_models_own_forward(decoder_models, family):
     model = decoder_models[family]
     tok = char_tokenizer()
     layer = 1
-    report = hf_tdiag.concept_fidelity(model, TEXTS, layer, 3, tokenizer=tok, max_tokens=TOKENS, return_tensors=True,
-                                       power_iters=5, progress=False)
+    report = hf_tdiag.concept_fidelity(
+        model, TEXTS, layer, 3, tokenizer=tok, max_tokens=TOKENS, return_tensors=True, power_iters=5, progress=False
+    )
     t = report["tensors"]
     enc = encode_texts(tok, TEXTS, max_tokens=TOKENS)
     assert report["n_tokens"] == TOKENS and report["n_images"] == len(TEXTS) and report["modality"] == "text"
@@ -66,7 +68,8 @@ def test_kl_matches_the_models_own_forward(decoder_models, family):
     assert "bound_certified" not in report and "decoders" in report["bound_certified_note"]
     assert report["bound_estimated"] > 0 and 0.0 <= report["frac_kl_below_bound_estimated"] <= 1.0
     assert report["constants_estimated"]["w_c_op"] == pytest.approx(
-        float(torch.linalg.matrix_norm(model.get_output_embeddings().weight.detach().double(), ord=2)), rel=1e-9)
+        float(torch.linalg.matrix_norm(model.get_output_embeddings().weight.detach().double(), ord=2)), rel=1e-9
+    )
 
 
 def test_last_layer_states_are_before_the_final_norm(decoder_models):
@@ -91,8 +94,9 @@ def test_sdpa_and_eager_agree(decoder_dirs):
     out = {}
     for impl in ("eager", "sdpa"):
         model = AutoModelForCausalLM.from_pretrained(decoder_dirs["mistral"], attn_implementation=impl).eval()
-        out[impl] = hf_tdiag.concept_fidelity(model, TEXTS, 1, 3, tokenizer=tok, max_tokens=TOKENS, bounds=False,
-                                              progress=False)
+        out[impl] = hf_tdiag.concept_fidelity(
+            model, TEXTS, 1, 3, tokenizer=tok, max_tokens=TOKENS, bounds=False, progress=False
+        )
     assert out["eager"]["kl"] == pytest.approx(out["sdpa"]["kl"], rel=1e-3, abs=1e-7)
 
 
@@ -121,8 +125,9 @@ def test_alpha_gain_uses_the_shared_kv_head(decoder_models):
 
 def test_layer_sweep_on_a_decoder(decoder_models):
     model = decoder_models["qwen2"]
-    sweep = hf_tdiag.concept_fidelity(model, TEXTS, concepts=3, layers="all", tokenizer=char_tokenizer(),
-                                      max_tokens=12, bounds=False, progress=False)
+    sweep = hf_tdiag.concept_fidelity(
+        model, TEXTS, concepts=3, layers="all", tokenizer=char_tokenizer(), max_tokens=12, bounds=False, progress=False
+    )
     assert sweep["layers"] == [0, 1, 2, 3] and sweep["modality"] == "text"
     last = sweep["per_layer"][3]
     assert last["n_suffix_blocks"] == 0 and math.isfinite(last["kl"])

@@ -25,7 +25,6 @@ from hf_tdiag.measures.concepts import (
     truncated_svd_error,
 )
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -249,7 +248,9 @@ def test_gram_loss_is_scale_free_and_blind_to_rotations():
     g = torch.Generator().manual_seed(10)
     A = torch.randn(2, 7, 5, generator=g, dtype=torch.float64)
     Q = torch.linalg.qr(torch.randn(5, 5, generator=g, dtype=torch.float64))[0]
-    assert float(gram_loss(A, A @ Q).max()) < 1e-12  # ÂÂᵀ = AAᵀ for a rotation (N > d: expanded form, float64 round-off)
+    assert (
+        float(gram_loss(A, A @ Q).max()) < 1e-12
+    )  # ÂÂᵀ = AAᵀ for a rotation (N > d: expanded form, float64 round-off)
     H = A + 0.1 * torch.randn(2, 7, 5, generator=g, dtype=torch.float64)
     assert torch.allclose(gram_loss(10 * A, 10 * H), gram_loss(A, H), rtol=1e-10)
 
@@ -295,8 +296,17 @@ def test_kl_divergence_matches_definition_and_is_zero_for_equal_logits():
 
 
 def test_kl_bound_formula_by_hand():
-    out = kl_bound(w_c_op=2.0, l_block=1.5, n_suffix_blocks=2, n_tokens=16, delta_rec=0.5, alpha=0.1,
-                   gram_norm=30.0, delta_gram=0.2, l_readout=3.0)
+    out = kl_bound(
+        w_c_op=2.0,
+        l_block=1.5,
+        n_suffix_blocks=2,
+        n_tokens=16,
+        delta_rec=0.5,
+        alpha=0.1,
+        gram_norm=30.0,
+        delta_gram=0.2,
+        l_readout=3.0,
+    )
     # ½ (2·3)² · 1.5⁴ · (4·0.5 + 0.1·30·0.2)² = 18 · 5.0625 · 2.6² = 615.94...
     assert float(out["bound"]) == pytest.approx(0.5 * 36 * 1.5**4 * (2.0 + 0.6) ** 2)
     assert float(out["rec_term"]) == pytest.approx(2.0)
@@ -344,7 +354,9 @@ def test_classifier_supervised_fit_lowers_kl_through_the_suffix():
         return torch.tanh(P).mean(1) @ Wc
 
     plain = SemiNMF(3, max_iter=50).fit(A)
-    sup = ClassifierSupervisedSemiNMF(3, kl_weight=10.0, supervised_iter=60, lr=0.05, max_iter=50, batch_size=10).fit(A, suffix)
+    sup = ClassifierSupervisedSemiNMF(3, kl_weight=10.0, supervised_iter=60, lr=0.05, max_iter=50, batch_size=10).fit(
+        A, suffix
+    )
     target = suffix(A)
     kl_plain = float(kl_divergence(target, suffix(plain.inverse_transform(plain.codes_))).mean())
     kl_sup = float(kl_divergence(target, suffix(sup.inverse_transform(sup.codes_))).mean())
@@ -453,8 +465,9 @@ def test_objective_and_dictionary_step_by_hand_ridge_dtype_and_a_singular_gram()
     # ridge r: W = Aᵀ U (UᵀU + r·mean(diag UᵀU)·I)⁻¹, written out
     G = U.T @ U
     for ridge in (0.0, 0.1):
-        expected = torch.linalg.solve(G + ridge * float(G.diagonal().mean()) * torch.eye(3, dtype=torch.float64),
-                                      U.T @ A).T
+        expected = torch.linalg.solve(
+            G + ridge * float(G.diagonal().mean()) * torch.eye(3, dtype=torch.float64), U.T @ A
+        ).T
         torch.testing.assert_close(lstsq_dictionary(A, U, ridge=ridge), expected, rtol=1e-10, atol=1e-12)
     # float32 in, float32 out (solved in float64)
     W32 = lstsq_dictionary(A.float(), U.float())

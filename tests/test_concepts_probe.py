@@ -11,7 +11,6 @@ from hf_tdiag import CrateConfig, CrateForImageClassification
 from hf_tdiag.measures.concepts import SemiNMF, fidelity_errors, jacobian_spectral_norm, kl_divergence
 from hf_tdiag.probes.concept_fidelity import concept_fidelity, layer_activations, suffix_runner, supervised_concepts
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -23,8 +22,18 @@ def _digits():
 
 
 def _vit(**kw):
-    cfg = dict(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-               intermediate_size=64, num_labels=10, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = dict(
+        image_size=8,
+        patch_size=2,
+        num_channels=1,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     cfg.update(kw)
     torch.manual_seed(0)
     return ViTForImageClassification(ViTConfig(**cfg)).eval()
@@ -32,7 +41,9 @@ def _vit(**kw):
 
 def _crate(**kw):
     torch.manual_seed(0)
-    return CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=3, **kw)).eval()
+    return CrateForImageClassification(
+        CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=3, **kw)
+    ).eval()
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +194,9 @@ def test_clear_errors_for_bad_models_layers_and_concept_counts():
         concept_fidelity(model, X[:4], -1, 4, progress=False)
     with pytest.raises(ValueError, match="n_concepts"):
         concept_fidelity(model, X[:4], 1, 33, progress=False)  # d = 32
-    bert = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
-                                                    num_attention_heads=2, intermediate_size=32))
+    bert = BertForSequenceClassification(
+        BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    )
     with pytest.raises(TypeError, match="inputs"):  # a text model given pixels
         concept_fidelity(bert, X[:4], 1, 4, progress=False)
     with pytest.raises(TypeError, match="model"):

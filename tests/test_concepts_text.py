@@ -25,8 +25,15 @@ def tokenizer():
 
 def _tiny_bert(tokenizer):
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return BertModel(cfg).eval()
 
 
@@ -43,7 +50,12 @@ def test_encode_texts_cuts_every_text_to_the_shortest_and_marks_special_tokens(t
     assert encode_texts(tokenizer, texts, max_tokens=2)["input_ids"].shape == (2, 4)
     with pytest.raises(TypeError, match="texts"):
         encode_texts(tokenizer, "one string")
-    assert len(BUILTIN_SENTENCES) == 48 and sorted(set(builtin_texts()[1])) == ["food", "sports", "technology", "weather"]
+    assert len(BUILTIN_SENTENCES) == 48 and sorted(set(builtin_texts()[1])) == [
+        "food",
+        "sports",
+        "technology",
+        "weather",
+    ]
 
 
 def test_fitted_head_is_the_regularized_logistic_regression_optimum():
@@ -89,15 +101,33 @@ def test_texts_round_trip_through_the_evaluate_module(tokenizer, tmp_path):
     texts, labels = builtin_texts()
     texts, labels = texts[::4], labels[::4]
     cf = evaluate.load(hf_tdiag.metric_path("concept_fidelity"))
-    out = cf.compute(model=str(tmp_path / "bert"), texts=texts, layer=1, n_concepts=4, max_iter=30, labels=labels,
-                     power_iters=3, progress=False)
-    ref = concept_fidelity(model, texts, 1, SemiNMF(4, max_iter=30), tokenizer=tokenizer, labels=labels,
-                           power_iters=3, progress=False)
+    out = cf.compute(
+        model=str(tmp_path / "bert"),
+        texts=texts,
+        layer=1,
+        n_concepts=4,
+        max_iter=30,
+        labels=labels,
+        power_iters=3,
+        progress=False,
+    )
+    ref = concept_fidelity(
+        model, texts, 1, SemiNMF(4, max_iter=30), tokenizer=tokenizer, labels=labels, power_iters=3, progress=False
+    )
     for key in ("kl", "delta_rec", "delta_gram", "bound_certified", "bound_certified_chain", "bound_estimated"):
         assert out[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-12), key
     assert out["head"] == ref["head"] and out["modality"] == "text"
-    sweep = cf.compute(model=str(tmp_path / "bert"), texts=texts, layers="all", n_concepts=4, max_iter=30,
-                       labels=labels, power_iters=3, progress=False, return_per_image=False)
+    sweep = cf.compute(
+        model=str(tmp_path / "bert"),
+        texts=texts,
+        layers="all",
+        n_concepts=4,
+        max_iter=30,
+        labels=labels,
+        power_iters=3,
+        progress=False,
+        return_per_image=False,
+    )
     assert sweep["layers"] == [0, 1, 2] and sweep["per_layer"][1]["kl"] == pytest.approx(ref["kl"], rel=1e-5)
     assert "per_image" not in sweep["per_layer"][0]
 
@@ -109,12 +139,39 @@ def test_cli_layer_sweep_on_texts_and_images(tokenizer, tmp_path, capsys):
     texts, labels = builtin_texts()
     (tmp_path / "t.txt").write_text("\n".join(f"{lab}\t{t}" for t, lab in zip(texts[::3], labels[::3])) + "\n")
     out = tmp_path / "out"
-    assert main(["concepts", str(tmp_path / "bert"), "--layers", "all", "--texts", str(tmp_path / "t.txt"),
-                 "--concepts", "3", "--max-iter", "20", "--power-iters", "3", "--output-dir", str(out)]) == 0
+    assert (
+        main(
+            [
+                "concepts",
+                str(tmp_path / "bert"),
+                "--layers",
+                "all",
+                "--texts",
+                str(tmp_path / "t.txt"),
+                "--concepts",
+                "3",
+                "--max-iter",
+                "20",
+                "--power-iters",
+                "3",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "sweep.json").read_text())
     assert data["layers"] == [0, 1, 2] and data["inputs"]["count"] == 16 and data["head"]["labels"] == "labels"
-    ref = concept_fidelity(model, texts[::3], concepts=SemiNMF(3, max_iter=20), layers="all", tokenizer=tokenizer,
-                           labels=labels[::3], power_iters=3, progress=False)
+    ref = concept_fidelity(
+        model,
+        texts[::3],
+        concepts=SemiNMF(3, max_iter=20),
+        layers="all",
+        tokenizer=tokenizer,
+        labels=labels[::3],
+        power_iters=3,
+        progress=False,
+    )
     for row, ref_row in zip(data["table"], ref["table"]):
         assert row["kl"] == pytest.approx(ref_row["kl"], rel=1e-6, abs=1e-12)
         assert row["bound_certified_chain"] == pytest.approx(ref_row["bound_certified_chain"], rel=1e-6)

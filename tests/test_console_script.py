@@ -22,8 +22,13 @@ def _script() -> str:
 
 
 def _run(*args, cwd) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop("HF_TDIAG_TRACEBACK", None)
     return subprocess.run([_script(), *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
@@ -34,8 +39,9 @@ def crate_dir(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("console") / "crate"
     torch.manual_seed(0)
-    config = CrateConfig.from_preset("crate-digits", hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                     num_labels=10)
+    config = CrateConfig.from_preset(
+        "crate-digits", hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_labels=10
+    )
     CrateForImageClassification(config).save_pretrained(folder)
     CrateImageProcessor.for_config(config).save_pretrained(folder)
     return folder
@@ -63,12 +69,19 @@ def test_bad_flag_value_exits_2_naming_the_flag(tmp_path):
     assert proc.returncode == 2 and "--head" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (("srr", "{tmp}/missing-model", "--dataset", "digits"),
-     "hf-tdiag srr: error: model: '{tmp}/missing-model' is not an existing folder"),
-    (("convert-official", "{tmp}/missing.pth", "--preset", "crate-small", "--output-dir", "{tmp}/out"),
-     "hf-tdiag convert-official: error: checkpoint: no such file '{tmp}/missing.pth'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ("srr", "{tmp}/missing-model", "--dataset", "digits"),
+            "hf-tdiag srr: error: model: '{tmp}/missing-model' is not an existing folder",
+        ),
+        (
+            ("convert-official", "{tmp}/missing.pth", "--preset", "crate-small", "--output-dir", "{tmp}/out"),
+            "hf-tdiag convert-official: error: checkpoint: no such file '{tmp}/missing.pth'",
+        ),
+    ],
+)
 def test_errors_exit_1_with_one_line_on_stderr_and_no_traceback(args, message, crate_dir, tmp_path):
     fill = {"tmp": tmp_path, "crate": crate_dir}
     proc = _run(*(a.format(**fill) for a in args), cwd=tmp_path)
@@ -78,8 +91,22 @@ def test_errors_exit_1_with_one_line_on_stderr_and_no_traceback(args, message, c
 
 
 def test_report_exits_1_when_a_section_fails_and_still_writes_the_page(crate_dir, tmp_path):
-    proc = _run("report", crate_dir, "--dataset", "digits", "--max-samples", "8", "--sections", "summary", "concepts",
-                "--layer", "99", "--output-dir", "rep", cwd=tmp_path)
+    proc = _run(
+        "report",
+        crate_dir,
+        "--dataset",
+        "digits",
+        "--max-samples",
+        "8",
+        "--sections",
+        "summary",
+        "concepts",
+        "--layer",
+        "99",
+        "--output-dir",
+        "rep",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert _last_line(proc.stderr) == "hf-tdiag report: 1 section(s) failed: ['concepts']"
     assert "Traceback" not in proc.stderr
@@ -97,8 +124,21 @@ def test_srr_subprocess_numbers_are_the_srr_by_hand(crate_dir, tmp_path):
 
     from hf_tdiag.inputs import digits_images
 
-    proc = _run("srr", crate_dir, "--dataset", "digits", "--max-samples", "6", "--eps", "0.5", "--lam", "0.25",
-                "--output-dir", "out", cwd=tmp_path)
+    proc = _run(
+        "srr",
+        crate_dir,
+        "--dataset",
+        "digits",
+        "--max-samples",
+        "6",
+        "--eps",
+        "0.5",
+        "--lam",
+        "0.25",
+        "--output-dir",
+        "out",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (report,) = json.loads((tmp_path / "out" / "srr.json").read_text())["reports"].values()
     model = AutoModelForImageClassification.from_pretrained(str(crate_dir)).eval()

@@ -27,7 +27,7 @@ def test_kendall_tau_continuous_matches_scipy_and_is_symmetric():
     assert kendall_tau(x, x) == pytest.approx(1.0)
     assert kendall_tau(x, -x) == pytest.approx(-1.0)
     # rank-based: invariant under strictly increasing transforms
-    assert kendall_tau(np.exp(x), y ** 3) == pytest.approx(kendall_tau(x, y))
+    assert kendall_tau(np.exp(x), y**3) == pytest.approx(kendall_tau(x, y))
 
 
 def test_kendall_tau_hand_worked_ties():
@@ -162,15 +162,21 @@ def test_psi_is_the_mean_of_the_axes_and_psi_k_the_mean_of_the_groups_not_a_medi
     runs = [dict(zip(theta, c)) for c in itertools.product(*theta.values())]
     meas = [float(r["a"] + 10 * r["b"] + 100 * r["c"]) for r in runs]
     # gap follows a, b and c except in one a-group, where it goes against the measure
-    gap = [float(r["a"] * (-1 if (r["b"], r["c"]) == (0, 0) else 1) + 10 * r["b"] - 100 * r["c"] * (r["a"] == 1)) for r in runs]
+    gap = [
+        float(r["a"] * (-1 if (r["b"], r["c"]) == (0, 0) else 1) + 10 * r["b"] - 100 * r["c"] * (r["a"] == 1))
+        for r in runs
+    ]
     expected, per_axis = _naive_psi(meas, gap, runs, theta)
     res = granulated_kendall(meas, gap, runs)
     assert res.psi == pytest.approx(expected, abs=1e-12)
     assert [res.per_axis[a] for a in theta] == pytest.approx(per_axis, abs=1e-12)
     assert np.median(per_axis) != pytest.approx(np.mean(per_axis))  # the example separates mean from median
-    group_taus_a = [jiang_tau([meas[i] for i in idx], [gap[i] for i in idx])
-                    for idx in ([i for i, r in enumerate(runs) if (r["b"], r["c"]) == bc]
-                                for bc in itertools.product([0, 1], [0, 1, 2]))]
+    group_taus_a = [
+        jiang_tau([meas[i] for i in idx], [gap[i] for i in idx])
+        for idx in (
+            [i for i, r in enumerate(runs) if (r["b"], r["c"]) == bc] for bc in itertools.product([0, 1], [0, 1, 2])
+        )
+    ]
     assert np.median(group_taus_a) != pytest.approx(np.mean(group_taus_a))
     assert res.per_axis["a"] == pytest.approx(np.mean(group_taus_a))
 

@@ -19,7 +19,11 @@ def test_forward_shapes_and_output_fields():
     model = CrateForImageClassification(config).eval()
     x = torch.randn(3, 1, 8, 8)
     out = model(
-        x, labels=torch.tensor([0, 1, 2]), output_hidden_states=True, output_mid_hidden_states=True, output_attentions=True
+        x,
+        labels=torch.tensor([0, 1, 2]),
+        output_hidden_states=True,
+        output_mid_hidden_states=True,
+        output_attentions=True,
     )
     n_tokens = 16 + 1
     assert out.logits.shape == (3, 10)

@@ -12,8 +12,14 @@ VARIANTS = ["crate", "crate-c", "crate-n", "crate-t", "crate-fix", "crate-identi
 
 def _tiny(variant="crate", **kw):
     fields = dict(
-        image_size=8, patch_size=2, num_channels=3, hidden_size=24, num_hidden_layers=2,
-        num_attention_heads=3, variant=variant, num_labels=5,
+        image_size=8,
+        patch_size=2,
+        num_channels=3,
+        hidden_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        variant=variant,
+        num_labels=5,
     )
     fields.update(kw)
     return CrateConfig(**fields)
@@ -43,11 +49,11 @@ def _reference_block(layer, Z, cfg):
     ln1, ln2 = layer.layernorm_before, layer.layernorm_after
     X = _layernorm_columns(Z, ln1.weight, ln1.bias, ln1.eps)
     Wqkv = layer.attention.qkv.weight  # (K p, d)
-    U_list = [Wqkv[k * p:(k + 1) * p].T for k in range(K)]  # each d x p
+    U_list = [Wqkv[k * p : (k + 1) * p].T for k in range(K)]  # each d x p
     heads = []
     for U_k in U_list:
         A = U_k.T @ X  # p x N
-        logits = (A.T @ A) / p ** 0.5  # N x N, symmetric
+        logits = (A.T @ A) / p**0.5  # N x N, symmetric
         P = torch.softmax(logits, dim=0)  # column j: distribution over source tokens i
         heads.append(A @ P)  # p x N
     H = torch.cat(heads, 0)  # Kp x N
@@ -91,7 +97,7 @@ def test_output_matrix_semantics(variant):
     cfg = _tiny(variant)
     attn = _randomize(CrateModel(cfg)).encoder.layer[0].attention
     Wqkv = attn.qkv.weight.detach()
-    U = torch.cat([Wqkv[k * cfg.head_dim:(k + 1) * cfg.head_dim].T for k in range(cfg.num_attention_heads)], 1)
+    U = torch.cat([Wqkv[k * cfg.head_dim : (k + 1) * cfg.head_dim].T for k in range(cfg.num_attention_heads)], 1)
     expected = {
         "crate": lambda: attn.out_proj.weight,
         "crate-c": lambda: U,
@@ -150,7 +156,7 @@ def test_sdpa_and_eager_agree(variant):
     layer = model.crate.encoder.layer[1]
     w = layer.attention.qkv(layer.layernorm_before(eager.hidden_states[1]))
     w = w.view(3, -1, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
-    ref = torch.softmax(w @ w.transpose(-1, -2) / cfg.head_dim ** 0.5, dim=-1)
+    ref = torch.softmax(w @ w.transpose(-1, -2) / cfg.head_dim**0.5, dim=-1)
     torch.testing.assert_close(eager.attentions[1], ref)
 
 
@@ -235,14 +241,16 @@ def test_patch_embedding_is_channel_last_flattening():
     rows = []
     for i in range(4):
         for j in range(4):
-            patch = x[0, :, 2 * i:2 * i + 2, 2 * j:2 * j + 2]  # c, p1, p2
+            patch = x[0, :, 2 * i : 2 * i + 2, 2 * j : 2 * j + 2]  # c, p1, p2
             rows.append(patch.permute(1, 2, 0).reshape(-1))  # (p1 p2 c)
     flat = torch.stack(rows)[None]
     ref = F.layer_norm(flat, (12,), pe.norm_in.weight, pe.norm_in.bias, pe.norm_in.eps)
     ref = F.layer_norm(pe.projection(ref), (24,), pe.norm_out.weight, pe.norm_out.bias, pe.norm_out.eps)
     torch.testing.assert_close(pe(x), ref)
     emb = model.embeddings(x)
-    torch.testing.assert_close(emb[:, 0], (model.embeddings.cls_token + model.embeddings.position_embeddings[:, :1])[:, 0])
+    torch.testing.assert_close(
+        emb[:, 0], (model.embeddings.cls_token + model.embeddings.position_embeddings[:, :1])[:, 0]
+    )
     torch.testing.assert_close(emb[:, 1:], ref + model.embeddings.position_embeddings[:, 1:])
 
 
@@ -259,7 +267,9 @@ def test_interpolate_pos_encoding():
     # independent check: bicubic resize of the 4x4 grid to 6x8
     emb = model.crate.embeddings
     grid = emb.position_embeddings[:, 1:].reshape(1, 4, 4, -1).permute(0, 3, 1, 2)
-    resized = F.interpolate(grid, size=(6, 8), mode="bicubic", align_corners=False).permute(0, 2, 3, 1).reshape(1, 48, -1)
+    resized = (
+        F.interpolate(grid, size=(6, 8), mode="bicubic", align_corners=False).permute(0, 2, 3, 1).reshape(1, 48, -1)
+    )
     torch.testing.assert_close(emb.interpolate_pos_encoding(12, 16)[:, 1:], resized)
     torch.testing.assert_close(emb.interpolate_pos_encoding(12, 16)[:, :1], emb.position_embeddings[:, :1])
     # a constant field stays constant under bicubic interpolation (weights sum to one)
@@ -352,7 +362,10 @@ def test_block_gradients_match_reference(variant):
     cfg = _tiny(variant, ista_step_size=0.25, ista_lambda=0.2)
     layer = _randomize(CrateModel(cfg)).double().encoder.layer[0].train()
     tokens = torch.randn(2, 6, cfg.hidden_size, dtype=torch.float64, requires_grad=True)
-    g_out, g_mid = torch.randn(2, 6, cfg.hidden_size, dtype=torch.float64), torch.randn(2, 6, cfg.hidden_size, dtype=torch.float64)
+    g_out, g_mid = (
+        torch.randn(2, 6, cfg.hidden_size, dtype=torch.float64),
+        torch.randn(2, 6, cfg.hidden_size, dtype=torch.float64),
+    )
     params = [tokens, layer.ista.weight, layer.attention.qkv.weight, layer.layernorm_after.weight]
     out, mid = layer(tokens)
     grads = torch.autograd.grad((out * g_out).sum() + (mid * g_mid).sum(), params)

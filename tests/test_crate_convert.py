@@ -19,12 +19,18 @@ def _official_state_dict(image=8, patch=2, channels=3, dim=24, depth=2, heads=3,
     patch_dim = patch * patch * channels
     n = (image // patch) ** 2
     sd = {
-        "to_patch_embedding.1.weight": 1 + r(patch_dim), "to_patch_embedding.1.bias": r(patch_dim),
-        "to_patch_embedding.2.weight": r(dim, patch_dim), "to_patch_embedding.2.bias": r(dim),
-        "to_patch_embedding.3.weight": 1 + r(dim), "to_patch_embedding.3.bias": r(dim),
-        "pos_embedding": r(1, n + 1, dim, scale=1.0), "cls_token": r(1, 1, dim, scale=1.0),
-        "mlp_head.0.weight": 1 + r(dim), "mlp_head.0.bias": r(dim),
-        "mlp_head.1.weight": r(classes, dim), "mlp_head.1.bias": r(classes),
+        "to_patch_embedding.1.weight": 1 + r(patch_dim),
+        "to_patch_embedding.1.bias": r(patch_dim),
+        "to_patch_embedding.2.weight": r(dim, patch_dim),
+        "to_patch_embedding.2.bias": r(dim),
+        "to_patch_embedding.3.weight": 1 + r(dim),
+        "to_patch_embedding.3.bias": r(dim),
+        "pos_embedding": r(1, n + 1, dim, scale=1.0),
+        "cls_token": r(1, 1, dim, scale=1.0),
+        "mlp_head.0.weight": 1 + r(dim),
+        "mlp_head.0.bias": r(dim),
+        "mlp_head.1.weight": r(classes, dim),
+        "mlp_head.1.bias": r(classes),
     }
     for i in range(depth):
         p = f"transformer.layers.{i}"
@@ -42,7 +48,7 @@ def _official_forward(sd, img, heads, patch, eta=0.1, lam=0.1, pool="cls", varia
     patches = []
     for i in range(H // patch):  # b c (h p1) (w p2) -> b (h w) (p1 p2 c)
         for j in range(W // patch):
-            block = img[:, :, i * patch:(i + 1) * patch, j * patch:(j + 1) * patch]
+            block = img[:, :, i * patch : (i + 1) * patch, j * patch : (j + 1) * patch]
             patches.append(block.permute(0, 2, 3, 1).reshape(b, -1))
     x = torch.stack(patches, 1)
 
@@ -62,7 +68,7 @@ def _official_forward(sd, img, heads, patch, eta=0.1, lam=0.1, pool="cls", varia
         w = F.linear(y, qkv)
         dh = w.shape[-1] // heads
         w = w.reshape(b, n + 1, heads, dh).permute(0, 2, 1, 3)  # b n (h d) -> b h n d
-        attn = torch.softmax(w @ w.transpose(-1, -2) * dh ** -0.5, -1)
+        attn = torch.softmax(w @ w.transpose(-1, -2) * dh**-0.5, -1)
         out = (attn @ w).permute(0, 2, 1, 3).reshape(b, n + 1, heads * dh)  # b h n d -> b n (h d)
         if variant == "crate":
             out = F.linear(out, sd[f"{p}.0.fn.to_out.0.weight"], sd[f"{p}.0.fn.to_out.0.bias"])
@@ -86,8 +92,16 @@ def _official_forward(sd, img, heads, patch, eta=0.1, lam=0.1, pool="cls", varia
 
 
 def _config(**kw):
-    fields = dict(image_size=8, patch_size=2, num_channels=3, hidden_size=24, num_hidden_layers=2,
-                  num_attention_heads=3, head_dim=8, num_labels=5)
+    fields = dict(
+        image_size=8,
+        patch_size=2,
+        num_channels=3,
+        hidden_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        head_dim=8,
+        num_labels=5,
+    )
     fields.update(kw)
     return CrateConfig(**fields)
 
@@ -97,8 +111,15 @@ def _wrapped(sd):
 
 
 @pytest.mark.parametrize(
-    "variant, pool", [("crate", "cls"), ("crate", "mean"), ("crate-c", "cls"), ("crate-n", "cls"),
-                      ("crate-t", "cls"), ("crate-identity", "cls")]
+    "variant, pool",
+    [
+        ("crate", "cls"),
+        ("crate", "mean"),
+        ("crate-c", "cls"),
+        ("crate-n", "cls"),
+        ("crate-t", "cls"),
+        ("crate-identity", "cls"),
+    ],
 )
 def test_conversion_matches_official_forward(variant, pool):
     sd = _official_state_dict()
@@ -116,10 +137,12 @@ def test_conversion_crate_fix_uses_to_out_weight_as_fixed_matrix():
     model = convert_official_crate(sd, _config(variant="crate-fix"))
     img = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
-        torch.testing.assert_close(model(img).logits, _official_forward(sd, img, 3, 2, variant="crate-fix"),
-                                   rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(model.crate.encoder.layer[1].attention.fixed_output,
-                               sd["transformer.layers.1.0.fn.to_out.0.weight"])
+        torch.testing.assert_close(
+            model(img).logits, _official_forward(sd, img, 3, 2, variant="crate-fix"), rtol=1e-4, atol=1e-5
+        )
+    torch.testing.assert_close(
+        model.crate.encoder.layer[1].attention.fixed_output, sd["transformer.layers.1.0.fn.to_out.0.weight"]
+    )
     sd["transformer.layers.0.0.fn.to_out.0.bias"] = torch.ones(24)
     with pytest.raises(ValueError, match=r"transformer\.layers\.0\.0\.fn\.to_out\.0\.bias"):
         convert_official_crate(sd, _config(variant="crate-fix"))
@@ -171,6 +194,19 @@ def test_cli_convert_official_writes_loadable_folder(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "missing" in err and "transformer.layers.4.0.norm.weight" in err and "checkpoint has 4 layers" in err
     # same depth, wrong width: the first mis-shaped key is named
-    assert cli_main(["convert-official", str(ckpt), "--preset", "crate-digits", "--image-size", "16",
-                     "--output", str(tmp_path / "y")]) == 1
+    assert (
+        cli_main(
+            [
+                "convert-official",
+                str(ckpt),
+                "--preset",
+                "crate-digits",
+                "--image-size",
+                "16",
+                "--output",
+                str(tmp_path / "y"),
+            ]
+        )
+        == 1
+    )
     assert "pos_embedding" in capsys.readouterr().err

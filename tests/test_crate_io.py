@@ -136,7 +136,12 @@ def test_image_processor_auto_and_math(tmp_path):
     expected = (torch.from_numpy(arr).permute(2, 0, 1).float() / 255.0 - mean) / std
     torch.testing.assert_close(pixels[0], expected, rtol=1e-5, atol=1e-5)
     # a larger image is resized to the configured size
-    assert loaded(Image.fromarray(np.zeros((64, 48, 3), np.uint8)), return_tensors="pt").pixel_values.shape == (1, 3, 32, 32)
+    assert loaded(Image.fromarray(np.zeros((64, 48, 3), np.uint8)), return_tensors="pt").pixel_values.shape == (
+        1,
+        3,
+        32,
+        32,
+    )
     # grayscale digits preset: one channel, mean = std = 0.5
     gray = CrateImageProcessor.for_config(_config())
     img = (rng.random((8, 8)) * 255).astype(np.uint8)

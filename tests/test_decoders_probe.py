@@ -21,8 +21,17 @@ def test_families_and_shapes(decoder_models):
     }
     for name, model in decoder_models.items():
         lay = decoder_layout(model)
-        got = (lay.family, lay.num_heads, lay.num_kv_heads, lay.head_dim, lay.intermediate_size, lay.gated, lay.norm,
-               lay.rotary, lay.tied_embeddings)
+        got = (
+            lay.family,
+            lay.num_heads,
+            lay.num_kv_heads,
+            lay.head_dim,
+            lay.intermediate_size,
+            lay.gated,
+            lay.norm,
+            lay.rotary,
+            lay.tied_embeddings,
+        )
         assert got == expect[name], name
         assert lay.num_layers == model.config.num_hidden_layers and lay.model_type == name
         # the base model's layout names the same tensors without the head's prefix
@@ -42,11 +51,15 @@ def test_gpt2_fused_weights_sliced_by_hand(decoder_models):
     assert torch.equal(lay.weight(1, "attn_output", get), model.transformer.h[1].attn.c_proj.weight.T)
     assert torch.equal(lay.weight(1, "ffn_in", get), model.transformer.h[1].mlp.c_fc.weight.T)
     h = lay.head(1, 3, get)
-    assert h.kv_head == 3 and torch.equal(h.W_V, W[:, 64 + 24:].T) and torch.equal(h.W_O, model.transformer.h[1].attn.c_proj.weight.T[:, 24:])
+    assert (
+        h.kv_head == 3
+        and torch.equal(h.W_V, W[:, 64 + 24 :].T)
+        and torch.equal(h.W_O, model.transformer.h[1].attn.c_proj.weight.T[:, 24:])
+    )
     arch = describe(model)
     assert arch.family == "gpt2" and arch.causal and torch.equal(arch.layers[1].key.weight, W[:, 32:64].T)
     U = subspaces(model, "value")
-    assert U[1].shape == (4, 32, 8) and torch.equal(U[1][2], W[:, 64 + 16:64 + 24])
+    assert U[1].shape == (4, 32, 8) and torch.equal(U[1][2], W[:, 64 + 16 : 64 + 24])
 
 
 def test_gqa_sharing_explicit(decoder_models):
@@ -66,7 +79,7 @@ def test_gqa_heads_use_the_shared_kv_head_the_model_uses():
     attn = model.model.layers[0].self_attn
     p = lay.head_dim
     with torch.no_grad():
-        attn.k_proj.weight[p:2 * p] = 0  # K/V head 1
+        attn.k_proj.weight[p : 2 * p] = 0  # K/V head 1
         attn.v_proj.weight[:p] = 0  # V of K/V head 0
     ids = torch.randint(2, 64, (1, 7), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -77,8 +90,8 @@ def test_gqa_heads_use_the_shared_kv_head_the_model_uses():
         model_says_uniform = torch.allclose(att[h], uniform, atol=1e-6)
         assert model_says_uniform == (hw.kv_head == 1) == bool((hw.W_K == 0).all())
         assert bool((hw.W_V == 0).all()) == (hw.kv_head == 0)
-        assert torch.equal(hw.W_Q, attn.q_proj.weight[h * p:(h + 1) * p])
-        assert torch.equal(hw.W_O, attn.o_proj.weight[:, h * p:(h + 1) * p])
+        assert torch.equal(hw.W_Q, attn.q_proj.weight[h * p : (h + 1) * p])
+        assert torch.equal(hw.W_O, attn.o_proj.weight[:, h * p : (h + 1) * p])
     # per-query-head expansion repeats each K/V head for its group (transformers' repeat_kv)
     k = lay.heads(0, "key", get, by_query_head=True)
     assert k.shape == (8, p, 64) and all(torch.equal(k[h], lay.heads(0, "key", get)[h // 4]) for h in range(8))

@@ -17,8 +17,12 @@ from hf_tdiag.viz import srr as VR
 def test_mssa_step_figure_plots_mean_and_spread_of_the_change_in_rc():
     rc_crate = [[5.0, 4.0, 2.5], [7.0, 6.0, 6.5]]  # two seeds, three step sizes
     rc_n = [[1.0, 1.5, 3.0], [2.0, 2.0, 2.0]]
-    result = {"step_sizes": [0.0, 0.5, 1.0], "variants": ["crate", "crate-n"], "Rc": {"crate": rc_crate, "crate-n": rc_n},
-              "settings": {"num_tokens": 8, "hidden_size": 4, "num_heads": 2, "seeds": [0, 1]}}
+    result = {
+        "step_sizes": [0.0, 0.5, 1.0],
+        "variants": ["crate", "crate-n"],
+        "Rc": {"crate": rc_crate, "crate-n": rc_n},
+        "settings": {"num_tokens": 8, "hidden_size": 4, "num_heads": 2, "seeds": [0, 1]},
+    }
     fig = VR.plot_mssa_step(result)
     ax = fig.axes[0]
     curves = [line for line in ax.lines if line.get_label() in ("CRATE (learned W)", "CRATE-N (−U)")]
@@ -69,17 +73,22 @@ def test_layer_srr_table_prints_the_reports_means():
     from hf_tdiag import CrateConfig, CrateForImageClassification, layer_srr
 
     torch.manual_seed(0)
-    model = CrateForImageClassification(CrateConfig.from_preset(
-        "crate-digits", hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_labels=3)).eval()
+    model = CrateForImageClassification(
+        CrateConfig.from_preset(
+            "crate-digits", hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_labels=3
+        )
+    ).eval()
     report = layer_srr(model, torch.randn(6, 1, 8, 8), progress=False)
     text = VR.layer_srr_table(report)
-    rows = re.findall(r"^\s+(embeddings|layer\s+\d+)\s*: SRR\s+(\S+)\s+R\s+(\S+)\s+Rc\s+(\S+)\s+sparsity\s+(\S+)$",
-                      text, re.M)
+    rows = re.findall(
+        r"^\s+(embeddings|layer\s+\d+)\s*: SRR\s+(\S+)\s+R\s+(\S+)\s+Rc\s+(\S+)\s+sparsity\s+(\S+)$", text, re.M
+    )
     assert text.splitlines()[0] == "per-layer SRR (output, mean over 6 samples):"
     assert [r[0] for r in rows] == ["embeddings", "layer  1", "layer  2"]
     e = report.embeddings["mean"]
     expected = [[e["srr"], e["R"], e["Rc"], e["sparsity"]]] + [
-        [report.mean["output"][k][i] for k in ("srr", "R", "Rc", "sparsity")] for i in range(2)]
+        [report.mean["output"][k][i] for k in ("srr", "R", "Rc", "sparsity")] for i in range(2)
+    ]
     np.testing.assert_allclose([[float(v) for v in r[1:]] for r in rows], expected, atol=5e-5)
     # the SRR column is Rc − R + λ·sparsity of the same row (λ = 1)
     for r in rows:
@@ -95,8 +104,16 @@ def bert_report():
     from hf_tdiag.probes.spectrum import spectrum_bounds
 
     torch.manual_seed(0)
-    model = BertModel(BertConfig(vocab_size=30, max_position_embeddings=8, hidden_size=16, num_hidden_layers=2,
-                                 num_attention_heads=2, intermediate_size=24)).eval()
+    model = BertModel(
+        BertConfig(
+            vocab_size=30,
+            max_position_embeddings=8,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=24,
+        )
+    ).eval()
     return model, spectrum_bounds(model, p_grid_m=4)
 
 
@@ -131,7 +148,7 @@ def test_spectra_init_vs_trained_draws_the_first_report_grey_then_the_second_col
     assert len(v_ax.lines) == 2 * len(recs)
     grey = v_ax.lines[: len(recs)]
     assert all(line.get_color() == "0.6" for line in grey)
-    for line, m in zip(v_ax.lines[len(recs):], recs):
+    for line, m in zip(v_ax.lines[len(recs) :], recs):
         assert line.get_color() != "0.6"
         np.testing.assert_allclose(line.get_ydata(), m.singular_values / m.singular_values[0])
 
@@ -144,8 +161,14 @@ def test_optimal_p_figure_dots_are_the_records_and_lines_their_layer_means():
     class Rep:
         num_layers = 2
         model, model_type, hidden_size, num_heads = "hand", "bert", 8, 2
-        matrices = [Rec(0, "qk", 0.5), Rec(0, "qk", 1.5), Rec(1, "qk", 2.0), Rec(1, "qk", 0.0),
-                    Rec(0, "v", 0.25), Rec(1, "v", 0.75)]
+        matrices = [
+            Rec(0, "qk", 0.5),
+            Rec(0, "qk", 1.5),
+            Rec(1, "qk", 2.0),
+            Rec(1, "qk", 0.0),
+            Rec(0, "v", 0.25),
+            Rec(1, "v", 0.75),
+        ]
 
     fig = VS.plot_optimal_p(Rep())
     ax = fig.axes[0]

@@ -19,8 +19,14 @@ runpy.run_path("benchmarks/gpu_suite.py", run_name="__main__")
 def test_gpu_suite_smoke_runs_without_datasets_and_evaluate(tmp_path):
     out = tmp_path / "suite.json"
     env = dict(os.environ, PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", BLOCKED_RUN, "--smoke", "--output", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCKED_RUN, "--smoke", "--output", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["errors"] == {}, record["errors"]
@@ -33,7 +39,13 @@ def test_gpu_suite_smoke_runs_without_datasets_and_evaluate(tmp_path):
 
 def test_gpu_suite_refuses_to_run_without_cuda_unless_smoke(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_suite.py", "--output", str(tmp_path / "x.json")], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu_suite.py", "--output", str(tmp_path / "x.json")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "no CUDA device" in proc.stderr
     assert not (tmp_path / "x.json").exists()

@@ -97,7 +97,9 @@ def test_digits_are_scaled_0_16_to_0_255_and_one_split_serves_everyone():
     raw = load_digits()
     images, labels = digits_arrays()
     assert images.dtype == np.uint8 and images.shape == (1797, 8, 8)
-    assert np.array_equal(images, np.rint(raw.images * 255 / 16).astype(np.uint8)) and np.array_equal(labels, raw.target)
+    assert np.array_equal(images, np.rint(raw.images * 255 / 16).astype(np.uint8)) and np.array_equal(
+        labels, raw.target
+    )
     x_train, x_test, y_train, y_test = digits_split()
     assert len(x_train) == 1437 and len(x_test) == 360
     for a, b in zip(digits_split(), (x_train, x_test, y_train, y_test)):

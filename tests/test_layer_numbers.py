@@ -12,8 +12,16 @@ def bert_report():
     from hf_tdiag.probes.spectrum import spectrum_bounds
 
     torch.manual_seed(0)
-    model = BertModel(BertConfig(vocab_size=30, max_position_embeddings=8, hidden_size=16, num_hidden_layers=3,
-                                 num_attention_heads=2, intermediate_size=24)).eval()
+    model = BertModel(
+        BertConfig(
+            vocab_size=30,
+            max_position_embeddings=8,
+            hidden_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            intermediate_size=24,
+        )
+    ).eval()
     return spectrum_bounds(model, p_grid_m=4)
 
 
@@ -53,8 +61,16 @@ def test_attention_svm_block_index_is_block_number_minus_one():
 
     from hf_tdiag.probes.attention_svm import block_index
 
-    vit = ViTModel(ViTConfig(image_size=16, patch_size=8, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
-                             intermediate_size=32))
+    vit = ViTModel(
+        ViTConfig(
+            image_size=16,
+            patch_size=8,
+            hidden_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            intermediate_size=32,
+        )
+    )
     assert [block_index(vit, b) for b in (1, 2, 3)] == [0, 1, 2]
     for bad in (0, 4, -1):
         with pytest.raises(ValueError, match="layer"):

@@ -18,7 +18,6 @@ import time
 
 import pytest
 import torch
-
 from hub_server import LocalHub
 from test_loading import write_custom_code_repo
 
@@ -37,8 +36,14 @@ def folders(tmp_path_factory):
     config = CrateConfig.from_preset("crate-digits", num_labels=10, id2label={i: str(i) for i in range(10)})
     CrateForImageClassification(config).save_pretrained(root / "crate")
     CrateImageProcessor.for_config(config).save_pretrained(root / "crate")
-    bert = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=64, max_position_embeddings=32)
+    bert = BertConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     BertModel(bert).save_pretrained(root / "bert")
     BertTokenizer(vocab={w: i for i, w in enumerate(VOCAB)}).save_pretrained(root / "bert")
     write_custom_code_repo(root / "custom")
@@ -62,12 +67,20 @@ def run_with_hub(hub, code: str, tmp_path, *, timeout: int = 600) -> subprocess.
         "HF_HOME": str(tmp_path / "hf_home"),
         "CUSTOM_CODE_MARKER": str(tmp_path / "marker.txt"),
     }
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_from_pretrained_snapshot_and_evaluate_over_http(hub, folders, tmp_path):
-    proc = run_with_hub(hub, f"""
+    proc = run_with_hub(
+        hub,
+        f"""
         import json, torch, evaluate, hf_tdiag
         from huggingface_hub import snapshot_download
         from safetensors.torch import load_file
@@ -84,7 +97,9 @@ def test_from_pretrained_snapshot_and_evaluate_over_http(hub, folders, tmp_path)
         hub_srr = srr.compute(model="org/crate", images=images)["srr"]
         local_srr = srr.compute(model={str(folders / "crate")!r}, images=images)["srr"]
         print(json.dumps(dict(same=same, base=type(base).__name__, snap=snap, hub=hub_srr, local=local_srr)))
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["same"] and out["base"] == "CrateModel"
@@ -95,13 +110,17 @@ def test_from_pretrained_snapshot_and_evaluate_over_http(hub, folders, tmp_path)
 
 
 def test_text_model_and_tokenizer_over_http(hub, folders, tmp_path):
-    proc = run_with_hub(hub, """
+    proc = run_with_hub(
+        hub,
+        """
         import json
         from hf_tdiag.loading import load_model
         loaded = load_model("org/bert")
         batch = loaded.processor(["the cat sat on the mat ."], return_tensors="pt")
         print(json.dumps(dict(modality=loaded.modality, ids=batch["input_ids"][0].tolist())))
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["modality"] == "text"
@@ -109,7 +128,9 @@ def test_text_model_and_tokenizer_over_http(hub, folders, tmp_path):
 
 
 def test_custom_code_repo_is_refused_then_runs_on_opt_in(hub, tmp_path):
-    proc = run_with_hub(hub, """
+    proc = run_with_hub(
+        hub,
+        """
         from hf_tdiag.loading import load_model, load_pretrained
         try:
             load_model("org/custom")
@@ -117,10 +138,15 @@ def test_custom_code_repo_is_refused_then_runs_on_opt_in(hub, tmp_path):
             print("REFUSED", err)
         model = load_pretrained("org/custom", trust_remote_code=True)
         print("LOADED", type(model).__name__)
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     refused, loaded = proc.stdout.strip().splitlines()[-2:]
-    assert refused.startswith("REFUSED model: 'org/custom' needs its own Python code") and "trust_remote_code=True" in refused
+    assert (
+        refused.startswith("REFUSED model: 'org/custom' needs its own Python code")
+        and "trust_remote_code=True" in refused
+    )
     assert loaded == "LOADED TinyCustomModel"
     assert "config ran" in (tmp_path / "marker.txt").read_text()  # ran only after the opt-in
     assert "modeling_tiny.py" in hub.downloads("org/custom")
@@ -128,11 +154,18 @@ def test_custom_code_repo_is_refused_then_runs_on_opt_in(hub, tmp_path):
 
 def test_custom_code_repo_refused_without_prompt_under_a_terminal(hub, tmp_path):
     """``hf-tdiag schatten org/custom`` in a pseudo-terminal: no "[y/N]" question, a clear error, no code run."""
-    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf_home"),
-           "CUSTOM_CODE_MARKER": str(tmp_path / "marker.txt")}
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": hub.url,
+        "HF_HUB_OFFLINE": "0",
+        "HF_HOME": str(tmp_path / "hf_home"),
+        "CUSTOM_CODE_MARKER": str(tmp_path / "marker.txt"),
+    }
     code = "import sys\nfrom hf_tdiag.cli import main\nsys.exit(main(['schatten', 'org/custom']))"
     controller, child = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=child, stdout=child, stderr=child, env=env, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=child, stdout=child, stderr=child, env=env, cwd=tmp_path
+    )
     os.close(child)
     output, deadline = b"", time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -158,7 +191,9 @@ def test_custom_code_repo_refused_without_prompt_under_a_terminal(hub, tmp_path)
 
 
 def test_missing_repo_is_a_clear_error(hub, tmp_path):
-    proc = run_with_hub(hub, """
+    proc = run_with_hub(
+        hub,
+        """
         import sys
         from hf_tdiag.loading import load_model
         try:
@@ -167,9 +202,13 @@ def test_missing_repo_is_a_clear_error(hub, tmp_path):
             print("ERROR", err)
         from hf_tdiag.cli import main
         sys.exit(main(["srr", "org/missing", "--dataset", "digits"]))
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "ERROR model: 'org/missing' is neither a local model folder nor a model id reachable on the Hub" in proc.stdout
+    assert (
+        "ERROR model: 'org/missing' is neither a local model folder nor a model id reachable on the Hub" in proc.stdout
+    )
     assert "org/missing" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -177,7 +216,9 @@ def test_commands_take_hub_ids_over_http(hub, folders, tmp_path):
     """hf-tdiag srr | schatten | concepts | report with org/name: downloaded over HTTP, the same numbers as the
     local folders they were uploaded from."""
     crate, bert = str(folders / "crate"), str(folders / "bert")
-    proc = run_with_hub(hub, f"""
+    proc = run_with_hub(
+        hub,
+        f"""
         import json
         from hf_tdiag.cli import main
 
@@ -198,7 +239,9 @@ def test_commands_take_hub_ids_over_http(hub, folders, tmp_path):
                          "--sections", "summary", "srr", "-o", "report_out/report.html"]),
         )
         print(json.dumps(result))
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     hub_srr, local_srr = out["srr"]

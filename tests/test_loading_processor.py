@@ -11,8 +11,14 @@ from hf_tdiag.loading import load_model, pixel_values_for
 @pytest.mark.parametrize("channels,mode", [(1, "L"), (3, "RGB")])
 def test_fallback_processor_matches_channels(tmp_path, channels, mode):
     cfg = ViTConfig(
-        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-        image_size=8, patch_size=4, num_channels=channels, num_labels=3,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        image_size=8,
+        patch_size=4,
+        num_channels=channels,
+        num_labels=3,
     )
     ViTForImageClassification(cfg).save_pretrained(tmp_path)  # no preprocessor_config.json
     loaded = load_model(str(tmp_path))

@@ -11,9 +11,27 @@ import torch
 from PIL import Image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FLAGS = ["--num-train-epochs", "2", "--max-train-samples", "256", "--max-eval-samples", "64", "--hidden-size", "16",
-         "--num-hidden-layers", "2", "--num-attention-heads", "2", "--layer-srr-samples", "16",
-         "--per-device-train-batch-size", "64", "--disable-tqdm", "--seed", "3"]
+FLAGS = [
+    "--num-train-epochs",
+    "2",
+    "--max-train-samples",
+    "256",
+    "--max-eval-samples",
+    "64",
+    "--hidden-size",
+    "16",
+    "--num-hidden-layers",
+    "2",
+    "--num-attention-heads",
+    "2",
+    "--layer-srr-samples",
+    "16",
+    "--per-device-train-batch-size",
+    "64",
+    "--disable-tqdm",
+    "--seed",
+    "3",
+]
 
 
 def _recipe():
@@ -35,7 +53,9 @@ def _reload(out):
 
     import hf_tdiag  # noqa: F401
 
-    return AutoModelForImageClassification.from_pretrained(str(out)).eval(), AutoImageProcessor.from_pretrained(str(out))
+    return AutoModelForImageClassification.from_pretrained(str(out)).eval(), AutoImageProcessor.from_pretrained(
+        str(out)
+    )
 
 
 def _test_split():
@@ -52,8 +72,18 @@ def _pixels(processor, images):
 def test_main_job_writes_every_promised_file(main_job):
     code, out = main_job
     assert code == 0
-    for name in ("model.safetensors", "config.json", "preprocessor_config.json", "README.md", "all_results.json",
-                 "layer_srr.json", "layer_srr.png", "report.html", "report.json", "main_job.json"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "preprocessor_config.json",
+        "README.md",
+        "all_results.json",
+        "layer_srr.json",
+        "layer_srr.png",
+        "report.html",
+        "report.json",
+        "main_job.json",
+    ):
         assert (out / name).is_file(), name
     assert any(p.name.endswith(".py") for p in out.iterdir())  # the remote-code files
 
@@ -75,8 +105,9 @@ def test_reloaded_accuracy_is_the_saved_models_accuracy_on_the_held_out_split(ma
     assert results["eval_samples"] == 64
     assert results["eval_accuracy"] == pytest.approx(float((predictions[:64] == y_test[:64]).mean()), abs=1e-6)
     with torch.no_grad():
-        eval_loss = torch.nn.functional.cross_entropy(model(pixel_values=pixel_values[:64]).logits,
-                                                      torch.as_tensor(y_test[:64]))
+        eval_loss = torch.nn.functional.cross_entropy(
+            model(pixel_values=pixel_values[:64]).logits, torch.as_tensor(y_test[:64])
+        )
     assert results["eval_loss"] == pytest.approx(float(eval_loss), rel=1e-5)
     for key in ("eval_accuracy", "eval_loss", "train_loss", "generalization_gap"):
         assert summary[key] == results[key]
@@ -109,7 +140,8 @@ def test_report_numbers_are_the_models_predictions_on_64_test_images(main_job):
     report = json.loads((out / "report.json").read_text())
     sections = report["sections"]
     assert {k: s["status"] for k, s in sections.items()} == dict.fromkeys(
-        ("summary", "srr", "schatten", "concepts", "attention"), "ok")
+        ("summary", "srr", "schatten", "concepts", "attention"), "ok"
+    )
     model, processor = _reload(out)
     x_test, y_test = _test_split()
     with torch.no_grad():

@@ -23,8 +23,10 @@ def _tiny_crate(variant="crate", layers=2):
 
 
 # ---------------------------------------------------------------------------------------------- parse_srr_layer
-@pytest.mark.parametrize("spec, expected", [("last", "last"), ("random", "random"), ("all", "all"), ("3", 3),
-                                            ("-1", -1), (2, 2), (-2, -2), ("0", 0)])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [("last", "last"), ("random", "random"), ("all", "all"), ("3", 3), ("-1", -1), (2, 2), (-2, -2), ("0", 0)],
+)
 def test_parse_srr_layer_keeps_names_and_reads_block_numbers(spec, expected):
     got = parse_srr_layer(spec)
     assert got == expected and type(got) is type(expected)
@@ -161,7 +163,9 @@ def test_resolve_trackers_names_none_duplicates_all_and_errors(tmp_path):
     for bad in ("", " , "):
         with pytest.raises(ValueError, match="report_to: expected tracker names or 'all'"):
             resolve_trackers(bad, str(tmp_path))
-    with pytest.raises(ValueError, match=r"report_to: tracker 'no-such-tracker' is not installed; available: \['jsonl'"):
+    with pytest.raises(
+        ValueError, match=r"report_to: tracker 'no-such-tracker' is not installed; available: \['jsonl'"
+    ):
         resolve_trackers("jsonl,no-such-tracker", str(tmp_path))
 
 
@@ -197,8 +201,17 @@ def test_layer_projection_is_the_blocks_own_linear():
     for i in range(3):
         qkv = crate.crate.encoder.layer[i].attention.qkv
         assert all(layer_projection(arch, i, s) is qkv for s in ("query", "key", "value"))
-    vit = ViTModel(ViTConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16,
-                             image_size=8, patch_size=4, num_channels=1))
+    vit = ViTModel(
+        ViTConfig(
+            hidden_size=8,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=16,
+            image_size=8,
+            patch_size=4,
+            num_channels=1,
+        )
+    )
     arch = describe(vit)
     for i in range(2):
         attention = vit.layers[i].attention
@@ -222,7 +235,9 @@ def test_official_key_map_by_hand(variant, per_layer_out):
     assert m["transformer.layers.2.0.fn.qkv.weight"] == "crate.encoder.layer.2.attention.qkv.weight"
     assert m["transformer.layers.0.1.fn.weight"] == "crate.encoder.layer.0.ista.weight"
     assert m["transformer.layers.1.1.norm.bias"] == "crate.encoder.layer.1.layernorm_after.bias"
-    assert m["mlp_head.1.weight"] == "classifier.weight" and m["pos_embedding"] == "crate.embeddings.position_embeddings"
+    assert (
+        m["mlp_head.1.weight"] == "classifier.weight" and m["pos_embedding"] == "crate.embeddings.position_embeddings"
+    )
     assert "transformer.layers.3.0.fn.qkv.weight" not in m
     ours = set(model.state_dict())
     assert set(m.values()) <= ours  # every target is one of our tensors

@@ -17,8 +17,7 @@ BLOCK_TIMEOUT_S = 600
 
 # Blocks known not to run alone, keyed by the sha1 of their text (so any edit of such a block makes it a normal,
 # must-pass block again). Each names its section; the section's owner makes the block self-contained.
-KNOWN_BROKEN: dict[str, str] = {
-}
+KNOWN_BROKEN: dict[str, str] = {}
 
 # Blocks that take long (training, large fits), keyed like KNOWN_BROKEN: run with ``-m slow``.
 SLOW: dict[str, str] = {
@@ -89,7 +88,9 @@ def test_readme_has_python_blocks_and_they_parse():
 
 
 def test_block_parser_on_a_hand_written_readme():
-    text = "# t\n<!-- section:a -->\n```python\nx = 1\n```\n```bash\nls\n```\n## B part\n```python\ny = 2\n\nz = 3\n```\n"
+    text = (
+        "# t\n<!-- section:a -->\n```python\nx = 1\n```\n```bash\nls\n```\n## B part\n```python\ny = 2\n\nz = 3\n```\n"
+    )
     assert readme_python_blocks(text) == [(3, "a", "x = 1\n"), (10, "b-part", "y = 2\n\nz = 3\n")]
     with pytest.raises(ValueError, match="never closed"):
         readme_python_blocks("```python\nx = 1\n")

@@ -13,10 +13,10 @@ from PIL import Image
 
 import hf_tdiag
 from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcessor
-from hf_tdiag.report import figures as F
-from hf_tdiag.report.html import Figure, Section, Table, dumps, format_value, render_html, to_jsonable
 from hf_tdiag.inputs import UserInputError, open_image
 from hf_tdiag.loading import load_model, pixel_values_for
+from hf_tdiag.report import figures as F
+from hf_tdiag.report.html import Figure, Section, Table, dumps, format_value, render_html, to_jsonable
 from hf_tdiag.report.report import ReportOptions, build_report
 
 
@@ -80,7 +80,10 @@ def test_render_html_escapes_text_and_embeds_png():
     fig = F.predictions_figure([np.eye(4)], ["<b>x</b>"], [0.9])
     png = F.figure_to_png(fig)
     section = Section(
-        "s", "<script>alert(1)</script>", summary="a < b", figures=[Figure("cap & co", png)],
+        "s",
+        "<script>alert(1)</script>",
+        summary="a < b",
+        figures=[Figure("cap & co", png)],
         tables=[Table("T", ["k", "v"], [["<i>", 1.0]])],
     )
     page = render_html("title", "sub", [section], {"model": "<m>"})
@@ -269,7 +272,10 @@ def test_report_argument_errors(crate_dir, tmp_path):
     with pytest.raises(ValueError, match=".html"):
         report.save(tmp_path / "r.txt")
     bad = build_report(
-        crate_dir, images=_digits(2)[0], sections=["attention"], options=ReportOptions(attention_layer=99),
+        crate_dir,
+        images=_digits(2)[0],
+        sections=["attention"],
+        options=ReportOptions(attention_layer=99),
         progress=False,
     )
     assert bad.section("attention").status == "error" and "attention_layer" in bad.errors["attention"]
@@ -307,8 +313,9 @@ def test_report_command_with_texts_on_bert(tmp_path):
     (model_dir / "vocab.txt").write_text("\n".join(vocab))
     BertTokenizerFast(vocab_file=str(model_dir / "vocab.txt")).save_pretrained(model_dir)
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=32)
+    cfg = BertConfig(
+        vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32
+    )
     BertModel(cfg).save_pretrained(model_dir)
     texts = tmp_path / "texts.txt"
     texts.write_text("the cat sat on the mat\n\na dog ran fast\nthe red cat\n")
@@ -316,7 +323,11 @@ def test_report_command_with_texts_on_bert(tmp_path):
     assert main(["report", str(model_dir), "--texts", str(texts), "-o", str(out), "--head", "1"]) == 0
     data = json.loads(out.with_suffix(".json").read_text())["sections"]
     assert {k: v["status"] for k, v in data.items()} == {
-        "summary": "ok", "srr": "ok", "schatten": "ok", "concepts": "skipped", "attention": "ok"
+        "summary": "ok",
+        "srr": "ok",
+        "schatten": "ok",
+        "concepts": "skipped",
+        "attention": "ok",
     }
     assert data["summary"]["numbers"]["num_inputs"] == 3  # the blank line is dropped
     assert data["srr"]["numbers"]["num_samples"] == 3

@@ -24,7 +24,11 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def _save_bert(folder, L, H, seed=0):
     torch.manual_seed(seed)
     cfg = BertConfig(
-        vocab_size=40, hidden_size=H, num_hidden_layers=L, num_attention_heads=H // 64, intermediate_size=4 * H,
+        vocab_size=40,
+        hidden_size=H,
+        num_hidden_layers=L,
+        num_attention_heads=H // 64,
+        intermediate_size=4 * H,
         max_position_embeddings=16,
     )
     BertModel(cfg).save_pretrained(folder)
@@ -46,7 +50,12 @@ def test_metric_on_folders_objects_and_add_batch(miniatures):
     out = metric.compute(models=[folder], return_reports=True)
     assert out["ours"] == [pytest.approx(direct.ours, rel=1e-12)]
     assert out["edelman"] == [pytest.approx(direct.edelman, rel=1e-12)]
-    assert out["model"] == [folder] and out["num_layers"] == [2] and out["hidden_size"] == [128] and out["num_heads"] == [2]
+    assert (
+        out["model"] == [folder]
+        and out["num_layers"] == [2]
+        and out["hidden_size"] == [128]
+        and out["num_heads"] == [2]
+    )
     assert out["reports"][0]["matrices"][0]["type"] == "qk"
     model = BertModel.from_pretrained(folder)
     ref = dense_reference(model.state_dict(), 2, 2)
@@ -65,8 +74,22 @@ def test_metric_on_folders_objects_and_add_batch(miniatures):
 def test_cli_schatten_writes_table_csv_json_and_figures(miniatures, tmp_path, capsys):
     folders = [str(miniatures / "bert_uncased_L-1_H-64_A-1"), str(miniatures / "bert_uncased_L-2_H-128_A-2")]
     rc = cli_main(
-        ["schatten", *folders, "--csv", str(tmp_path / "s.csv"), "--json", str(tmp_path / "s.json"),
-         "--matrices-csv", str(tmp_path / "m.csv"), "--plots", str(tmp_path / "plots"), "--p-grid-m", "4", "--workers", "2"]
+        [
+            "schatten",
+            *folders,
+            "--csv",
+            str(tmp_path / "s.csv"),
+            "--json",
+            str(tmp_path / "s.json"),
+            "--matrices-csv",
+            str(tmp_path / "m.csv"),
+            "--plots",
+            str(tmp_path / "plots"),
+            "--p-grid-m",
+            "4",
+            "--workers",
+            "2",
+        ]
     )
     assert rc == 0
     printed = capsys.readouterr().out
@@ -88,8 +111,9 @@ def test_cli_schatten_writes_table_csv_json_and_figures(miniatures, tmp_path, ca
 
 
 def test_cli_reports_unsupported_models_as_errors(tmp_path, capsys):
-    GPTNeoXModel(GPTNeoXConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, vocab_size=20,
-                               intermediate_size=64)).save_pretrained(tmp_path / "g")
+    GPTNeoXModel(
+        GPTNeoXConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, vocab_size=20, intermediate_size=64)
+    ).save_pretrained(tmp_path / "g")
     assert cli_main(["schatten", str(tmp_path / "g")]) == 1
     assert "'gpt_neox') is not a supported decoder" in capsys.readouterr().err
     assert cli_main(["schatten", str(tmp_path / "nothing-here")]) == 1
@@ -127,7 +151,9 @@ def test_miniatures_recipe_on_local_copies(miniatures, tmp_path, capsys):
     val = lambda L, H, k: float(rows[f"bert_uncased_L-{L}_H-{H}_A-{H // 64}"][k])  # noqa: E731
     for L in (1, 2):
         assert val(L, 128, "ours_norm_width") == 1.0
-        assert val(L, 64, "edelman_norm_width") == pytest.approx(val(L, 64, "edelman") / val(L, 128, "edelman"), rel=1e-12)
+        assert val(L, 64, "edelman_norm_width") == pytest.approx(
+            val(L, 64, "edelman") / val(L, 128, "edelman"), rel=1e-12
+        )
     for H in (64, 128):
         assert val(2, H, "edelman_norm_depth") == 1.0
         assert val(1, H, "ours_norm_depth") == pytest.approx(val(1, H, "ours") / val(2, H, "ours"), rel=1e-12)
@@ -135,8 +161,15 @@ def test_miniatures_recipe_on_local_copies(miniatures, tmp_path, capsys):
     assert data["normalized_at"] == {"hidden_size": 128, "num_layers": 2} and len(data["reports"]) == 4
     full = json.loads((out / "reports" / "bert_uncased_L-2_H-128_A-2.json").read_text())
     assert len(full["matrices"]) == 2 * (2 * 2 + 2) and "singular_values" in full["matrices"][0]
-    for fig in ("proxies_vs_width", "proxies_vs_depth", "norm_scaling", "spectral_decay", "optimal_p",
-                "optimal_p_histogram", "contribution_vs_p"):
+    for fig in (
+        "proxies_vs_width",
+        "proxies_vs_depth",
+        "norm_scaling",
+        "spectral_decay",
+        "optimal_p",
+        "optimal_p_histogram",
+        "contribution_vs_p",
+    ):
         assert (out / f"{fig}.png").read_bytes()[:8] == PNG
     with pytest.raises(SystemExit):
         recipe.main(["--output_dir", str(out), "--local_dir", str(tmp_path / "empty")])

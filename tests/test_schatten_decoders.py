@@ -36,14 +36,16 @@ def gpt2_matrices(sd, L, H):
         d = W.shape[0]
         p = d // H
         Wo = sd[f"transformer.h.{i}.attn.c_proj.weight"]  # (d_in = H·p, d_out)
-        q, k, v = W[:, :d], W[:, d:2 * d], W[:, 2 * d:]
+        q, k, v = W[:, :d], W[:, d : 2 * d], W[:, 2 * d :]
         cols = [slice(h * p, (h + 1) * p) for h in range(H)]
-        layers.append({
-            "qk": [q[:, c] @ k[:, c].T for c in cols],  # x W_Q,h (x' W_K,h)ᵀ = x (W_Q,h W_K,hᵀ) x'ᵀ
-            "v": [v[:, c] @ Wo[c] for c in cols],
-            "m_in": sd[f"transformer.h.{i}.mlp.c_fc.weight"],
-            "m_out": sd[f"transformer.h.{i}.mlp.c_proj.weight"],
-        })
+        layers.append(
+            {
+                "qk": [q[:, c] @ k[:, c].T for c in cols],  # x W_Q,h (x' W_K,h)ᵀ = x (W_Q,h W_K,hᵀ) x'ᵀ
+                "v": [v[:, c] @ Wo[c] for c in cols],
+                "m_in": sd[f"transformer.h.{i}.mlp.c_fc.weight"],
+                "m_out": sd[f"transformer.h.{i}.mlp.c_proj.weight"],
+            }
+        )
     return layers
 
 
@@ -60,12 +62,14 @@ def llama_matrices(sd, L, H, H_kv):
         kh = np.repeat(wk.reshape(H_kv, p, d), H // H_kv, axis=0)
         vh = np.repeat(wv.reshape(H_kv, p, d), H // H_kv, axis=0)
         oh = wo.T.reshape(H, p, d)  # rows of (W_O)ᵀ per query head
-        layers.append({
-            "qk": [qh[h].T @ kh[h] for h in range(H)],
-            "v": [vh[h].T @ oh[h] for h in range(H)],
-            "m_in": np.concatenate([g("mlp.gate_proj").T, g("mlp.up_proj").T], axis=1),
-            "m_out": g("mlp.down_proj").T,
-        })
+        layers.append(
+            {
+                "qk": [qh[h].T @ kh[h] for h in range(H)],
+                "v": [vh[h].T @ oh[h] for h in range(H)],
+                "m_in": np.concatenate([g("mlp.gate_proj").T, g("mlp.up_proj").T], axis=1),
+                "m_out": g("mlp.down_proj").T,
+            }
+        )
     return layers
 
 
@@ -89,8 +93,12 @@ def assert_matches(rep, ref, layers):
     assert [m.p_opt for m in rep.matrices] == list(ref["p_opt"])
     assert [m.rank for m in rep.matrices] == list(ref["rank"])
     assert [m.type for m in rep.matrices] == list(ref["types"])
-    for key, attr in (("spectral", "spectral_norm"), ("norm_2_1", "norm_2_1"), ("norm_1_1", "norm_1_1"),
-                      ("stable_rank", "stable_rank")):
+    for key, attr in (
+        ("spectral", "spectral_norm"),
+        ("norm_2_1", "norm_2_1"),
+        ("norm_1_1", "norm_1_1"),
+        ("stable_rank", "stable_rank"),
+    ):
         np.testing.assert_allclose([getattr(m, attr) for m in rep.matrices], ref[key], rtol=1e-9, err_msg=key)
     m_in = [m for m in rep.matrices if m.type == "m_in"]
     assert all(m.shape == layers[0]["m_in"].shape for m in m_in)
@@ -131,7 +139,14 @@ def test_streaming_equals_in_memory_exactly(decoder_dirs, decoder_models, family
         assert streamed.ours == other.ours and streamed.edelman == other.edelman
         assert np.array_equal(streamed.alpha, other.alpha) and np.array_equal(streamed.xi, other.xi)
         for a, b in zip(streamed.matrices, other.matrices):
-            assert (a.layer, a.head, a.type, a.shape, a.rank, a.p_opt) == (b.layer, b.head, b.type, b.shape, b.rank, b.p_opt)
+            assert (a.layer, a.head, a.type, a.shape, a.rank, a.p_opt) == (
+                b.layer,
+                b.head,
+                b.type,
+                b.shape,
+                b.rank,
+                b.p_opt,
+            )
             assert np.array_equal(a.singular_values, b.singular_values)
             assert np.array_equal(a.contributions, b.contributions)
             assert (a.norm_2_1, a.norm_1_1, a.frobenius_norm) == (b.norm_2_1, b.norm_1_1, b.frobenius_norm)
@@ -156,6 +171,7 @@ def test_streaming_chunks_large_ffn_and_matches_reference(tmp_path, monkeypatch)
         def wrapped(*a, **k):
             calls[key] += 1
             return fn(*a, **k)
+
         return wrapped
 
     monkeypatch.setattr(S, "streamed_gram", count("gram", gram))
@@ -175,7 +191,7 @@ def test_gqa_products_use_the_shared_kv_head(tmp_path):
     model = build("llama", seed=1)
     p = 8
     with torch.no_grad():
-        model.model.layers[0].self_attn.k_proj.weight[p:2 * p] = 0
+        model.model.layers[0].self_attn.k_proj.weight[p : 2 * p] = 0
         model.model.layers[0].self_attn.v_proj.weight[:p] = 0
     folder = save_sharded(model, tmp_path / "gqa")
     for rep in (hf_tdiag.spectrum_bounds(folder), hf_tdiag.spectrum_bounds(folder, streaming=True)):

@@ -26,8 +26,14 @@ def vit_matrices(model, cell):
         W = lambda name: sd[f"vit.layers.{i}.{name}.weight"]  # noqa: E731, B023
         q, k, v, o = W("attention.q_proj"), W("attention.k_proj"), W("attention.v_proj"), W("attention.o_proj")
         rows = [slice(h * dh, (h + 1) * dh) for h in range(H)]
-        layers.append({"qk": [q[r].T @ k[r] for r in rows], "v": [v[r].T @ o.T[r] for r in rows],
-                       "m_in": W("mlp.fc1").T, "m_out": W("mlp.fc2").T})
+        layers.append(
+            {
+                "qk": [q[r].T @ k[r] for r in rows],
+                "v": [v[r].T @ o.T[r] for r in rows],
+                "m_in": W("mlp.fc1").T,
+                "m_out": W("mlp.fc2").T,
+            }
+        )
     return layers
 
 
@@ -85,12 +91,18 @@ def test_tiny_grid_numbers_cache_and_figures(tmp_path, capsys, one_torch_thread)
     assert rep_trained.to_json() == type(rep_trained).from_json(rep_trained.to_json()).to_json()
     with open(out / "grid.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert [(r["stage"], int(r["num_layers"])) for r in rows] == [("init", 1), ("init", 2), ("trained", 1), ("trained", 2)]
+    assert [(r["stage"], int(r["num_layers"])) for r in rows] == [
+        ("init", 1),
+        ("init", 2),
+        ("trained", 1),
+        ("trained", 2),
+    ]
     by = {(r["stage"], int(r["num_layers"])): r for r in rows}
     for stage in ("init", "trained"):  # per-curve normalisation at L = 2 (vs depth); one width: N = 32 (vs width)
         assert float(by[(stage, 2)]["ours_norm_depth"]) == 1.0
         assert float(by[(stage, 1)]["edelman_norm_depth"]) == pytest.approx(
-            float(by[(stage, 1)]["edelman"]) / float(by[(stage, 2)]["edelman"]), rel=1e-12)
+            float(by[(stage, 1)]["edelman"]) / float(by[(stage, 2)]["edelman"]), rel=1e-12
+        )
         assert float(by[(stage, 1)]["ours_norm_width"]) == 1.0
     for fig in ("proxies_vs_depth", "proxies_vs_width", "p_opt", "spectra"):
         assert (out / f"{fig}.png").read_bytes()[:8] == PNG
@@ -110,10 +122,18 @@ def test_grid_figures_plot_the_rows():
     from hf_tdiag.viz.schatten import p_opt_summary, plot_init_vs_trained, plot_p_opt_init_vs_trained
 
     def rows(scale):
-        return [{"num_layers": L, "hidden_size": N, "ours": scale * L * N, "edelman": scale * L * L * N,
-                 **{f"mean_p_opt_{t}": 0.1 * L * scale for t in ("qk", "v", "m_in", "m_out")},
-                 **{f"frac_p0_{t}": 0.5 for t in ("qk", "v", "m_in", "m_out")}}
-                for L in (2, 4) for N in (64, 128)]
+        return [
+            {
+                "num_layers": L,
+                "hidden_size": N,
+                "ours": scale * L * N,
+                "edelman": scale * L * L * N,
+                **{f"mean_p_opt_{t}": 0.1 * L * scale for t in ("qk", "v", "m_in", "m_out")},
+                **{f"frac_p0_{t}": 0.5 for t in ("qk", "v", "m_in", "m_out")},
+            }
+            for L in (2, 4)
+            for N in (64, 128)
+        ]
 
     fig = plot_init_vs_trained(rows(1.0), rows(2.0), "num_layers")
     left, right = fig.axes[:2]
@@ -131,8 +151,10 @@ TIMING = ("seconds", "cached")
 
 
 def _without_timing(rec):
-    return {**{k: v for k, v in rec.items() if k not in TIMING},
-            "metrics": {k: v for k, v in rec["metrics"].items() if k != "train_seconds"}}
+    return {
+        **{k: v for k, v in rec.items() if k not in TIMING},
+        "metrics": {k: v for k, v in rec["metrics"].items() if k != "train_seconds"},
+    }
 
 
 def test_failed_cell_is_named_and_the_others_recorded(tmp_path, monkeypatch):
@@ -176,6 +198,8 @@ def test_ray_executor_records_equal_the_local_ones(tmp_path, monkeypatch):
     for cell in cells:
         for stage in ("init", "trained"):
             name = f"{cell.key()}_{stage}.json"
-            assert (tmp_path / "ray" / "reports" / name).read_bytes() == (tmp_path / "local" / "reports" / name).read_bytes()
+            assert (tmp_path / "ray" / "reports" / name).read_bytes() == (
+                tmp_path / "local" / "reports" / name
+            ).read_bytes()
     again = G.run_grid(cells, str(tmp_path / "ray"), threads=1, executor="ray", log=lambda s: None)
     assert [r["cached"] for r in again] == [True, True]

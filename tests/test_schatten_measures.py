@@ -107,7 +107,9 @@ def test_singular_values_auto_matches_svd_for_well_and_ill_conditioned_batches()
     auto = S.singular_values(batch)
     svd = S.singular_values(batch, method="svd")
     np.testing.assert_allclose(auto.numpy(), svd.numpy(), rtol=1e-11)
-    np.testing.assert_allclose(auto[1].numpy(), torch.logspace(0, -12, 64, dtype=torch.float64).numpy(), rtol=0, atol=1e-14)
+    np.testing.assert_allclose(
+        auto[1].numpy(), torch.logspace(0, -12, 64, dtype=torch.float64).numpy(), rtol=0, atol=1e-14
+    )
     # wide input is handled on its smaller side; transposed (non-contiguous) views give the same values
     for view in (well, well.mT, batch.mT, batch[:, ::2]):
         np.testing.assert_allclose(S.singular_values(view).numpy(), torch.linalg.svdvals(view).numpy(), rtol=1e-11)
@@ -206,12 +208,14 @@ def test_contributions_hand_example():
     c = S.contributions(powers, ps, gamma=1.0, alpha=1.0, num_layers=1, hidden_size=4)
     np.testing.assert_allclose(c.numpy(), [2.0, 2 ** (5 / 3), 4.0], rtol=1e-14)
     c8 = S.contributions(powers, ps, gamma=2.0, alpha=4.0, num_layers=1, hidden_size=4)  # γαL = 8
-    np.testing.assert_allclose(c8.numpy(), [2.0, 2 ** (8 / 3), 4 ** 0.25 * 8**0.5 * 4**0.75], rtol=1e-14)
+    np.testing.assert_allclose(c8.numpy(), [2.0, 2 ** (8 / 3), 4**0.25 * 8**0.5 * 4**0.75], rtol=1e-14)
     best, p_opt = S.optimal_contribution(c8, ps)
     assert float(best) == pytest.approx(2.0) and float(p_opt) == 0.0
     # L enters through γαL and the grid; N through N^{(p+1)/(p+2)}
     c_l = S.contributions(powers, ps, gamma=1.0, alpha=1.0, num_layers=3, hidden_size=9)
-    np.testing.assert_allclose(c_l.numpy(), [3.0, 2 ** (1 / 3) * 3 ** (1 / 3) * 9 ** (2 / 3), 4**0.25 * 3**0.5 * 9**0.75], rtol=1e-14)
+    np.testing.assert_allclose(
+        c_l.numpy(), [3.0, 2 ** (1 / 3) * 3 ** (1 / 3) * 9 ** (2 / 3), 4**0.25 * 3**0.5 * 9**0.75], rtol=1e-14
+    )
 
 
 def test_contributions_zero_spectrum_and_zero_scale():
@@ -276,7 +280,10 @@ def test_spectrum_adaptive_bound_and_edelman_hand_examples():
         (lambda: S.contributions(torch.ones(2), [0.0, 1.0, 2.0], 1.0, 1.0, 1, 4), "powers"),
         (lambda: S.contributions(torch.ones(2), [0.0, 1.0], -1.0, 1.0, 1, 4), "gamma"),
         (lambda: S.edelman_bound([1.0, 2.0], [1.0]), "alpha/xi"),
-        (lambda: S.edelman_layer_terms([1.0], [1.0], [[1.0]], [[1.0, 2.0]], [[1.0]], [1.0], [1.0]), "edelman_layer_terms"),
+        (
+            lambda: S.edelman_layer_terms([1.0], [1.0], [[1.0]], [[1.0, 2.0]], [[1.0]], [1.0], [1.0]),
+            "edelman_layer_terms",
+        ),
     ],
 )
 def test_bad_input_raises_value_error_naming_the_argument(call, match):
@@ -330,8 +337,10 @@ def test_norm_1_1_by_hand():
 
 def _argmin_p(powers, ps, scale, N):
     """Brute force with plain floats: the first p minimising (Σσᵖ)^{1/(p+2)} s^{p/(p+2)} N^{(p+1)/(p+2)}."""
-    vals = [powers[i] ** (1 / (p + 2)) * (scale ** (p / (p + 2)) if p else 1.0) * N ** ((p + 1) / (p + 2))
-            for i, p in enumerate(ps)]
+    vals = [
+        powers[i] ** (1 / (p + 2)) * (scale ** (p / (p + 2)) if p else 1.0) * N ** ((p + 1) / (p + 2))
+        for i, p in enumerate(ps)
+    ]
     return ps[int(np.argmin(vals))]
 
 
@@ -392,26 +401,59 @@ VALID = {
     "norm_2_1": dict(matrix=torch.randn(4, 3)),
     "norm_1_1": dict(matrix=torch.randn(4, 3)),
     "p_grid": dict(num_layers=2, hidden_size=8, m=3),
-    "layer_gain": dict(m_in_norm=torch.rand(L_) + 1, m_out_norm=torch.rand(L_) + 1, v_norms=torch.rand(L_, H_) + 1,
-                       qk_norms=torch.rand(L_, H_) + 1, L_phi=1.0),
+    "layer_gain": dict(
+        m_in_norm=torch.rand(L_) + 1,
+        m_out_norm=torch.rand(L_) + 1,
+        v_norms=torch.rand(L_, H_) + 1,
+        qk_norms=torch.rand(L_, H_) + 1,
+        L_phi=1.0,
+    ),
     "type_factors": dict(m_in_norm=torch.rand(L_) + 1, m_out_norm=torch.rand(L_) + 1, v_norms=torch.rand(L_, H_) + 1),
-    "contributions": dict(powers=torch.rand(2, P_) + 1, ps=torch.arange(P_, dtype=torch.float64), gamma=1.0,
-                          alpha=torch.ones(2), num_layers=2, hidden_size=8),
-    "flip_factors": dict(powers=torch.rand(2, P_) + 1, ps=torch.arange(P_, dtype=torch.float64), scale=2.0,
-                         hidden_size=8),
+    "contributions": dict(
+        powers=torch.rand(2, P_) + 1,
+        ps=torch.arange(P_, dtype=torch.float64),
+        gamma=1.0,
+        alpha=torch.ones(2),
+        num_layers=2,
+        hidden_size=8,
+    ),
+    "flip_factors": dict(
+        powers=torch.rand(2, P_) + 1, ps=torch.arange(P_, dtype=torch.float64), scale=2.0, hidden_size=8
+    ),
     "optimal_contribution": dict(curve=torch.rand(2, P_), ps=torch.arange(P_, dtype=torch.float64)),
     "spectrum_adaptive_bound": dict(min_contributions=torch.rand(3), num_layers=4),
-    "edelman_layer_terms": dict(m_in_norm=torch.rand(L_), m_out_norm=torch.rand(L_), v_norms=torch.rand(L_, H_),
-                                qk_norms_2_1=torch.rand(L_, H_), v_norms_2_1=torch.rand(L_, H_),
-                                m_in_norm_2_1=torch.rand(L_), m_out_norm_2_1=torch.rand(L_)),
+    "edelman_layer_terms": dict(
+        m_in_norm=torch.rand(L_),
+        m_out_norm=torch.rand(L_),
+        v_norms=torch.rand(L_, H_),
+        qk_norms_2_1=torch.rand(L_, H_),
+        v_norms_2_1=torch.rand(L_, H_),
+        m_in_norm_2_1=torch.rand(L_),
+        m_out_norm_2_1=torch.rand(L_),
+    ),
     "edelman_bound": dict(alpha=torch.rand(L_), xi=torch.rand(L_)),
 }
 COUNTS = {"full_dim", "num_layers", "hidden_size", "m"}
 NOT_TENSORS = COUNTS | {"p"}
 # tensor arguments that must have at least this many dimensions
-MIN_DIM = {"matrix": 2, "left": 2, "right": 2, "sigma": 1, "m_in_norm": 1, "m_out_norm": 1, "v_norms": 2,
-           "qk_norms": 2, "powers": 1, "curve": 1, "qk_norms_2_1": 2, "v_norms_2_1": 2, "m_in_norm_2_1": 1,
-           "m_out_norm_2_1": 1, "alpha": 1, "xi": 1}
+MIN_DIM = {
+    "matrix": 2,
+    "left": 2,
+    "right": 2,
+    "sigma": 1,
+    "m_in_norm": 1,
+    "m_out_norm": 1,
+    "v_norms": 2,
+    "qk_norms": 2,
+    "powers": 1,
+    "curve": 1,
+    "qk_norms_2_1": 2,
+    "v_norms_2_1": 2,
+    "m_in_norm_2_1": 1,
+    "m_out_norm_2_1": 1,
+    "alpha": 1,
+    "xi": 1,
+}
 MIN_DIM_BY_FUNCTION = {"contributions": {"alpha": 0}}  # γ and α broadcast to the batch: scalars are fine there
 
 CASES = [(f, a) for f, kw in VALID.items() for a in kw]
@@ -419,8 +461,19 @@ CASES = [(f, a) for f, kw in VALID.items() for a in kw]
 
 def test_the_table_covers_every_public_function_with_tensor_or_count_arguments():
     public = {n for n in S.__all__ if inspect.isfunction(getattr(S, n))}
-    untested = public - set(VALID) - {"stable_rank", "chunk_rows", "streamed_gram", "all_finite",
-                                       "streamed_r_factor", "streamed_singular_values", "propagation_factors"}
+    untested = (
+        public
+        - set(VALID)
+        - {
+            "stable_rank",
+            "chunk_rows",
+            "streamed_gram",
+            "all_finite",
+            "streamed_r_factor",
+            "streamed_singular_values",
+            "propagation_factors",
+        }
+    )
     assert not untested, untested
     for name, kw in VALID.items():  # the valid calls are valid
         getattr(S, name)(**kw)
@@ -450,8 +503,12 @@ def test_full_dim_and_rank_tol_reach_every_norm_by_hand():
     sigma = torch.tensor([[2.0, 0.5, 1e-3], [0.5, 2.0, 0.0]], dtype=torch.float64)
     # τ = rank_tol · n · max(σ₁, 1): n = 3, tol 1e-3 -> τ = 6e-3 keeps 2 and 0.5; n = 300 -> τ = 0.6 keeps 2;
     # the default tol 1e-10 keeps every non-zero value
-    cases = [(dict(full_dim=3, rank_tol=1e-3), [2.0, 0.5]), (dict(full_dim=300, rank_tol=1e-3), [2.0]),
-             (dict(full_dim=3), [2.0, 0.5, 1e-3]), (dict(), [2.0, 0.5, 1e-3])]
+    cases = [
+        (dict(full_dim=3, rank_tol=1e-3), [2.0, 0.5]),
+        (dict(full_dim=300, rank_tol=1e-3), [2.0]),
+        (dict(full_dim=3), [2.0, 0.5, 1e-3]),
+        (dict(), [2.0, 0.5, 1e-3]),
+    ]
     for kw, kept in cases:
         second = [v for v in kept if v != 1e-3]  # the second row has no 1e-3 value
         assert S.numerical_rank(sigma, **kw).tolist() == [len(kept), len(second)], kw
@@ -459,7 +516,8 @@ def test_full_dim_and_rank_tol_reach_every_norm_by_hand():
         fro = [sum(v * v for v in kept) ** 0.5, sum(v * v for v in second) ** 0.5]
         assert S.frobenius_norm(sigma, **kw).tolist() == pytest.approx(fro, rel=1e-15), kw
         assert S.schatten_power(sigma, 3.0, **kw).tolist() == pytest.approx(
-            [sum(v**3 for v in kept), sum(v**3 for v in second)], rel=1e-15), kw
+            [sum(v**3 for v in kept), sum(v**3 for v in second)], rel=1e-15
+        ), kw
         assert S.stable_rank(sigma, **kw).tolist() == pytest.approx([f * f / 4.0 for f in fro], rel=1e-15), kw
         expected_clean = sorted(kept, reverse=True) + [0.0] * (3 - len(kept))
         assert S.clean_spectrum(sigma, **kw)[0].tolist() == pytest.approx(expected_clean, rel=1e-15), kw
@@ -467,8 +525,12 @@ def test_full_dim_and_rank_tol_reach_every_norm_by_hand():
 
 def test_layer_gain_and_type_factors_refuse_each_shape_mismatch_alone():
     base = VALID["layer_gain"]
-    bad = {"m_out_norm": torch.rand(L_ + 1), "v_norms": torch.rand(L_ + 1, H_), "qk_norms": torch.rand(L_, H_ + 1),
-           "m_in_norm": torch.rand(L_, 1)}
+    bad = {
+        "m_out_norm": torch.rand(L_ + 1),
+        "v_norms": torch.rand(L_ + 1, H_),
+        "qk_norms": torch.rand(L_, H_ + 1),
+        "m_in_norm": torch.rand(L_, 1),
+    }
     for arg, value in bad.items():
         with pytest.raises(ValueError, match="expected shapes"):
             S.layer_gain(**{**base, arg: value})
@@ -514,7 +576,6 @@ def test_flip_factors_of_a_batch_are_each_spectrums_own():
         d1, u1 = S.flip_factors(powers[i], ps, scale[i], hidden_size=16)
         assert float(down[i]) == float(d1) and float(up[i]) == float(u1)
     assert len({float(v) for v in down}) + len({float(v) for v in up}) > 2  # the rows really differ
-
 
 
 def test_empty_and_one_column_matrices_and_spectra_by_hand():

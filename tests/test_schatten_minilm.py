@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file
-from threadpoolctl import threadpool_limits
 from test_schatten_reference import dense_reference
+from threadpoolctl import threadpool_limits
 from transformers import BertConfig, BertModel
 
 import hf_tdiag
@@ -51,8 +51,13 @@ def test_every_number_matches_the_dense_reference(report, dense):
     assert report.edelman == pytest.approx(dense["edelman"], rel=1e-9)
     np.testing.assert_allclose(report.alpha, dense["alpha"], rtol=1e-9)
     np.testing.assert_allclose(report.contribution_curves, np.stack(dense["curves"]), rtol=1e-9)
-    for key, attr in (("mins", "min_contribution"), ("spectral", "spectral_norm"), ("norm_2_1", "norm_2_1"),
-                      ("norm_1_1", "norm_1_1"), ("stable_rank", "stable_rank")):
+    for key, attr in (
+        ("mins", "min_contribution"),
+        ("spectral", "spectral_norm"),
+        ("norm_2_1", "norm_2_1"),
+        ("norm_1_1", "norm_1_1"),
+        ("stable_rank", "stable_rank"),
+    ):
         np.testing.assert_allclose([getattr(m, attr) for m in report.matrices], dense[key], rtol=1e-9, err_msg=attr)
     np.testing.assert_array_equal([m.rank for m in report.matrices], dense["rank"])
     np.testing.assert_array_equal([m.p_opt for m in report.matrices], dense["p_opt"])
@@ -77,7 +82,7 @@ def test_the_degenerate_regime_is_reported_with_what_still_differs(report, dense
     qk, v, m_in, m_out = spec[:, :H], spec[:, H : 2 * H], spec[:, 2 * H], spec[:, 2 * H + 1]
     gains = 1.13 * m_in * m_out * (v * (1 + 4 * qk)).sum(axis=1)
     np.testing.assert_allclose(report.layer_gains, gains, rtol=1e-9)
-    np.testing.assert_allclose(report.alpha, [np.prod(gains[i + 1:]) for i in range(L)], rtol=1e-9)
+    np.testing.assert_allclose(report.alpha, [np.prod(gains[i + 1 :]) for i in range(L)], rtol=1e-9)
     # κ↓ is where a larger p starts to win: multiply the scale of each matrix's curve by it (grid recomputed)
     ps = np.asarray(report.p_grid)
     for m, curve in zip(report.matrices[::13], curves[::13]):

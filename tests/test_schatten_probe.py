@@ -40,7 +40,12 @@ def test_bert_weights_are_views_of_the_named_parameters():
     model = _bert()
     w = encoder_weights(model)
     assert (w.family, w.num_layers, w.hidden_size, w.num_heads, w.head_dim, w.intermediate_size) == (
-        "bert-like", L, H, A, H // A, FF,
+        "bert-like",
+        L,
+        H,
+        A,
+        H // A,
+        FF,
     )
     lyr = model.encoder.layer[1]
     assert w.layers[1].query.data_ptr() == lyr.attention.self.query.weight.data_ptr()
@@ -75,15 +80,27 @@ def test_distilbert_and_vit_with_copied_weights_give_the_bert_numbers():
     _copy_bert_into(
         bert,
         distil.transformer.layer,
-        {"query": "attention.q_lin", "key": "attention.k_lin", "value": "attention.v_lin",
-         "attn_output": "attention.out_lin", "ffn_in": "ffn.lin1", "ffn_out": "ffn.lin2"},
+        {
+            "query": "attention.q_lin",
+            "key": "attention.k_lin",
+            "value": "attention.v_lin",
+            "attn_output": "attention.out_lin",
+            "ffn_in": "ffn.lin1",
+            "ffn_out": "ffn.lin2",
+        },
     )
     vit = ViTModel(ViTConfig(image_size=8, patch_size=4, **SMALL)).eval()
     _copy_bert_into(
         bert,
         vit.layers,  # Transformers 5 ViT layout
-        {"query": "attention.q_proj", "key": "attention.k_proj", "value": "attention.v_proj",
-         "attn_output": "attention.o_proj", "ffn_in": "mlp.fc1", "ffn_out": "mlp.fc2"},
+        {
+            "query": "attention.q_proj",
+            "key": "attention.k_proj",
+            "value": "attention.v_proj",
+            "attn_output": "attention.o_proj",
+            "ffn_in": "mlp.fc1",
+            "ffn_out": "mlp.fc2",
+        },
     )
     for other in (distil, vit):
         rep = hf_tdiag.spectrum_bounds(other)
@@ -101,7 +118,9 @@ def test_roberta_electra_and_task_heads_match_the_dense_reference(kind):
     elif kind == "electra":
         model = ElectraModel(ElectraConfig(vocab_size=50, embedding_size=32, max_position_embeddings=16, **SMALL))
     else:
-        model = BertForSequenceClassification(BertConfig(vocab_size=50, max_position_embeddings=16, num_labels=3, **SMALL))
+        model = BertForSequenceClassification(
+            BertConfig(vocab_size=50, max_position_embeddings=16, num_labels=3, **SMALL)
+        )
     rep = hf_tdiag.spectrum_bounds(model)
     ref = dense_reference(model.state_dict(), L, A)
     assert rep.ours == pytest.approx(ref["ours"], rel=1e-9)
@@ -113,8 +132,14 @@ def _crate(variant, seed=0):
 
     torch.manual_seed(seed)
     cfg = CrateConfig(
-        image_size=8, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        head_dim=16, variant=variant,
+        image_size=8,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        head_dim=16,
+        variant=variant,
     )
     model = CrateModel(cfg).eval()
     with torch.no_grad():
@@ -207,12 +232,14 @@ def test_l_phi_and_rank_tol_are_passed_through():
 
 
 def test_unsupported_models_and_bad_arguments(tmp_path):
-    neox = GPTNeoXModel(GPTNeoXConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, vocab_size=20,
-                                      intermediate_size=64))  # a decoder with a fused query_key_value: unsupported
+    neox = GPTNeoXModel(
+        GPTNeoXConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, vocab_size=20, intermediate_size=64)
+    )  # a decoder with a fused query_key_value: unsupported
     with pytest.raises(ValueError, match=r"not a supported decoder.*GPT-2.*query_key_value"):
         hf_tdiag.spectrum_bounds(neox)
-    roberta_like = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                                        vocab_size=20))
+    roberta_like = BertModel(
+        BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=20)
+    )
     roberta_like.encoder.layer[0].attention.self.query = torch.nn.Identity()
     with pytest.raises(ValueError, match=r"unsupported architecture 'bert'.*query: query \| q_lin"):
         hf_tdiag.spectrum_bounds(roberta_like)
@@ -228,9 +255,14 @@ def test_unsupported_models_and_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="model_or_path"):
         hf_tdiag.spectrum_bounds(str(tmp_path / "missing"))
     model = _bert()
-    for kwargs, name in [({"L_phi": 0.0}, "L_phi"), ({"rank_tol": -1.0}, "rank_tol"), ({"svd_method": "x"}, "svd_method"),
-                         ({"p_grid_m": 0}, "m"), ({"num_workers": 0}, "num_workers"),
-                         ({"num_workers": 1.5}, "num_workers")]:
+    for kwargs, name in [
+        ({"L_phi": 0.0}, "L_phi"),
+        ({"rank_tol": -1.0}, "rank_tol"),
+        ({"svd_method": "x"}, "svd_method"),
+        ({"p_grid_m": 0}, "m"),
+        ({"num_workers": 0}, "num_workers"),
+        ({"num_workers": 1.5}, "num_workers"),
+    ]:
         with pytest.raises(ValueError, match=name):
             hf_tdiag.spectrum_bounds(model, **kwargs)
     with torch.no_grad():
@@ -251,8 +283,16 @@ def test_unsupported_models_and_bad_arguments(tmp_path):
 def test_worker_threads_give_the_same_report(workers):
     """FFN spectra and head cores solved by a thread pool: the one-worker numbers, to rounding."""
     torch.manual_seed(1)
-    model = BertModel(BertConfig(vocab_size=50, max_position_embeddings=16, hidden_size=96, num_hidden_layers=3,
-                                 num_attention_heads=3, intermediate_size=384)).eval()
+    model = BertModel(
+        BertConfig(
+            vocab_size=50,
+            max_position_embeddings=16,
+            hidden_size=96,
+            num_hidden_layers=3,
+            num_attention_heads=3,
+            intermediate_size=384,
+        )
+    ).eval()
     threads = torch.get_num_threads()
     one = hf_tdiag.spectrum_bounds(model, num_workers=1)
     many = hf_tdiag.spectrum_bounds(model, num_workers=workers)

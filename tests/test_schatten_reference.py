@@ -38,7 +38,14 @@ def bert_matrices(state_dict, num_layers, num_heads, prefix=None):
 
 
 def dense_reference(
-    state_dict, num_layers, num_heads, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, prefix=None, svd_call="values",
+    state_dict,
+    num_layers,
+    num_heads,
+    L_phi=1.13,
+    p_grid_m=None,
+    rank_tol=1e-10,
+    prefix=None,
+    svd_call="values",
     convention="hf_tdiag",
 ):
     """B_ours, B_Edelman and per-matrix min contributions of a BERT state dict, one numpy SVD per explicit matrix."""
@@ -120,16 +127,25 @@ def dense_reference_from_matrices(
         scale = 1.0 if p == 0 else (gamma * a * L) ** (p / (p + 2))
         return sp ** (1 / (p + 2)) * scale * N ** ((p + 1) / (p + 2))
 
-    out = {k: [] for k in ("mins", "p_opt", "rank", "spectral", "stable_rank", "norm_2_1", "norm_1_1", "types", "curves")}
+    out = {
+        k: [] for k in ("mins", "p_opt", "rank", "spectral", "stable_rank", "norm_2_1", "norm_1_1", "types", "curves")
+    }
 
     def add(typ, sv, x, gamma, a):
         curve = [c(sv, p, gamma, a) for p in ps]
         k = int(np.argmin(curve))  # first index on ties
         srank = float(np.sum(sv[1] ** 2) / sv[0][0] ** 2) if len(sv[1]) else 0.0
-        for key, val in (("mins", curve[k]), ("p_opt", ps[k]), ("rank", len(sv[1])), ("spectral", sv[0][0]),
-                         ("stable_rank", srank),
-                         ("norm_2_1", col21(x)), ("norm_1_1", float(np.abs(x).sum())), ("types", typ),
-                         ("curves", curve)):
+        for key, val in (
+            ("mins", curve[k]),
+            ("p_opt", ps[k]),
+            ("rank", len(sv[1])),
+            ("spectral", sv[0][0]),
+            ("stable_rank", srank),
+            ("norm_2_1", col21(x)),
+            ("norm_1_1", float(np.abs(x).sum())),
+            ("types", typ),
+            ("curves", curve),
+        ):
             out[key].append(val)
 
     for i in range(L):

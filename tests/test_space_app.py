@@ -82,7 +82,11 @@ def app_url(trained_default):
     demo = build_demo(default_model="")  # empty model box = the default digits CRATE
     port = _free_port()
     demo.queue().launch(
-        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, max_file_size=MAX_FILE_SIZE,
+        server_name="127.0.0.1",
+        server_port=port,
+        prevent_thread_lock=True,
+        quiet=True,
+        max_file_size=MAX_FILE_SIZE,
         css=CSS,
     )
     try:
@@ -115,7 +119,11 @@ def browser():
     profile = tempfile.mkdtemp(prefix="hf_tdiag_chromium_")
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 1000}
+            profile,
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 1000},
         )
         try:
             yield context
@@ -164,7 +172,9 @@ def test_default_model_is_trained_once_and_served(app_url, trained_default, digi
     client = Client(app_url, verbose=False)
     label, *_ = client.predict("", handle_file(digit_png), -1, [], api_name="/crate")
     assert label["label"] in {str(i) for i in range(10)}
-    assert "**default digits CRATE (crate)** — `crate`" in client.predict("", api_name="/model_summary")  # no cache path
+    assert "**default digits CRATE (crate)** — `crate`" in client.predict(
+        "", api_name="/model_summary"
+    )  # no cache path
 
 
 def test_client_bad_inputs_get_clear_messages(app_url, crate_dir, tmp_path):
@@ -282,7 +292,9 @@ def test_space_front_matter_and_thin_app(monkeypatch, tmp_path):
     assert tuple(int(x) for x in str(meta.python_version).split(".")) >= (3, 11)
     assert meta.tags and meta.models and len(meta.short_description) <= 60
 
-    spec = importlib.util.spec_from_file_location("space_requirements", space.parent / "scripts" / "space_requirements.py")
+    spec = importlib.util.spec_from_file_location(
+        "space_requirements", space.parent / "scripts" / "space_requirements.py"
+    )
     generator = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(generator)
     assert (space / "requirements.txt").read_text() == generator.space_requirements()
@@ -313,7 +325,6 @@ def hub_app(tmp_path_factory):
     import time
 
     from gradio_client import Client
-
     from hub_server import LocalHub
 
     root = tmp_path_factory.mktemp("space_hub")
@@ -332,11 +343,23 @@ def hub_app(tmp_path_factory):
     with LocalHub() as hub:
         hub.add_folder("org/crate", root / "crate")
         hub.add_folder("org/custom", root / "custom")
-        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_HOME": str(root / "hf_home"),
-               "CUSTOM_CODE_MARKER": str(root / "marker.txt"), "GRADIO_ANALYTICS_ENABLED": "False"}
+        env = {
+            **os.environ,
+            "HF_ENDPOINT": hub.url,
+            "HF_HUB_OFFLINE": "0",
+            "HF_HOME": str(root / "hf_home"),
+            "CUSTOM_CODE_MARKER": str(root / "marker.txt"),
+            "GRADIO_ANALYTICS_ENABLED": "False",
+        }
         env.pop(H.LOCAL_MODELS_ENV, None)
-        proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=root,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 300
             while True:

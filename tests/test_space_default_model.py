@@ -111,7 +111,7 @@ def test_two_processes_train_once(tmp_path):
         import os, sys, time
         import hf_tdiag.training as training
         from hf_tdiag.gradio_app import default_model
-        {textwrap.indent(FAKE_TRAIN, ' ' * 8).strip()}
+        {textwrap.indent(FAKE_TRAIN, " " * 8).strip()}
         training.train = lambda **kw: fake_train({str(counter)!r}, 1.5, False, **kw)
         open(os.path.join({str(barrier)!r}, sys.argv[1]), "w").close()
         while len(os.listdir({str(barrier)!r})) < 2:  # both processes imported: start together
@@ -127,7 +127,7 @@ def test_two_processes_train_once(tmp_path):
         for i in range(2)
     ]
     outs = [p.communicate(timeout=240) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err
     assert outs[0][0].strip() == outs[1][0].strip() != ""
     assert _calls(counter) == ["crate"]

@@ -60,7 +60,9 @@ def _message(excinfo) -> str:
 def test_crate_tab_prediction_matches_direct_forward(crate_dir, digit_png):
     labels, heads_fig, layers_fig, srr_fig, table = H.crate_tab(crate_dir, digit_png, -1)
     model = CrateForImageClassification.from_pretrained(crate_dir).eval()
-    pv = CrateImageProcessor.from_pretrained(crate_dir)(images=Image.open(digit_png), return_tensors="pt")["pixel_values"]
+    pv = CrateImageProcessor.from_pretrained(crate_dir)(images=Image.open(digit_png), return_tensors="pt")[
+        "pixel_values"
+    ]
     with torch.no_grad():
         probs = model(pixel_values=pv).logits.softmax(-1)[0]
     assert list(labels) == [f"digit {i}" for i in range(10)]
@@ -77,7 +79,9 @@ def test_crate_tab_prediction_matches_direct_forward(crate_dir, digit_png):
     srr_panel = next(ax for ax in srr_fig.axes if ax.get_title().startswith("SRR"))
     lines = srr_panel.get_lines()
     # x = 0 the embeddings Z^0, x = l the output of block l
-    np.testing.assert_allclose(lines[0].get_ydata(), [srr.embeddings["mean"]["srr"]] + srr.mean["output"]["srr"], rtol=1e-9)
+    np.testing.assert_allclose(
+        lines[0].get_ydata(), [srr.embeddings["mean"]["srr"]] + srr.mean["output"]["srr"], rtol=1e-9
+    )
     top = max(labels, key=labels.get)
     assert f"| crate (this model) | {top} | {labels[top]:.3f} |" in table
 
@@ -252,9 +256,11 @@ def test_svm_head_tab_matches_diagnostic(crate_dir, digit_png, bert_dir):
     assert values["corr(W_h, W_mm)"] == f"{diag.correlation:.4g}"
     assert f"{diag.correlation:.4f}" in text and "Head 1 of layer 4 on 4 images" in text
     assert isinstance(fig, Figure)
-    for args, needle in (((crate_dir, digit_png, 1, 9, 0), "head: expected 0..3"),
-                         ((crate_dir, digit_png, 0, 0, 0), "layer: expected a block number 1..4"),
-                         ((bert_dir, digit_png, 0, 0, 0), "text model")):
+    for args, needle in (
+        ((crate_dir, digit_png, 1, 9, 0), "head: expected 0..3"),
+        ((crate_dir, digit_png, 0, 0, 0), "layer: expected a block number 1..4"),
+        ((bert_dir, digit_png, 0, 0, 0), "text model"),
+    ):
         with pytest.raises(gr.Error) as excinfo:
             H.svm_head_tab(*args)
         assert needle in _message(excinfo)
@@ -263,8 +269,15 @@ def test_svm_head_tab_matches_diagnostic(crate_dir, digit_png, bert_dir):
 def test_crate_tab_works_for_a_vit_classifier(tmp_path, digit_png):
     from transformers import ViTConfig, ViTForImageClassification
 
-    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=64, num_labels=3)
+    cfg = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=3,
+    )
     torch.manual_seed(0)
     model = ViTForImageClassification(cfg).eval()
     model.save_pretrained(tmp_path)  # no processor saved: a ViT processor for the config's size is used

@@ -99,9 +99,12 @@ def test_srr_matches_numpy_reference(double_models, family, source):
         for ell in range(1, L + 1):
             Us = _U_by_hand(model, ell - 1, source)
             np.testing.assert_allclose(report.values[b, 0, ell - 1].numpy(), _terms(Z[ell], Us), rtol=1e-9, atol=1e-9)
-            np.testing.assert_allclose(report.values[b, 1, ell - 1].numpy(), _terms(Z[ell - 1], Us), rtol=1e-9, atol=1e-9)
-        np.testing.assert_allclose(report.embedding_values[b].numpy(), _terms(Z[0], _U_by_hand(model, 0, source)),
-                                   rtol=1e-9, atol=1e-9)
+            np.testing.assert_allclose(
+                report.values[b, 1, ell - 1].numpy(), _terms(Z[ell - 1], Us), rtol=1e-9, atol=1e-9
+            )
+        np.testing.assert_allclose(
+            report.embedding_values[b].numpy(), _terms(Z[0], _U_by_hand(model, 0, source)), rtol=1e-9, atol=1e-9
+        )
 
 
 def test_gqa_subspaces_and_settings(decoder_models):
@@ -126,8 +129,9 @@ def test_gqa_shared_subspaces_counted_once(decoder_models):
     U = subspaces(model, "key", detach=True)[0].double()
     per_query_head = U.repeat_interleave(4, dim=0)  # query head h reads K/V head h // 4
     once = compression_rate(Z, U, eps=EPS, precision="float64")
-    torch.testing.assert_close(compression_rate(Z, per_query_head, eps=EPS, precision="float64"), 4 * once,
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        compression_rate(Z, per_query_head, eps=EPS, precision="float64"), 4 * once, rtol=1e-12, atol=1e-12
+    )
 
 
 def test_padding_and_batching_do_not_change_a_sample(decoder_models):

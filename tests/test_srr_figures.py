@@ -30,8 +30,10 @@ def test_mssa_step_is_the_models_step_and_crate_c_compresses_less():
     Z = torch.randn(1, 12, 16, generator=g, dtype=torch.float64)[0]
     basis, _ = torch.linalg.qr(torch.randn(16, 16, generator=g, dtype=torch.float64))
     U = basis.reshape(16, 4, 4).permute(1, 0, 2)
-    by_hand = sum(0.5 * torch.linalg.slogdet(torch.eye(12, dtype=torch.float64) + 4 / (12 * 0.01) * (Z @ U[k]) @ (Z @ U[k]).T)[1]
-                  for k in range(4))
+    by_hand = sum(
+        0.5 * torch.linalg.slogdet(torch.eye(12, dtype=torch.float64) + 4 / (12 * 0.01) * (Z @ U[k]) @ (Z @ U[k]).T)[1]
+        for k in range(4)
+    )
     for variant in out["variants"]:
         assert out["Rc"][variant][0][0] == pytest.approx(float(by_hand), rel=1e-10)
     rc = {v: np.asarray(c) for v, c in out["Rc"].items()}
@@ -53,7 +55,9 @@ def test_linear_probe_and_layer_features():
 
     from hf_tdiag import CrateConfig, CrateForImageClassification
 
-    model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=2)).eval()
+    model = CrateForImageClassification(
+        CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=2)
+    ).eval()
     batches = [torch.randn(3, 1, 8, 8), torch.randn(2, 1, 8, 8)]
     feats = layer_features(model, batches)
     with torch.no_grad():
@@ -66,8 +70,25 @@ def test_linear_probe_and_layer_features():
 
 
 def test_mssa_step_recipe_writes_png_and_json(tmp_path):
-    assert _recipe("fig_mssa_step").main(["--output-dir", str(tmp_path), "--num-steps", "3", "--seeds", "2",
-                                          "--num-tokens", "8", "--hidden-size", "8", "--num-heads", "2"]) == 0
+    assert (
+        _recipe("fig_mssa_step").main(
+            [
+                "--output-dir",
+                str(tmp_path),
+                "--num-steps",
+                "3",
+                "--seeds",
+                "2",
+                "--num-tokens",
+                "8",
+                "--hidden-size",
+                "8",
+                "--num-heads",
+                "2",
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "mssa_step.json").read_text())
     assert data["step_sizes"] == [0.0, 2.0, 4.0] and set(data["Rc"]) == {"crate", "crate-c", "crate-n", "crate-t"}
     with Image.open(tmp_path / "mssa_step.png") as im:
@@ -79,9 +100,21 @@ def tiny_history_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fig") / "run"
     from hf_tdiag.training import train
 
-    train(output_dir=str(out), hidden_size=16, num_hidden_layers=2, num_attention_heads=2, max_train_samples=128,
-          max_eval_samples=32, num_train_epochs=2, track_srr_every="epoch", track_srr_samples=16,
-          layer_srr_samples=0, disable_tqdm=True, seed=1, after_fit=[])
+    train(
+        output_dir=str(out),
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_train_samples=128,
+        max_eval_samples=32,
+        num_train_epochs=2,
+        track_srr_every="epoch",
+        track_srr_samples=16,
+        layer_srr_samples=0,
+        disable_tqdm=True,
+        seed=1,
+        after_fit=[],
+    )
     return out
 
 
@@ -89,7 +122,10 @@ def test_srr_training_recipe_plots_the_history(tiny_history_run, tmp_path):
     history = tiny_history_run / "srr_history.json"
     assert _recipe("fig_srr_training").main(["--history", str(history), "--output-dir", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "srr_training.json").read_text())
-    assert [r["step"] for r in data["history"]] == [0, 2, 4] and data["summary"]["steps"] == [0, 4]  # 128 images / 64 a batch
+    assert [r["step"] for r in data["history"]] == [0, 2, 4] and data["summary"]["steps"] == [
+        0,
+        4,
+    ]  # 128 images / 64 a batch
     with Image.open(tmp_path / "srr_training.png") as im:
         assert im.format == "PNG"
 
@@ -97,7 +133,11 @@ def test_srr_training_recipe_plots_the_history(tiny_history_run, tmp_path):
 def test_linear_probe_recipe_on_a_trained_model(tiny_history_run, tmp_path):
     assert _recipe("fig_linear_probe").main(["--model", str(tiny_history_run), "--output-dir", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "linear_probe.json").read_text())
-    assert data["layers"] == [0, 1, 2] and len(data["probe_accuracy"]) == 3 and -1 <= data["kendall_tau_srr_vs_accuracy"] <= 1
+    assert (
+        data["layers"] == [0, 1, 2]
+        and len(data["probe_accuracy"]) == 3
+        and -1 <= data["kendall_tau_srr_vs_accuracy"] <= 1
+    )
     # the SRR column is layer_srr of the same model on the test images: layer 0 = embeddings, l = block outputs
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 

@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast, ViTConfig, ViTForImageClassification
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    BertTokenizerFast,
+    ViTConfig,
+    ViTForImageClassification,
+)
 
 import hf_tdiag
 from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcessor, layer_srr
@@ -68,7 +74,9 @@ def test_evaluate_texts_with_local_tokenizer(tmp_path, srr_module):
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "a", "mat", "dog", "ran"]
     (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
     tok = BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
-    cfg = BertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, vocab_size=len(words))
+    cfg = BertConfig(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, vocab_size=len(words)
+    )
     model = BertForSequenceClassification(cfg).eval()
     folder = tmp_path / "bert"
     model.save_pretrained(folder)
@@ -102,8 +110,24 @@ def test_evaluate_errors(crate_dir, srr_module):
 def test_cli_writes_json_and_png_matching_the_api(crate_dir, tmp_path):
     path, model = crate_dir
     out_dir = tmp_path / "out"
-    rc = cli_main(["srr", path, "--dataset", "digits", "--limit", "10", "--batch-size", "4", "--eps", "0.3",
-                   "--labels", "N", "--output-dir", str(out_dir)])
+    rc = cli_main(
+        [
+            "srr",
+            path,
+            "--dataset",
+            "digits",
+            "--limit",
+            "10",
+            "--batch-size",
+            "4",
+            "--eps",
+            "0.3",
+            "--labels",
+            "N",
+            "--output-dir",
+            str(out_dir),
+        ]
+    )
     assert rc == 0
     data = json.loads((out_dir / "srr.json").read_text())
     rep = data["reports"]["N"]
@@ -115,8 +139,15 @@ def test_cli_writes_json_and_png_matching_the_api(crate_dir, tmp_path):
 
 
 def test_cli_vit_all_sources_and_errors(tmp_path, capsys):
-    cfg = ViTConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, image_size=8,
-                    patch_size=4, num_labels=3)
+    cfg = ViTConfig(
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        image_size=8,
+        patch_size=4,
+        num_labels=3,
+    )
     folder = tmp_path / "vit"
     ViTForImageClassification(cfg).save_pretrained(folder)
     imgs = tmp_path / "imgs"

@@ -25,7 +25,9 @@ def _crate(variant="crate-c", **kw):
 
 
 def _vit():
-    cfg = ViTConfig(hidden_size=24, num_hidden_layers=2, num_attention_heads=3, intermediate_size=48, image_size=16, patch_size=4)
+    cfg = ViTConfig(
+        hidden_size=24, num_hidden_layers=2, num_attention_heads=3, intermediate_size=48, image_size=16, patch_size=4
+    )
     return ViTForImageClassification(cfg).eval()
 
 
@@ -123,7 +125,9 @@ def test_vit_and_bert_token_states_are_block_inputs_and_outputs():
     layer = vit.vit.layers[1]
     with torch.no_grad():
         torch.testing.assert_close(ts_ln.block_inputs[1], layer.layernorm_before(hidden[1]))
-        expected = (layer.layernorm_before(hidden[1]) @ layer.attention.k_proj.weight.T).unflatten(-1, (3, 8)).movedim(-2, -3)
+        expected = (
+            (layer.layernorm_before(hidden[1]) @ layer.attention.k_proj.weight.T).unflatten(-1, (3, 8)).movedim(-2, -3)
+        )
     torch.testing.assert_close(ts_ln.projections[1], expected, rtol=1e-5, atol=1e-5)
 
     bert = _bert()
@@ -169,12 +173,23 @@ def _check_layers_by_hand(report, hidden, Us, eps, lam, mask=None):
     out = report.states.index("output")
     for b in range(hidden[0].shape[0]):
         m = None if mask is None else mask[b]
-        torch.testing.assert_close(report.embedding_values[b], _by_hand(hidden[0][b], Us[0], eps, lam, m), rtol=1e-7, atol=1e-7)
+        torch.testing.assert_close(
+            report.embedding_values[b], _by_hand(hidden[0][b], Us[0], eps, lam, m), rtol=1e-7, atol=1e-7
+        )
         for ell in range(1, L + 1):
             expected = _by_hand(hidden[ell][b], Us[ell - 1], eps, lam, m)
             torch.testing.assert_close(report.values[b, out, ell - 1], expected, rtol=1e-7, atol=1e-7)
-    mean = torch.stack([torch.stack([_by_hand(hidden[ell][b], Us[ell - 1], eps, lam, None if mask is None else mask[b])
-                                     for b in range(hidden[0].shape[0])]).mean(0) for ell in range(1, L + 1)])
+    mean = torch.stack(
+        [
+            torch.stack(
+                [
+                    _by_hand(hidden[ell][b], Us[ell - 1], eps, lam, None if mask is None else mask[b])
+                    for b in range(hidden[0].shape[0])
+                ]
+            ).mean(0)
+            for ell in range(1, L + 1)
+        ]
+    )
     np.testing.assert_allclose(report.per_layer("srr"), mean[:, 3].numpy(), rtol=1e-7)
     assert report.summary()["srr_last_layer"] == pytest.approx(float(mean[-1, 3]), rel=1e-7)
     assert report.summary()["srr_mean_over_layers"] == pytest.approx(float(mean[:, 3].mean()), rel=1e-7)
@@ -193,7 +208,10 @@ def test_crate_layer_l_is_the_output_of_block_l_by_hand():
     for ell in range(1, 4):
         for state, Z in (("input", out.hidden_states[ell - 1]), ("mid", out.mid_hidden_states[ell - 1])):
             torch.testing.assert_close(
-                report.values[1, report.states.index(state), ell - 1], _by_hand(Z[1], Us[ell - 1], 0.3, 0.5), rtol=1e-7, atol=1e-7
+                report.values[1, report.states.index(state), ell - 1],
+                _by_hand(Z[1], Us[ell - 1], 0.3, 0.5),
+                rtol=1e-7,
+                atol=1e-7,
             )
     # the ISTA output is sparse; the embeddings and mid states are dense
     assert report.embeddings["mean"]["sparsity"] == 1.0 and report.mean["output"]["sparsity"][-1] < 1.0
@@ -252,10 +270,14 @@ def test_layer_srr_matches_independent_computation_and_batching():
     for s, state in enumerate(report.states):
         for j, term in enumerate(TERMS):
             np.testing.assert_allclose(report.mean[state][term], expected[:, s, :, j].mean(0).numpy(), rtol=1e-9)
-            np.testing.assert_allclose(report.std[state][term], expected[:, s, :, j].numpy().std(0), rtol=1e-7, atol=1e-12)
+            np.testing.assert_allclose(
+                report.std[state][term], expected[:, s, :, j].numpy().std(0), rtol=1e-7, atol=1e-12
+            )
     # the same numbers from a DataLoader of (inputs, labels) pairs and from a dict batch
     dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, torch.zeros(7)), batch_size=2)
-    torch.testing.assert_close(layer_srr(model, dl, eps=0.2, lam=0.5, progress=False).values, expected, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(
+        layer_srr(model, dl, eps=0.2, lam=0.5, progress=False).values, expected, rtol=1e-9, atol=1e-9
+    )
     torch.testing.assert_close(
         layer_srr(model, {"pixel_values": x}, eps=0.2, lam=0.5, batch_size=5, progress=False).values,
         expected,
@@ -311,12 +333,18 @@ def _official_checkpoint(dim=24, depth=3, heads=3, dim_head=8, patch=2, image=8,
 
     patch_dim, n = patch * patch * channels, (image // patch) ** 2
     sd = {
-        "to_patch_embedding.1.weight": 1 + r(patch_dim), "to_patch_embedding.1.bias": r(patch_dim),
-        "to_patch_embedding.2.weight": r(dim, patch_dim), "to_patch_embedding.2.bias": r(dim),
-        "to_patch_embedding.3.weight": 1 + r(dim), "to_patch_embedding.3.bias": r(dim),
-        "pos_embedding": r(1, n + 1, dim, scale=1.0), "cls_token": r(1, 1, dim, scale=1.0),
-        "mlp_head.0.weight": 1 + r(dim), "mlp_head.0.bias": r(dim),
-        "mlp_head.1.weight": r(classes, dim), "mlp_head.1.bias": r(classes),
+        "to_patch_embedding.1.weight": 1 + r(patch_dim),
+        "to_patch_embedding.1.bias": r(patch_dim),
+        "to_patch_embedding.2.weight": r(dim, patch_dim),
+        "to_patch_embedding.2.bias": r(dim),
+        "to_patch_embedding.3.weight": 1 + r(dim),
+        "to_patch_embedding.3.bias": r(dim),
+        "pos_embedding": r(1, n + 1, dim, scale=1.0),
+        "cls_token": r(1, 1, dim, scale=1.0),
+        "mlp_head.0.weight": 1 + r(dim),
+        "mlp_head.0.bias": r(dim),
+        "mlp_head.1.weight": r(classes, dim),
+        "mlp_head.1.bias": r(classes),
     }
     for i in range(depth):
         p = f"transformer.layers.{i}"
@@ -337,8 +365,16 @@ def test_official_measurement_matches_the_official_hooks_math_on_a_converted_che
     from hf_tdiag import convert_official_crate
 
     sd = _official_checkpoint()
-    cfg = CrateConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=24, num_hidden_layers=3,
-                      num_attention_heads=3, head_dim=8, num_labels=5)
+    cfg = CrateConfig(
+        image_size=8,
+        patch_size=2,
+        num_channels=1,
+        hidden_size=24,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        head_dim=8,
+        num_labels=5,
+    )
     model = convert_official_crate(sd, cfg).eval()
     x = torch.randn(4, 1, 8, 8)
     report = layer_srr(model, x, measurement="official", lam=0.7, progress=False)
@@ -358,7 +394,9 @@ def test_official_measurement_matches_the_official_hooks_math_on_a_converted_che
         torch.testing.assert_close(report.values[:, 0, i, 2], 1.0 - zero_fraction, rtol=0, atol=1e-12)
         expected_R = torch.stack([_by_hand(hidden[i + 1][b], torch.zeros(1, 24, 1), 0.1, 0.0)[0] for b in range(4)])
         torch.testing.assert_close(report.values[:, 0, i, 0], expected_R, rtol=1e-7, atol=1e-7)
-        torch.testing.assert_close(report.values[:, 0, i, 3], rc - expected_R + 0.7 * (1.0 - zero_fraction), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(
+            report.values[:, 0, i, 3], rc - expected_R + 0.7 * (1.0 - zero_fraction), rtol=1e-6, atol=1e-6
+        )
     # the default measurement differs (different states, no unit norm)
     design = layer_srr(model, x, progress=False)
     assert not np.allclose(design.per_layer("Rc"), report.per_layer("Rc"))
@@ -385,7 +423,9 @@ def test_layer_srr_errors():
         layer_srr(model, torch.full((2, 1, 8, 8), float("nan")), progress=False)
     broken = copy.deepcopy(model)
     with torch.no_grad():
-        next(p for n, p in broken.named_parameters() if n.endswith("patch_embeddings.projection.weight")).fill_(float("nan"))
+        next(p for n, p in broken.named_parameters() if n.endswith("patch_embeddings.projection.weight")).fill_(
+            float("nan")
+        )
     with pytest.raises(ValueError, match="contains NaN"):
         layer_srr(broken, x, progress=False)
 
@@ -429,11 +469,22 @@ def test_accelerate_two_processes_gather_each_sample_once(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
     out = tmp_path / "out.json"
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), WORLD_SIZE="2",
-               LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(29500 + os.getpid() % 1000),
+        WORLD_SIZE="2",
+        LOCAL_WORLD_SIZE="2",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+    )
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(out)], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        subprocess.Popen(
+            [sys.executable, str(script), str(out)],
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         for r in range(2)
     ]
     logs = [p.communicate(timeout=240)[0].decode() for p in procs]

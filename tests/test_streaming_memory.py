@@ -10,7 +10,10 @@ from hf_tdiag.probes.spectrum_sources import _abs_product_sum, ffn_job
 
 def test_blocked_abs_product_sum_reuses_buffers_and_matches_dense():
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(8, 1500, generator=g, dtype=torch.float64), torch.randn(8, 1500, generator=g, dtype=torch.float64)
+    a, b = (
+        torch.randn(8, 1500, generator=g, dtype=torch.float64),
+        torch.randn(8, 1500, generator=g, dtype=torch.float64),
+    )
     assert S.chunk_rows(1500) < 1500  # the blocked branch
     buffers = {}
     got = _abs_product_sum(a, b, buffers)

@@ -23,9 +23,23 @@ def tiny_study(tmp_path_factory):
     t0 = time.time()
     # one torch thread everywhere: training is bitwise reproducible only at equal thread counts
     cli = subprocess.run(
-        [sys.executable, "-m", "hf_tdiag.cli", "study", "--grid", "tiny", "--output_dir", str(out), "--threads", "1",
-         "--max_examples", "128"],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "hf_tdiag.cli",
+            "study",
+            "--grid",
+            "tiny",
+            "--output_dir",
+            str(out),
+            "--threads",
+            "1",
+            "--max_examples",
+            "128",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert cli.returncode == 0, cli.stderr[-3000:]
     summary = json.loads((out / "table.json").read_text())
@@ -48,7 +62,9 @@ def test_tiny_grid_end_to_end(tiny_study):
     assert "study tiny: 4/4 runs finished (0 from the cache)" in cli.stdout and "| srr_mean |" in cli.stdout
     runs = [json.loads(b) for b in _runs(out).values()]
     assert len(runs) == 4
-    assert {run_key(r["hparams"], grid.fixed, FAST) for r in runs} == {run_key(h, grid.fixed, FAST) for h in grid.runs()}
+    assert {run_key(r["hparams"], grid.fixed, FAST) for r in runs} == {
+        run_key(h, grid.fixed, FAST) for h in grid.runs()
+    }
     for r in runs:
         t = r["train"]
         # the gap is validation loss minus training loss, as the trainer measured them
@@ -76,7 +92,9 @@ def test_tiny_grid_end_to_end(tiny_study):
         assert table[m]["psi"] == pytest.approx(granulated_kendall(values, gaps, [r["hparams"] for r in runs]).psi)
         assert set(table[m]["psi_per_axis"]) == set(grid.axes)
         assert table[m]["psi_groups"] == {"variant": 2, "learning_rate": 2} and table[m]["missing_runs"] == 0
-        expected = kendall_tau(values, err_gaps) if len(set(err_gaps)) > 1 else None  # tau-b undefined for a constant gap
+        expected = (
+            kendall_tau(values, err_gaps) if len(set(err_gaps)) > 1 else None
+        )  # tau-b undefined for a constant gap
         assert error_table[m]["tau"] == (None if expected is None else pytest.approx(expected))
     for name in ("table.json", "table.csv", "table.md", "runs.csv", "scatter.png"):
         assert (out / name).stat().st_size > 0
@@ -99,7 +117,9 @@ def test_study_killed_mid_run_continues_and_loses_nothing(tmp_path, tiny_study):
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
-            if (out / "runs").is_dir() and any(n.endswith(".json") and not n.startswith(".") for n in os.listdir(out / "runs")):
+            if (out / "runs").is_dir() and any(
+                n.endswith(".json") and not n.startswith(".") for n in os.listdir(out / "runs")
+            ):
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "the study finished before it could be killed"
@@ -127,6 +147,8 @@ def test_study_killed_mid_run_continues_and_loses_nothing(tmp_path, tiny_study):
     for data in after.values():
         rec = json.loads(data)
         ref = reference[rec["key"]]
-        assert rec["train"]["generalization_gap"] == pytest.approx(ref["train"]["generalization_gap"], rel=1e-5, abs=1e-7)
+        assert rec["train"]["generalization_gap"] == pytest.approx(
+            ref["train"]["generalization_gap"], rel=1e-5, abs=1e-7
+        )
         for m in ("l2", "srr_mean", "sharpness_mag", "pacbayes_flatness"):
             assert rec["measures"][m] == pytest.approx(ref["measures"][m], rel=1e-5, abs=1e-7), m

@@ -14,13 +14,13 @@ from hf_tdiag.study.lock import StudyLockedError, study_lock
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SLOW_TRAIN = '''
+SLOW_TRAIN = """
 import os, time
 
 def train(hparams, fixed, output_dir, max_examples=None):
     open(os.path.join(os.environ["STUDY_TEST_PIDS"], str(os.getpid())), "w").close()
     time.sleep(600)  # a run that outlives any test: only a dead worker stops it
-'''
+"""
 
 
 def _alive(pid: int) -> bool:
@@ -67,20 +67,36 @@ def test_killed_study_takes_its_workers_along_and_its_lock_refuses_a_second_stud
         """
     )
     env = dict(os.environ, STUDY_TEST_PIDS=str(pids_dir), PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
-    parent = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     workers: list[int] = []
     try:
-        _wait_for(lambda: len(os.listdir(pids_dir)) == 2 or parent.poll() is not None, 180, "two workers to start training")
+        _wait_for(
+            lambda: len(os.listdir(pids_dir)) == 2 or parent.poll() is not None, 180, "two workers to start training"
+        )
         assert parent.poll() is None, parent.stderr.read().decode()
         workers = [int(p) for p in os.listdir(pids_dir)]
         assert all(_alive(p) for p in workers) and parent.pid not in workers
 
         # a second study on the same folder is refused with a message naming the folder and the holder
-        with pytest.raises(StudyLockedError, match=rf"{out.name}.*in use by another running study \(pid {parent.pid}\b"):
-            run_study(StudyGrid("t", axes={"a": [1, 2, 3, 4]}), str(out), jobs=1, train_fn="slow_train:train", plot=False, progress=False)
+        with pytest.raises(
+            StudyLockedError, match=rf"{out.name}.*in use by another running study \(pid {parent.pid}\b"
+        ):
+            run_study(
+                StudyGrid("t", axes={"a": [1, 2, 3, 4]}),
+                str(out),
+                jobs=1,
+                train_fn="slow_train:train",
+                plot=False,
+                progress=False,
+            )
         cli = subprocess.run(
             [sys.executable, "-m", "hf_tdiag.cli", "study", "--grid", "tiny", "--output_dir", str(out)],
-            env=env, capture_output=True, text=True, timeout=120,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert cli.returncode == 1 and "in use by another running study" in cli.stderr and "Traceback" not in cli.stderr
 

@@ -24,7 +24,12 @@ LAYERS = 2
 def _fit(variant: str):
     torch.manual_seed(0)
     config = CrateConfig.from_preset(
-        "crate-digits", variant=variant, hidden_size=16, num_hidden_layers=LAYERS, num_attention_heads=2, num_labels=3,
+        "crate-digits",
+        variant=variant,
+        hidden_size=16,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=2,
+        num_labels=3,
         pooling="mean",
     )
     model = CrateForImageClassification(config)
@@ -72,8 +77,9 @@ def test_l2_parameters_are_the_trainable_weight_matrices_each_once():
     from hf_tdiag.study.measures import jiang_weight_matrices
 
     torch.manual_seed(1)
-    config = CrateConfig.from_preset("crate-digits", variant="crate-c", hidden_size=8, num_hidden_layers=LAYERS,
-                                     num_attention_heads=2, num_labels=3)
+    config = CrateConfig.from_preset(
+        "crate-digits", variant="crate-c", hidden_size=8, num_hidden_layers=LAYERS, num_attention_heads=2, num_labels=3
+    )
     model = CrateForImageClassification(config)
     maps, params = jiang_weight_matrices(model)
     # crate-c applies U^T and, as its output matrix, U: both are maps, only U's parameter is in w
@@ -156,8 +162,11 @@ def test_pacbayes_sigma_drops_the_accuracy_by_the_target(fitted, name):
     drop = acc0 - _mean_accuracy_under_noise(model, x, y, std(sigma))
     # the target +- tolerance, plus the Monte-Carlo error of 32 + 64 draws (one draw's accuracy varies by ~0.09 here)
     assert abs(drop - 0.1) < 0.01 + 0.04
-    assert acc0 - _mean_accuracy_under_noise(model, x, y, std(sigma / 4)) < 0.1 < acc0 - _mean_accuracy_under_noise(
-        model, x, y, std(min(4 * sigma, settings.flatness_upper)))
+    assert (
+        acc0 - _mean_accuracy_under_noise(model, x, y, std(sigma / 4))
+        < 0.1
+        < acc0 - _mean_accuracy_under_noise(model, x, y, std(min(4 * sigma, settings.flatness_upper)))
+    )
 
 
 def test_sharpness_mag_alpha_is_where_a_naive_attack_drops_the_accuracy_by_the_target(fitted):
@@ -211,10 +220,20 @@ def test_srr_columns_are_the_block_outputs_by_hand(fitted):
     with torch.no_grad():
         hidden = model(pixel_values=x, output_hidden_states=True).hidden_states
     heads, d = model.config.num_attention_heads, model.config.hidden_size
-    Us = [layer.attention.qkv.weight.detach().reshape(heads, d // heads, d).transpose(1, 2) for layer in model.crate.encoder.layer]
+    Us = [
+        layer.attention.qkv.weight.detach().reshape(heads, d // heads, d).transpose(1, 2)
+        for layer in model.crate.encoder.layer
+    ]
     # "layer l" is Z^l = hidden_states[l] (the output of block l) with block l's U^l; srr_last is Z^L
-    per_layer = [np.mean([_srr_by_hand(hidden[ell][b], Us[ell - 1], settings.srr_eps, settings.srr_lambda)
-                          for b in range(x.shape[0])]) for ell in range(1, LAYERS + 1)]
+    per_layer = [
+        np.mean(
+            [
+                _srr_by_hand(hidden[ell][b], Us[ell - 1], settings.srr_eps, settings.srr_lambda)
+                for b in range(x.shape[0])
+            ]
+        )
+        for ell in range(1, LAYERS + 1)
+    ]
     assert values["srr_last"] == pytest.approx(per_layer[-1], rel=1e-6)
     assert values["srr_mean"] == pytest.approx(np.mean(per_layer), rel=1e-6)
     assert values["_srr_per_layer"] == pytest.approx(per_layer, rel=1e-6)

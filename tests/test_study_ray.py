@@ -73,23 +73,43 @@ def _runs(out):
 
 
 def _measured(rec):
-    return {k: rec[k] for k in ("key", "hparams", "train", "measures", "measure_errors", "measure_details", "srr_per_layer")}
+    return {
+        k: rec[k] for k in ("key", "hparams", "train", "measures", "measure_errors", "measure_details", "srr_per_layer")
+    }
 
 
 @pytest.mark.slow
 def test_ray_records_equal_the_local_executors(tmp_path, fake_train):
     pytest.importorskip("ray")
-    local = run_study(GRID, str(tmp_path / "local"), settings=SMALL, train_fn=fake_train, plot=False, progress=False,
-                      threads=1)
-    remote = run_study(GRID, str(tmp_path / "ray"), settings=SMALL, train_fn=fake_train, plot=False, progress=False,
-                       threads=1, jobs=2, executor="ray")
+    local = run_study(
+        GRID, str(tmp_path / "local"), settings=SMALL, train_fn=fake_train, plot=False, progress=False, threads=1
+    )
+    remote = run_study(
+        GRID,
+        str(tmp_path / "ray"),
+        settings=SMALL,
+        train_fn=fake_train,
+        plot=False,
+        progress=False,
+        threads=1,
+        jobs=2,
+        executor="ray",
+    )
     assert local["n_runs"] == remote["n_runs"] == 4 and not local["failures"] and not remote["failures"]
     a = {json.loads(b)["key"]: _measured(json.loads(b)) for b in _runs(tmp_path / "local").values()}
     b = {json.loads(b)["key"]: _measured(json.loads(b)) for b in _runs(tmp_path / "ray").values()}
     assert a == b  # every measured field, bit for bit (one torch thread in both)
     assert local["table"] == remote["table"]
-    again = run_study(GRID, str(tmp_path / "ray"), settings=SMALL, train_fn=fake_train, plot=False, progress=False,
-                      threads=1, executor="ray")
+    again = run_study(
+        GRID,
+        str(tmp_path / "ray"),
+        settings=SMALL,
+        train_fn=fake_train,
+        plot=False,
+        progress=False,
+        threads=1,
+        executor="ray",
+    )
     assert again["cached"] == 4  # nothing left to submit
 
 
@@ -106,11 +126,15 @@ def test_ray_driver_killed_then_restarted_records_every_run_once(tmp_path, fake_
         """
     )
     env = dict(os.environ, STUDY_TEST_SLEEP="3")
-    driver = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.time() + 300
         while time.time() < deadline and driver.poll() is None:
-            if (out / "runs").is_dir() and any(n.endswith(".json") and not n.startswith(".") for n in os.listdir(out / "runs")):
+            if (out / "runs").is_dir() and any(
+                n.endswith(".json") and not n.startswith(".") for n in os.listdir(out / "runs")
+            ):
                 break
             time.sleep(0.1)
         assert driver.poll() is None, "the study finished before it could be killed"
@@ -124,8 +148,17 @@ def test_ray_driver_killed_then_restarted_records_every_run_once(tmp_path, fake_
     before = _runs(out)
     assert 1 <= len(before) < 4
     new = []
-    summary = run_study(GRID, str(out), settings=SMALL, train_fn=fake_train, plot=False, progress=False, threads=1,
-                        executor="ray", on_record=new.append)
+    summary = run_study(
+        GRID,
+        str(out),
+        settings=SMALL,
+        train_fn=fake_train,
+        plot=False,
+        progress=False,
+        threads=1,
+        executor="ray",
+        on_record=new.append,
+    )
     assert summary["n_runs"] == 4 and summary["cached"] == len(before) and len(new) == 4 - len(before)
     after = _runs(out)
     assert len(after) == 4 and all(after[n] == data for n, data in before.items())  # none recorded twice
@@ -138,8 +171,18 @@ def test_ray_task_killed_mid_run_is_retried_or_reported(tmp_path, fake_train, mo
     pytest.importorskip("ray")
     monkeypatch.setenv("STUDY_TEST_CRASH_ONCE", str(tmp_path))
     out = tmp_path / "study"
-    summary = run_study(GRID, str(out), settings=SMALL, train_fn=fake_train, plot=False, progress=False, threads=1,
-                        jobs=2, executor="ray", executor_options={"max_retries": retries})
+    summary = run_study(
+        GRID,
+        str(out),
+        settings=SMALL,
+        train_fn=fake_train,
+        plot=False,
+        progress=False,
+        threads=1,
+        jobs=2,
+        executor="ray",
+        executor_options={"max_retries": retries},
+    )
     assert (tmp_path / "crashed").exists()  # the first attempt of run a=1 killed its own worker
     keys = {json.loads(b)["hparams"]["a"] for b in _runs(out).values()}
     if retries:

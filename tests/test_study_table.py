@@ -74,8 +74,10 @@ def _records(seed=0):
                 "key": run_key(hp, grid.fixed, MeasureSettings()),
                 "hparams": hp,
                 "train": {
-                    "generalization_gap": gap, "reached_train_loss_target": True,
-                    "train_accuracy": 1.0, "eval_accuracy": float(rng.uniform(0.8, 1.0)),
+                    "generalization_gap": gap,
+                    "reached_train_loss_target": True,
+                    "train_accuracy": 1.0,
+                    "eval_accuracy": float(rng.uniform(0.8, 1.0)),
                 },
                 "measures": {
                     "srr_mean": gap + 0.3 * float(rng.normal()),
@@ -89,7 +91,10 @@ def _records(seed=0):
 
 def test_correlation_table_matches_direct_computation():
     grid, recs = _records()
-    rows = {r["measure"]: r for r in correlation_table(recs, measures=["srr_mean", "l2", "inverse_margin"], axes=list(grid.axes))}
+    rows = {
+        r["measure"]: r
+        for r in correlation_table(recs, measures=["srr_mean", "l2", "inverse_margin"], axes=list(grid.axes))
+    }
     gap = [r["train"]["generalization_gap"] for r in recs]
     for m in ("srr_mean", "l2"):
         mv = [r["measures"][m] for r in recs]
@@ -108,7 +113,9 @@ def test_correlation_table_matches_direct_computation():
     # against the 0-1 error gap: acc_train - acc_val, computed here from the records' accuracies
     err_rows = {r["measure"]: r for r in correlation_table(recs, measures=["l2"], axes=list(grid.axes), gap="error")}
     err_gap = [r["train"]["train_accuracy"] - r["train"]["eval_accuracy"] for r in recs]
-    assert err_rows["l2"]["tau"] == pytest.approx(scipy.stats.kendalltau([r["measures"]["l2"] for r in recs], err_gap).statistic)
+    assert err_rows["l2"]["tau"] == pytest.approx(
+        scipy.stats.kendalltau([r["measures"]["l2"] for r in recs], err_gap).statistic
+    )
     assert err_rows["l2"]["gap"] == "error" and err_rows["l2"]["missing_runs"] == 0
     with pytest.raises(ValueError, match="gap"):
         correlation_table(recs, gap="accuracy")
@@ -151,7 +158,18 @@ def test_cli_grid_overrides():
     from hf_tdiag.commands.study import add_arguments, build_grid
 
     p = add_arguments(argparse.ArgumentParser())
-    args = p.parse_args(["--grid", "tiny", "--axis", "learning_rate=0.01,0.02,0.03", "--set", "max_train_steps=7", "--set", "preset=crate-digits"])
+    args = p.parse_args(
+        [
+            "--grid",
+            "tiny",
+            "--axis",
+            "learning_rate=0.01,0.02,0.03",
+            "--set",
+            "max_train_steps=7",
+            "--set",
+            "preset=crate-digits",
+        ]
+    )
     grid = build_grid(args)
     assert grid.axes["learning_rate"] == [0.01, 0.02, 0.03]
     assert grid.fixed["max_train_steps"] == 7 and grid.fixed["preset"] == "crate-digits"

@@ -11,9 +11,25 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = [
-    "--hidden_size", "16", "--num_hidden_layers", "2", "--num_attention_heads", "2",
-    "--max_train_steps", "4", "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "8",
-    "--max_train_samples", "128", "--max_eval_samples", "61", "--layer_srr_samples", "13", "--disable_tqdm",
+    "--hidden_size",
+    "16",
+    "--num_hidden_layers",
+    "2",
+    "--num_attention_heads",
+    "2",
+    "--max_train_steps",
+    "4",
+    "--per_device_train_batch_size",
+    "16",
+    "--per_device_eval_batch_size",
+    "8",
+    "--max_train_samples",
+    "128",
+    "--max_eval_samples",
+    "61",
+    "--layer_srr_samples",
+    "13",
+    "--disable_tqdm",
 ]
 
 
@@ -24,8 +40,17 @@ def test_two_process_torchrun_counts_each_eval_sample_once(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
-        os.path.join(ROOT, "recipes", "train_crate.py"), "--output_dir", str(out), *FLAGS,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        os.path.join(ROOT, "recipes", "train_crate.py"),
+        "--output_dir",
+        str(out),
+        *FLAGS,
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -39,19 +64,22 @@ def test_two_process_torchrun_counts_each_eval_sample_once(tmp_path):
     # the reported metrics are those of the saved model over exactly those 61 images (single process here)
     from hf_tdiag.training import train
 
-    single = train(output_dir=str(tmp_path / "single"), **{
-        FLAGS[i].lstrip("-"): (int(FLAGS[i + 1]) if FLAGS[i + 1].isdigit() else FLAGS[i + 1])
-        for i in range(0, len(FLAGS) - 1, 2) if FLAGS[i] != "--disable_tqdm"
-    } | {"disable_tqdm": True})
+    single = train(
+        output_dir=str(tmp_path / "single"),
+        **{
+            FLAGS[i].lstrip("-"): (int(FLAGS[i + 1]) if FLAGS[i + 1].isdigit() else FLAGS[i + 1])
+            for i in range(0, len(FLAGS) - 1, 2)
+            if FLAGS[i] != "--disable_tqdm"
+        }
+        | {"disable_tqdm": True},
+    )
     assert single["eval_samples"] == results["eval_samples"]
 
-    from transformers import AutoModelForImageClassification
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     import hf_tdiag  # noqa: F401
     from hf_tdiag.inputs import digits_split
-
-    from PIL import Image
-    from transformers import AutoImageProcessor
 
     model = AutoModelForImageClassification.from_pretrained(str(out)).eval()
     processor = AutoImageProcessor.from_pretrained(str(out))

@@ -48,18 +48,42 @@ def pushed(tmp_path_factory):
             "HF_HUB_DISABLE_TELEMETRY": "1",
         }
         cmd = [
-            sys.executable, os.path.join(ROOT, "recipes", "train_crate.py"),
-            "--output_dir", str(out), "--push_to_hub", "--hub_model_id", REPO,
-            "--hidden_size", "16", "--num_hidden_layers", "2", "--num_attention_heads", "2",
-            "--max_train_steps", "2", "--per_device_train_batch_size", "32", "--max_train_samples", "64",
-            "--max_eval_samples", "32", "--layer_srr_samples", "16", "--disable_tqdm",
+            sys.executable,
+            os.path.join(ROOT, "recipes", "train_crate.py"),
+            "--output_dir",
+            str(out),
+            "--push_to_hub",
+            "--hub_model_id",
+            REPO,
+            "--hidden_size",
+            "16",
+            "--num_hidden_layers",
+            "2",
+            "--num_attention_heads",
+            "2",
+            "--max_train_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "32",
+            "--max_train_samples",
+            "64",
+            "--max_eval_samples",
+            "32",
+            "--layer_srr_samples",
+            "16",
+            "--disable_tqdm",
         ]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-4000:]
         # a fresh interpreter that never imports hf_tdiag: the repo's own code must be enough
         env_reload = {k: v for k, v in env.items() if k != "PYTHONPATH"}
         reload = subprocess.run(
-            [sys.executable, "-c", _RELOAD, REPO], env=env_reload, capture_output=True, text=True, timeout=300, cwd=str(out.parent)
+            [sys.executable, "-c", _RELOAD, REPO],
+            env=env_reload,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=str(out.parent),
         )
         assert reload.returncode == 0, reload.stderr[-4000:]
         yield {

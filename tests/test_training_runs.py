@@ -86,8 +86,12 @@ def test_sigkill_mid_checkpoint_then_resume_latest_gives_identical_weights(tmp_p
     assert full["steps"] == 12
 
     killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": ROOT, "HF_TDIAG_TEST_THREADS": str(torch.get_num_threads()),
-           "KILL_AT_STEP": str(kill_at)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": ROOT,
+        "HF_TDIAG_TEST_THREADS": str(torch.get_num_threads()),
+        "KILL_AT_STEP": str(kill_at),
+    }
     proc = subprocess.run(
         [sys.executable, "-c", _KILLED_CHILD, *_argv(output_dir=str(killed), **common)],
         env=env,
@@ -187,7 +191,10 @@ def test_stop_at_train_loss_gap_results_and_model_card(tmp_path):
     assert card.data.model_name.startswith("CRATE-C")
     text = card.text
     assert "U = [U_1 … U_K]" in text and "White-Box Transformers via Sparse Rate Reduction" in text
-    assert "In-depth Investigation of Sparse Rate Reduction" in text and "![Per-layer sparse rate reduction](layer_srr.png)" in text
+    assert (
+        "In-depth Investigation of Sparse Rate Reduction" in text
+        and "![Per-layer sparse rate reduction](layer_srr.png)" in text
+    )
     assert f"{results['generalization_gap']:.4f}" in text
     assert "--variant crate-c" in text and "--stop_at_train_loss 50.0" in text
 
@@ -195,8 +202,15 @@ def test_stop_at_train_loss_gap_results_and_model_card(tmp_path):
 def test_track_srr_every_writes_history_tracker_and_survives_resume(tmp_path):
     import shutil
 
-    common = dict(TINY, max_train_steps=6, checkpointing_steps=2, track_srr_every=2, track_srr_samples=16,
-                  with_tracking=True, logging_steps=1)
+    common = dict(
+        TINY,
+        max_train_steps=6,
+        checkpointing_steps=2,
+        track_srr_every=2,
+        track_srr_samples=16,
+        with_tracking=True,
+        logging_steps=1,
+    )
     full = train(output_dir=str(tmp_path / "full"), **common)
     data = json.load(open(tmp_path / "full" / "srr_history.json"))
     assert [r["step"] for r in data["history"]] == [0, 2, 4, 6] and full["srr_history_records"] == 4
@@ -252,7 +266,10 @@ def test_imagefolder_training_with_augmentation(tmp_path):
     _write_imagefolder(tmp_path / "train", 6, 0)
     _write_imagefolder(tmp_path / "val", 3, 1)
     results = train(
-        output_dir=str(tmp_path / "out"), train_dir=str(tmp_path / "train"), validation_dir=str(tmp_path / "val"), **SMALL_IMAGES
+        output_dir=str(tmp_path / "out"),
+        train_dir=str(tmp_path / "train"),
+        validation_dir=str(tmp_path / "val"),
+        **SMALL_IMAGES,
     )
     assert results["eval_samples"] == 6 and results["train_samples"] == 12
     assert results["augmentation"] == "pad_crop + horizontal flip (p=0.5)"
@@ -278,10 +295,22 @@ def test_save_to_disk_dataset_through_the_cli_fine_tuning_a_saved_model(tmp_path
     datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "disk"))
     from hf_tdiag.cli import main
 
-    flags = {k: v for k, v in SMALL_IMAGES.items() if k not in ("preset", "image_size", "patch_size", "hidden_size",
-                                                                  "num_hidden_layers", "num_attention_heads")}
-    argv = ["train", *_argv(output_dir=str(tmp_path / "out"), dataset_path=str(tmp_path / "disk"), train_val_split=0.25,
-                            model_name_or_path=str(tmp_path / "base"), learning_rate=0.0, **flags)]
+    flags = {
+        k: v
+        for k, v in SMALL_IMAGES.items()
+        if k not in ("preset", "image_size", "patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+    }
+    argv = [
+        "train",
+        *_argv(
+            output_dir=str(tmp_path / "out"),
+            dataset_path=str(tmp_path / "disk"),
+            train_val_split=0.25,
+            model_name_or_path=str(tmp_path / "base"),
+            learning_rate=0.0,
+            **flags,
+        ),
+    ]
     assert main(argv) == 0
     results = json.load(open(tmp_path / "out" / "all_results.json"))
     assert results["eval_samples"] == 3 and results["train_samples"] == 9

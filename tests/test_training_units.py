@@ -57,7 +57,9 @@ def test_horizontal_flip_and_determinism():
     np.testing.assert_array_equal(
         np.asarray(augment.horizontal_flip(img, 1.0, np.random.default_rng(0))), np.asarray(img)[:, ::-1]
     )
-    np.testing.assert_array_equal(np.asarray(augment.horizontal_flip(img, 0.0, np.random.default_rng(0))), np.asarray(img))
+    np.testing.assert_array_equal(
+        np.asarray(augment.horizontal_flip(img, 0.0, np.random.default_rng(0))), np.asarray(img)
+    )
     f = augment.build_augmentation("random_resized_crop", 8, hflip=0.5)
     a = np.asarray(f(img, np.random.default_rng([1, 2, 3])))
     b = np.asarray(f(img, np.random.default_rng([1, 2, 3])))
@@ -112,7 +114,9 @@ def _fake_ckpt(root, name, complete=True):
     path.mkdir()
     (path / "model.safetensors").write_bytes(b"x")
     if complete:
-        (path / checkpointing.STATE_FILE).write_text(json.dumps({"completed_steps": 1, "epoch": 0, "batches_in_epoch": 1}))
+        (path / checkpointing.STATE_FILE).write_text(
+            json.dumps({"completed_steps": 1, "epoch": 0, "batches_in_epoch": 1})
+        )
     return path
 
 
@@ -147,7 +151,9 @@ def test_save_checkpoint_roundtrip_with_accelerator(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = acc.prepare(model, opt)
     for step in (1, 2, 3):
-        checkpointing.save_checkpoint(acc, str(tmp_path), step, {"completed_steps": step, "epoch": 0, "batches_in_epoch": step, "w": 1}, keep=2)
+        checkpointing.save_checkpoint(
+            acc, str(tmp_path), step, {"completed_steps": step, "epoch": 0, "batches_in_epoch": step, "w": 1}, keep=2
+        )
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-2", "checkpoint-3"]
     saved = model.weight.detach().clone()
     with torch.no_grad():
@@ -250,7 +256,12 @@ def test_srr_regularisation_changes_the_loss_and_its_gradient():
         pen, _ = regularizers.model_srr_penalty(model, out.hidden_states, "all", 0, 0)
         loss = ce + beta * pen.float()
         loss.backward()
-        return float(loss.detach()), float(ce.detach()), float(pen.detach()), model.crate.encoder.layer[0].attention.qkv.weight.grad.clone()
+        return (
+            float(loss.detach()),
+            float(ce.detach()),
+            float(pen.detach()),
+            model.crate.encoder.layer[0].attention.qkv.weight.grad.clone(),
+        )
 
     l0, ce0, pen, g0 = grads(0.0)
     l1, ce1, _, g1 = grads(0.3)

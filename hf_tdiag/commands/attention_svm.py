@@ -37,16 +37,28 @@ def register(subparsers) -> None:
         ),
     )
     p.add_argument("model", metavar="MODEL", help="local model folder (save_pretrained) or Hub id")
-    p.add_argument("--layer", type=positive_int, required=True,
-                   help="block number 1..L (the l-th transformer block; its input is hidden_states[l-1])")
+    p.add_argument(
+        "--layer",
+        type=positive_int,
+        required=True,
+        help="block number 1..L (the l-th transformer block; its input is hidden_states[l-1])",
+    )
     p.add_argument("--head", default="0", help="head index, 0-based as in Transformers, or 'all' (default 0)")
     add_input_flags(p, max_samples=8)
     p.add_argument("--queries", default="all", help="'all', 'cls' or comma-separated token positions (default all)")
-    p.add_argument("--max-queries", type=_max_queries, default=64,
-                   help="queries sampled for the SVM: a number, or 'all' (0 also means all; default 64)")
+    p.add_argument(
+        "--max-queries",
+        type=_max_queries,
+        default=64,
+        help="queries sampled for the SVM: a number, or 'all' (0 also means all; default 64)",
+    )
     p.add_argument("--norm", default="fro", choices=["fro", "nuc"], help="SVM norm (default fro; nuc needs cvxpy)")
-    p.add_argument("--one-hot-threshold", type=finite_float, default=0.9,
-                   help="max attention prob counted as one-hot (default 0.9)")
+    p.add_argument(
+        "--one-hot-threshold",
+        type=finite_float,
+        default=0.9,
+        help="max attention prob counted as one-hot (default 0.9)",
+    )
     p.add_argument("--no-bias", action="store_true", help="do not augment queries with a constant for the query bias")
     p.add_argument("--max-length", type=positive_int, default=128, help="token limit for --texts (default 128)")
     p.add_argument("--seed", type=int, default=0, help="seed of the query sampling (default 0)")
@@ -74,7 +86,9 @@ def _batch(args, loaded):
         if loaded.modality != "text" or loaded.processor is None:
             raise ValueError(f"texts: {loaded.source!r} is not a text model with a tokenizer in its folder")
         lines = text_lines(args.texts, args.max_samples)
-        return dict(loaded.processor(lines, padding=True, truncation=True, max_length=args.max_length, return_tensors="pt"))
+        return dict(
+            loaded.processor(lines, padding=True, truncation=True, max_length=args.max_length, return_tensors="pt")
+        )
     if loaded.modality != "image":
         raise ValueError(f"model: {loaded.source!r} is a text model; pass --texts FILE")
     if args.images is not None and not os.path.isdir(args.images):
@@ -138,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  infeasible: {diag.svm.message}")
         save_figure(plot_head_diagnostic(diag), os.path.join(args.output_dir, f"attention_svm_l{args.layer}_h{h}.png"))
     json_path = write_json(
-        os.path.join(args.output_dir, "attention_svm.json"), {"model": loaded.source, "layer": args.layer, "heads": results}
+        os.path.join(args.output_dir, "attention_svm.json"),
+        {"model": loaded.source, "layer": args.layer, "heads": results},
     )
     print(f"wrote {json_path} and {len(heads)} figure(s) to {args.output_dir}")
     return 0

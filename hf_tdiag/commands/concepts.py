@@ -45,51 +45,97 @@ def register(subparsers) -> None:
     )
     p.add_argument("model", metavar="MODEL", help="local model folder (save_pretrained) or Hub id")
     layer = p.add_mutually_exclusive_group()
-    layer.add_argument("--layer", type=non_negative_int, default=None,
-                       help="l in [0, L]: activations are hidden_states[l] (default: L // 2)")
-    layer.add_argument("--layers", default=None, metavar="all|L1,L2,...",
-                       help="layer sweep: 'all' (0..L) or a comma-separated list; one fit per layer")
-    p.add_argument("--concepts", type=positive_int, default=NUM_CONCEPTS,
-                   help=f"number of concepts k (default {NUM_CONCEPTS})")
-    p.add_argument("--gram-weight", "--gram-weights", type=finite_float, nargs="+", default=[0.0, 1.0],
-                   help="Gram weights mu to fit (default: 0 1); several values give a mu sweep")
+    layer.add_argument(
+        "--layer",
+        type=non_negative_int,
+        default=None,
+        help="l in [0, L]: activations are hidden_states[l] (default: L // 2)",
+    )
+    layer.add_argument(
+        "--layers",
+        default=None,
+        metavar="all|L1,L2,...",
+        help="layer sweep: 'all' (0..L) or a comma-separated list; one fit per layer",
+    )
+    p.add_argument(
+        "--concepts", type=positive_int, default=NUM_CONCEPTS, help=f"number of concepts k (default {NUM_CONCEPTS})"
+    )
+    p.add_argument(
+        "--gram-weight",
+        "--gram-weights",
+        type=finite_float,
+        nargs="+",
+        default=[0.0, 1.0],
+        help="Gram weights mu to fit (default: 0 1); several values give a mu sweep",
+    )
     p.add_argument("--supervised", action="store_true", help="also fit classifier-supervised concepts (FACE-like)")
     p.add_argument("--kl-weight", type=finite_float, default=10.0, help="lambda of the supervised fit (default 10)")
     add_input_flags(p)
-    p.add_argument("--max-tokens", type=positive_int, default=None,
-                   help="texts: cut every text to this many tokens (default: the shortest text's count); a text "
-                        "file may give labels as 'label<TAB>text' lines")
-    p.add_argument("--max-iter", type=positive_int, default=200, help="Semi-NMF multiplicative-update iterations (default 200)")
-    p.add_argument("--refine-iter", type=non_negative_int, default=100, help="joint-objective / supervised iterations (default 100)")
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=None,
+        help="texts: cut every text to this many tokens (default: the shortest text's count); a text "
+        "file may give labels as 'label<TAB>text' lines",
+    )
+    p.add_argument(
+        "--max-iter", type=positive_int, default=200, help="Semi-NMF multiplicative-update iterations (default 200)"
+    )
+    p.add_argument(
+        "--refine-iter",
+        type=non_negative_int,
+        default=100,
+        help="joint-objective / supervised iterations (default 100)",
+    )
     p.add_argument("--no-bound", action="store_true", help="skip both bounds and their constants")
-    p.add_argument("--power-iters", type=positive_int, default=20,
-                   help="power-iteration steps of the estimated constants (default 20)")
+    p.add_argument(
+        "--power-iters",
+        type=positive_int,
+        default=20,
+        help="power-iteration steps of the estimated constants (default 20)",
+    )
     p.add_argument("--batch-size", type=positive_int, default=64, help="inputs per forward pass (default 64)")
     add_device_flag(p)
     add_threads_flag(p)
     p.add_argument("--no-figures", action="store_true", help="write only the JSON and the table")
-    add_output_dir(p, "concepts_out", "where concepts.json (or sweep.json), table.txt and figures go (default concepts_out)")
+    add_output_dir(
+        p, "concepts_out", "where concepts.json (or sweep.json), table.txt and figures go (default concepts_out)"
+    )
     add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
 
 
 def format_table(table: list[dict]) -> str:
     """The comparison table as aligned text (one row per fit)."""
-    cols = [("method", "{:<16}", 16, "method"), ("kl", "{:>10.4g}", 10, "KL"), ("top1_agreement", "{:>6.3f}", 6, "top1"),
-            ("delta_rec_rel", "{:>9.4f}", 9, "δrec/‖A‖"), ("delta_gram", "{:>9.4f}", 9, "δgram"),
-            ("bound_certified", "{:>10.3g}", 10, "certified"), ("bound_estimated", "{:>10.3g}", 10, "estimated"),
-            ("frac_kl_below_bound_estimated", "{:>6.2f}", 6, "KL≤est"), ("cosine_to_supervised", "{:>7.4f}", 7, "cos→sup"),
-            ("update_cosine_to_supervised", "{:>7.3f}", 7, "Δcos"), ("fit_seconds", "{:>7.1f}", 7, "fit s")]
+    cols = [
+        ("method", "{:<16}", 16, "method"),
+        ("kl", "{:>10.4g}", 10, "KL"),
+        ("top1_agreement", "{:>6.3f}", 6, "top1"),
+        ("delta_rec_rel", "{:>9.4f}", 9, "δrec/‖A‖"),
+        ("delta_gram", "{:>9.4f}", 9, "δgram"),
+        ("bound_certified", "{:>10.3g}", 10, "certified"),
+        ("bound_estimated", "{:>10.3g}", 10, "estimated"),
+        ("frac_kl_below_bound_estimated", "{:>6.2f}", 6, "KL≤est"),
+        ("cosine_to_supervised", "{:>7.4f}", 7, "cos→sup"),
+        ("update_cosine_to_supervised", "{:>7.3f}", 7, "Δcos"),
+        ("fit_seconds", "{:>7.1f}", 7, "fit s"),
+    ]
     return _aligned(table, cols)
 
 
 def format_sweep_table(table: list[dict]) -> str:
     """The layer sweep as aligned text (one row per layer)."""
-    cols = [("layer", "{:<5d}", 5, "layer"), ("delta_rec", "{:>10.4g}", 10, "δ_rec"),
-            ("delta_rec_rel", "{:>9.4f}", 9, "δrec/‖A‖"), ("delta_gram", "{:>9.4f}", 9, "δ_gram"),
-            ("kl", "{:>10.3g}", 10, "KL mean"), ("kl_max", "{:>10.3g}", 10, "KL max"),
-            ("bound_certified", "{:>10.3g}", 10, "certified"), ("bound_certified_chain", "{:>10.3g}", 10, "cert.chain"),
-            ("bound_estimated", "{:>10.3g}", 10, "estimated")]
+    cols = [
+        ("layer", "{:<5d}", 5, "layer"),
+        ("delta_rec", "{:>10.4g}", 10, "δ_rec"),
+        ("delta_rec_rel", "{:>9.4f}", 9, "δrec/‖A‖"),
+        ("delta_gram", "{:>9.4f}", 9, "δ_gram"),
+        ("kl", "{:>10.3g}", 10, "KL mean"),
+        ("kl_max", "{:>10.3g}", 10, "KL max"),
+        ("bound_certified", "{:>10.3g}", 10, "certified"),
+        ("bound_certified_chain", "{:>10.3g}", 10, "cert.chain"),
+        ("bound_estimated", "{:>10.3g}", 10, "estimated"),
+    ]
     return _aligned(table, cols)
 
 
@@ -97,8 +143,9 @@ def _aligned(table, cols) -> str:
     lines = [" ".join(h.rjust(w) if i else h.ljust(w) for i, (_, _, w, h) in enumerate(cols))]
     lines.append("-" * len(lines[0]))
     for row in table:
-        lines.append(" ".join(fmt.format(row[key]) if row.get(key) is not None else "-".rjust(w)
-                              for key, fmt, w, _ in cols))
+        lines.append(
+            " ".join(fmt.format(row[key]) if row.get(key) is not None else "-".rjust(w) for key, fmt, w, _ in cols)
+        )
     return "\n".join(lines)
 
 
@@ -129,8 +176,10 @@ def _inputs(args, loaded):
 
     if loaded.modality == "text":
         if not args.texts:
-            raise ValueError(f"texts: {args.model!r} is a text model; pass --texts FILE (one text per line, "
-                             "optionally 'label<TAB>text')")
+            raise ValueError(
+                f"texts: {args.model!r} is a text model; pass --texts FILE (one text per line, "
+                "optionally 'label<TAB>text')"
+            )
         texts, labels = read_texts(args.texts, args.max_samples)
         source = args.texts
         opts = {"tokenizer": loaded.processor, "max_tokens": args.max_tokens, "labels": labels}
@@ -145,8 +194,12 @@ def _inputs(args, loaded):
     if args.images is not None and not os.path.isdir(args.images):
         raise ValueError(f"images: expected a folder, got {args.images!r}")
     imageset = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples)
-    pixels = torch.cat([pixel_values_for(imageset.images[i : i + args.batch_size], loaded)
-                        for i in range(0, len(imageset.images), args.batch_size)])
+    pixels = torch.cat(
+        [
+            pixel_values_for(imageset.images[i : i + args.batch_size], loaded)
+            for i in range(0, len(imageset.images), args.batch_size)
+        ]
+    )
     return pixels, {"source": imageset.source, "count": len(imageset.images), "kind": "images"}, {}, pixels
 
 
@@ -174,14 +227,28 @@ def _run_sweep(args, model, inputs, opts, source, threads) -> int:
     print(f"{args.model}: layer sweep {args.layers}, {_describe(source)}, k={args.concepts}, mu={mu:g}")
     est = SemiNMF(args.concepts, gram_weight=mu, max_iter=args.max_iter, refine_iter=args.refine_iter)
     with torch_threads(threads):
-        out = concept_fidelity(model, inputs, None, est, layers=layers, bounds=not args.no_bound,
-                               power_iters=args.power_iters, batch_size=args.batch_size, **opts)
+        out = concept_fidelity(
+            model,
+            inputs,
+            None,
+            est,
+            layers=layers,
+            bounds=not args.no_bound,
+            power_iters=args.power_iters,
+            batch_size=args.batch_size,
+            **opts,
+        )
     out.update(model=args.model, inputs=source, gram_weight=mu, n_concepts=args.concepts)
     _write_results(args.output_dir, "sweep.json", out, format_sweep_table(out["table"]))
     if not args.no_figures:
-        path = save_figure(plot_layer_sweep(out, title=f"{os.path.basename(str(args.model).rstrip('/'))}: k={args.concepts}, "
-                                                       f"mu={mu:g}, {_describe(source)}"),
-                           os.path.join(args.output_dir, "sweep.png"))
+        path = save_figure(
+            plot_layer_sweep(
+                out,
+                title=f"{os.path.basename(str(args.model).rstrip('/'))}: k={args.concepts}, "
+                f"mu={mu:g}, {_describe(source)}",
+            ),
+            os.path.join(args.output_dir, "sweep.png"),
+        )
         print(f"wrote {path}")
     return 0
 
@@ -189,7 +256,13 @@ def _run_sweep(args, model, inputs, opts, source, threads) -> int:
 def _figures(args, model, pixels, out, estimators, layer, threads):
     from hf_tdiag._threads import torch_threads
     from hf_tdiag.probes.concept_fidelity import layer_activations
-    from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches, save_figure
+    from hf_tdiag.viz.concepts import (
+        plot_concept_heatmaps,
+        plot_kl_vs_bound,
+        plot_mu_sweep,
+        plot_top_patches,
+        save_figure,
+    )
 
     paths = []
     if pixels is not None:
@@ -198,15 +271,27 @@ def _figures(args, model, pixels, out, estimators, layer, threads):
         label = next((k for k in estimators if k.startswith("gram")), next(iter(estimators)))
         codes = estimators[label].transform(A)
         paths += [
-            save_figure(plot_concept_heatmaps(pixels, codes, out["grid"], title=f"{label} concepts, layer {layer}"),
-                        os.path.join(args.output_dir, "heatmaps.png")),
-            save_figure(plot_top_patches(pixels, codes, out["grid"], title=f"top patches per concept ({label})"),
-                        os.path.join(args.output_dir, "top_patches.png")),
+            save_figure(
+                plot_concept_heatmaps(pixels, codes, out["grid"], title=f"{label} concepts, layer {layer}"),
+                os.path.join(args.output_dir, "heatmaps.png"),
+            ),
+            save_figure(
+                plot_top_patches(pixels, codes, out["grid"], title=f"top patches per concept ({label})"),
+                os.path.join(args.output_dir, "top_patches.png"),
+            ),
         ]
     if not args.no_bound:
         paths.append(save_figure(plot_kl_vs_bound(out["runs"]), os.path.join(args.output_dir, "kl_vs_bound.png")))
-    sweep = [{"gram_weight": r["gram_weight"], "delta_gram": r["delta_gram"], "kl": r["kl"],
-              "delta_rec_rel": r["delta_rec_rel"]} for k, r in out["runs"].items() if k != "supervised"]
+    sweep = [
+        {
+            "gram_weight": r["gram_weight"],
+            "delta_gram": r["delta_gram"],
+            "kl": r["kl"],
+            "delta_rec_rel": r["delta_rec_rel"],
+        }
+        for k, r in out["runs"].items()
+        if k != "supervised"
+    ]
     if len(sweep) > 1:
         paths.append(save_figure(plot_mu_sweep(sweep), os.path.join(args.output_dir, "mu_sweep.png")))
     return paths
@@ -231,10 +316,22 @@ def run(args: argparse.Namespace) -> int:
     layer = args.layer if args.layer is not None else int(model.config.num_hidden_layers) // 2
     print(f"{args.model}: layer {layer}, {_describe(source)}, k={args.concepts}, on {device}")
     with torch_threads(threads):
-        out = compare_concepts(model, inputs, layer, args.concepts, gram_weights=args.gram_weight,
-                               supervised=args.supervised, kl_weight=args.kl_weight, max_iter=args.max_iter,
-                               refine_iter=args.refine_iter, supervised_iter=args.refine_iter, bounds=not args.no_bound,
-                               power_iters=args.power_iters, batch_size=args.batch_size, **opts)
+        out = compare_concepts(
+            model,
+            inputs,
+            layer,
+            args.concepts,
+            gram_weights=args.gram_weight,
+            supervised=args.supervised,
+            kl_weight=args.kl_weight,
+            max_iter=args.max_iter,
+            refine_iter=args.refine_iter,
+            supervised_iter=args.refine_iter,
+            bounds=not args.no_bound,
+            power_iters=args.power_iters,
+            batch_size=args.batch_size,
+            **opts,
+        )
     estimators = out.pop("estimators")
     out.update(model=args.model, inputs=source)
     _write_results(args.output_dir, "concepts.json", out, format_table(out["table"]))

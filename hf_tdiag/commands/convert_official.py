@@ -21,7 +21,9 @@ def register(subparsers) -> None:
     )
     p.add_argument("checkpoint", metavar="CKPT", help="path to the official checkpoint")
     p.add_argument("--preset", required=True, help="architecture preset, e.g. crate-tiny, crate-small, crate-base")
-    add_output_dir(p, None, "folder to write the converted model and its image processor into", "--output", required=True)
+    add_output_dir(
+        p, None, "folder to write the converted model and its image processor into", "--output", required=True
+    )
     p.add_argument("--variant", default="crate", help="output-matrix variant the checkpoint was trained with")
     p.add_argument("--pooling", default="cls", choices=["cls", "mean"], help="token pooling of the checkpoint")
     p.add_argument("--image-size", type=positive_int, default=None, help="override the preset's image size")
@@ -49,7 +51,11 @@ def _load_checkpoint(path: str):
         raise
     except Exception as err:  # pickle, zip and safetensors errors: the file is not a readable state_dict
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-        kind = "a safetensors file" if path.endswith(".safetensors") else "a PyTorch state_dict (torch.load, weights_only=True)"
+        kind = (
+            "a safetensors file"
+            if path.endswith(".safetensors")
+            else "a PyTorch state_dict (torch.load, weights_only=True)"
+        )
         raise ValueError(
             f"checkpoint: cannot read {path!r} as {kind}; is it truncated or another kind of file? "
             f"({type(err).__name__}: {first})"

@@ -32,22 +32,43 @@ def register(subparsers) -> None:
     p.add_argument("model", help="local model folder (save_pretrained) or Hub id (loaded with trust_remote_code=False)")
     add_input_flags(p, required=False)
     add_output_dir(p, "report_out", "folder for report.html and report.json (default report_out)")
-    p.add_argument("-o", "--output", default=None, metavar="FILE",
-                   help="write the page to this .html file instead (its JSON goes beside it)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="FILE",
+        help="write the page to this .html file instead (its JSON goes beside it)",
+    )
     p.add_argument(
         "--sections",
         nargs="+",
         default=None,
         help="subset of: summary srr schatten concepts attention (default: all that apply)",
     )
-    p.add_argument("--layer", type=non_negative_int, default=None,
-                   help="concept layer: hidden_states index 0..L, l = output of block l (default: the middle block)")
-    p.add_argument("--attention-layer", type=positive_int, default=None,
-                   help="block number 1..L of the attention maps and head diagnostic (default: the last block L)")
-    p.add_argument("--head", type=non_negative_int, default=0,
-                   help="head for the attention-SVM diagnostic, 0-based as in Transformers (default: 0)")
-    p.add_argument("--concepts", type=positive_int, default=NUM_CONCEPTS,
-                   help=f"number of Semi-NMF concepts (default {NUM_CONCEPTS})")
+    p.add_argument(
+        "--layer",
+        type=non_negative_int,
+        default=None,
+        help="concept layer: hidden_states index 0..L, l = output of block l (default: the middle block)",
+    )
+    p.add_argument(
+        "--attention-layer",
+        type=positive_int,
+        default=None,
+        help="block number 1..L of the attention maps and head diagnostic (default: the last block L)",
+    )
+    p.add_argument(
+        "--head",
+        type=non_negative_int,
+        default=0,
+        help="head for the attention-SVM diagnostic, 0-based as in Transformers (default: 0)",
+    )
+    p.add_argument(
+        "--concepts",
+        type=positive_int,
+        default=NUM_CONCEPTS,
+        help=f"number of Semi-NMF concepts (default {NUM_CONCEPTS})",
+    )
     p.add_argument("--srr-source", default="query", choices=("query", "key", "value"), help="U for non-CRATE models")
     p.add_argument("--title", default=None, help="page title")
     add_threads_flag(p)

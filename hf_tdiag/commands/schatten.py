@@ -19,15 +19,35 @@ def register(subparsers) -> None:
         ),
     )
     p.add_argument("models", nargs="+", metavar="MODEL", help="local folders or Hub ids")
-    p.add_argument("--l-phi", "--L-phi", type=finite_float, default=1.13,
-                   help="FFN activation Lipschitz constant L_phi (default 1.13, GELU)")
-    p.add_argument("--p-grid-m", type=positive_int, default=None, help="p grid {0, 1/m, ..., 2}; default m = ceil(L + ln N)")
+    p.add_argument(
+        "--l-phi",
+        "--L-phi",
+        type=finite_float,
+        default=1.13,
+        help="FFN activation Lipschitz constant L_phi (default 1.13, GELU)",
+    )
+    p.add_argument(
+        "--p-grid-m", type=positive_int, default=None, help="p grid {0, 1/m, ..., 2}; default m = ceil(L + ln N)"
+    )
     p.add_argument("--rank-tol", type=finite_float, default=1e-10, help="rank threshold factor (default 1e-10)")
-    p.add_argument("--threads", "--workers", dest="workers", type=positive_int, default=None, metavar="N",
-                   help="threads solving the spectra, each with single-threaded BLAS (default: by matrix size)")
-    add_output_dir(p, "schatten_out", "where schatten.json (full reports with spectra), schatten.csv (one row per "
-                   "model), matrices.csv (one row per matrix) and the figures go (default schatten_out)")
-    p.add_argument("--no-figures", action="store_true", help="skip the spectral-decay, optimal-p and contribution figures")
+    p.add_argument(
+        "--threads",
+        "--workers",
+        dest="workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="threads solving the spectra, each with single-threaded BLAS (default: by matrix size)",
+    )
+    add_output_dir(
+        p,
+        "schatten_out",
+        "where schatten.json (full reports with spectra), schatten.csv (one row per "
+        "model), matrices.csv (one row per matrix) and the figures go (default schatten_out)",
+    )
+    p.add_argument(
+        "--no-figures", action="store_true", help="skip the spectral-decay, optimal-p and contribution figures"
+    )
     # per-file destinations, kept for scripts written before --output-dir
     p.add_argument("--json", default=None, metavar="PATH", help=argparse.SUPPRESS)
     p.add_argument("--csv", default=None, metavar="PATH", help=argparse.SUPPRESS)
@@ -91,8 +111,13 @@ def run(args: argparse.Namespace) -> int:
     for model in args.models:
         reports.append(
             spectrum_bounds(
-                model, L_phi=args.l_phi, p_grid_m=args.p_grid_m, rank_tol=args.rank_tol, num_workers=args.workers,
-                progress=True, trust_remote_code=args.trust_remote_code,
+                model,
+                L_phi=args.l_phi,
+                p_grid_m=args.p_grid_m,
+                rank_tol=args.rank_tol,
+                num_workers=args.workers,
+                progress=True,
+                trust_remote_code=args.trust_remote_code,
             )
         )
     header = f"{'model':<44} {'L':>3} {'N':>5} {'H':>3} {'B_ours':>12} {'B_Edelman':>12} {'ratio':>9}"

@@ -30,14 +30,26 @@ def register(subparsers) -> None:
     )
     p.add_argument("models", nargs="+", metavar="MODEL", help="local model folders or Hub ids")
     add_input_flags(p)
-    p.add_argument("--source", default="query", choices=["query", "key", "value", "all"],
-                   help="projection giving U for non-CRATE models (default query; 'all' = one curve per source)")
-    p.add_argument("--measurement", default="design", choices=["design", "official"],
-                   help="design: layer l = output Z^l of block l with U^l (default); official: the official CRATE "
-                   "hooks (Rc of each block's qkv output with unit-norm tokens per head, sparsity at the ISTA output)")
-    p.add_argument("--precision", default="auto", choices=["auto", "float64"],
-                   help="auto: float32 Gram matrices where a condition check keeps them within 1e-6 of float64 "
-                   "(default); float64: every Gram matrix in float64")
+    p.add_argument(
+        "--source",
+        default="query",
+        choices=["query", "key", "value", "all"],
+        help="projection giving U for non-CRATE models (default query; 'all' = one curve per source)",
+    )
+    p.add_argument(
+        "--measurement",
+        default="design",
+        choices=["design", "official"],
+        help="design: layer l = output Z^l of block l with U^l (default); official: the official CRATE "
+        "hooks (Rc of each block's qkv output with unit-norm tokens per head, sparsity at the ISTA output)",
+    )
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "float64"],
+        help="auto: float32 Gram matrices where a condition check keeps them within 1e-6 of float64 "
+        "(default); float64: every Gram matrix in float64",
+    )
     p.add_argument("--eps", type=finite_float, default=0.1, help="epsilon of the coding rates (default 0.1)")
     p.add_argument("--lam", type=finite_float, default=1.0, help="weight of the sparsity term (default 1.0)")
     p.add_argument("--layernorm", action="store_true", help="measure LN(Z) with each block's pre-attention LayerNorm")
@@ -63,7 +75,9 @@ def _inputs(args, loaded):
         tok = loaded.processor
 
         def encode(chunk):
-            return dict(tok(list(chunk), padding=True, truncation=True, max_length=args.max_length, return_tensors="pt"))
+            return dict(
+                tok(list(chunk), padding=True, truncation=True, max_length=args.max_length, return_tensors="pt")
+            )
 
         return LazyBatches(lines, args.batch_size, encode), len(lines)
     if args.images is not None and not os.path.isdir(args.images):
@@ -110,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
                     include_mid=not args.no_mid,
                     batch_size=args.batch_size,
                 )
-    json_path = write_json(os.path.join(args.output_dir, "srr.json"), {"reports": {k: r.to_dict() for k, r in reports.items()}})
+    json_path = write_json(
+        os.path.join(args.output_dir, "srr.json"), {"reports": {k: r.to_dict() for k, r in reports.items()}}
+    )
     png_path = save_figure(plot_layer_srr(reports), os.path.join(args.output_dir, "srr.png"))
     header = f"{'model':<40} {'layers':>6} {'n':>6} {'mean SRR':>10} {'last SRR':>10} {'last Rc':>10} {'last R':>10}"
     print(header)

@@ -30,25 +30,52 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     p.add_argument("--grid", default="digits", choices=sorted(GRIDS), help="which grid to run (default: digits)")
     add_output_dir(p, None, "study folder holding the run cache and tables (default: runs/study_<grid>)")
-    p.add_argument("--jobs", type=positive_int, default=1, help="trainings run at once, in separate processes (default 1)")
-    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                   help="torch CPU threads per job (default: cpu_count // jobs)")
     p.add_argument(
-        "--axis", action="append", default=[], metavar="NAME=V1,V2",
+        "--jobs", type=positive_int, default=1, help="trainings run at once, in separate processes (default 1)"
+    )
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="torch CPU threads per job (default: cpu_count // jobs)",
+    )
+    p.add_argument(
+        "--axis",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2",
         help="replace (or add) a grid axis, values JSON-parsed, e.g. --axis learning_rate=1e-3,3e-3",
     )
     p.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a fixed trainer setting, value JSON-parsed, e.g. --set max_train_steps=500",
     )
-    p.add_argument("--max-runs", "--limit", type=positive_int, default=None, metavar="N",
-                   help="train at most this many new runs, then summarize")
-    p.add_argument("--train-fn", default=None, help="alternative trainer as module:function (see hf_tdiag.study.run_study)")
+    p.add_argument(
+        "--max-runs",
+        "--limit",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="train at most this many new runs, then summarize",
+    )
+    p.add_argument(
+        "--train-fn", default=None, help="alternative trainer as module:function (see hf_tdiag.study.run_study)"
+    )
     p.add_argument("--keep-models", action="store_true", help="keep each run's trained model folder")
     p.add_argument("--no-figures", "--no-plot", action="store_true", help="skip the scatter plots")
     p.add_argument("--summarize-only", action="store_true", help="only rebuild the table from the cached runs")
-    p.add_argument("--max-samples", "--max-examples", type=positive_int, default=None, metavar="N",
-                   help="training examples used by the measures (default 512)")
+    p.add_argument(
+        "--max-samples",
+        "--max-examples",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="training examples used by the measures (default 512)",
+    )
     add_executor_flags(p)
     return p
 
@@ -104,15 +131,25 @@ def run(args: argparse.Namespace) -> int:
     else:
         try:
             summary = run_study(
-                grid, out, jobs=args.jobs, settings=settings, train_fn=args.train_fn, limit=args.max_runs,
-                keep_models=args.keep_models, plot=not args.no_figures, threads=args.threads,
-                executor=args.executor, executor_options=executor_options(args),
+                grid,
+                out,
+                jobs=args.jobs,
+                settings=settings,
+                train_fn=args.train_fn,
+                limit=args.max_runs,
+                keep_models=args.keep_models,
+                plot=not args.no_figures,
+                threads=args.threads,
+                executor=args.executor,
+                executor_options=executor_options(args),
             )
         except (StudyLockedError, ImportError) as err:  # a running study in the folder; the Ray extra missing
             print(f"error: {err}", file=sys.stderr)
             return 1
-    print(f"study {grid.name}: {summary['n_runs']}/{summary['n_expected']} runs finished "
-          f"({summary['cached']} from the cache), {summary['reached_stop']} reached the target training loss")
+    print(
+        f"study {grid.name}: {summary['n_runs']}/{summary['n_expected']} runs finished "
+        f"({summary['cached']} from the cache), {summary['reached_stop']} reached the target training loss"
+    )
     for f in summary["failures"]:
         print(f"  failed: {f['hparams']}: {f['error']}", file=sys.stderr)
     if summary["markdown"]:

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from hf_tdiag.report import figures
-from hf_tdiag.report.report import cls_pooling_note
 from hf_tdiag.inputs import UserInputError, open_image
 from hf_tdiag.loading import HUB_ID, LoadedModel, load_hub_model, load_model, pixel_values_for
+from hf_tdiag.report import figures
+from hf_tdiag.report.report import cls_pooling_note
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,9 @@ def user_errors(fn):
         except (ValueError, TypeError, FileNotFoundError, UnidentifiedImageError) as err:
             raise gr.Error(html.escape(str(err)), title="Invalid input", print_exception=False) from None
         except torch.OutOfMemoryError:
-            raise gr.Error("out of memory: try a smaller model or fewer/smaller images", print_exception=False) from None
+            raise gr.Error(
+                "out of memory: try a smaller model or fewer/smaller images", print_exception=False
+            ) from None
         except Exception as err:  # noqa: BLE001 - the Space must survive anything a user can trigger
             logger.exception("handler %s failed", fn.__name__)
             raise gr.Error(html.escape(f"{type(err).__name__}: {err}"), title="Internal error") from None
@@ -206,8 +208,10 @@ def crate_tab(spec, image_path, layer, compare=None, progress=gr.Progress(track_
     num_layers = int(loaded.config.num_hidden_layers)
     layer = _block_number(layer, num_layers)
     if not 1 <= layer <= num_layers:
-        gr.Warning(f"layer {layer} does not exist in a {num_layers}-layer model (blocks 1..{num_layers}); "
-                   "showing the last layer")
+        gr.Warning(
+            f"layer {layer} does not exist in a {num_layers}-layer model (blocks 1..{num_layers}); "
+            "showing the last layer"
+        )
         layer = num_layers
     labels, attentions, pixel_values = classify(loaded, image)
     grid = _grid(loaded, pixel_values.unsqueeze(0))
@@ -268,14 +272,32 @@ def _bounds_report(loaded: LoadedModel, L_phi: float):
 
 def _bounds_table(report) -> list[list]:
     return [
-        [m.layer + 1, "" if m.head is None else m.head, m.type, m.rank, round(m.spectral_norm, 6),
-         round(m.stable_rank, 4), round(m.p_opt, 4), round(m.min_contribution, 6), float(f"{m.flip_factor_down:.4g}")]
+        [
+            m.layer + 1,
+            "" if m.head is None else m.head,
+            m.type,
+            m.rank,
+            round(m.spectral_norm, 6),
+            round(m.stable_rank, 4),
+            round(m.p_opt, 4),
+            round(m.min_contribution, 6),
+            float(f"{m.flip_factor_down:.4g}"),
+        ]
         for m in report.matrices
     ]
 
 
-BOUNDS_COLUMNS = ["layer", "head", "type", "rank", "spectral norm", "stable rank", "p_opt", "min_p c(W,p)",
-                  "κ↓ (×γαL for a larger p to win)"]
+BOUNDS_COLUMNS = [
+    "layer",
+    "head",
+    "type",
+    "rank",
+    "spectral norm",
+    "stable rank",
+    "p_opt",
+    "min_p c(W,p)",
+    "κ↓ (×γαL for a larger p to win)",
+]
 
 
 def _markdown_table(headers, rows) -> str:
@@ -343,8 +365,14 @@ def concepts_tab(spec, image_path, n_concepts=4, layer=-1, extra_digits=31, prog
         layer = max(1, num_layers // 2)
     pixel_values = pixel_values_for(images, loaded)
     result = hf_tdiag.concept_fidelity(
-        loaded.model, pixel_values, layer, n_concepts, power_iters=10, max_images_for_constants=8,
-        return_tensors=True, progress=True,
+        loaded.model,
+        pixel_values,
+        layer,
+        n_concepts,
+        power_iters=10,
+        max_images_for_constants=8,
+        return_tensors=True,
+        progress=True,
     )
     tensors = result.pop("tensors")
     plots = [fig for _, fig in concept_plots(loaded, pixel_values, tensors["codes"], result)]
@@ -391,9 +419,9 @@ def _int_in(value, name: str) -> int:
 def svm_experiment(n=6, T=8, d=16, steps=2000, seed=0, progress=gr.Progress(track_tqdm=True)):
     """1-layer experiment of Tarzanagh et al.: normalized GD on W (vs the Frobenius Att-SVM) and on (K, Q)
     (vs the nuclear-norm Att-SVM); correlation curves and the global/local verdict."""
-    from hf_tdiag.viz import attention_svm as viz_attention_svm
     from hf_tdiag.measures.attention_gd import convergence_verdict, make_attention_data, train_attention
     from hf_tdiag.measures.attention_svm import att_svm
+    from hf_tdiag.viz import attention_svm as viz_attention_svm
 
     n, T, d, steps = _int_in(n, "n"), _int_in(T, "T"), _int_in(d, "d"), _int_in(steps, "steps")
     seed = int(seed or 0)
@@ -410,8 +438,15 @@ def svm_experiment(n=6, T=8, d=16, steps=2000, seed=0, progress=gr.Progress(trac
         if not svm.feasible:
             lines.append(f"| {param} | {norm} | infeasible for these tokens | — |")
             continue
-        run = train_attention(data, param=param, steps=n_steps, lr=lr, references={"mm": svm.W},
-                              record_every=max(1, n_steps // 200), seed=seed)
+        run = train_attention(
+            data,
+            param=param,
+            steps=n_steps,
+            lr=lr,
+            references={"mm": svm.W},
+            record_every=max(1, n_steps // 200),
+            seed=seed,
+        )
         corr = run.correlation["mm"]
         curves[f"{param} vs W_mm ({'Frobenius' if norm == 'fro' else 'nuclear'})"] = (run.steps.tolist(), corr.tolist())
         lines.append(f"| {param} | {norm} | {float(corr[-1]):.4f} | {float(corr.max()):.4f} |")
@@ -439,9 +474,9 @@ def svm_experiment(n=6, T=8, d=16, steps=2000, seed=0, progress=gr.Progress(trac
 def svm_head_tab(spec, image_path, layer=-1, head=0, extra_digits=15, progress=gr.Progress(track_tqdm=True)):
     """Head diagnostic: how max-margin-like head ``head`` of ``layer`` is on the image(s)."""
     import hf_tdiag
-    from hf_tdiag.viz import attention_svm as viz_attention_svm
     from hf_tdiag.inputs import digits_test_images
     from hf_tdiag.report.report import svm_table
+    from hf_tdiag.viz import attention_svm as viz_attention_svm
 
     loaded = get_model(spec)
     if loaded.modality != "image":

@@ -54,8 +54,16 @@ def _guard_image_input(component: gr.Image) -> gr.Image:
 
 def _image_input(label: str, elem_id: str) -> gr.Image:
     return _guard_image_input(
-        gr.Image(label=label, type="filepath", format="png", show_label=False, image_mode=None, sources=["upload", "clipboard"],
-                 elem_id=elem_id, height=260)
+        gr.Image(
+            label=label,
+            type="filepath",
+            format="png",
+            show_label=False,
+            image_mode=None,
+            sources=["upload", "clipboard"],
+            elem_id=elem_id,
+            height=260,
+        )
     )
 
 
@@ -83,7 +91,9 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                         with gr.Row():
                             example_index = gr.Number(value=0, precision=0, minimum=0, label="Digits test example #")
                             example_btn = gr.Button("Use digits example", elem_id="crate-example")
-                        layer = gr.Number(value=-1, precision=0, label="Layer for per-head maps: block 1..L (-1 = last)")
+                        layer = gr.Number(
+                            value=-1, precision=0, label="Layer for per-head maps: block 1..L (-1 = last)"
+                        )
                         compare = gr.CheckboxGroup(
                             choices=list(CRATE_VARIANTS),
                             label="Compare variants (default digits model of each; trained on first use)",
@@ -92,9 +102,15 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                         run_btn = gr.Button("Run", variant="primary", elem_id="crate-run")
                     with gr.Column(scale=2):
                         prediction = gr.Label(num_top_classes=3, label="Prediction", elem_id="crate-prediction")
-                        heads_plot = gr.Plot(label="Attention per head", format="png", show_label=False, elem_id="crate-heads")
-                        layers_plot = gr.Plot(label="Attention per layer", format="png", show_label=False, elem_id="crate-layers")
-                        srr_plot = gr.Plot(label="Per-layer SRR of this image", format="png", show_label=False, elem_id="crate-srr")
+                        heads_plot = gr.Plot(
+                            label="Attention per head", format="png", show_label=False, elem_id="crate-heads"
+                        )
+                        layers_plot = gr.Plot(
+                            label="Attention per layer", format="png", show_label=False, elem_id="crate-layers"
+                        )
+                        srr_plot = gr.Plot(
+                            label="Per-layer SRR of this image", format="png", show_label=False, elem_id="crate-srr"
+                        )
                         compare_table = gr.Markdown(elem_id="crate-compare-table")
                 example_btn.click(H.digits_example, inputs=example_index, outputs=image, api_name="digits_example")
                 run_btn.click(
@@ -113,10 +129,14 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     l_phi = gr.Number(value=1.13, label="L_φ (Lipschitz constant of the FFN activation; GELU 1.13)")
                     bounds_btn = gr.Button("Compute bounds", variant="primary", elem_id="bounds-run")
                 bounds_text = gr.Markdown(elem_id="bounds-summary")
-                p_heatmap = gr.Plot(label="Optimal p per matrix type", format="png", show_label=False, elem_id="bounds-heatmap")
+                p_heatmap = gr.Plot(
+                    label="Optimal p per matrix type", format="png", show_label=False, elem_id="bounds-heatmap"
+                )
                 # one figure per row: each has three panels and a title the Plot label must not cover
                 spectra_plot = gr.Plot(label="Spectral decay", format="png", show_label=False, elem_id="bounds-spectra")
-                contrib_plot = gr.Plot(label="Contribution vs p", format="png", show_label=False, elem_id="bounds-contrib")
+                contrib_plot = gr.Plot(
+                    label="Contribution vs p", format="png", show_label=False, elem_id="bounds-contrib"
+                )
                 bounds_table = gr.Dataframe(headers=H.BOUNDS_COLUMNS, label="Per-matrix numbers", interactive=False)
                 bounds_btn.click(
                     H.bounds_tab,
@@ -135,16 +155,22 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     with gr.Column(scale=1):
                         concept_image = _image_input("Image (optional)", "concepts-image")
                         n_concepts = gr.Slider(2, 16, value=4, step=1, label="Concepts")
-                        concept_layer = gr.Number(value=-1, precision=0, label="Layer ℓ: output of block ℓ, 0 = embeddings (-1 = middle)")
+                        concept_layer = gr.Number(
+                            value=-1, precision=0, label="Layer ℓ: output of block ℓ, 0 = embeddings (-1 = middle)"
+                        )
                         extra_digits = gr.Slider(0, 128, value=31, step=1, label="Also fit on N digits test images")
                         concepts_btn = gr.Button("Fit concepts", variant="primary", elem_id="concepts-run")
                     with gr.Column(scale=2):
                         concepts_text = gr.Markdown(elem_id="concepts-summary")
-                        heatmaps = gr.Plot(label="Concept heatmaps", format="png", show_label=False, elem_id="concepts-heatmaps")
+                        heatmaps = gr.Plot(
+                            label="Concept heatmaps", format="png", show_label=False, elem_id="concepts-heatmaps"
+                        )
                         gr.Markdown("**Top-activating patches per concept** (cyan box; the value above is the code)")
                         top_patches = gr.Plot(label="Top patches per concept", format="png", show_label=False)
                         kl_plot = gr.Plot(label="Empirical KL vs bound", format="png", show_label=False)
-                        fidelity_table = gr.Dataframe(headers=["quantity", "value"], label="Fidelity", interactive=False)
+                        fidelity_table = gr.Dataframe(
+                            headers=["quantity", "value"], label="Fidelity", interactive=False
+                        )
                 concepts_btn.click(
                     H.concepts_tab,
                     inputs=[model_box, concept_image, n_concepts, concept_layer, extra_digits],
@@ -186,7 +212,9 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                         head_btn = gr.Button("Diagnose head", variant="primary", elem_id="svm-head-run")
                     with gr.Column(scale=2):
                         head_text = gr.Markdown(elem_id="svm-head-summary")
-                        head_plot = gr.Plot(label="Margins and attention", format="png", show_label=False, elem_id="svm-head-plot")
+                        head_plot = gr.Plot(
+                            label="Margins and attention", format="png", show_label=False, elem_id="svm-head-plot"
+                        )
                         head_table = gr.Dataframe(headers=["quantity", "value"], label="Diagnostic", interactive=False)
                 head_btn.click(
                     H.svm_head_tab,

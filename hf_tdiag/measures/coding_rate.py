@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Dict
 
 import torch
 
@@ -66,7 +65,9 @@ def check_eps(eps) -> float:
     """``eps`` as a float: finite, > 0, and with a finite non-zero square (the rates divide by ε²)."""
     eps = positive_float(eps, "eps")
     if not 0.0 < eps * eps < math.inf:  # x * x overflows to inf (x ** 2 raises)
-        raise ValueError(f"eps: expected a value whose square is a positive finite float (about 1e-150 to 1e150), got {eps!r}")
+        raise ValueError(
+            f"eps: expected a value whose square is a positive finite float (about 1e-150 to 1e150), got {eps!r}"
+        )
     return eps
 
 
@@ -173,9 +174,13 @@ def _check_mask(token_mask, Z: torch.Tensor):
     if token_mask is None:
         return None
     if not isinstance(token_mask, torch.Tensor):
-        raise TypeError(f"token_mask: expected a torch.Tensor of shape {tuple(Z.shape[:-1])}, got {type(token_mask).__name__}")
+        raise TypeError(
+            f"token_mask: expected a torch.Tensor of shape {tuple(Z.shape[:-1])}, got {type(token_mask).__name__}"
+        )
     if tuple(token_mask.shape) != tuple(Z.shape[:-1]):
-        raise ValueError(f"token_mask: expected shape {tuple(Z.shape[:-1])} (Z's leading dims and N), got {tuple(token_mask.shape)}")
+        raise ValueError(
+            f"token_mask: expected shape {tuple(Z.shape[:-1])} (Z's leading dims and N), got {tuple(token_mask.shape)}"
+        )
     if token_mask.dtype != torch.bool and not bool(((token_mask == 0) | (token_mask == 1)).all()):
         raise ValueError("token_mask: expected booleans or 0/1 values")
     mask = token_mask.to(device=Z.device, dtype=torch.float64)
@@ -234,8 +239,12 @@ def head_projections(Z: torch.Tensor, U: torch.Tensor, *, check_finite: bool = T
 
 
 def coding_rate(
-    Z: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None, precision: str = "auto",
-    *, check_finite: bool = True,
+    Z: torch.Tensor,
+    eps: float = 0.1,
+    token_mask: torch.Tensor | None = None,
+    precision: str = "auto",
+    *,
+    check_finite: bool = True,
 ) -> torch.Tensor:
     """``R(Z) = ½ logdet(I + d/(Nε²) ZᵀZ)`` per sample (``token_mask`` (..., N): only those tokens, N = their count).
 
@@ -247,8 +256,12 @@ def coding_rate(
 
 
 def compression_rate_from_projections(
-    A: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None, precision: str = "auto",
-    *, check_finite: bool = True,
+    A: torch.Tensor,
+    eps: float = 0.1,
+    token_mask: torch.Tensor | None = None,
+    precision: str = "auto",
+    *,
+    check_finite: bool = True,
 ) -> torch.Tensor:
     """``Rᶜ = Σ_k ½ logdet(I + p/(Nε²) A_kᵀA_k)`` from head projections ``A`` of shape (..., K, N, p)."""
     eps = check_eps(eps)
@@ -260,8 +273,13 @@ def compression_rate_from_projections(
 
 
 def compression_rate(
-    Z: torch.Tensor, U: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None,
-    precision: str = "auto", *, check_finite: bool = True,
+    Z: torch.Tensor,
+    U: torch.Tensor,
+    eps: float = 0.1,
+    token_mask: torch.Tensor | None = None,
+    precision: str = "auto",
+    *,
+    check_finite: bool = True,
 ) -> torch.Tensor:
     """``Rᶜ(Z; U) = Σ_k ½ logdet(I + p/(Nε²) (U_kᵀZ)ᵀ(U_kᵀZ))`` per sample."""
     eps = check_eps(eps)
@@ -277,8 +295,12 @@ def unit_tokens(A: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
 
 
 def official_compression_rate(
-    A: torch.Tensor, eps: float = 0.1, token_mask: torch.Tensor | None = None, precision: str = "auto",
-    *, check_finite: bool = True,
+    A: torch.Tensor,
+    eps: float = 0.1,
+    token_mask: torch.Tensor | None = None,
+    precision: str = "auto",
+    *,
+    check_finite: bool = True,
 ) -> torch.Tensor:
     """Official CRATE ``Rᶜ = Σ_k ½ logdet(I + p/(Nε²) Âₖ Âₖᵀ)``, ``Âₖ`` = head k's tokens of ``A`` (..., K, N, p) at unit norm.
 
@@ -296,7 +318,11 @@ def sparsity(Z: torch.Tensor, token_mask: torch.Tensor | None = None, *, check_f
 
 
 def sparse_rate_reduction(
-    Z: torch.Tensor, U: torch.Tensor, eps: float = 0.1, lam: float = 1.0, token_mask: torch.Tensor | None = None,
+    Z: torch.Tensor,
+    U: torch.Tensor,
+    eps: float = 0.1,
+    lam: float = 1.0,
+    token_mask: torch.Tensor | None = None,
     precision: str = "auto",
 ) -> torch.Tensor:
     """``SRR(Z; U) = Rᶜ(Z; U) − R(Z) + λ·sparsity(Z)`` per sample (lower is better)."""
@@ -312,7 +338,7 @@ def srr_terms(
     lam: float = 1.0,
     token_mask: torch.Tensor | None = None,
     precision: str = "auto",
-) -> Dict[str, torch.Tensor]:
+) -> dict[str, torch.Tensor]:
     """All four terms of one state: ``{"R", "Rc", "sparsity", "srr"}`` with ``srr = Rc − R + λ·sparsity``.
 
     Pass either ``U`` (K, d, p) or precomputed ``projections`` (..., K, N, p)

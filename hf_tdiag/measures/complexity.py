@@ -22,7 +22,7 @@ given), ``spectral_norms`` / ``sum_spectral_norm`` / ``log_prod_spectral_norm``
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -41,7 +41,6 @@ __all__ = [
     "bisect_largest",
     "project_box",
 ]
-
 
 
 def _tensor_list(tensors, name: str) -> list[torch.Tensor]:
@@ -88,7 +87,9 @@ def log_prod_spectral_norm(matrices) -> float:
     """log Π_i ‖W_i‖₂ = Σ_i log ‖W_i‖₂ (−inf never: a zero matrix is an error)."""
     norms = spectral_norms(matrices)
     if bool((norms <= 0).any()):
-        raise ValueError("matrices: a matrix with zero spectral norm makes the product of spectral norms zero (log undefined)")
+        raise ValueError(
+            "matrices: a matrix with zero spectral norm makes the product of spectral norms zero (log undefined)"
+        )
     return float(torch.log(norms).sum())
 
 
@@ -114,8 +115,16 @@ def output_margins(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     check_tensor(logits, "logits")
     if logits.ndim != 2 or logits.shape[1] < 2:
         raise ValueError(f"logits: expected shape (n, num_classes) with num_classes >= 2, got {tuple(logits.shape)}")
-    if not isinstance(labels, torch.Tensor) or labels.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
-        raise TypeError(f"labels: expected an integer torch.Tensor, got {getattr(labels, 'dtype', type(labels).__name__)}")
+    if not isinstance(labels, torch.Tensor) or labels.dtype not in (
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.uint8,
+        torch.int8,
+    ):
+        raise TypeError(
+            f"labels: expected an integer torch.Tensor, got {getattr(labels, 'dtype', type(labels).__name__)}"
+        )
     if labels.shape != logits.shape[:1]:
         raise ValueError(f"labels: expected shape ({logits.shape[0]},) to match logits, got {tuple(labels.shape)}")
     labels = labels.to(device=logits.device, dtype=torch.int64)

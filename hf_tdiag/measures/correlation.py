@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.stats
@@ -30,7 +31,9 @@ def _as_vector(x, name: str) -> np.ndarray:
     if arr.ndim != 1:
         raise ValueError(f"{name}: expected a 1-D sequence of real numbers, got shape {arr.shape}")
     if not np.isfinite(arr).all():
-        raise ValueError(f"{name}: contains NaN or inf values (at positions {np.flatnonzero(~np.isfinite(arr)).tolist()[:10]})")
+        raise ValueError(
+            f"{name}: contains NaN or inf values (at positions {np.flatnonzero(~np.isfinite(arr)).tolist()[:10]})"
+        )
     return arr
 
 
@@ -86,8 +89,11 @@ class GranulatedKendall:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "psi": self.psi, "per_axis": dict(self.per_axis), "groups": dict(self.groups),
-            "incomplete": dict(self.incomplete), "missing_runs": self.missing_runs,
+            "psi": self.psi,
+            "per_axis": dict(self.per_axis),
+            "groups": dict(self.groups),
+            "incomplete": dict(self.incomplete),
+            "missing_runs": self.missing_runs,
         }
 
 
@@ -119,7 +125,9 @@ def _hparam_table(hparams, n: int) -> dict[str, list]:
             try:
                 hash(v)
             except TypeError:
-                raise TypeError(f"hparams: values of axis {k!r} must be hashable (numbers, strings), got {type(v).__name__}") from None
+                raise TypeError(
+                    f"hparams: values of axis {k!r} must be hashable (numbers, strings), got {type(v).__name__}"
+                ) from None
     return table
 
 
@@ -158,7 +166,7 @@ def granulated_kendall(measure, gap, hparams, axes_values=None) -> GranulatedKen
     for i in range(m.shape[0]):
         runs_at.setdefault(tuple(table[a][i] for a in theta), []).append(i)
     per_axis, groups, incomplete = {}, {}, {}
-    for k, axis in enumerate(theta):
+    for _k, axis in enumerate(theta):
         others = [a for a in theta if a != axis]
         combos = list(itertools.product(*(theta[a] for a in others)))
         taus, short = [], 0
@@ -172,6 +180,9 @@ def granulated_kendall(measure, gap, hparams, axes_values=None) -> GranulatedKen
         incomplete[axis] = short
     grid_size = math.prod(len(v) for v in theta.values())
     return GranulatedKendall(
-        psi=float(sum(per_axis.values()) / len(per_axis)), per_axis=per_axis, groups=groups,
-        incomplete=incomplete, missing_runs=grid_size - len(runs_at),
+        psi=float(sum(per_axis.values()) / len(per_axis)),
+        per_axis=per_axis,
+        groups=groups,
+        incomplete=incomplete,
+        missing_runs=grid_size - len(runs_at),
     )

@@ -18,7 +18,7 @@ Conventions shared by every function:
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -130,9 +130,7 @@ def low_rank_product_spectrum(left, right, *, check: bool = True) -> tuple[torch
     """
     a, b = (_tensor(left, "left", min_dim=2), _tensor(right, "right", min_dim=2)) if check else (left, right)
     if a.shape[-1] != b.shape[-2]:
-        raise ValueError(
-            f"left/right: inner dimensions differ, left {tuple(a.shape)} vs right {tuple(b.shape)}"
-        )
+        raise ValueError(f"left/right: inner dimensions differ, left {tuple(a.shape)} vs right {tuple(b.shape)}")
     n, r, m = a.shape[-2], a.shape[-1], b.shape[-1]
     if r >= min(n, m):
         prod = a @ b
@@ -415,7 +413,9 @@ def spectrum_adaptive_bound(min_contributions, num_layers: int) -> torch.Tensor:
     return c.sum() + math.sqrt(L)
 
 
-def edelman_layer_terms(m_in_norm, m_out_norm, v_norms, qk_norms_2_1, v_norms_2_1, m_in_norm_2_1, m_out_norm_2_1) -> torch.Tensor:
+def edelman_layer_terms(
+    m_in_norm, m_out_norm, v_norms, qk_norms_2_1, v_norms_2_1, m_in_norm_2_1, m_out_norm_2_1
+) -> torch.Tensor:
     """ξ_ℓ = Σ_h[(‖M_out‖‖M_in‖‖Ṽ_h‖₂‖QK_h‖_{2,1})^{2/3} + (‖M_out‖‖M_in‖‖Ṽ_h‖_{2,1})^{2/3}] + (‖M_out‖‖M_in‖_{2,1})^{2/3} + ‖M_out‖_{2,1}^{2/3}."""
     m_in = _tensor(m_in_norm, "m_in_norm", min_dim=1)
     m_out = _tensor(m_out_norm, "m_out_norm", min_dim=1)
@@ -425,7 +425,9 @@ def edelman_layer_terms(m_in_norm, m_out_norm, v_norms, qk_norms_2_1, v_norms_2_
     in21 = _tensor(m_in_norm_2_1, "m_in_norm_2_1", min_dim=1)
     out21 = _tensor(m_out_norm_2_1, "m_out_norm_2_1", min_dim=1)
     L = m_in.shape[0]
-    if not (m_out.shape == in21.shape == out21.shape == (L,) and v.shape == qk21.shape == v21.shape and v.shape[0] == L):
+    if not (
+        m_out.shape == in21.shape == out21.shape == (L,) and v.shape == qk21.shape == v21.shape and v.shape[0] == L
+    ):
         raise ValueError(
             "edelman_layer_terms: expected (L,) per-layer norms and (L, H) per-head norms; got "
             f"m_in {tuple(m_in.shape)}, m_out {tuple(m_out.shape)}, v {tuple(v.shape)}, qk_2_1 {tuple(qk21.shape)}, "

@@ -32,7 +32,7 @@ dropout does not add noise to the loss.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -62,7 +62,9 @@ def _check_params(params) -> list[torch.Tensor]:
         raise ValueError("params: expected at least one tensor to perturb, got none")
     for i, p in enumerate(params):
         if not isinstance(p, torch.Tensor) or not p.is_floating_point():
-            raise TypeError(f"params[{i}]: expected a floating torch.Tensor, got {getattr(p, 'dtype', type(p).__name__)}")
+            raise TypeError(
+                f"params[{i}]: expected a floating torch.Tensor, got {getattr(p, 'dtype', type(p).__name__)}"
+            )
         if not bool(torch.isfinite(p.detach()).all()):
             raise ValueError(f"params[{i}]: contains NaN or inf values (shape {tuple(p.shape)})")
     return params
@@ -70,7 +72,9 @@ def _check_params(params) -> list[torch.Tensor]:
 
 def _check_batches(batches) -> list:
     if isinstance(batches, (torch.Tensor, dict)):
-        raise TypeError(f"batches: expected an iterable of batches (e.g. a list), got a single {type(batches).__name__}; wrap it in a list")
+        raise TypeError(
+            f"batches: expected an iterable of batches (e.g. a list), got a single {type(batches).__name__}; wrap it in a list"
+        )
     try:
         batches = list(batches)
     except TypeError:
@@ -83,14 +87,21 @@ def _check_batches(batches) -> list:
 def _loss(loss_fn, batch) -> torch.Tensor:
     loss = loss_fn(batch)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise TypeError(f"loss_fn: expected it to return a scalar tensor, got {type(loss).__name__} {getattr(loss, 'shape', '')}")
+        raise TypeError(
+            f"loss_fn: expected it to return a scalar tensor, got {type(loss).__name__} {getattr(loss, 'shape', '')}"
+        )
     if not bool(torch.isfinite(loss.detach())):
         raise ValueError(f"loss_fn: returned a non-finite loss ({float(loss.detach())})")
     return loss.reshape(())
 
 
 @torch.no_grad()
-def _assign(params: Sequence[torch.Tensor], base: Sequence[torch.Tensor], delta: Sequence[torch.Tensor] | None, scale: float = 1.0):
+def _assign(
+    params: Sequence[torch.Tensor],
+    base: Sequence[torch.Tensor],
+    delta: Sequence[torch.Tensor] | None,
+    scale: float = 1.0,
+):
     for p, w, d in zip(params, base, delta if delta is not None else [None] * len(params)):
         if d is None:
             p.copy_(w)
@@ -202,7 +213,9 @@ def pac_bayes_flatness(
 
     try:
         l0 = mean_loss(0.0)
-        sigma = bisect_largest(lambda s: mean_loss(s) - l0 <= threshold, sigma_min, sigma_max, iters=iters, geometric=True)
+        sigma = bisect_largest(
+            lambda s: mean_loss(s) - l0 <= threshold, sigma_min, sigma_max, iters=iters, geometric=True
+        )
     finally:
         _assign(params, base, None)
         bar.close()
@@ -212,8 +225,9 @@ def pac_bayes_flatness(
 # --------------------------------------------------------------------------- Jiang et al. (2020)
 
 
-def bisect_to_target(deviation: Callable[[float], float], upper: float, target: float = 0.1, tolerance: float = 0.01,
-                     depth: int = 15) -> tuple[float, bool, list[tuple[float, float]]]:
+def bisect_to_target(
+    deviation: Callable[[float], float], upper: float, target: float = 0.1, tolerance: float = 0.01, depth: int = 15
+) -> tuple[float, bool, list[tuple[float, float]]]:
     """Jiang et al.'s search: bisect x on [0, ``upper``] until |deviation(x) − target| < tolerance (at most ``depth``
     steps; too much deviation lowers x). Returns (x, whether the target was met, [(x, deviation), ...])."""
     upper = positive_float(upper, "upper")
@@ -238,14 +252,18 @@ def _check_labelled(batches) -> list:
     batches = _check_batches(batches)
     for i, b in enumerate(batches):
         if not (isinstance(b, (tuple, list)) and len(b) == 2 and isinstance(b[1], torch.Tensor)):
-            raise TypeError(f"batches[{i}]: expected an (inputs, labels) pair with a labels tensor, got {type(b).__name__}")
+            raise TypeError(
+                f"batches[{i}]: expected an (inputs, labels) pair with a labels tensor, got {type(b).__name__}"
+            )
     return batches
 
 
 def _logits(logits_fn, inputs, labels) -> torch.Tensor:
     z = logits_fn(inputs)
     if not isinstance(z, torch.Tensor) or z.ndim != 2 or z.shape[0] != labels.shape[0]:
-        raise TypeError(f"logits_fn: expected a ({labels.shape[0]}, classes) tensor, got {getattr(z, 'shape', type(z).__name__)}")
+        raise TypeError(
+            f"logits_fn: expected a ({labels.shape[0]}, classes) tensor, got {getattr(z, 'shape', type(z).__name__)}"
+        )
     return z
 
 
@@ -284,8 +302,16 @@ def _pgd_accuracy_drop(logits_fn, params, base, bounds, batches, acc0: float, st
 
 
 def sharpness_mag(
-    logits_fn: Callable, params: Iterable[torch.Tensor], batches: Iterable, target: float = 0.1, eps: float = 1e-3,
-    alpha_max: float = 2.0, steps: int = 10, tolerance: float = 0.01, depth: int = 15, progress: bool = False,
+    logits_fn: Callable,
+    params: Iterable[torch.Tensor],
+    batches: Iterable,
+    target: float = 0.1,
+    eps: float = 1e-3,
+    alpha_max: float = 2.0,
+    steps: int = 10,
+    tolerance: float = 0.01,
+    depth: int = 15,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Jiang et al.'s ``sharpness_mag``: 1/α′², α′ the box scale at which max_{|u_i| ≤ α′(|w_i|+ε)} drops the training
     accuracy by ``target`` (PGD with ``steps`` sign-gradient steps, bisection on α ∈ [0, ``alpha_max``])."""
@@ -310,7 +336,13 @@ def sharpness_mag(
         for p, r in zip(params, requires):
             p.requires_grad_(r)
         bar.close()
-    return {"alpha": alpha, "flatness": 1.0 / alpha**2, "reached": reached, "accuracy": acc0, "evaluations": len(history)}
+    return {
+        "alpha": alpha,
+        "flatness": 1.0 / alpha**2,
+        "reached": reached,
+        "accuracy": acc0,
+        "evaluations": len(history),
+    }
 
 
 def _noise(base: Sequence[torch.Tensor], seed: int, draw: int) -> list[torch.Tensor]:
@@ -323,7 +355,9 @@ def _noise(base: Sequence[torch.Tensor], seed: int, draw: int) -> list[torch.Ten
     return out
 
 
-def _pacbayes_sigma(logits_fn, params, batches, target, draws, sigma_max, magnitude_eps, seed, tolerance, depth, progress):
+def _pacbayes_sigma(
+    logits_fn, params, batches, target, draws, sigma_max, magnitude_eps, seed, tolerance, depth, progress
+):
     params, batches = _check_params(params), _check_labelled(batches)
     draws = positive_int(draws, "draws")
     integer(seed, "seed")
@@ -350,12 +384,26 @@ def _pacbayes_sigma(logits_fn, params, batches, target, draws, sigma_max, magnit
     finally:
         _assign(params, base, None)
         bar.close()
-    return {"sigma": sigma, "flatness": 1.0 / sigma**2, "reached": reached, "accuracy": acc0, "evaluations": len(history)}
+    return {
+        "sigma": sigma,
+        "flatness": 1.0 / sigma**2,
+        "reached": reached,
+        "accuracy": acc0,
+        "evaluations": len(history),
+    }
 
 
 def pacbayes_flatness(
-    logits_fn: Callable, params: Iterable[torch.Tensor], batches: Iterable, target: float = 0.1, draws: int = 10,
-    sigma_max: float = 2.0, seed: int = 0, tolerance: float = 0.01, depth: int = 15, progress: bool = False,
+    logits_fn: Callable,
+    params: Iterable[torch.Tensor],
+    batches: Iterable,
+    target: float = 0.1,
+    draws: int = 10,
+    sigma_max: float = 2.0,
+    seed: int = 0,
+    tolerance: float = 0.01,
+    depth: int = 15,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Jiang et al.'s ``pacbayes_flatness``: 1/σ′², σ′ at which u ~ N(0, σ′²I) drops the mean training accuracy
     (over ``draws`` noise draws) by ``target``; bisection on σ ∈ [0, ``sigma_max``]."""
@@ -363,8 +411,16 @@ def pacbayes_flatness(
 
 
 def pacbayes_flatness_mag(
-    logits_fn: Callable, params: Iterable[torch.Tensor], batches: Iterable, target: float = 0.1, eps: float = 1e-3,
-    draws: int = 10, sigma_max: float = 2.0, seed: int = 0, tolerance: float = 0.01, depth: int = 15,
+    logits_fn: Callable,
+    params: Iterable[torch.Tensor],
+    batches: Iterable,
+    target: float = 0.1,
+    eps: float = 1e-3,
+    draws: int = 10,
+    sigma_max: float = 2.0,
+    seed: int = 0,
+    tolerance: float = 0.01,
+    depth: int = 15,
     progress: bool = False,
 ) -> dict[str, float]:
     """Jiang et al.'s ``pacbayes_mag_flatness``: 1/σ′², σ′ at which u_i ~ N(0, σ′²w_i² + ε²) drops the mean training

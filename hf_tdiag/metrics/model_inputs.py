@@ -78,7 +78,9 @@ class ModelInputsMixin:
         batch = self._one_input(images, texts)
         items = list(batch) if batch is not None else inputs
         if items is not None and len(items) == 0:
-            raise ValueError(f"{'texts' if texts is not None else 'images'}: expected at least one input, got an empty list")
+            raise ValueError(
+                f"{'texts' if texts is not None else 'images'}: expected at least one input, got an empty list"
+            )
         return super().add_batch(inputs=items, **kwargs)
 
     def add(self, *, image=None, text=None, inputs=None, **kwargs):
@@ -94,12 +96,16 @@ class ModelInputsMixin:
         batch = self._one_input(images, texts, pixel_values)
         if pixel_values is not None:
             if not isinstance(pixel_values, torch.Tensor) or pixel_values.ndim != 4:
-                shape = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__
+                shape = (
+                    tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__
+                )
                 raise ValueError(f"pixel_values: expected a tensor of shape (B, C, H, W), got {shape}")
             return self._compute(pixel_values=pixel_values, **kwargs)
         if batch is not None:
             items = list(batch)
             if not items:
-                raise ValueError(f"{'texts' if texts is not None else 'images'}: expected at least one input, got an empty list")
+                raise ValueError(
+                    f"{'texts' if texts is not None else 'images'}: expected at least one input, got an empty list"
+                )
             self.add_batch(inputs=items)
         return super().compute(**kwargs)  # everything stored with add / add_batch

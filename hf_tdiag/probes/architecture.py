@@ -113,7 +113,10 @@ def _find_layer_list(model: nn.Module, num_layers: int | None) -> tuple[str, nn.
             continue
         if num_layers is not None and len(module) != num_layers:
             continue
-        if any(isinstance(m, nn.Linear) and re.search(r"(query|q_lin|q_proj|qkv)$", n) for n, m in module[0].named_modules()):
+        if any(
+            isinstance(m, nn.Linear) and re.search(r"(query|q_lin|q_proj|qkv)$", n)
+            for n, m in module[0].named_modules()
+        ):
             candidates.append((name, module))
     if not candidates:
         raise ValueError(f"model: could not find the encoder blocks of {type(model).__name__}; {_EXPECTED}")
@@ -137,7 +140,9 @@ def _parent(block: nn.Module, qualified: str) -> nn.Module:
 def _crate_layers(model: nn.Module, config) -> tuple[list[LayerHandles], nn.ModuleList, nn.Module]:
     base = getattr(model, "crate", model)
     if not hasattr(base, "encoder"):
-        raise ValueError(f"model: a CRATE model must have a 'crate' base model with an 'encoder'; got {type(model).__name__}")
+        raise ValueError(
+            f"model: a CRATE model must have a 'crate' base model with an 'encoder'; got {type(model).__name__}"
+        )
     blocks = base.encoder.layer
     handles = []
     for i, block in enumerate(blocks):
@@ -203,19 +208,36 @@ def _decoder_architecture(model: nn.Module) -> Architecture:
         block_path = mods["attn_output"].rsplit(".", 2)[0]
         handles.append(
             LayerHandles(
-                index=i, block=get(block_path), num_heads=layout.num_heads, head_dim=layout.head_dim,
-                query=q, key=k, value=v, attention_output=get(mods["attn_output"]), intermediate=get(mods[up]),
+                index=i,
+                block=get(block_path),
+                num_heads=layout.num_heads,
+                head_dim=layout.head_dim,
+                query=q,
+                key=k,
+                value=v,
+                attention_output=get(mods["attn_output"]),
+                intermediate=get(mods[up]),
                 ffn_output=get(mods[down]),
                 attention_norm=get(mods["attention_norm"]) if "attention_norm" in mods else None,
                 attention_module=_parent(model, mods["query"]) if layout.family == "llama" else qkv,
-                extra=extra, num_kv_heads=layout.num_kv_heads,
+                extra=extra,
+                num_kv_heads=layout.num_kv_heads,
             )
         )
     blocks = model.get_submodule(layout.layers_path)
     return Architecture(
-        family=layout.family, model_type=layout.model_type, hidden_size=layout.hidden_size,
-        num_layers=layout.num_layers, num_heads=layout.num_heads, head_dim=layout.head_dim, pre_norm=True,
-        layers=handles, encoder_layers=blocks, base_model=getattr(model, "base_model", model), causal=True, num_kv_heads=layout.num_kv_heads,
+        family=layout.family,
+        model_type=layout.model_type,
+        hidden_size=layout.hidden_size,
+        num_layers=layout.num_layers,
+        num_heads=layout.num_heads,
+        head_dim=layout.head_dim,
+        pre_norm=True,
+        layers=handles,
+        encoder_layers=blocks,
+        base_model=getattr(model, "base_model", model),
+        causal=True,
+        num_kv_heads=layout.num_kv_heads,
         decoder=layout,
     )
 
@@ -254,7 +276,9 @@ def _encoder_handles(model: nn.Module, blocks, num_heads: int) -> tuple[list[Lay
                 f"model: query projection of block {i + 1} has {q_weight.shape[0]} outputs, not divisible by "
                 f"{num_heads} heads"
             )
-        norm = next((getattr(block, n) for n in _PRE_NORM_NAMES if isinstance(getattr(block, n, None), nn.LayerNorm)), None)
+        norm = next(
+            (getattr(block, n) for n in _PRE_NORM_NAMES if isinstance(getattr(block, n, None), nn.LayerNorm)), None
+        )
         pre_norm = norm is not None if pre_norm is None else pre_norm
         handles.append(
             LayerHandles(

@@ -66,8 +66,18 @@ def _decoder_head(model: nn.Module, layer: int, head: int) -> HeadWeights:
         scale = p**-0.5 if getattr(config, "scale_attn_weights", True) else 1.0
         if getattr(config, "scale_attn_by_inverse_layer_idx", False):
             scale /= float(layer + 1)
-        return HeadWeights(W_Q=hw.W_Q, b_Q=hw.b_Q, W_K=hw.W_K, b_K=hw.b_K, head_dim=p, scale=scale,
-                           family="gpt2", causal=True, rotary=False, input_module=input_module)
+        return HeadWeights(
+            W_Q=hw.W_Q,
+            b_Q=hw.b_Q,
+            W_K=hw.W_K,
+            b_K=hw.b_K,
+            head_dim=p,
+            scale=scale,
+            family="gpt2",
+            causal=True,
+            rotary=False,
+            input_module=input_module,
+        )
     attn = _parent_module(model, layout.modules[layer]["query"])
     rotary = next((m for n, m in model.named_modules() if n.endswith("rotary_emb")), None)
     apply = getattr(importlib.import_module(type(attn).__module__), "apply_rotary_pos_emb", None)
@@ -76,11 +86,23 @@ def _decoder_head(model: nn.Module, layer: int, head: int) -> HeadWeights:
             f"model: {type(attn).__module__} has no rotary embedding / apply_rotary_pos_emb; expected a Llama-style decoder"
         )
     if layout.qk_norm:
-        raise ValueError("model: heads with q/k normalisation (q_norm/k_norm: Qwen3, Gemma3) are not supported by the "
-                         "Att-SVM head diagnostic (their logits are not bilinear in the head's input)")
+        raise ValueError(
+            "model: heads with q/k normalisation (q_norm/k_norm: Qwen3, Gemma3) are not supported by the "
+            "Att-SVM head diagnostic (their logits are not bilinear in the head's input)"
+        )
     return HeadWeights(
-        W_Q=hw.W_Q, b_Q=hw.b_Q, W_K=hw.W_K, b_K=hw.b_K, head_dim=p, scale=float(getattr(attn, "scaling", p**-0.5)),
-        family="llama", causal=True, rotary=True, input_module=input_module, rotary_emb=rotary, apply_rotary=apply,
+        W_Q=hw.W_Q,
+        b_Q=hw.b_Q,
+        W_K=hw.W_K,
+        b_K=hw.b_K,
+        head_dim=p,
+        scale=float(getattr(attn, "scaling", p**-0.5)),
+        family="llama",
+        causal=True,
+        rotary=True,
+        input_module=input_module,
+        rotary_emb=rotary,
+        apply_rotary=apply,
     )
 
 
@@ -110,7 +132,14 @@ def head_weights(model: nn.Module, layer: int, head: int) -> HeadWeights:
     rows = slice(head * p, (head + 1) * p)
     q, k = handles.query, handles.key
     return HeadWeights(
-        W_Q=q.weight[rows].detach(), b_Q=q.bias[rows].detach() if q.bias is not None else None,
-        W_K=k.weight[rows].detach(), b_K=k.bias[rows].detach() if k.bias is not None else None,
-        head_dim=p, scale=p**-0.5, family=arch.family, causal=False, rotary=False, input_module=q,
+        W_Q=q.weight[rows].detach(),
+        b_Q=q.bias[rows].detach() if q.bias is not None else None,
+        W_K=k.weight[rows].detach(),
+        b_K=k.bias[rows].detach() if k.bias is not None else None,
+        head_dim=p,
+        scale=p**-0.5,
+        family=arch.family,
+        causal=False,
+        rotary=False,
+        input_module=q,
     )

@@ -151,14 +151,18 @@ def _capture_head_input(model: nn.Module, module: nn.Module, kwargs: dict) -> to
     return captured[0]
 
 
-def _sample_queries(valid: torch.Tensor, queries, max_queries: int | None, seed: int, causal: bool = False) -> torch.Tensor:
+def _sample_queries(
+    valid: torch.Tensor, queries, max_queries: int | None, seed: int, causal: bool = False
+) -> torch.Tensor:
     """Boolean (B, N) mask of the query tokens to use (causal: never position 0, which sees only itself)."""
     B, N = valid.shape
     if queries == "all":
         cand = valid.clone()
     elif queries == "cls":
         if causal:
-            raise ValueError("queries: 'cls' (position 0) has nothing to attend to in a causal decoder; use 'all' or positions ≥ 1")
+            raise ValueError(
+                "queries: 'cls' (position 0) has nothing to attend to in a causal decoder; use 'all' or positions ≥ 1"
+            )
         cand = torch.zeros_like(valid)
         cand[:, 0] = valid[:, 0]
     elif isinstance(queries, (list, tuple)) and all(isinstance(q, int) and not isinstance(q, bool) for q in queries):
@@ -174,7 +178,9 @@ def _sample_queries(valid: torch.Tensor, queries, max_queries: int | None, seed:
         cand[:, 0] = False
     flat = torch.nonzero(cand.reshape(-1)).squeeze(1)
     if flat.numel() == 0:
-        raise ValueError("queries: no valid query token in the batch" + (" (position 0 is never a causal query)" if causal else ""))
+        raise ValueError(
+            "queries: no valid query token in the batch" + (" (position 0 is never a causal query)" if causal else "")
+        )
     if max_queries is not None and flat.numel() > max_queries:
         g = torch.Generator().manual_seed(seed)
         flat = flat[torch.randperm(flat.numel(), generator=g)[:max_queries]]
@@ -190,7 +196,9 @@ def _span_basis(M: torch.Tensor, rel_tol: float = 1e-10) -> torch.Tensor:
     return vh[:r].T
 
 
-def visible_projection(X: torch.Tensor, valid: torch.Tensor, query_index: torch.Tensor, Z: torch.Tensor, W: torch.Tensor):
+def visible_projection(
+    X: torch.Tensor, valid: torch.Tensor, query_index: torch.Tensor, Z: torch.Tensor, W: torch.Tensor
+):
     """``W_vis = Π_P W Π_S``: ``W`` projected onto what the inputs can see — on the left the span ``P`` of the
     within-sequence token differences (tokens centred per sequence that holds a query), on the right the span
     ``S`` of the queries ``Z``. Returns ``(W_vis, rank P, rank S)``."""
@@ -234,7 +242,11 @@ def _head_matrix(hw: HeadWeights, X: torch.Tensor, use_bias: bool):
     W_head = (Wk64.T @ Wq64) * hw.scale
     if not use_bias:
         return W_head, X
-    bq = hw.b_Q.to(X.device, torch.float64) if hw.b_Q is not None else torch.zeros(Wq64.shape[0], dtype=torch.float64, device=X.device)
+    bq = (
+        hw.b_Q.to(X.device, torch.float64)
+        if hw.b_Q is not None
+        else torch.zeros(Wq64.shape[0], dtype=torch.float64, device=X.device)
+    )
     bcol = (Wk64.T @ bq).unsqueeze(1) * hw.scale
     Z = torch.cat([X, torch.ones(*X.shape[:2], 1, dtype=X.dtype, device=X.device)], dim=2)
     return torch.cat([W_head, bcol], dim=1), Z
@@ -309,28 +321,52 @@ def attention_svm_diagnostic(
     use_bias = (hw.b_Q is not None and bool(hw.b_Q.abs().max() > 0)) if include_bias is None else bool(include_bias)
     W_head, Z = _head_matrix(hw, X, use_bias)
     qmask = _sample_queries(valid.cpu(), queries, max_queries or None, seed, hw.causal).to(X.device)
-    res = att_svm_self(X, selected, norm, query_mask=qmask, token_mask=valid, queries=Z, causal=hw.causal, tol=tol, progress=progress)
+    res = att_svm_self(
+        X, selected, norm, query_mask=qmask, token_mask=valid, queries=Z, causal=hw.causal, tol=tol, progress=progress
+    )
     qi = res.query_index
     head_margins = _head_margins(res, X, Z, W_head, logp, norm, hw.rotary)
     common = dict(
-        layer=layer, head=head, family=hw.family, norm=norm, include_bias=use_bias, head_margins=head_margins.cpu(),
-        max_probs=max_p[qi[:, 0], qi[:, 1]].cpu(), one_hot_threshold=float(one_hot_threshold), query_index=qi.cpu(),
-        selected=res.selected.cpu(), W_head=W_head.cpu(), svm=res, causal=hw.causal, rotary=hw.rotary,
+        layer=layer,
+        head=head,
+        family=hw.family,
+        norm=norm,
+        include_bias=use_bias,
+        head_margins=head_margins.cpu(),
+        max_probs=max_p[qi[:, 0], qi[:, 1]].cpu(),
+        one_hot_threshold=float(one_hot_threshold),
+        query_index=qi.cpu(),
+        selected=res.selected.cpu(),
+        W_head=W_head.cpu(),
+        svm=res,
+        causal=hw.causal,
+        rotary=hw.rotary,
         one_hot_fraction=float((max_p[qi[:, 0], qi[:, 1]] >= one_hot_threshold).to(torch.float64).mean()),
-        one_hot_fraction_all=float((max_p[valid & _query_positions(valid, hw.causal)] >= one_hot_threshold).to(torch.float64).mean()),
+        one_hot_fraction_all=float(
+            (max_p[valid & _query_positions(valid, hw.causal)] >= one_hot_threshold).to(torch.float64).mean()
+        ),
     )
     if not res.feasible:
         nan = math.nan
-        return AttentionSVMDiagnostic(correlation=nan, correlation_in_span=nan, margin_ratio=nan,
-                                      svm_margins=torch.full_like(head_margins, nan).cpu(), svm_margin=0.0,
-                                      extra={"message": res.message}, **common)
+        return AttentionSVMDiagnostic(
+            correlation=nan,
+            correlation_in_span=nan,
+            margin_ratio=nan,
+            svm_margins=torch.full_like(head_margins, nan).cpu(),
+            svm_margin=0.0,
+            extra={"message": res.message},
+            **common,
+        )
     W_vis, rank_p, rank_s = visible_projection(X, valid, qi, Z[qi[:, 0], qi[:, 1]], W_head)
     corr_span = matrix_correlation(W_vis, res.W) if float(torch.linalg.norm(W_vis)) > 0 else math.nan
     return AttentionSVMDiagnostic(
-        correlation=matrix_correlation(W_head, res.W), correlation_in_span=corr_span,
-        margin_ratio=float(head_margins.min()) * res.objective, svm_margins=(res.query_margins() / res.objective).cpu(),
+        correlation=matrix_correlation(W_head, res.W),
+        correlation_in_span=corr_span,
+        margin_ratio=float(head_margins.min()) * res.objective,
+        svm_margins=(res.query_margins() / res.objective).cpu(),
         svm_margin=1.0 / res.objective,
-        extra={"visible_rank": [rank_p, rank_s], "head_dim": hw.head_dim, "tokens_per_sequence": X.shape[1]}, **common,
+        extra={"visible_rank": [rank_p, rank_s], "head_dim": hw.head_dim, "tokens_per_sequence": X.shape[1]},
+        **common,
     )
 
 

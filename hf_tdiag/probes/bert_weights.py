@@ -45,7 +45,9 @@ ROLE_PATTERNS: dict[str, tuple[str, ...]] = {
     "ffn_out": ("output.dense", "ffn.lin2", "fc2"),
 }
 
-CRATE_EXPECTED = "layers with attention.qkv (nn.Linear), attention.output_matrix(), attention.num_heads/head_dim and ista.weight"
+CRATE_EXPECTED = (
+    "layers with attention.qkv (nn.Linear), attention.output_matrix(), attention.num_heads/head_dim and ista.weight"
+)
 
 
 def _expected_text() -> str:
@@ -142,11 +144,11 @@ def _num_heads(model: nn.Module, query_out: int) -> int:
         h = getattr(config, attr, None)
         if isinstance(h, int) and h > 0:
             if query_out % h:
-                raise ValueError(
-                    f"model: query projection width {query_out} is not divisible by config.{attr} = {h}"
-                )
+                raise ValueError(f"model: query projection width {query_out} is not divisible by config.{attr} = {h}")
             return h
-    raise ValueError("model: expected config.num_attention_heads (or n_heads) to split the projections by head; none found")
+    raise ValueError(
+        "model: expected config.num_attention_heads (or n_heads) to split the projections by head; none found"
+    )
 
 
 def _w(linear: nn.Module) -> torch.Tensor:
@@ -171,7 +173,9 @@ def _bert_like(model: nn.Module) -> EncoderWeights:
         detail = ""
         if report:
             path, problems, names = max(report, key=lambda r: len(r[2]))
-            detail = f" Closest match: layers at {path!r} with Linear modules {names}; missing/ambiguous roles: {problems}."
+            detail = (
+                f" Closest match: layers at {path!r} with Linear modules {names}; missing/ambiguous roles: {problems}."
+            )
         raise ValueError(
             f"model: unsupported architecture {_model_type(model)!r} ({type(model).__name__}): expected an encoder "
             f"nn.ModuleList whose layers hold nn.Linear modules named by role ({_expected_text()}), or a CRATE model "

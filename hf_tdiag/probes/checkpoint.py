@@ -87,8 +87,20 @@ class Checkpoint:
             yield get
 
 
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-                "F8_E4M3": 1, "F8_E5M2": 1}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 
 
 def _download(repo_id: str) -> str:
@@ -98,7 +110,9 @@ def _download(repo_id: str) -> str:
     try:
         return snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors"])
     except RepositoryNotFoundError:
-        raise ValueError(f"model_or_path: {repo_id!r} is not a model repository on the Hub (or it is private)") from None
+        raise ValueError(
+            f"model_or_path: {repo_id!r} is not a model repository on the Hub (or it is private)"
+        ) from None
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
         raise ValueError(f"model_or_path: could not download {repo_id!r} from the Hub ({err})") from None
 

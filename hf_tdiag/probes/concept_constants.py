@@ -56,8 +56,10 @@ def _block_norms(cm: ConceptModel, block) -> tuple:
 def _norm_inputs(cm: ConceptModel, block, Z: torch.Tensor) -> list:
     """``[(input, output)]`` of the block's two LayerNorms when the block runs on the data states ``Z``."""
     seen = []
-    hooks = [m.register_forward_hook(lambda mod, inp, out: seen.append((inp[0].detach(), out.detach())))
-             for m in _block_norms(cm, block)]
+    hooks = [
+        m.register_forward_hook(lambda mod, inp, out: seen.append((inp[0].detach(), out.detach())))
+        for m in _block_norms(cm, block)
+    ]
     try:
         cm.block_forward(block, Z)
     finally:
@@ -70,14 +72,23 @@ def _attention_weights(h) -> dict:
     W_o = h.output_weight()
     if W_o is None:
         raise ValueError(f"model: block {h.index + 1} has no attention output projection")
-    return {"W_q": h.query.weight, "W_k": h.key.weight, "W_v": h.value.weight, "W_o": W_o.detach(),
-            "b_q": h.query.bias, "num_heads": h.num_heads, "scaling": h.head_dim**-0.5}
+    return {
+        "W_q": h.query.weight,
+        "W_k": h.key.weight,
+        "W_v": h.value.weight,
+        "W_o": W_o.detach(),
+        "b_q": h.query.bias,
+        "num_heads": h.num_heads,
+        "scaling": h.head_dim**-0.5,
+    }
 
 
 def _ln(norm, inputs, radius):
     """(Lipschitz bound on the per-token domain, per-token deviation bound) of a LayerNorm."""
-    return (layernorm_lipschitz(inputs, radius, norm.weight, norm.eps),
-            layernorm_deviation(inputs, radius, norm.weight, norm.eps))
+    return (
+        layernorm_lipschitz(inputs, radius, norm.weight, norm.eps),
+        layernorm_deviation(inputs, radius, norm.weight, norm.eps),
+    )
 
 
 def _attention(h, X, radius, cap=None):
@@ -88,8 +99,9 @@ def _attention(h, X, radius, cap=None):
     return lip, dev
 
 
-def block_lipschitz_certified(cm: ConceptModel, index: int, Z: torch.Tensor, radius: torch.Tensor,
-                              capped_input: bool = False) -> tuple:
+def block_lipschitz_certified(
+    cm: ConceptModel, index: int, Z: torch.Tensor, radius: torch.Tensor, capped_input: bool = False
+) -> tuple:
     """``(L, e')`` for block ``index`` on the inputs whose token t stays within ``radius[:, t]`` of the data ``Z``:
     ``L`` (per input) bounds the block's Lipschitz constant there, ``e'`` (per input and token) each output
     token's move (see the module doc). A radius per input ``(inputs,)`` is a Frobenius ball (every token may
@@ -153,8 +165,9 @@ def _value_output_gain(h) -> float:
     """``Σ_k ‖W_V^k‖_op ‖W_O^k‖_op`` of a block's attention."""
     p = h.head_dim
     Wv, Wo = h.value.weight.detach().double(), h.output_weight().detach().double()
-    return sum(float(op_norm(Wv[k * p : (k + 1) * p])) * float(op_norm(Wo[:, k * p : (k + 1) * p]))
-               for k in range(h.num_heads))
+    return sum(
+        float(op_norm(Wv[k * p : (k + 1) * p])) * float(op_norm(Wo[:, k * p : (k + 1) * p])) for k in range(h.num_heads)
+    )
 
 
 def _token_scale(Z: torch.Tensor, eps: float) -> torch.Tensor:
@@ -211,8 +224,9 @@ def certified_constants(cm: ConceptModel, acts: LayerActivations, layer: int, A_
     e0, delta_rec = e.clone(), e.norm(dim=-1)
     per_block = []
     for j in range(layer, cm.num_layers):
-        lip, e = block_lipschitz_certified(cm, j, acts.block_inputs[j - layer], e,
-                                           capped_input=cm.family == "bert" and j > layer)
+        lip, e = block_lipschitz_certified(
+            cm, j, acts.block_inputs[j - layer], e, capped_input=cm.family == "bert" and j > layer
+        )
         per_block.append(lip)
     n = e.shape[0]
     l_blocks = torch.stack(per_block, 1) if per_block else torch.ones(n, 0, dtype=torch.float64, device=e.device)
@@ -247,8 +261,15 @@ def _realized_ratios(cm, acts, A_hat, layer):
     return ratios
 
 
-def estimate_constants(cm: ConceptModel, acts: LayerActivations, A_hat: torch.Tensor, layer: int,
-                       power_iters: int = 20, max_images: int = 32, progress: bool = False) -> dict:
+def estimate_constants(
+    cm: ConceptModel,
+    acts: LayerActivations,
+    A_hat: torch.Tensor,
+    layer: int,
+    power_iters: int = 20,
+    max_images: int = 32,
+    progress: bool = False,
+) -> dict:
     """Local estimates: ``‖W_c‖_op`` (exact), ``l_block`` (max over suffix blocks of the power-iteration Jacobian
     norm at the data, first ``max_images`` inputs, and the realised ratio on all inputs), ``l_readout`` (Jacobian
     norm of the readout at the data), ``alpha`` per input (median token scale)."""
@@ -256,8 +277,11 @@ def estimate_constants(cm: ConceptModel, acts: LayerActivations, A_hat: torch.Te
     jac, ratios = [], _realized_ratios(cm, acts, A_hat, layer)
     for j, block in enumerate(tqdm(list(cm.blocks)[layer:], desc="constants", disable=not progress, leave=False)):
         b64 = _float64(block)
-        jac.append(jacobian_spectral_norm(lambda x, b64=b64: cm.block_forward(b64, x),
-                                          acts.block_inputs[j][sub].double(), n_iter=power_iters))
+        jac.append(
+            jacobian_spectral_norm(
+                lambda x, b64=b64: cm.block_forward(b64, x), acts.block_inputs[j][sub].double(), n_iter=power_iters
+            )
+        )
     readout64 = _float64_readout(cm)
     l_readout = jacobian_spectral_norm(readout64, acts.block_inputs[-1][sub].double(), n_iter=power_iters)
     per_block = [max(float(a.max()), float(r.max())) for a, r in zip(jac, ratios)]

@@ -148,5 +148,14 @@ def alpha_estimated(cm, layer: int, Z: torch.Tensor) -> torch.Tensor:
     return g2 * gain * op_norm(norm(Z)) / s2
 
 
-__all__ = ["CERTIFIED_NOTE", "DecoderConceptModel", "alpha_estimated", "capture_block_kwargs", "decoder_block_forward",
-           "final_norm", "norm_eps", "token_scale", "value_output_gain"]
+__all__ = [
+    "CERTIFIED_NOTE",
+    "DecoderConceptModel",
+    "alpha_estimated",
+    "capture_block_kwargs",
+    "decoder_block_forward",
+    "final_norm",
+    "norm_eps",
+    "token_scale",
+    "value_output_gain",
+]

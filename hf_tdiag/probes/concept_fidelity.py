@@ -31,23 +31,42 @@ from .concept_model import (
     ConceptModel,
     LayerActivations,
     check_layer,
+    concept_model_parts,
     layer_activations,
     pixel_values,
-    concept_model_parts,
     suffix_runner,
 )
 from .concept_text import encode_texts, fit_linear_head, pseudo_labels
 
-__all__ = ["concept_fidelity", "concept_fidelity_sweep", "concept_model_parts", "compare_concepts", "supervised_concepts",
-           "layer_activations", "suffix_runner", "prepare_inputs", "ConceptModel", "LayerActivations",
-           "DEFAULT_N_CONCEPTS"]
+__all__ = [
+    "concept_fidelity",
+    "concept_fidelity_sweep",
+    "concept_model_parts",
+    "compare_concepts",
+    "supervised_concepts",
+    "layer_activations",
+    "suffix_runner",
+    "prepare_inputs",
+    "ConceptModel",
+    "LayerActivations",
+    "DEFAULT_N_CONCEPTS",
+]
 
 #: the number of concepts k every entry point (Python API, evaluate module, CLI, recipe) uses by default
 DEFAULT_N_CONCEPTS = 8
 
 
-def prepare_inputs(model, inputs, *, tokenizer=None, max_tokens: int | None = None, labels=None, head=None,
-                   n_clusters: int = 4, batch_size: int = 64):
+def prepare_inputs(
+    model,
+    inputs,
+    *,
+    tokenizer=None,
+    max_tokens: int | None = None,
+    labels=None,
+    head=None,
+    n_clusters: int = 4,
+    batch_size: int = 64,
+):
     """``(ConceptModel, model inputs, head info)``: texts encoded to a common token count, and for an encoder
     without classifier a linear head fitted on its pooled outputs (``labels``, else k-means pseudo-labels)."""
     cm = concept_model_parts(model, head=head)
@@ -66,8 +85,12 @@ def prepare_inputs(model, inputs, *, tokenizer=None, max_tokens: int | None = No
     with torch.no_grad():
         pred = cm.head(feats).argmax(-1).cpu()
     target = torch.tensor([cm.head.classes.index(v) for v in (y.tolist() if isinstance(y, torch.Tensor) else list(y))])
-    info = {"fitted": True, "labels": source, "classes": [str(c) for c in cm.head.classes],
-            "train_accuracy": float((pred == target).double().mean())}
+    info = {
+        "fitted": True,
+        "labels": source,
+        "classes": [str(c) for c in cm.head.classes],
+        "train_accuracy": float((pred == target).double().mean()),
+    }
     return cm, inputs, info
 
 
@@ -131,18 +154,43 @@ def _bound_report(report, cm, acts, layer, A_hat, errs, kl, power_iters, max_ima
     ``bound_certified_note`` says why)."""
     n, n_tokens, n_suf = len(kl), report["n_tokens"], cm.num_layers - layer
     est = estimate_constants(cm, acts, A_hat, layer, power_iters=power_iters, max_images=max_images, progress=progress)
-    seed_e = kl_bound(est["w_c_op"], est["l_block"], n_suf, n_tokens, errs["delta_rec"], est["alpha"],
-                      errs["gram_norm"], errs["delta_gram"], l_readout=est["l_readout"])
-    values = [("bound_estimated", seed_e["bound"]), ("bound_estimated_rec_term", seed_e["rec_term"]),
-              ("bound_estimated_gram_term", seed_e["gram_term"])]
+    seed_e = kl_bound(
+        est["w_c_op"],
+        est["l_block"],
+        n_suf,
+        n_tokens,
+        errs["delta_rec"],
+        est["alpha"],
+        errs["gram_norm"],
+        errs["delta_gram"],
+        l_readout=est["l_readout"],
+    )
+    values = [
+        ("bound_estimated", seed_e["bound"]),
+        ("bound_estimated_rec_term", seed_e["rec_term"]),
+        ("bound_estimated_gram_term", seed_e["gram_term"]),
+    ]
     kinds = ["estimated"]
     if cm.certified:
         cert = certified_constants(cm, acts, layer, A_hat)
-        seed_c = kl_bound(cert["w_c_op"], cert["l_block"], n_suf, n_tokens, errs["delta_rec"], cert["alpha"],
-                          errs["gram_norm"], errs["delta_gram"], l_readout=cert["l_readout"])
+        seed_c = kl_bound(
+            cert["w_c_op"],
+            cert["l_block"],
+            n_suf,
+            n_tokens,
+            errs["delta_rec"],
+            cert["alpha"],
+            errs["gram_norm"],
+            errs["delta_gram"],
+            l_readout=cert["l_readout"],
+        )
         chain = kl_bound_chain(cert["w_c_op"], cert["head_input_deviation"])
-        values += [("bound_certified", seed_c["bound"]), ("bound_certified_chain", chain),
-                   ("bound_certified_rec_term", seed_c["rec_term"]), ("bound_certified_gram_term", seed_c["gram_term"])]
+        values += [
+            ("bound_certified", seed_c["bound"]),
+            ("bound_certified_chain", chain),
+            ("bound_certified_rec_term", seed_c["rec_term"]),
+            ("bound_certified_gram_term", seed_c["gram_term"]),
+        ]
         kinds.insert(0, "certified")
         report["constants_certified"] = _certified_summary(cert, n)
     else:
@@ -166,13 +214,17 @@ def _certified_summary(cert, n):
         "alpha": float(cert["alpha"].max()),
         "suffix_gain": float(cert["suffix_gain"].max()),
         "l_block_per_block": [float(c) for c in cert["l_blocks"].amax(0)] if cert["l_blocks"].numel() else [],
-        "per_image": {"l_block": _to_list(cert["l_block"]), "l_readout": _to_list(cert["l_readout"]),
-                      "alpha": _to_list(cert["alpha"]), "suffix_gain": _to_list(cert["suffix_gain"]),
-                      "l_blocks": cert["l_blocks"].tolist(),
-                      "head_input_deviation": _to_list(cert["head_input_deviation"])},
+        "per_image": {
+            "l_block": _to_list(cert["l_block"]),
+            "l_readout": _to_list(cert["l_readout"]),
+            "alpha": _to_list(cert["alpha"]),
+            "suffix_gain": _to_list(cert["suffix_gain"]),
+            "l_blocks": cert["l_blocks"].tolist(),
+            "head_input_deviation": _to_list(cert["head_input_deviation"]),
+        },
         "head_input_deviation": float(cert["head_input_deviation"].max()),
         "method": "upper bounds on the domain the reconstruction provably stays in (each token within its "
-                  "certified distance of the data's; docs/concept_bound.md); per image; summaries are maxima",
+        "certified distance of the data's; docs/concept_bound.md); per image; summaries are maxima",
     }
 
 
@@ -187,8 +239,8 @@ def _estimated_summary(est, n, power_iters):
         "l_block_realized": est["l_block_realized"],
         "l_readout_jacobian": est["l_readout_jacobian"],
         "method": f"local estimates (lower than the certified constants): Jacobian spectral norms by power iteration "
-                  f"({power_iters} steps, float64, first {est['images_for_jacobians']} inputs) and realised ratios "
-                  f"||f(Z_hat)-f(Z)||/||Z_hat-Z|| on all inputs; alpha at the median token scale",
+        f"({power_iters} steps, float64, first {est['images_for_jacobians']} inputs) and realised ratios "
+        f"||f(Z_hat)-f(Z)||/||Z_hat-Z|| on all inputs; alpha at the median token scale",
     }
 
 
@@ -218,9 +270,19 @@ def _base_report(cm, layer, A, est, errs, kl, agree):
     return report
 
 
-def fidelity_at_layer(cm: ConceptModel, acts: LayerActivations, layer: int, concepts, *, bounds: bool = True,
-                      power_iters: int = 20, max_images_for_constants: int = 32, batch_size: int = 64,
-                      return_tensors: bool = False, progress: bool = True) -> dict:
+def fidelity_at_layer(
+    cm: ConceptModel,
+    acts: LayerActivations,
+    layer: int,
+    concepts,
+    *,
+    bounds: bool = True,
+    power_iters: int = 20,
+    max_images_for_constants: int = 32,
+    batch_size: int = 64,
+    return_tensors: bool = False,
+    progress: bool = True,
+) -> dict:
     """The report of :func:`concept_fidelity` for activations already taken at layer ℓ."""
     A = acts.patches
     est, codes, A_hat = _concepts_reconstruction(concepts, A)
@@ -239,8 +301,14 @@ def fidelity_at_layer(cm: ConceptModel, acts: LayerActivations, layer: int, conc
     finally:
         model.train(was_training)
     if return_tensors:
-        report["tensors"] = {"A": A, "A_hat": A_hat, "codes": codes, "logits": logits_a, "logits_hat": logits_h,
-                             "concepts": est}
+        report["tensors"] = {
+            "A": A,
+            "A_hat": A_hat,
+            "codes": codes,
+            "logits": logits_a,
+            "logits_hat": logits_h,
+            "concepts": est,
+        }
     return report
 
 
@@ -279,10 +347,24 @@ def concept_fidelity(
     terms, ``frac_kl_below_bound_certified``/``_estimated`` and ``constants_certified``/``constants_estimated``.
     """
     bounds = bounds if estimate is None else bool(estimate)
-    cm, inputs, head_info = prepare_inputs(model, inputs, tokenizer=tokenizer, max_tokens=max_tokens, labels=labels,
-                                           head=head, n_clusters=n_clusters, batch_size=batch_size)
-    options = {"bounds": bounds, "power_iters": power_iters, "max_images_for_constants": max_images_for_constants,
-               "batch_size": batch_size, "return_tensors": return_tensors, "progress": progress}
+    cm, inputs, head_info = prepare_inputs(
+        model,
+        inputs,
+        tokenizer=tokenizer,
+        max_tokens=max_tokens,
+        labels=labels,
+        head=head,
+        n_clusters=n_clusters,
+        batch_size=batch_size,
+    )
+    options = {
+        "bounds": bounds,
+        "power_iters": power_iters,
+        "max_images_for_constants": max_images_for_constants,
+        "batch_size": batch_size,
+        "return_tensors": return_tensors,
+        "progress": progress,
+    }
     if layers is not None:
         if layer is not None:
             raise ValueError(f"layer: give layer= or layers=, not both (got layer={layer}, layers={layers!r})")
@@ -314,13 +396,25 @@ def _fresh_concepts(concepts):
         return concepts
     if isinstance(concepts, SemiNMF) and getattr(concepts, "components_", None) is None:
         return copy.deepcopy(concepts)
-    raise TypeError(f"concepts: a layer sweep fits concepts per layer; expected an int or an unfitted SemiNMF, "
-                    f"got {type(concepts).__name__}")
+    raise TypeError(
+        f"concepts: a layer sweep fits concepts per layer; expected an int or an unfitted SemiNMF, "
+        f"got {type(concepts).__name__}"
+    )
 
 
-_SWEEP_KEYS = ("delta_rec", "delta_rec_rel", "delta_gram", "kl", "kl_max", "top1_agreement", "bound_certified",
-               "bound_certified_chain", "bound_estimated", "frac_kl_below_bound_certified",
-               "frac_kl_below_bound_estimated")
+_SWEEP_KEYS = (
+    "delta_rec",
+    "delta_rec_rel",
+    "delta_gram",
+    "kl",
+    "kl_max",
+    "top1_agreement",
+    "bound_certified",
+    "bound_certified_chain",
+    "bound_estimated",
+    "frac_kl_below_bound_certified",
+    "frac_kl_below_bound_estimated",
+)
 
 
 def _sweep(cm, inputs, layers, concepts, head_info, options) -> dict:
@@ -331,8 +425,15 @@ def _sweep(cm, inputs, layers, concepts, head_info, options) -> dict:
         acts = layer_activations(cm.model, inputs, layer, batch_size=options["batch_size"], cm=cm)
         per_layer[layer] = fidelity_at_layer(cm, acts, layer, _fresh_concepts(concepts), **options)
     table = [{"layer": layer, **{k: rep[k] for k in _SWEEP_KEYS if k in rep}} for layer, rep in per_layer.items()]
-    out = {"layers": layers, "num_layers": cm.num_layers, "family": cm.family, "modality": cm.modality,
-           "model_type": getattr(cm.model.config, "model_type", None), "per_layer": per_layer, "table": table}
+    out = {
+        "layers": layers,
+        "num_layers": cm.num_layers,
+        "family": cm.family,
+        "modality": cm.modality,
+        "model_type": getattr(cm.model.config, "model_type", None),
+        "per_layer": per_layer,
+        "table": table,
+    }
     if head_info is not None:
         out["head"] = head_info
     return out
@@ -343,8 +444,17 @@ def concept_fidelity_sweep(model, inputs, concepts=DEFAULT_N_CONCEPTS, layers="a
     return concept_fidelity(model, inputs, None, concepts, layers=layers, **kwargs)
 
 
-def supervised_concepts(model, inputs, layer: int, n_concepts: int, *, kl_weight: float = 1.0,
-                        batch_size: int = 64, cm: ConceptModel | None = None, **kwargs):
+def supervised_concepts(
+    model,
+    inputs,
+    layer: int,
+    n_concepts: int,
+    *,
+    kl_weight: float = 1.0,
+    batch_size: int = 64,
+    cm: ConceptModel | None = None,
+    **kwargs,
+):
     """Fit classifier-supervised concepts at layer ℓ (``L_rec + λ·KL`` through the suffix; FACE-like baseline)."""
     from ..measures.concepts import ClassifierSupervisedSemiNMF
 
@@ -376,8 +486,11 @@ def _agreement(estimators) -> dict:
         if label == "supervised":
             continue
         m = match_concepts(est.components_, ref)
-        agreement[label] = {"mean_cosine": m["mean_cosine"], "cosine": [float(c) for c in m["cosine"]],
-                            "pairs": [[int(a), int(b)] for a, b in zip(m["rows"], m["cols"])]}
+        agreement[label] = {
+            "mean_cosine": m["mean_cosine"],
+            "cosine": [float(c) for c in m["cosine"]],
+            "pairs": [[int(a), int(b)] for a, b in zip(m["rows"], m["cols"])],
+        }
         d_fit = (est.components_ - base.to(est.components_)).flatten().double()
         d_sup = (ref - base.to(ref)).flatten().double()
         denom = float(d_fit.norm() * d_sup.norm())
@@ -442,24 +555,43 @@ def compare_concepts(
     for mu in gram_weights:
         label = "plain" if float(mu) == 0 else f"gram(mu={float(mu):g})"
         t0 = time.perf_counter()
-        estimators[label] = SemiNMF(n_concepts, gram_weight=float(mu), max_iter=max_iter, refine_iter=refine_iter,
-                                    verbose=progress).fit(acts.patches)
+        estimators[label] = SemiNMF(
+            n_concepts, gram_weight=float(mu), max_iter=max_iter, refine_iter=refine_iter, verbose=progress
+        ).fit(acts.patches)
         times[label] = time.perf_counter() - t0
     if supervised:
         t0 = time.perf_counter()
-        estimators["supervised"] = supervised_concepts(model, inputs, layer, n_concepts, kl_weight=kl_weight,
-                                                       batch_size=batch_size, cm=cm, supervised_iter=supervised_iter,
-                                                       max_iter=max_iter, verbose=progress)
+        estimators["supervised"] = supervised_concepts(
+            model,
+            inputs,
+            layer,
+            n_concepts,
+            kl_weight=kl_weight,
+            batch_size=batch_size,
+            cm=cm,
+            supervised_iter=supervised_iter,
+            max_iter=max_iter,
+            verbose=progress,
+        )
         times["supervised"] = time.perf_counter() - t0
     runs = {}
     for label, est in estimators.items():
-        rep = fidelity_at_layer(cm, acts, layer, est, bounds=bounds, power_iters=power_iters, batch_size=batch_size,
-                                progress=progress)
+        rep = fidelity_at_layer(
+            cm, acts, layer, est, bounds=bounds, power_iters=power_iters, batch_size=batch_size, progress=progress
+        )
         rep["fit_seconds"] = times[label]
         rep["history"] = {k: list(v) for k, v in est.history_.items()}
         runs[label] = rep
     agreement = _agreement(estimators) if supervised else {}
     table = [_table_row(label, rep, agreement) for label, rep in runs.items()]
-    return {"layer": layer, "n_concepts": n_concepts, "kl_weight": kl_weight if supervised else None,
-            "runs": runs, "agreement": agreement, "table": table, "estimators": estimators, "grid": cm.grid,
-            "head": head_info}
+    return {
+        "layer": layer,
+        "n_concepts": n_concepts,
+        "kl_weight": kl_weight if supervised else None,
+        "runs": runs,
+        "agreement": agreement,
+        "table": table,
+        "estimators": estimators,
+        "grid": cm.grid,
+        "head": head_info,
+    }

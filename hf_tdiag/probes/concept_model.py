@@ -25,9 +25,11 @@ from .architecture import describe
 from .concept_decoder import DecoderConceptModel, decoder_block_forward, final_norm
 from .token_states import model_device, model_dtype
 
-_SUPPORTED = ("CRATE (model_type 'crate'), a ViT-like image classifier (ViTForImageClassification, DeiT, ...), a "
-              "BERT-like encoder with a pooler (BertModel, BertForSequenceClassification, ...) or a GPT-2 / "
-              "Llama-family decoder (GPT2LMHeadModel, LlamaForCausalLM, ...)")
+_SUPPORTED = (
+    "CRATE (model_type 'crate'), a ViT-like image classifier (ViTForImageClassification, DeiT, ...), a "
+    "BERT-like encoder with a pooler (BertModel, BertForSequenceClassification, ...) or a GPT-2 / "
+    "Llama-family decoder (GPT2LMHeadModel, LlamaForCausalLM, ...)"
+)
 _TEXT_FAMILIES = ("bert", "gpt2", "llama")
 
 
@@ -94,7 +96,9 @@ def _image_model(model, arch, head) -> ConceptModel:
     config = model.config
     image_size, patch_size = getattr(config, "image_size", None), getattr(config, "patch_size", None)
     if image_size is None or patch_size is None:
-        raise ValueError(f"model: expected {_SUPPORTED} (a config with image_size and patch_size); got {type(model).__name__}")
+        raise ValueError(
+            f"model: expected {_SUPPORTED} (a config with image_size and patch_size); got {type(model).__name__}"
+        )
     (ih, iw), (ph, pw) = size_pair(image_size, "image_size"), size_pair(patch_size, "patch_size")
     grid = (ih // ph, iw // pw)
     if arch.family == "crate":
@@ -104,8 +108,20 @@ def _image_model(model, arch, head) -> ConceptModel:
         def readout(z, norm=norm, pooling=pooling):
             return norm(z[:, 0] if pooling == "cls" else z.mean(dim=1))
 
-        return ConceptModel(model, "crate", arch.encoder_layers, readout, (norm,), pooling, head, arch.num_layers, 1,
-                            grid[0] * grid[1], grid, arch)
+        return ConceptModel(
+            model,
+            "crate",
+            arch.encoder_layers,
+            readout,
+            (norm,),
+            pooling,
+            head,
+            arch.num_layers,
+            1,
+            grid[0] * grid[1],
+            grid,
+            arch,
+        )
     base = arch.base_model
     norm = getattr(base, "layernorm", None)
     if not isinstance(norm, nn.LayerNorm):
@@ -115,8 +131,20 @@ def _image_model(model, arch, head) -> ConceptModel:
     def readout(z, norm=norm):
         return norm(z[:, 0])
 
-    return ConceptModel(model, "vit", arch.encoder_layers, readout, (norm,), "cls", head, arch.num_layers, num_prefix,
-                        grid[0] * grid[1], grid, arch)
+    return ConceptModel(
+        model,
+        "vit",
+        arch.encoder_layers,
+        readout,
+        (norm,),
+        "cls",
+        head,
+        arch.num_layers,
+        num_prefix,
+        grid[0] * grid[1],
+        grid,
+        arch,
+    )
 
 
 def _text_model(model, arch, head) -> ConceptModel:
@@ -131,8 +159,9 @@ def _text_model(model, arch, head) -> ConceptModel:
     def readout(z, pooler=pooler):
         return pooler(z)
 
-    return ConceptModel(model, "bert", arch.encoder_layers, readout, (pooler,), "cls", head, arch.num_layers, 0, 0,
-                        None, arch)
+    return ConceptModel(
+        model, "bert", arch.encoder_layers, readout, (pooler,), "cls", head, arch.num_layers, 0, 0, None, arch
+    )
 
 
 def _decoder_model(model, arch, head) -> ConceptModel:
@@ -144,8 +173,21 @@ def _decoder_model(model, arch, head) -> ConceptModel:
     def readout(z, norm=norm):
         return norm(z[:, -1])
 
-    return DecoderModel(model, arch.family, arch.encoder_layers, readout, (norm,), "last", head, arch.num_layers, 0, 0,
-                        None, arch, final_norm=norm)
+    return DecoderModel(
+        model,
+        arch.family,
+        arch.encoder_layers,
+        readout,
+        (norm,),
+        "last",
+        head,
+        arch.num_layers,
+        0,
+        0,
+        None,
+        arch,
+        final_norm=norm,
+    )
 
 
 def concept_model_parts(model: nn.Module, head: nn.Linear | None = None) -> ConceptModel:
@@ -185,7 +227,11 @@ def check_layer(cm: ConceptModel, layer) -> int:
 
 def pixel_values(inputs) -> torch.Tensor:
     """``(images, C, H, W)`` pixel values from a tensor, a dict/BatchFeature or an iterable of batches."""
-    if not isinstance(inputs, (torch.Tensor, Mapping, str, bytes)) and hasattr(inputs, "__iter__") and not hasattr(inputs, "keys"):
+    if (
+        not isinstance(inputs, (torch.Tensor, Mapping, str, bytes))
+        and hasattr(inputs, "__iter__")
+        and not hasattr(inputs, "keys")
+    ):
         parts = list(inputs)  # an iterable of batches (e.g. hf_tdiag.inputs.LazyBatches)
         if parts and all(isinstance(p, (torch.Tensor, Mapping)) or hasattr(p, "keys") for p in parts):
             return torch.cat([pixel_values(p) for p in parts])
@@ -203,7 +249,9 @@ def pixel_values(inputs) -> torch.Tensor:
             f"with 'pixel_values' (run the image processor first), got {type(inputs).__name__}"
         )
     if inputs.ndim != 4:
-        raise ValueError(f"inputs: expected pixel_values of shape (images, channels, height, width), got {tuple(inputs.shape)}")
+        raise ValueError(
+            f"inputs: expected pixel_values of shape (images, channels, height, width), got {tuple(inputs.shape)}"
+        )
     if inputs.shape[0] == 0:
         raise ValueError(f"inputs: expected at least one image, got an empty batch of shape {tuple(inputs.shape)}")
     if not inputs.is_floating_point() or not bool(torch.isfinite(inputs).all()):
@@ -227,7 +275,9 @@ def text_encoding(inputs) -> dict:
     if mask is not None and not bool((mask == 1).all()):
         raise ValueError("inputs: padded texts are not supported; encode them with concept_text.encode_texts")
     if "concept_mask" not in enc:
-        raise ValueError("inputs: expected a 'concept_mask' (which tokens are concept tokens); use concept_text.encode_texts")
+        raise ValueError(
+            "inputs: expected a 'concept_mask' (which tokens are concept tokens); use concept_text.encode_texts"
+        )
     return enc
 
 
@@ -274,7 +324,9 @@ def _model_batches(cm: ConceptModel, inputs, batch_size: int):
     return [{"pixel_values": pixels[i : i + batch_size]} for i in range(0, pixels.shape[0], batch_size)], None
 
 
-def layer_activations(model, inputs, layer: int, batch_size: int = 64, cm: ConceptModel | None = None) -> LayerActivations:
+def layer_activations(
+    model, inputs, layer: int, batch_size: int = 64, cm: ConceptModel | None = None
+) -> LayerActivations:
     """Run the model once and return the layer-ℓ concept tokens (``hidden_states[ℓ]`` at the concept positions)."""
     cm = cm or concept_model_parts(model)
     layer = check_layer(cm, layer)
@@ -286,7 +338,10 @@ def layer_activations(model, inputs, layer: int, batch_size: int = 64, cm: Conce
     try:
         with torch.no_grad():
             for kw in batches:
-                kw = {k: v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device) for k, v in kw.items()}
+                kw = {
+                    k: v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device)
+                    for k, v in kw.items()
+                }
                 hidden_states, out_logits = cm.run(kw)
                 outs.append(hidden_states[layer:])
                 logits.append(out_logits)
@@ -300,8 +355,9 @@ def layer_activations(model, inputs, layer: int, batch_size: int = 64, cm: Conce
     return LayerActivations(h[:, positions], h, positions, torch.cat(pooled), model_logits, states)
 
 
-def suffix_runner(model, layer: int, prefix: torch.Tensor, cm: ConceptModel | None = None,
-                  positions: torch.Tensor | None = None) -> Callable:
+def suffix_runner(
+    model, layer: int, prefix: torch.Tensor, cm: ConceptModel | None = None, positions: torch.Tensor | None = None
+) -> Callable:
     """``g(patches, index=None) = h(readout(blocks_{ℓ+1..L}(Z with its concept tokens replaced)))``: logits.
 
     ``prefix`` holds the untouched tokens of all inputs at layer ℓ: the leading prefix (CLS) tokens, or the full

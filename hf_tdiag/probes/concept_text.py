@@ -93,15 +93,25 @@ def builtin_texts() -> tuple[list[str], list[str]]:
 
 def encode_texts(tokenizer, texts: Sequence[str], max_tokens: int | None = None) -> dict:
     """``input_ids`` (texts, N + specials) with every text cut to the same N non-special tokens; ``concept_mask``."""
-    if isinstance(texts, str) or not isinstance(texts, Sequence) or not texts or not all(isinstance(t, str) for t in texts):
+    if (
+        isinstance(texts, str)
+        or not isinstance(texts, Sequence)
+        or not texts
+        or not all(isinstance(t, str) for t in texts)
+    ):
         raise TypeError(f"texts: expected a non-empty list of strings, got {type(texts).__name__}")
     positive_int(max_tokens, "max_tokens", allow_none=True)
     lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     n = min(lengths) if max_tokens is None else min(min(lengths), max_tokens)
     if n < 1:
         raise ValueError(f"texts: text {lengths.index(0)} has no tokens")
-    enc = tokenizer(list(texts), truncation=True, max_length=n + tokenizer.num_special_tokens_to_add(pair=False),
-                    return_special_tokens_mask=True, return_tensors="pt")
+    enc = tokenizer(
+        list(texts),
+        truncation=True,
+        max_length=n + tokenizer.num_special_tokens_to_add(pair=False),
+        return_special_tokens_mask=True,
+        return_tensors="pt",
+    )
     special = enc.pop("special_tokens_mask")
     if not bool((special == special[0]).all()) or enc["input_ids"].shape[1] != n + int(special[0].sum()):
         raise ValueError("texts: the tokenizer did not give every text the same special-token layout")
@@ -139,8 +149,15 @@ def fit_linear_head(features: torch.Tensor, labels, l2: float = 1e-3, max_iter: 
     X = features.detach().double().cpu()
     W = torch.zeros(len(classes), X.shape[1], dtype=torch.float64, requires_grad=True)
     b = torch.zeros(len(classes), dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([W, b], lr=1.0, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-14,
-                            history_size=20, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [W, b],
+        lr=1.0,
+        max_iter=max_iter,
+        tolerance_grad=1e-10,
+        tolerance_change=1e-14,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()

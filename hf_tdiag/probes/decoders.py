@@ -36,7 +36,15 @@ from torch import nn
 
 from .._validation import integer
 
-__all__ = ["TensorRef", "DecoderLayout", "DecoderHead", "decoder_layout", "find_decoder", "model_getter", "DECODER_EXPECTED"]
+__all__ = [
+    "TensorRef",
+    "DecoderLayout",
+    "DecoderHead",
+    "decoder_layout",
+    "find_decoder",
+    "model_getter",
+    "DECODER_EXPECTED",
+]
 
 DECODER_EXPECTED = (
     "a decoder whose blocks have either a fused Conv1D 'attn.c_attn' with 'mlp.c_fc'/'mlp.c_proj' (GPT-2 family) or "
@@ -157,7 +165,9 @@ class DecoderLayout:
         integer(layer, "layer", low=0, high=self.num_layers)
         return self.refs[layer][role].read_bias(get)
 
-    def heads(self, layer: int, role: str, get: Callable[[str], torch.Tensor], *, by_query_head: bool = False) -> torch.Tensor:
+    def heads(
+        self, layer: int, role: str, get: Callable[[str], torch.Tensor], *, by_query_head: bool = False
+    ) -> torch.Tensor:
         """Per-head rows ``(K, p, d)``: W_Q,h (K = H), W_K,g / W_V,g (K = H_kv, or H with ``by_query_head``: row h is
         query head h's shared K/V head g(h)) or the rows of ``(W_O)ᵀ`` that belong to query head h (role attn_output)."""
         w = self.weight(layer, role, get)
@@ -184,10 +194,16 @@ class DecoderLayout:
             return None if b is None else b[rows]
 
         return DecoderHead(
-            layer=layer, head=head, kv_head=g,
-            W_Q=self.weight(layer, "query", get)[q_rows], W_K=self.weight(layer, "key", get)[kv_rows],
-            W_V=self.weight(layer, "value", get)[kv_rows], W_O=self.weight(layer, "attn_output", get)[:, q_rows],
-            b_Q=bias("query", q_rows), b_K=bias("key", kv_rows), b_V=bias("value", kv_rows),
+            layer=layer,
+            head=head,
+            kv_head=g,
+            W_Q=self.weight(layer, "query", get)[q_rows],
+            W_K=self.weight(layer, "key", get)[kv_rows],
+            W_V=self.weight(layer, "value", get)[kv_rows],
+            W_O=self.weight(layer, "attn_output", get)[:, q_rows],
+            b_Q=bias("query", q_rows),
+            b_K=bias("key", kv_rows),
+            b_V=bias("value", kv_rows),
         )
 
     def layer_bytes(self, layer: int, get_nbytes: Callable[[str], int]) -> int:
@@ -197,11 +213,21 @@ class DecoderLayout:
     def describe(self) -> dict:
         """The layout as a JSON-ready dict (no tensors)."""
         return {
-            "family": self.family, "model_type": self.model_type, "num_layers": self.num_layers,
-            "hidden_size": self.hidden_size, "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
-            "head_dim": self.head_dim, "intermediate_size": self.intermediate_size, "gated": self.gated,
-            "activation": self.activation, "norm": self.norm, "rotary": self.rotary, "qk_norm": self.qk_norm,
-            "tied_embeddings": self.tied_embeddings, "layers_path": self.layers_path,
+            "family": self.family,
+            "model_type": self.model_type,
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "gated": self.gated,
+            "activation": self.activation,
+            "norm": self.norm,
+            "rotary": self.rotary,
+            "qk_norm": self.qk_norm,
+            "tied_embeddings": self.tied_embeddings,
+            "layers_path": self.layers_path,
             "kv_head_of_query_head": [self.kv_head(h) for h in range(self.num_heads)],
         }
 
@@ -210,8 +236,11 @@ def _is_conv1d(module) -> bool:
     """Transformers' ``Conv1D`` (a linear layer storing ``W (in, out)``), recognised by its attributes."""
     w = getattr(module, "weight", None)
     return (
-        isinstance(module, nn.Module) and not isinstance(module, nn.Linear) and isinstance(w, torch.Tensor)
-        and w.ndim == 2 and getattr(module, "nf", None) == w.shape[1]
+        isinstance(module, nn.Module)
+        and not isinstance(module, nn.Linear)
+        and isinstance(w, torch.Tensor)
+        and w.ndim == 2
+        and getattr(module, "nf", None) == w.shape[1]
     )
 
 
@@ -224,10 +253,16 @@ def _sub(module: nn.Module, path: str):
 
 
 def _block_kind(block: nn.Module) -> str | None:
-    if _is_conv1d(_sub(block, "attn.c_attn")) and _is_conv1d(_sub(block, "mlp.c_fc")) and _is_conv1d(_sub(block, "mlp.c_proj")):
+    if (
+        _is_conv1d(_sub(block, "attn.c_attn"))
+        and _is_conv1d(_sub(block, "mlp.c_fc"))
+        and _is_conv1d(_sub(block, "mlp.c_proj"))
+    ):
         return "gpt2"
     attn = getattr(block, "self_attn", None)
-    if attn is not None and all(isinstance(getattr(attn, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+    if attn is not None and all(
+        isinstance(getattr(attn, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+    ):
         mlp = getattr(block, "mlp", None)
         if mlp is not None and all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("up_proj", "down_proj")):
             return "llama"
@@ -296,8 +331,15 @@ def _gpt2_refs(path: str, i: int, d: int) -> tuple[dict[str, TensorRef], dict[st
     refs["attn_output"] = TensorRef(f"{b}.attn.c_proj.weight", True, None, f"{b}.attn.c_proj.bias")
     refs["ffn_in"] = TensorRef(f"{b}.mlp.c_fc.weight", True, None, f"{b}.mlp.c_fc.bias")
     refs["ffn_out"] = TensorRef(f"{b}.mlp.c_proj.weight", True, None, f"{b}.mlp.c_proj.bias")
-    modules = {"query": qkv, "key": qkv, "value": qkv, "attn_output": f"{b}.attn.c_proj",
-               "ffn_in": f"{b}.mlp.c_fc", "ffn_out": f"{b}.mlp.c_proj", "attention_norm": f"{b}.ln_1"}
+    modules = {
+        "query": qkv,
+        "key": qkv,
+        "value": qkv,
+        "attn_output": f"{b}.attn.c_proj",
+        "ffn_in": f"{b}.mlp.c_fc",
+        "ffn_out": f"{b}.mlp.c_proj",
+        "attention_norm": f"{b}.ln_1",
+    }
     return refs, modules
 
 
@@ -308,10 +350,17 @@ def _linear_ref(block: nn.Module, b: str, rel: str) -> TensorRef:
 
 def _llama_refs(block: nn.Module, path: str, i: int, gated: bool) -> tuple[dict[str, TensorRef], dict[str, str]]:
     b = f"{path}.{i}" if path else str(i)
-    rel = {"query": "self_attn.q_proj", "key": "self_attn.k_proj", "value": "self_attn.v_proj",
-           "attn_output": "self_attn.o_proj"}
-    rel.update({"ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"} if gated
-               else {"ffn_in": "mlp.up_proj", "ffn_out": "mlp.down_proj"})
+    rel = {
+        "query": "self_attn.q_proj",
+        "key": "self_attn.k_proj",
+        "value": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+    }
+    rel.update(
+        {"ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+        if gated
+        else {"ffn_in": "mlp.up_proj", "ffn_out": "mlp.down_proj"}
+    )
     refs = {role: _linear_ref(block, b, r) for role, r in rel.items()}
     modules = {role: f"{b}.{r}" for role, r in rel.items()}
     if getattr(block, "input_layernorm", None) is not None:
@@ -337,11 +386,18 @@ def decoder_layout(model: nn.Module) -> DecoderLayout:
     if family == "gpt2":
         d = first.attn.c_attn.weight.shape[0]
         if first.attn.c_attn.weight.shape[1] != 3 * d:
-            raise ValueError(f"model: {path}.0.attn.c_attn has {first.attn.c_attn.weight.shape[1]} outputs, expected 3 x {d}")
+            raise ValueError(
+                f"model: {path}.0.attn.c_attn has {first.attn.c_attn.weight.shape[1]} outputs, expected 3 x {d}"
+            )
         H, H_kv, p = _heads_layout(config, d, d, d, f"block 0 of {path}")
         per = [_gpt2_refs(path, i, d) for i in range(len(blocks))]
         inter = first.mlp.c_fc.weight.shape[1]
-        gated, act, norm, rotary = False, str(_config_value(config, "activation_function") or "gelu_new"), "layernorm", False
+        gated, act, norm, rotary = (
+            False,
+            str(_config_value(config, "activation_function") or "gelu_new"),
+            "layernorm",
+            False,
+        )
     else:
         q, k = first.self_attn.q_proj, first.self_attn.k_proj
         d = q.in_features
@@ -357,11 +413,23 @@ def decoder_layout(model: nn.Module) -> DecoderLayout:
         raise ValueError(f"model: config hidden size {hidden} differs from the block width {d} read from {path}.0")
     qk_norm = family == "llama" and any(getattr(first.self_attn, n, None) is not None for n in ("q_norm", "k_norm"))
     return DecoderLayout(
-        family=family, model_type=str(getattr(config, "model_type", "") or type(model).__name__),
-        num_layers=len(blocks), hidden_size=d, num_heads=H, num_kv_heads=H_kv, head_dim=p, intermediate_size=inter,
-        gated=gated, activation=act, norm=norm, rotary=rotary, qk_norm=qk_norm,
-        tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)), layers_path=path,
-        refs=[r for r, _ in per], modules=[m for _, m in per],
+        family=family,
+        model_type=str(getattr(config, "model_type", "") or type(model).__name__),
+        num_layers=len(blocks),
+        hidden_size=d,
+        num_heads=H,
+        num_kv_heads=H_kv,
+        head_dim=p,
+        intermediate_size=inter,
+        gated=gated,
+        activation=act,
+        norm=norm,
+        rotary=rotary,
+        qk_norm=qk_norm,
+        tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        layers_path=path,
+        refs=[r for r, _ in per],
+        modules=[m for _, m in per],
     )
 
 

@@ -13,7 +13,7 @@ same scale. One MSSA module per variant is the model's own :class:`CrateMSSA`, w
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -71,10 +71,17 @@ def mssa_step_compression(
         "step_sizes": steps,
         "variants": list(variants),
         "Rc": out,
-        "settings": {"num_tokens": num_tokens, "hidden_size": hidden_size, "num_heads": num_heads, "head_dim": p,
-                     "seeds": [int(s) for s in seeds], "eps": eps,
-                     "Z": "Gaussian tokens", "U": "random orthonormal basis split into K blocks",
-                     "step": "Z + kappa * MSSA(Z), MSSA = the model's CrateMSSA with that U"},
+        "settings": {
+            "num_tokens": num_tokens,
+            "hidden_size": hidden_size,
+            "num_heads": num_heads,
+            "head_dim": p,
+            "seeds": [int(s) for s in seeds],
+            "eps": eps,
+            "Z": "Gaussian tokens",
+            "U": "random orthonormal basis split into K blocks",
+            "step": "Z + kappa * MSSA(Z), MSSA = the model's CrateMSSA with that U",
+        },
     }
 
 

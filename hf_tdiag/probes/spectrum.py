@@ -150,7 +150,9 @@ class SpectrumBoundReport:
     matrices: list[MatrixRecord] = field(default_factory=list)
     layers_path: str = ""  # module path of the analysed layer list, e.g. "encoder.layer"
     layer_gains: np.ndarray | None = None  # (L,) f_k, α_ℓ = Π_{k>ℓ} f_k
-    num_kv_heads: int | None = None  # decoders with grouped-query attention: K/V heads (QK_h, Ṽ_h use head h // (H/H_kv))
+    num_kv_heads: int | None = (
+        None  # decoders with grouped-query attention: K/V heads (QK_h, Ṽ_h use head h // (H/H_kv))
+    )
     gated: bool = False  # gated MLP: M_in = [W_gateᵀ | W_upᵀ] (N × 2I)
 
     @property
@@ -188,8 +190,12 @@ class SpectrumBoundReport:
         gains = self.layer_gains if self.layer_gains is not None else np.full(self.num_layers, np.nan)
         layer_rows = []
         for layer in range(self.num_layers):
-            downs = [m.flip_factor_down for m in self.matrices if m.layer == layer and math.isfinite(m.flip_factor_down)]
-            layer_rows.append([layer + 1, float(gains[layer]), float(self.alpha[layer]), max(downs) if downs else float("nan")])
+            downs = [
+                m.flip_factor_down for m in self.matrices if m.layer == layer and math.isfinite(m.flip_factor_down)
+            ]
+            layer_rows.append(
+                [layer + 1, float(gains[layer]), float(self.alpha[layer]), max(downs) if downs else float("nan")]
+            )
         layer_heads = ["layer", "gain f_ℓ", "α_ℓ = Π_{k>ℓ} f_k", "largest κ↓ (×γα_ℓL for p > 0 to win)"]
         return {"types": (heads, rows), "layers": (layer_heads, layer_rows)}
 
@@ -265,7 +271,7 @@ class SpectrumBoundReport:
         }
 
     @classmethod
-    def from_json(cls, path_or_text: str | os.PathLike) -> "SpectrumBoundReport":
+    def from_json(cls, path_or_text: str | os.PathLike) -> SpectrumBoundReport:
         """A report written by :meth:`to_json` (with spectra), read back from a file path or a JSON string."""
         text = str(path_or_text)
         if not text.lstrip().startswith("{"):
@@ -276,8 +282,12 @@ class SpectrumBoundReport:
             raise ValueError("path_or_text: the report was written without spectra (include_spectra=False)")
         mats = []
         for m in d["matrices"]:
-            m = dict(m, shape=tuple(m["shape"]), singular_values=np.asarray(m["singular_values"], dtype=np.float64),
-                     contributions=np.asarray(m["contributions"], dtype=np.float64))
+            m = dict(
+                m,
+                shape=tuple(m["shape"]),
+                singular_values=np.asarray(m["singular_values"], dtype=np.float64),
+                contributions=np.asarray(m["contributions"], dtype=np.float64),
+            )
             zero = m["rank"] == 0
             down, up = m["flip_factor_down"], m["flip_factor_up"]
             m["flip_factor_down"] = math.nan if down is None else down
@@ -288,7 +298,9 @@ class SpectrumBoundReport:
         skip = {"matrices", "degenerate", "layer_gains", *arrays}
         return cls(**{k: v for k, v in d.items() if k not in skip}, **arrays, matrices=mats, layer_gains=gains)
 
-    def to_json(self, path: str | os.PathLike | None = None, include_spectra: bool = True, indent: int | None = None) -> str:
+    def to_json(
+        self, path: str | os.PathLike | None = None, include_spectra: bool = True, indent: int | None = None
+    ) -> str:
         """Serialise :meth:`to_dict`; also write it to ``path`` when given."""
         text = json.dumps(self.to_dict(include_spectra), indent=indent)
         if path is not None:
@@ -346,7 +358,9 @@ def _default_workers(device: torch.device, ffn_entries: int) -> int:
     return max(1, torch.get_num_threads())
 
 
-def _all_spectra(source, svd_method: str, num_workers: int, progress: bool, by_layer: bool = False) -> list[dict[str, torch.Tensor]]:
+def _all_spectra(
+    source, svd_method: str, num_workers: int, progress: bool, by_layer: bool = False
+) -> list[dict[str, torch.Tensor]]:
     """Per-layer spectra, computed by ``num_workers`` threads (the solvers release the GIL).
 
     Jobs: one per FFN matrix (the dense, expensive part), one per layer for the per-head cores; each job reads its
@@ -383,9 +397,11 @@ def _all_spectra(source, svd_method: str, num_workers: int, progress: bool, by_l
         return out
 
     per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(L)]
-    with torch_threads(1), threadpool_limits(limits=1, user_api="blas"), tqdm(
-        total=len(jobs), desc="spectra", disable=not progress, leave=False
-    ) as bar:
+    with (
+        torch_threads(1),
+        threadpool_limits(limits=1, user_api="blas"),
+        tqdm(total=len(jobs), desc="spectra", disable=not progress, leave=False) as bar,
+    ):
         if num_workers <= 1:
             results = map(run, jobs)
         else:
@@ -537,8 +553,17 @@ def _matrix_groups(sh, sp: dict, gamma: dict, alpha: torch.Tensor) -> list[tuple
         (sh.ffn_in_type, sp["in_sigma"], sp["in_cols"], sp["in_11"], gamma["m_in"], alpha, min(N, sh.ffn_in_width)),
     ]
     if "out_sigma" in sp:
-        groups.append(("m_out", sp["out_sigma"], sp["out_cols"], sp["out_11"], gamma["m_out"], alpha,
-                       min(N, sh.intermediate_size)))
+        groups.append(
+            (
+                "m_out",
+                sp["out_sigma"],
+                sp["out_cols"],
+                sp["out_11"],
+                gamma["m_out"],
+                alpha,
+                min(N, sh.intermediate_size),
+            )
+        )
     return groups
 
 
@@ -589,9 +614,16 @@ def spectrum_bounds(
     gamma = S.type_factors(norms["in"], norms["out"], norms["v"])
     dev = sp["qk_sigma"].device
     stats = {g[0]: _type_stats(*g[1:], ps.to(dev), L, N, rank_tol) for g in _matrix_groups(sh, sp, gamma, alpha)}
-    ours = float(S.spectrum_adaptive_bound(torch.cat([torch.as_tensor(st["best"]).reshape(-1) for st in stats.values()]), L))
+    ours = float(
+        S.spectrum_adaptive_bound(torch.cat([torch.as_tensor(st["best"]).reshape(-1) for st in stats.values()]), L)
+    )
     xi = S.edelman_layer_terms(
-        norms["in"], norms["out"], norms["v"], sp["qk_cols"].sum(-1), sp["v_cols"].sum(-1), sp["in_cols"].sum(-1),
+        norms["in"],
+        norms["out"],
+        norms["v"],
+        sp["qk_cols"].sum(-1),
+        sp["v_cols"].sum(-1),
+        sp["in_cols"].sum(-1),
         norms["out_21"],
     )
     edelman = float(S.edelman_bound(alpha, xi))

@@ -52,9 +52,16 @@ class EncoderSource:
         w = weights
         self.w = w
         self.shapes = SourceShapes(
-            family=w.family, model_type=w.model_type, num_layers=w.num_layers, hidden_size=w.hidden_size,
-            num_heads=w.num_heads, head_dim=w.head_dim, intermediate_size=w.intermediate_size,
-            ffn_in_width=w.intermediate_size, ffn_in_type=w.ffn_in_type, has_ffn_out=w.layers[0].ffn_out is not None,
+            family=w.family,
+            model_type=w.model_type,
+            num_layers=w.num_layers,
+            hidden_size=w.hidden_size,
+            num_heads=w.num_heads,
+            head_dim=w.head_dim,
+            intermediate_size=w.intermediate_size,
+            ffn_in_width=w.intermediate_size,
+            ffn_in_type=w.ffn_in_type,
+            has_ffn_out=w.layers[0].ffn_out is not None,
             layers_path=w.layer_paths[0].rsplit(".", 1)[0],
         )
 
@@ -92,10 +99,19 @@ class DecoderSource:
         self._device = device or torch.device("cpu")
         lay = layout
         self.shapes = SourceShapes(
-            family=lay.family, model_type=lay.model_type, num_layers=lay.num_layers, hidden_size=lay.hidden_size,
-            num_heads=lay.num_heads, head_dim=lay.head_dim, intermediate_size=lay.intermediate_size,
-            ffn_in_width=(2 if lay.gated else 1) * lay.intermediate_size, ffn_in_type="m_in", has_ffn_out=True,
-            layers_path=lay.layers_path, num_kv_heads=lay.num_kv_heads, gated=lay.gated,
+            family=lay.family,
+            model_type=lay.model_type,
+            num_layers=lay.num_layers,
+            hidden_size=lay.hidden_size,
+            num_heads=lay.num_heads,
+            head_dim=lay.head_dim,
+            intermediate_size=lay.intermediate_size,
+            ffn_in_width=(2 if lay.gated else 1) * lay.intermediate_size,
+            ffn_in_type="m_in",
+            has_ffn_out=True,
+            layers_path=lay.layers_path,
+            num_kv_heads=lay.num_kv_heads,
+            gated=lay.gated,
         )
 
     @property
@@ -189,7 +205,9 @@ def head_job(groups) -> dict[str, torch.Tensor]:
     return {key: torch.cat(vals) for key, vals in parts.items()}
 
 
-def ffn_job(parts: list[torch.Tensor], svd_method: str, release=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ffn_job(
+    parts: list[torch.Tensor], svd_method: str, release=None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """σ, column norms and ‖·‖_{1,1} of the row-vector FFN matrix ``M = Wᵀ``, ``W = [parts stacked by rows]`` (out, in).
     ``release()`` (optional) runs before each streamed block (the streaming path hands freed memory back there).
 

@@ -35,9 +35,9 @@ from __future__ import annotations
 import json
 import platform
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any
 
 import torch
 from torch import nn
@@ -57,9 +57,9 @@ from .architecture import describe
 from .subspaces import check_source, subspace_heads, subspaces
 from .token_states import model_device, token_states
 
-TERMS: Tuple[str, ...] = ("R", "Rc", "sparsity", "srr")
-STATES: Tuple[str, ...] = ("output", "input", "mid")
-MEASUREMENTS: Tuple[str, ...] = ("design", "official")
+TERMS: tuple[str, ...] = ("R", "Rc", "sparsity", "srr")
+STATES: tuple[str, ...] = ("output", "input", "mid")
+MEASUREMENTS: tuple[str, ...] = ("design", "official")
 STATE_DESCRIPTIONS = {
     "output": "Z^l, the output of block l (hidden_states[l]), with block l's U^l; 'layer l' means this state",
     "input": "Z^{l-1}, the input of block l (hidden_states[l-1]), with block l's U^l",
@@ -70,7 +70,7 @@ STATE_DESCRIPTIONS = {
 }
 
 
-def _mean_std(values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _mean_std(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values.mean(0), values.std(0, correction=0)
 
 
@@ -86,27 +86,29 @@ class SRRReport:
     unprefixed :meth:`summary` keys describe.
     """
 
-    states: Tuple[str, ...]
+    states: tuple[str, ...]
     num_layers: int
     num_samples: int
-    mean: Dict[str, Dict[str, List[float]]]
-    std: Dict[str, Dict[str, List[float]]]
-    settings: Dict[str, Any] = field(default_factory=dict)
-    values: Optional[torch.Tensor] = None
-    embeddings: Optional[Dict[str, Dict[str, float]]] = None
-    embedding_values: Optional[torch.Tensor] = None
+    mean: dict[str, dict[str, list[float]]]
+    std: dict[str, dict[str, list[float]]]
+    settings: dict[str, Any] = field(default_factory=dict)
+    values: torch.Tensor | None = None
+    embeddings: dict[str, dict[str, float]] | None = None
+    embedding_values: torch.Tensor | None = None
 
     @classmethod
     def from_values(
         cls,
         values: torch.Tensor,
-        states: Tuple[str, ...],
-        settings: Dict[str, Any],
-        embedding_values: Optional[torch.Tensor] = None,
-    ) -> "SRRReport":
+        states: tuple[str, ...],
+        settings: dict[str, Any],
+        embedding_values: torch.Tensor | None = None,
+    ) -> SRRReport:
         """Build a report from per-sample values ``(num_samples, S, L, 4)`` (and ``(num_samples, 4)`` of ``Z^0``)."""
         if values.ndim != 4 or values.shape[1] != len(states) or values.shape[3] != len(TERMS):
-            raise ValueError(f"values: expected shape (num_samples, {len(states)}, L, {len(TERMS)}), got {tuple(values.shape)}")
+            raise ValueError(
+                f"values: expected shape (num_samples, {len(states)}, L, {len(TERMS)}), got {tuple(values.shape)}"
+            )
         if values.shape[0] == 0:
             raise ValueError("values: no samples were measured (the inputs were empty)")
         values = values.to(torch.float64)
@@ -122,27 +124,39 @@ class SRRReport:
             embedding_values = embedding_values.to(torch.float64)
             e_mean, e_std = _mean_std(embedding_values)
             embeddings = {"mean": dict(zip(TERMS, e_mean.tolist())), "std": dict(zip(TERMS, e_std.tolist()))}
-        return cls(tuple(states), values.shape[2], values.shape[0], mean, std, dict(settings), values, embeddings, embedding_values)
+        return cls(
+            tuple(states),
+            values.shape[2],
+            values.shape[0],
+            mean,
+            std,
+            dict(settings),
+            values,
+            embeddings,
+            embedding_values,
+        )
 
     @property
-    def layers(self) -> List[int]:
+    def layers(self) -> list[int]:
         """Block numbers ``1…L`` (``mean[state][term][ℓ−1]`` is block ℓ)."""
         return list(range(1, self.num_layers + 1))
 
-    def per_layer(self, term: str = "srr", state: Optional[str] = None) -> List[float]:
+    def per_layer(self, term: str = "srr", state: str | None = None) -> list[float]:
         """Means of ``term`` for blocks ``1…L`` at ``state`` (default: the primary state, block outputs ``Z^ℓ``)."""
         state = state or self.states[0]
         if state not in self.mean or term not in TERMS:
-            raise ValueError(f"state/term: expected one of {list(self.mean)} and {list(TERMS)}, got {state!r}, {term!r}")
+            raise ValueError(
+                f"state/term: expected one of {list(self.mean)} and {list(TERMS)}, got {state!r}, {term!r}"
+            )
         return list(self.mean[state][term])
 
-    def summary(self) -> Dict[str, float]:
+    def summary(self) -> dict[str, float]:
         """Averages over blocks ``1…L`` and last-block values: ``srr_mean_over_layers``, ``srr_last_layer`` (Z^L), ...
 
         Keys of the primary state are unprefixed; other states are prefixed (``input_Rc_last_layer``,
         ``mid_srr_mean_over_layers``); ``embeddings_<term>`` are ``Z^0``'s values.
         """
-        out: Dict[str, float] = {}
+        out: dict[str, float] = {}
         for state in self.states:
             prefix = "" if state == self.states[0] else f"{state}_"
             for term in TERMS:
@@ -154,9 +168,9 @@ class SRRReport:
                 out[f"embeddings_{term}"] = float(self.embeddings["mean"][term])
         return out
 
-    def to_dict(self, include_samples: bool = False) -> Dict[str, Any]:
+    def to_dict(self, include_samples: bool = False) -> dict[str, Any]:
         """JSON-ready dict: settings, layers, per-state per-term mean/std lists, embeddings, summary (+ samples)."""
-        out: Dict[str, Any] = {
+        out: dict[str, Any] = {
             "measure": "sparse_rate_reduction",
             "measurement": self.settings.get("measurement", "design"),
             "settings": self.settings,
@@ -188,7 +202,7 @@ class SRRReport:
         return text
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "SRRReport":
+    def from_dict(cls, data: Mapping) -> SRRReport:
         """Inverse of :meth:`to_dict` (per-sample values only if they were included)."""
         states = tuple(data["states"])
         values = embedding_values = None
@@ -199,8 +213,15 @@ class SRRReport:
         if data.get("embedding_samples") is not None:
             embedding_values = torch.tensor([data["embedding_samples"][t] for t in TERMS], dtype=torch.float64).T
         return cls(
-            states, len(data["layers"]), int(data["num_samples"]), data["mean"], data["std"], dict(data["settings"]),
-            values, data.get("embeddings"), embedding_values,
+            states,
+            len(data["layers"]),
+            int(data["num_samples"]),
+            data["mean"],
+            data["std"],
+            dict(data["settings"]),
+            values,
+            data.get("embeddings"),
+            embedding_values,
         )
 
 
@@ -230,7 +251,11 @@ class _Rows(torch.utils.data.Dataset):
 
     def __init__(self, inputs):
         self.inputs = inputs
-        first = inputs if isinstance(inputs, torch.Tensor) else next(v for v in inputs.values() if isinstance(v, torch.Tensor))
+        first = (
+            inputs
+            if isinstance(inputs, torch.Tensor)
+            else next(v for v in inputs.values() if isinstance(v, torch.Tensor))
+        )
         self.n = first.shape[0]
 
     def __len__(self):
@@ -271,7 +296,9 @@ def _check_settings(eps, lam, batch_size, max_batches, measurement, apply_layern
     if measurement not in MEASUREMENTS:
         raise ValueError(f"measurement: expected one of {list(MEASUREMENTS)}, got {measurement!r}")
     if measurement == "official" and apply_layernorm:
-        raise ValueError("apply_layernorm: the official measurement fixes its states (qkv output of LN1(Z)); pass False")
+        raise ValueError(
+            "apply_layernorm: the official measurement fixes its states (qkv output of LN1(Z)); pass False"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -288,7 +315,7 @@ class _StateTerms:
 
     def __init__(self, eps: float, lam: float, token_mask, precision: str = "auto"):
         self.eps, self.lam, self.mask, self.precision = eps, lam, token_mask, precision
-        self._cache: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def _r_sparsity(self, Z):
         hit = self._cache.get(id(Z))
@@ -315,13 +342,13 @@ class _StateTerms:
 
 def measure_token_states(
     ts, U, states=("output", "input", "mid"), *, eps: float = 0.1, lam: float = 1.0, precision: str = "auto"
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(B, S, L, 4)`` of :func:`token_states` ``ts`` for ``states`` ⊆ (output, input, mid) with ``U[ℓ−1]`` for
     block ℓ, and ``(B, 4)`` of the embeddings ``Z^0`` (the design measurement of one batch, without its forward)."""
     return _design_values(ts, U, _StateTerms(eps, lam, ts.token_mask, precision), states)
 
 
-def _design_values(ts, U, terms: _StateTerms, states) -> Tuple[torch.Tensor, torch.Tensor]:
+def _design_values(ts, U, terms: _StateTerms, states) -> tuple[torch.Tensor, torch.Tensor]:
     L = len(ts.block_outputs)
     reuse = ts.projections or [None] * L
     inputs = [terms(Z, terms.rc(Z, U[i], reuse[i])) for i, Z in enumerate(ts.block_inputs)]
@@ -341,7 +368,9 @@ def _official_values(ts, terms: _StateTerms) -> torch.Tensor:
         A = ts.source_outputs[i] if ts.source_outputs else None
         if A is None:
             raise ValueError(f"model: block {i + 1}'s attention projection was not observed in the forward pass")
-        per_block.append(terms(Z, official_compression_rate(A, terms.eps, token_mask=terms.mask, precision=terms.precision)))
+        per_block.append(
+            terms(Z, official_compression_rate(A, terms.eps, token_mask=terms.mask, precision=terms.precision))
+        )
     return torch.stack(per_block, dim=1).unsqueeze(1)
 
 
@@ -356,15 +385,18 @@ def batch_srr_values(
     include_mid: bool = True,
     reuse_projections: bool = True,
     arch=None,
-    U: Optional[List[torch.Tensor]] = None,
+    U: list[torch.Tensor] | None = None,
     measurement: str = "design",
     precision: str = "auto",
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-sample values of one batch: ``(B, S, L, 4)`` (states × blocks × terms) and ``(B, 4)`` of ``Z^0``
     (``None`` for ``measurement="official"``). States as :func:`layer_srr` reports them."""
     arch = arch or describe(model)
     if U is None:
-        U = [u.to(torch.float64 if precision == "float64" else torch.float32) for u in subspaces(model, source, detach=True)]
+        U = [
+            u.to(torch.float64 if precision == "float64" else torch.float32)
+            for u in subspaces(model, source, detach=True)
+        ]
     official = measurement == "official"
     ts = token_states(
         model,
@@ -380,7 +412,7 @@ def batch_srr_values(
     return _design_values(ts, U, terms, _states(arch, include_mid, measurement))
 
 
-def _states(arch, include_mid: bool, measurement: str) -> Tuple[str, ...]:
+def _states(arch, include_mid: bool, measurement: str) -> tuple[str, ...]:
     if measurement == "official":
         return ("official",)
     return ("output", "input", "mid") if include_mid and arch.family == "crate" else ("output", "input")
@@ -394,14 +426,16 @@ def _total(batches, max_batches):
     return min(total, max_batches) if max_batches is not None else total
 
 
-def _measure(model, batches, accelerator, max_batches, progress, **kwargs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _measure(model, batches, accelerator, max_batches, progress, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Values of every batch (gathered across processes), in eval mode; the model's mode is restored."""
     show = progress and (accelerator is None or accelerator.is_local_main_process)
     was_training = model.training
     model.eval()
     chunks, embedding_chunks = [], []
     try:
-        for b, batch in enumerate(tqdm(batches, total=_total(batches, max_batches), desc="SRR", unit="batch", disable=not show)):
+        for b, batch in enumerate(
+            tqdm(batches, total=_total(batches, max_batches), desc="SRR", unit="batch", disable=not show)
+        ):
             if max_batches is not None and b >= max_batches:
                 break
             values, embeddings = batch_srr_values(model, batch, **kwargs)
@@ -418,7 +452,7 @@ def _measure(model, batches, accelerator, max_batches, progress, **kwargs) -> Tu
     return torch.cat(chunks), (torch.cat(embedding_chunks) if embedding_chunks else None)
 
 
-def _settings(model, arch, device, accelerator, states, **given) -> Dict[str, Any]:
+def _settings(model, arch, device, accelerator, states, **given) -> dict[str, Any]:
     config = getattr(model, "config", None)
     heads = subspace_heads(arch, given["source"])
     return {
@@ -440,7 +474,11 @@ def _settings(model, arch, device, accelerator, states, **given) -> Dict[str, An
         "num_heads": arch.num_heads,
         "num_kv_heads": arch.num_kv_heads or arch.num_heads,
         "causal": bool(arch.causal),
-        **({} if arch.family == "crate" else {"num_subspaces": heads["num_subspaces"], "query_heads": heads["query_heads"]}),
+        **(
+            {}
+            if arch.family == "crate"
+            else {"num_subspaces": heads["num_subspaces"], "query_heads": heads["query_heads"]}
+        ),
         "head_dim": arch.head_dim,
         "hidden_size": arch.hidden_size,
         "dtype": str(next((p.dtype for p in model.parameters()), torch.float32)).replace("torch.", ""),
@@ -505,17 +543,37 @@ def layer_srr(
     if bad:
         raise ValueError(f"model: the {source} projections of blocks {bad} contain NaN or inf values")
     states = _states(arch, include_mid, measurement)
-    given = dict(source=source, eps=eps, lam=lam, apply_layernorm=apply_layernorm, reuse_projections=reuse_projections,
-                 measurement=measurement, precision=precision)
+    given = dict(
+        source=source,
+        eps=eps,
+        lam=lam,
+        apply_layernorm=apply_layernorm,
+        reuse_projections=reuse_projections,
+        measurement=measurement,
+        precision=precision,
+    )
     values, embeddings = _measure(
-        model, _batches(inputs, batch_size, accelerator), accelerator, max_batches, progress,
-        include_mid=include_mid, arch=arch, U=U, **given,
+        model,
+        _batches(inputs, batch_size, accelerator),
+        accelerator,
+        max_batches,
+        progress,
+        include_mid=include_mid,
+        arch=arch,
+        U=U,
+        **given,
     )
     settings = _settings(model, arch, device, accelerator, states, **given)
     return SRRReport.from_values(values, states, settings, embedding_values=embeddings)
 
 
 __all__ = [
-    "SRRReport", "TERMS", "STATES", "MEASUREMENTS", "STATE_DESCRIPTIONS", "batch_srr_values", "measure_token_states",
+    "SRRReport",
+    "TERMS",
+    "STATES",
+    "MEASUREMENTS",
+    "STATE_DESCRIPTIONS",
+    "batch_srr_values",
+    "measure_token_states",
     "layer_srr",
 ]

@@ -26,8 +26,6 @@ not the Gram of the rotated tokens). Likewise a per-head q/k RMSNorm (Qwen3, Gem
 
 from __future__ import annotations
 
-from typing import List
-
 import torch
 from torch import nn
 
@@ -72,7 +70,7 @@ def layer_projection(arch: Architecture, index: int, source: str = "query") -> n
     return getattr(arch.layers[index], source)
 
 
-def subspaces(model: nn.Module, source: str = "query", detach: bool = False) -> List[torch.Tensor]:
+def subspaces(model: nn.Module, source: str = "query", detach: bool = False) -> list[torch.Tensor]:
     """One ``U`` of shape ``(K, d, p)`` per layer (views of the weights: differentiable unless ``detach``).
 
     For CRATE all three sources are the same shared projection. Decoders with grouped-query attention: K = H for

@@ -20,7 +20,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import List, Optional
 
 import torch
 from torch import nn
@@ -35,22 +34,22 @@ _NON_INPUT_KEYS = ("labels", "label", "label_ids")
 class TokenStates:
     """Token states of one batch; lists are indexed by block, ``[ℓ−1]`` for block ℓ; tensors (B, N, d)."""
 
-    block_inputs: List[torch.Tensor]  # Z^{ℓ−1} (or LN₁^ℓ(Z^{ℓ−1})); block_inputs[0] = Z^0, the embeddings
-    mid_states: Optional[List[torch.Tensor]]  # CRATE: Z^{ℓ−½} (or LN₁^ℓ(Z^{ℓ−½})); None otherwise
-    block_outputs: List[torch.Tensor]  # Z^ℓ (or LN₁^ℓ(Z^ℓ)) = hidden_states[ℓ]
-    projections: Optional[List[Optional[torch.Tensor]]]  # (B, K, N, p) projections of block_inputs[ℓ−1], or None
-    token_mask: Optional[torch.Tensor]  # (B, N) bool from the batch's attention_mask, or None
+    block_inputs: list[torch.Tensor]  # Z^{ℓ−1} (or LN₁^ℓ(Z^{ℓ−1})); block_inputs[0] = Z^0, the embeddings
+    mid_states: list[torch.Tensor] | None  # CRATE: Z^{ℓ−½} (or LN₁^ℓ(Z^{ℓ−½})); None otherwise
+    block_outputs: list[torch.Tensor]  # Z^ℓ (or LN₁^ℓ(Z^ℓ)) = hidden_states[ℓ]
+    projections: list[torch.Tensor | None] | None  # (B, K, N, p) projections of block_inputs[ℓ−1], or None
+    token_mask: torch.Tensor | None  # (B, N) bool from the batch's attention_mask, or None
     layernorm_applied: bool  # True when block states were passed through a pre-attention LayerNorm
-    source_outputs: Optional[List[Optional[torch.Tensor]]] = None  # (B, K, N, p) the source linear's own output
+    source_outputs: list[torch.Tensor | None] | None = None  # (B, K, N, p) the source linear's own output
     causal: bool = False  # decoders: token t's state depends on tokens <= t only (see :func:`visible_tokens`)
 
-    def visible_tokens(self) -> Optional[torch.Tensor]:
+    def visible_tokens(self) -> torch.Tensor | None:
         """``(B, N, N)`` bool: query token k attends to token t (t ≤ k for a causal model, both real tokens);
         None for an encoder without padding."""
         return visible_tokens(self.token_mask, self.causal, self.block_inputs[0].shape[1])
 
 
-def visible_tokens(token_mask: Optional[torch.Tensor], causal: bool, num_tokens: int) -> Optional[torch.Tensor]:
+def visible_tokens(token_mask: torch.Tensor | None, causal: bool, num_tokens: int) -> torch.Tensor | None:
     """The attention visibility ``(B, N, N)`` (or ``(1, N, N)`` without a mask) of a causal and/or padded batch:
     ``visible[b, k, t]`` iff token t is real (``token_mask``) and, for a causal model, ``t ≤ k``; None when neither applies."""
     if token_mask is None and not causal:
@@ -104,7 +103,9 @@ def forward_kwargs(model: nn.Module, batch) -> dict:
                 )
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):
                 raise ValueError(f"inputs: {key} contains NaN or inf values (shape {tuple(value.shape)})")
-            value = value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype, non_blocking=True)
+            value = value.to(
+                device=device, dtype=dtype if value.is_floating_point() else value.dtype, non_blocking=True
+            )
         out[key] = value
     return out
 
@@ -194,9 +195,15 @@ def token_states(
         kwargs = forward_kwargs(arch.base_model, batch)
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
             arch.base_model(**kwargs)
-            missing = [i + 1 for i in range(L) if captured["output"][i] is None or (norms[i] is not None and captured["normed"][i] is None)]
+            missing = [
+                i + 1
+                for i in range(L)
+                if captured["output"][i] is None or (norms[i] is not None and captured["normed"][i] is None)
+            ]
             if missing:
-                raise ValueError(f"model: the forward pass did not run blocks {missing}; cannot read their token states")
+                raise ValueError(
+                    f"model: the forward pass did not run blocks {missing}; cannot read their token states"
+                )
             norm = [(lambda z, n=n: n(z)) if n is not None else (lambda z: z) for n in norms]
             inputs = [captured["normed"][i] if norms[i] is not None else captured["input"][i] for i in range(L)]
             outputs = [norm[i](captured["output"][i]) for i in range(L)]

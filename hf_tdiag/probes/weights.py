@@ -26,7 +26,8 @@ No math beyond reshaping and the forward pass happens here.
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -106,7 +107,9 @@ def _ones_like_inputs(example_inputs: Any, name: str = "example_inputs") -> Any:
     if isinstance(example_inputs, Mapping):
         floats = {k: v for k, v in example_inputs.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
         if not floats:
-            raise ValueError(f"{name}: expected at least one floating tensor among the inputs, got keys {sorted(example_inputs)}")
+            raise ValueError(
+                f"{name}: expected at least one floating tensor among the inputs, got keys {sorted(example_inputs)}"
+            )
         return {k: _ones_like_inputs(v, f"{name}[{k!r}]") for k, v in floats.items()}
     raise TypeError(f"{name}: expected a tensor or a mapping of keyword inputs, got {type(example_inputs).__name__}")
 

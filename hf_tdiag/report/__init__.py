@@ -6,6 +6,6 @@
 
 from __future__ import annotations
 
-from .report import Report, ReportInputs, ReportOptions, SECTION_ORDER, build_report, images_to_inputs
+from .report import SECTION_ORDER, Report, ReportInputs, ReportOptions, build_report, images_to_inputs
 
 __all__ = ["Report", "ReportInputs", "ReportOptions", "SECTION_ORDER", "build_report", "images_to_inputs"]

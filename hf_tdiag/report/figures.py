@@ -47,7 +47,11 @@ def cls_attention_grid(attentions: torch.Tensor, grid: tuple[int, int]) -> np.nd
 
     The patch tokens are the last ``gh*gw`` tokens (CLS and any distillation/register tokens come first).
     """
-    if not isinstance(attentions, torch.Tensor) or attentions.dim() != 4 or attentions.shape[-1] != attentions.shape[-2]:
+    if (
+        not isinstance(attentions, torch.Tensor)
+        or attentions.dim() != 4
+        or attentions.shape[-1] != attentions.shape[-2]
+    ):
         shape = tuple(attentions.shape) if isinstance(attentions, torch.Tensor) else type(attentions).__name__
         raise ValueError(f"attentions: expected a tensor (layers, heads, N, N), got {shape}")
     gh, gw = int(grid[0]), int(grid[1])
@@ -124,7 +128,9 @@ def token_attention_figure(tokens: list[str], attentions: torch.Tensor, layer: i
     """Token-to-token attention of block ``layer`` (1..L), mean over heads, tokens as tick labels (attentions
     ``(L, K, N, N)``)."""
     if attentions.dim() != 4 or attentions.shape[-1] != len(tokens):
-        raise ValueError(f"attentions: expected (layers, heads, {len(tokens)}, {len(tokens)}), got {tuple(attentions.shape)}")
+        raise ValueError(
+            f"attentions: expected (layers, heads, {len(tokens)}, {len(tokens)}), got {tuple(attentions.shape)}"
+        )
     layer = _check_block(layer, attentions.shape[0])
     matrix = attentions[layer - 1].mean(0).detach().to(torch.float64).cpu().numpy()
     n = len(tokens)
@@ -145,7 +151,9 @@ def token_attention_figure(tokens: list[str], attentions: torch.Tensor, layer: i
 def first_token_attention_figure(tokens: list[str], attentions: torch.Tensor) -> Figure:
     """Attention of the first token to every token, mean over heads: layers (rows) × tokens (columns)."""
     if attentions.dim() != 4 or attentions.shape[-1] != len(tokens):
-        raise ValueError(f"attentions: expected (layers, heads, {len(tokens)}, {len(tokens)}), got {tuple(attentions.shape)}")
+        raise ValueError(
+            f"attentions: expected (layers, heads, {len(tokens)}, {len(tokens)}), got {tuple(attentions.shape)}"
+        )
     rows = attentions[:, :, 0, :].mean(1).detach().to(torch.float64).cpu().numpy()
     n, layers = len(tokens), rows.shape[0]
     fig, axes = _subplots(1, 1, (min(12.0, 2.5 + 0.3 * n), 1.6 + 0.32 * layers), layout="constrained")
@@ -201,8 +209,9 @@ def optimal_p_heatmap(report) -> Figure:
     ``report`` is a :class:`hf_tdiag.probes.spectrum.SpectrumBoundReport`; each cell is one record's ``p_opt``.
     """
     order = {"qk": 0, "v": 1, "m_in": 2, "ista": 2, "m_out": 3}
-    columns = sorted({(m.type, -1 if m.head is None else m.head) for m in report.matrices},
-                     key=lambda c: (order.get(c[0], 9), c[1]))
+    columns = sorted(
+        {(m.type, -1 if m.head is None else m.head) for m in report.matrices}, key=lambda c: (order.get(c[0], 9), c[1])
+    )
     if not columns:
         raise ValueError("report: has no matrices")
     col_index = {c: j for j, c in enumerate(columns)}

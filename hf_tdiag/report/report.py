@@ -21,9 +21,10 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -31,10 +32,10 @@ from tqdm.auto import tqdm
 import hf_tdiag
 from hf_tdiag._atomic import write_text
 from hf_tdiag._cli_args import NUM_CONCEPTS
+from hf_tdiag.loading import LoadedModel, load_model, pixel_values_for
 
 from . import figures as F
 from .html import Figure, Section, Table, dumps, render_html, to_jsonable
-from hf_tdiag.loading import LoadedModel, load_model, pixel_values_for
 
 logger = logging.getLogger(__name__)
 
@@ -191,8 +192,13 @@ def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: R
         ["input", loaded.modality],
     ]
     if arch.causal:
-        rows.insert(6, ["key/value heads (query heads per K/V head)",
-                        f"{arch.num_kv_heads} ({arch.num_heads // arch.num_kv_heads})"])
+        rows.insert(
+            6,
+            [
+                "key/value heads (query heads per K/V head)",
+                f"{arch.num_kv_heads} ({arch.num_heads // arch.num_kv_heads})",
+            ],
+        )
         rows.insert(7, ["attention", "causal"])
     numbers: dict[str, Any] = {
         "model_type": loaded.model_type,
@@ -228,7 +234,9 @@ def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: R
             section.summary += f" Top-1 accuracy on them: {acc:.1%}."
         if inputs.images:
             k = min(16, len(inputs.images))
-            truths = [str(id2label.get(int(t), int(t))) for t in inputs.labels[:k]] if inputs.labels is not None else None
+            truths = (
+                [str(id2label.get(int(t), int(t))) for t in inputs.labels[:k]] if inputs.labels is not None else None
+            )
             fig = F.predictions_figure(
                 inputs.images[:k], [str(id2label.get(int(p), int(p))) for p in pred[:k]], conf[:k].tolist(), truths
             )
@@ -242,7 +250,9 @@ def next_token_perplexity(logits: torch.Tensor, batch: dict) -> float:
     ids = batch["input_ids"]
     mask = batch.get("attention_mask")
     mask = torch.ones_like(ids) if mask is None else mask
-    nll = torch.nn.functional.cross_entropy(logits[:, :-1].double().flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
+    nll = torch.nn.functional.cross_entropy(
+        logits[:, :-1].double().flatten(0, 1), ids[:, 1:].flatten(), reduction="none"
+    )
     keep = (mask[:, 1:] * mask[:, :-1]).flatten().double()
     return float(torch.exp((nll * keep).sum() / keep.sum().clamp(min=1)))
 
@@ -271,7 +281,9 @@ def section_srr(loaded: LoadedModel, inputs: ReportInputs | None, options: Repor
         rows = [[0] + [report.embeddings["mean"][t] for t in ("R", "Rc", "sparsity", "srr")]]
         tables.append(Table("Embeddings Z^0 (with U^1)", columns, rows))
     for state in report.states:
-        rows = [[ell] + [report.mean[state][t][ell - 1] for t in ("R", "Rc", "sparsity", "srr")] for ell in report.layers]
+        rows = [
+            [ell] + [report.mean[state][t][ell - 1] for t in ("R", "Rc", "sparsity", "srr")] for ell in report.layers
+        ]
         tables.append(Table(f"State {state}: {STATE_DESCRIPTIONS[state]}", columns, rows))
     section = Section(
         "srr",
@@ -290,17 +302,27 @@ def section_srr(loaded: LoadedModel, inputs: ReportInputs | None, options: Repor
     from hf_tdiag import viz
 
     name = getattr(loaded.config, "variant", None) or loaded.model_type
-    _add_figures(section, lambda: [
-        ("Per-layer R, Rᶜ, sparsity and SRR (mean ± std over samples)", viz.plot_layer_srr({name: report}))
-    ])
+    _add_figures(
+        section,
+        lambda: [("Per-layer R, Rᶜ, sparsity and SRR (mean ± std over samples)", viz.plot_layer_srr({name: report}))],
+    )
     return section
 
 
 def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
     report = hf_tdiag.spectrum_bounds(loaded.model, L_phi=options.L_phi)
     rows = [
-        [m.layer + 1, "—" if m.head is None else m.head, m.type, m.rank, m.spectral_norm, m.stable_rank, m.p_opt,
-         m.min_contribution, m.flip_factor_down]
+        [
+            m.layer + 1,
+            "—" if m.head is None else m.head,
+            m.type,
+            m.rank,
+            m.spectral_norm,
+            m.stable_rank,
+            m.p_opt,
+            m.min_contribution,
+            m.flip_factor_down,
+        ]
         for m in report.matrices
     ]
     note = report.degenerate_note()
@@ -326,11 +348,14 @@ def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: 
     )
     from hf_tdiag.viz import schatten as VS
 
-    _add_figures(section, lambda: [
-        ("Optimal Schatten index p per matrix type (histogram)", VS.plot_optimal_p_histogram(report)),
-        ("Spectral decay σᵢ/σ₁ per matrix type (colour: layer)", VS.plot_spectral_decay(report)),
-        ("Contribution c(W, p) against p (minimum marked)", VS.plot_contribution_vs_p(report)),
-    ])
+    _add_figures(
+        section,
+        lambda: [
+            ("Optimal Schatten index p per matrix type (histogram)", VS.plot_optimal_p_histogram(report)),
+            ("Spectral decay σᵢ/σ₁ per matrix type (colour: layer)", VS.plot_spectral_decay(report)),
+            ("Contribution c(W, p) against p (minimum marked)", VS.plot_contribution_vs_p(report)),
+        ],
+    )
     return section
 
 
@@ -353,12 +378,18 @@ def fidelity_rows(result: dict) -> list[list]:
             ["estimated bound: Gram term (mean)", result["bound_estimated_gram_term"]],
             ["fraction of inputs with KL ≤ estimated bound", result["frac_kl_below_bound_estimated"]],
         ]
-        rows += [[f"constant {k} (estimated)", v] for k, v in result["constants_estimated"].items()
-                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        rows += [
+            [f"constant {k} (estimated)", v]
+            for k, v in result["constants_estimated"].items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
     if "bound_certified" in result:
         rows += [
             ["KL bound, certified constants (mean)", result["bound_certified"]],
-            ["KL bound, certified chain ½(‖W_c‖ Δ)², Δ the head input's certified move (mean)", result["bound_certified_chain"]],
+            [
+                "KL bound, certified chain ½(‖W_c‖ Δ)², Δ the head input's certified move (mean)",
+                result["bound_certified_chain"],
+            ],
             ["KL bound, estimated constants (mean)", result["bound_estimated"]],
             ["estimated bound: reconstruction term (mean)", result["bound_estimated_rec_term"]],
             ["estimated bound: Gram term (mean)", result["bound_estimated_gram_term"]],
@@ -421,9 +452,15 @@ def decoder_concepts_section(loaded: LoadedModel, inputs: ReportInputs, options:
     num_layers = int(_arch(loaded).num_layers)
     layer = _default_concept_layer(num_layers) if options.concept_layer is None else int(options.concept_layer)
     result = hf_tdiag.concept_fidelity(
-        loaded.model, list(inputs.texts), layer, options.n_concepts, tokenizer=loaded.processor,
-        power_iters=options.concept_power_iters, max_images_for_constants=options.concept_constant_images,
-        return_tensors=True, progress=False,
+        loaded.model,
+        list(inputs.texts),
+        layer,
+        options.n_concepts,
+        tokenizer=loaded.processor,
+        power_iters=options.concept_power_iters,
+        max_images_for_constants=options.concept_constant_images,
+        return_tensors=True,
+        progress=False,
     )
     tensors = result.pop("tensors")
     rows = fidelity_rows(result)
@@ -449,13 +486,18 @@ def decoder_concepts_section(loaded: LoadedModel, inputs: ReportInputs, options:
             ids = loaded.processor(list(inputs.texts[:1]), add_special_tokens=False)["input_ids"][0]
             tokens = loaded.processor.convert_ids_to_tokens(ids[: result["n_tokens"]])
             codes = tensors["codes"].reshape(result["n_images"], result["n_tokens"], -1)[0]
-            out.append((f"Concept codes of the first text's tokens after block {layer}",
-                        F.token_codes_figure(tokens, codes)))
+            out.append(
+                (f"Concept codes of the first text's tokens after block {layer}", F.token_codes_figure(tokens, codes))
+            )
         if "bound_estimated" in result.get("per_image", {}):
             from hf_tdiag.viz import concepts as VC
 
-            out.append(("Empirical KL against the bound with estimated constants, per text",
-                        VC.plot_kl_vs_bound({"Semi-NMF": result}, kind="estimated")))
+            out.append(
+                (
+                    "Empirical KL against the bound with estimated constants, per text",
+                    VC.plot_kl_vs_bound({"Semi-NMF": result}, kind="estimated"),
+                )
+            )
         return out
 
     _add_figures(section, figures)
@@ -478,17 +520,25 @@ def concept_plots(loaded: LoadedModel, pixel_values: torch.Tensor, codes, result
         grid = patch_grid(loaded.config, pixel_values)
         codes = codes.reshape(result["n_images"], result["n_tokens"], -1)
         k = min(result["n_concepts"], 6)
-        out.append((
-            f"Concept codes over the patch grid after block {result['layer']} (strongest concepts, first images)",
-            VC.plot_concept_heatmaps(pixel_values, codes, grid, n_images=4, n_concepts=k),
-        ))
-        out.append((
-            "Top-activating patches per concept (cyan box; value = code)",
-            VC.plot_top_patches(pixel_values, codes, grid, n_concepts=k, top=8),
-        ))
+        out.append(
+            (
+                f"Concept codes over the patch grid after block {result['layer']} (strongest concepts, first images)",
+                VC.plot_concept_heatmaps(pixel_values, codes, grid, n_images=4, n_concepts=k),
+            )
+        )
+        out.append(
+            (
+                "Top-activating patches per concept (cyan box; value = code)",
+                VC.plot_top_patches(pixel_values, codes, grid, n_concepts=k, top=8),
+            )
+        )
     if "bound_estimated" in result.get("per_image", {}):
-        out.append(("Empirical KL against the bound with estimated constants, per image",
-                    VC.plot_kl_vs_bound({"Semi-NMF": result}, kind="estimated")))
+        out.append(
+            (
+                "Empirical KL against the bound with estimated constants, per image",
+                VC.plot_kl_vs_bound({"Semi-NMF": result}, kind="estimated"),
+            )
+        )
     return out
 
 
@@ -501,8 +551,13 @@ def section_attention(loaded: LoadedModel, inputs: ReportInputs | None, options:
     if not 1 <= layer <= arch.num_layers:
         raise ValueError(f"attention_layer: expected a block number 1..{arch.num_layers}, got {layer}")
     section = Section("attention", title)
-    _, attn = _forward(loaded, ReportInputs(inputs.batch[:1] if isinstance(inputs.batch, torch.Tensor) else
-                                            {k: v[:1] for k, v in inputs.batch.items()}), output_attentions=True)
+    _, attn = _forward(
+        loaded,
+        ReportInputs(
+            inputs.batch[:1] if isinstance(inputs.batch, torch.Tensor) else {k: v[:1] for k, v in inputs.batch.items()}
+        ),
+        output_attentions=True,
+    )
     if attn is None:
         section.note = "no attention maps: the model returned none (it has no eager attention path)"
     elif loaded.modality == "image":
@@ -543,11 +598,19 @@ def _image_attention_figures(section: Section, loaded: LoadedModel, inputs: Repo
     shown = pv[0].numpy() if pv.shape[0] == 1 else pv.permute(1, 2, 0).numpy()
     note = cls_pooling_note(loaded.config)
     suffix = f" {note}" if note else ""
-    _add_figures(section, lambda: [
-        (f"CLS attention, mean over heads, per layer (first input).{suffix}", F.attention_layers_figure(shown, attn, grid)),
-        (f"CLS attention of each head of layer {layer} (first input).{suffix}",
-         F.attention_heads_figure(shown, attn, grid, layer)),
-    ])
+    _add_figures(
+        section,
+        lambda: [
+            (
+                f"CLS attention, mean over heads, per layer (first input).{suffix}",
+                F.attention_layers_figure(shown, attn, grid),
+            ),
+            (
+                f"CLS attention of each head of layer {layer} (first input).{suffix}",
+                F.attention_heads_figure(shown, attn, grid, layer),
+            ),
+        ],
+    )
     section.numbers["cls_attention_first_input"] = F.cls_attention_grid(attn, grid)
 
 
@@ -559,12 +622,19 @@ def _token_attention_figures(section: Section, loaded: LoadedModel, inputs: Repo
     if tokens is None:
         tokens = [str(int(i)) for i in ids[:keep]]
     attn = attn[:, :, :keep, :keep]
-    _add_figures(section, lambda: [
-        (f"Token-to-token attention of layer {layer}, mean over heads (first input, padding removed)",
-         F.token_attention_figure(tokens, attn, layer)),
-        ("Attention of the first token (e.g. [CLS]) to every token, mean over heads, per layer (first input)",
-         F.first_token_attention_figure(tokens, attn)),
-    ])
+    _add_figures(
+        section,
+        lambda: [
+            (
+                f"Token-to-token attention of layer {layer}, mean over heads (first input, padding removed)",
+                F.token_attention_figure(tokens, attn, layer),
+            ),
+            (
+                "Attention of the first token (e.g. [CLS]) to every token, mean over heads, per layer (first input)",
+                F.first_token_attention_figure(tokens, attn),
+            ),
+        ],
+    )
     section.numbers["token_attention_first_input"] = {"tokens": tokens, "mean_over_heads": attn.mean(1)}
 
 
@@ -578,7 +648,10 @@ def svm_table(summary: dict) -> Table:
         ["margin ratio min γ(W_h) / γ(W_mm) (≤ 1)", summary["margin_ratio"]],
         ["SVM margin 1/‖W_mm‖", summary["svm_margin"]],
         ["median head margin", summary["head_margin_median"]],
-        [f"fraction of nearly one-hot queries (max prob ≥ {summary['one_hot_threshold']})", summary["one_hot_fraction"]],
+        [
+            f"fraction of nearly one-hot queries (max prob ≥ {summary['one_hot_threshold']})",
+            summary["one_hot_fraction"],
+        ],
         ["the same over all query tokens", summary["one_hot_fraction_all"]],
     ]
     return Table("Attention-as-SVM head diagnostic", ["quantity", "value"], rows)
@@ -588,8 +661,12 @@ def svm_plots(diag) -> list[tuple[str, Any]]:
     """(caption, figure) pairs for an attention-SVM head diagnostic."""
     from hf_tdiag.viz import attention_svm as VA
 
-    return [("Head margins against the max-margin solution, and the largest attention per query",
-             VA.plot_head_diagnostic(diag))]
+    return [
+        (
+            "Head margins against the max-margin solution, and the largest attention per query",
+            VA.plot_head_diagnostic(diag),
+        )
+    ]
 
 
 SectionFn = Callable[[LoadedModel, "ReportInputs | None", ReportOptions], Section]

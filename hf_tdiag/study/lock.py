@@ -12,7 +12,7 @@ import contextlib
 import datetime
 import os
 import socket
-from typing import Iterator
+from collections.abc import Iterator
 
 __all__ = ["StudyLockedError", "study_lock", "LOCK_NAME"]
 

@@ -8,8 +8,9 @@ classifier and its training examples.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["MEASURES", "MeasureSettings", "compute_measures", "jiang_weight_matrices"]
 
@@ -82,8 +83,13 @@ def _srr_columns(out: _Collector, model, x, settings: MeasureSettings, progress:
 
     try:
         report = layer_srr(
-            model, x, batch_size=settings.batch_size, eps=settings.srr_eps, lam=settings.srr_lambda,
-            include_mid=False, progress=progress,
+            model,
+            x,
+            batch_size=settings.batch_size,
+            eps=settings.srr_eps,
+            lam=settings.srr_lambda,
+            include_mid=False,
+            progress=progress,
         )
         per_layer = [float(v) for v in report.per_layer("srr")]  # block outputs Z^1..Z^L
     except (ValueError, RuntimeError) as err:
@@ -133,17 +139,49 @@ def _flatness_columns(out: _Collector, model, params, batches, settings: Measure
     def logits_fn(x):
         return model(pixel_values=x).logits.float()
 
-    search = dict(target=settings.flatness_target, tolerance=settings.flatness_tolerance, depth=settings.flatness_depth,
-                  progress=progress)
-    out.attempt("sharpness_mag", lambda: sharp.sharpness_mag(
-        logits_fn, params, batches, eps=settings.magnitude_eps, alpha_max=settings.flatness_upper,
-        steps=settings.sharpness_steps, **search))
-    out.attempt("pacbayes_flatness", lambda: sharp.pacbayes_flatness(
-        logits_fn, params, batches, draws=settings.pac_draws, sigma_max=settings.flatness_upper, seed=settings.seed,
-        **search))
-    out.attempt("pacbayes_flatness_mag", lambda: sharp.pacbayes_flatness_mag(
-        logits_fn, params, batches, eps=settings.magnitude_eps, draws=settings.pac_draws,
-        sigma_max=settings.flatness_upper, seed=settings.seed, **search))
+    search = dict(
+        target=settings.flatness_target,
+        tolerance=settings.flatness_tolerance,
+        depth=settings.flatness_depth,
+        progress=progress,
+    )
+    out.attempt(
+        "sharpness_mag",
+        lambda: sharp.sharpness_mag(
+            logits_fn,
+            params,
+            batches,
+            eps=settings.magnitude_eps,
+            alpha_max=settings.flatness_upper,
+            steps=settings.sharpness_steps,
+            **search,
+        ),
+    )
+    out.attempt(
+        "pacbayes_flatness",
+        lambda: sharp.pacbayes_flatness(
+            logits_fn,
+            params,
+            batches,
+            draws=settings.pac_draws,
+            sigma_max=settings.flatness_upper,
+            seed=settings.seed,
+            **search,
+        ),
+    )
+    out.attempt(
+        "pacbayes_flatness_mag",
+        lambda: sharp.pacbayes_flatness_mag(
+            logits_fn,
+            params,
+            batches,
+            eps=settings.magnitude_eps,
+            draws=settings.pac_draws,
+            sigma_max=settings.flatness_upper,
+            seed=settings.seed,
+            **search,
+        ),
+    )
 
 
 def _check_examples(pixel_values, labels):
@@ -156,7 +194,11 @@ def _check_examples(pixel_values, labels):
 
 
 def compute_measures(
-    model, pixel_values, labels, settings: MeasureSettings | None = None, progress: bool = False,
+    model,
+    pixel_values,
+    labels,
+    settings: MeasureSettings | None = None,
+    progress: bool = False,
     details: dict | None = None,
 ) -> tuple[dict[str, float | None], dict[str, str]]:
     """All measures of :data:`MEASURES` for a trained image classifier on (a subset of) its training data.
@@ -178,7 +220,9 @@ def compute_measures(
     n = min(settings.max_examples, pixel_values.shape[0])
     device = next(model.parameters()).device
     x, y = pixel_values[:n].to(device), labels[:n].to(device)
-    batches = [(x[i : i + settings.batch_size], y[i : i + settings.batch_size]) for i in range(0, n, settings.batch_size)]
+    batches = [
+        (x[i : i + settings.batch_size], y[i : i + settings.batch_size]) for i in range(0, n, settings.batch_size)
+    ]
     was_training = model.training
     model.eval()
     out = _Collector()
@@ -190,7 +234,9 @@ def compute_measures(
             logits = torch.cat([model(pixel_values=bx).logits for bx, _ in batches])
         out.attempt("inverse_margin", lambda: complexity.inverse_margin(logits, y, quantile=settings.margin_quantile))
         m = min(n, settings.flatness_examples)
-        flat = [(x[i : i + settings.batch_size], y[i : i + settings.batch_size]) for i in range(0, m, settings.batch_size)]
+        flat = [
+            (x[i : i + settings.batch_size], y[i : i + settings.batch_size]) for i in range(0, m, settings.batch_size)
+        ]
         _flatness_columns(out, model, params, flat, settings, progress)
     finally:
         model.train(was_training)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Callable
 
 from .._validation import positive_int
 from .cache import STUDY_VERSION, read_record, record_path, remove_temporaries, run_key, write_json_atomic
@@ -18,7 +18,9 @@ from .table import summarize
 __all__ = ["run_study"]
 
 
-def _plan(grid: StudyGrid, study_dir: str, settings: MeasureSettings, train_fn, keep_models) -> tuple[list[dict], list[dict]]:
+def _plan(
+    grid: StudyGrid, study_dir: str, settings: MeasureSettings, train_fn, keep_models
+) -> tuple[list[dict], list[dict]]:
     """The specs of the runs still to do, and the records of the cached ones."""
     specs, records = [], []
     for hp in grid.runs():
@@ -29,15 +31,33 @@ def _plan(grid: StudyGrid, study_dir: str, settings: MeasureSettings, train_fn, 
             continue
         specs.append(
             {
-                "key": key, "hparams": hp, "fixed": copy.deepcopy(grid.fixed), "settings": asdict(settings),
-                "study_dir": study_dir, "train_fn": train_fn, "keep_models": keep_models,
+                "key": key,
+                "hparams": hp,
+                "fixed": copy.deepcopy(grid.fixed),
+                "settings": asdict(settings),
+                "study_dir": study_dir,
+                "train_fn": train_fn,
+                "keep_models": keep_models,
             }
         )
     return specs, records
 
 
-def _run_uncached(grid, study_dir, settings, run_all, *, jobs, threads, train_fn, limit, keep_models, progress, on_record,
-                  executor_options):
+def _run_uncached(
+    grid,
+    study_dir,
+    settings,
+    run_all,
+    *,
+    jobs,
+    threads,
+    train_fn,
+    limit,
+    keep_models,
+    progress,
+    on_record,
+    executor_options,
+):
     """Train every uncached run (at most ``limit``); return all records in grid order, the cached count, the failures."""
     from tqdm.auto import tqdm
 
@@ -107,7 +127,17 @@ def run_study(
     settings = settings or MeasureSettings()
     with study_lock(study_dir):
         records, cached, failures = _run_uncached(
-            grid, study_dir, settings, run_all, jobs=jobs, threads=threads, train_fn=train_fn, limit=limit,
-            keep_models=keep_models, progress=progress, on_record=on_record, executor_options=dict(executor_options or {}),
+            grid,
+            study_dir,
+            settings,
+            run_all,
+            jobs=jobs,
+            threads=threads,
+            train_fn=train_fn,
+            limit=limit,
+            keep_models=keep_models,
+            progress=progress,
+            on_record=on_record,
+            executor_options=dict(executor_options or {}),
         )
         return summarize(grid, records, study_dir, settings=settings, plot=plot, cached=cached, failures=failures)

@@ -10,7 +10,7 @@ numbers (PGD from u = 0): its CV is 0 by construction.
 from __future__ import annotations
 
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 from .._validation import integer
 from .measures import MeasureSettings
@@ -24,8 +24,15 @@ def _cv(values: Sequence[float]) -> dict:
     return {"values": list(values), "mean": mean, "std": std, "cv": std / mean if mean else None}
 
 
-def seed_stability(model, pixel_values, labels, settings: MeasureSettings | None = None, seeds: int = 8,
-                   draws: Sequence[int] = (10,), progress: bool = False) -> dict:
+def seed_stability(
+    model,
+    pixel_values,
+    labels,
+    settings: MeasureSettings | None = None,
+    seeds: int = 8,
+    draws: Sequence[int] = (10,),
+    progress: bool = False,
+) -> dict:
     """``{measure: {draws: {"values", "mean", "std" (sample), "cv"}}}`` of the PAC-Bayes flatness measures over
     ``seeds`` seeds (0 … seeds−1), for each number of noise draws in ``draws``."""
     from ..measures import sharpness as sharp
@@ -35,7 +42,9 @@ def seed_stability(model, pixel_values, labels, settings: MeasureSettings | None
     integer(seeds, "seeds", low=2)
     n = min(settings.max_examples, settings.flatness_examples, pixel_values.shape[0])
     x, y = pixel_values[:n], labels[:n]
-    batches = [(x[i : i + settings.batch_size], y[i : i + settings.batch_size]) for i in range(0, n, settings.batch_size)]
+    batches = [
+        (x[i : i + settings.batch_size], y[i : i + settings.batch_size]) for i in range(0, n, settings.batch_size)
+    ]
     params = list(wprobe.trainable_parameters(model).values())
     was_training = model.training
     model.eval()
@@ -43,12 +52,20 @@ def seed_stability(model, pixel_values, labels, settings: MeasureSettings | None
     def logits_fn(inputs):
         return model(pixel_values=inputs).logits.float()
 
-    search = dict(target=settings.flatness_target, tolerance=settings.flatness_tolerance, depth=settings.flatness_depth,
-                  sigma_max=settings.flatness_upper, progress=progress)
+    search = dict(
+        target=settings.flatness_target,
+        tolerance=settings.flatness_tolerance,
+        depth=settings.flatness_depth,
+        sigma_max=settings.flatness_upper,
+        progress=progress,
+    )
     runs = {
-        "pacbayes_flatness": lambda d, s: sharp.pacbayes_flatness(logits_fn, params, batches, draws=d, seed=s, **search),
+        "pacbayes_flatness": lambda d, s: sharp.pacbayes_flatness(
+            logits_fn, params, batches, draws=d, seed=s, **search
+        ),
         "pacbayes_flatness_mag": lambda d, s: sharp.pacbayes_flatness_mag(
-            logits_fn, params, batches, eps=settings.magnitude_eps, draws=d, seed=s, **search),
+            logits_fn, params, batches, eps=settings.magnitude_eps, draws=d, seed=s, **search
+        ),
     }
     out: dict = {}
     try:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .cache import write_json_atomic
 from .grids import StudyGrid
@@ -41,8 +42,16 @@ def _row(measure: str, used: Sequence[Mapping], gap: str, axes: Sequence[str], a
     from ..measures.correlation import granulated_kendall, kendall_tau
 
     row: dict[str, Any] = {
-        "measure": measure, "description": MEASURES.get(measure, ""), "gap": gap, "n_runs": len(used), "tau": None,
-        "psi": None, "psi_per_axis": {}, "psi_groups": {}, "psi_incomplete": {}, "missing_runs": None,
+        "measure": measure,
+        "description": MEASURES.get(measure, ""),
+        "gap": gap,
+        "n_runs": len(used),
+        "tau": None,
+        "psi": None,
+        "psi_per_axis": {},
+        "psi_groups": {},
+        "psi_incomplete": {},
+        "missing_runs": None,
     }
     if len(used) < 2:
         return row
@@ -55,13 +64,23 @@ def _row(measure: str, used: Sequence[Mapping], gap: str, axes: Sequence[str], a
     if axes:
         grid = {a: list(axes_values[a]) for a in axes} if axes_values else None
         g = granulated_kendall(mv, gv, [{a: r["hparams"][a] for a in axes} for r in used], axes_values=grid)
-        row.update(psi=g.psi, psi_per_axis=g.per_axis, psi_groups=g.groups, psi_incomplete=g.incomplete,
-                   missing_runs=g.missing_runs)
+        row.update(
+            psi=g.psi,
+            psi_per_axis=g.per_axis,
+            psi_groups=g.groups,
+            psi_incomplete=g.incomplete,
+            missing_runs=g.missing_runs,
+        )
     return row
 
 
-def correlation_table(records: Sequence[Mapping], measures: Sequence[str] | None = None, axes: Sequence[str] | None = None,
-                      gap: str = "ce", axes_values: Mapping[str, Sequence] | None = None) -> list[dict]:
+def correlation_table(
+    records: Sequence[Mapping],
+    measures: Sequence[str] | None = None,
+    axes: Sequence[str] | None = None,
+    gap: str = "ce",
+    axes_values: Mapping[str, Sequence] | None = None,
+) -> list[dict]:
     """Kendall's τ-b and Jiang et al.'s granulated Ψ (with ψ_k, groups and missing runs) of each measure against the
     generalization gap ``gap`` (``"ce"`` or ``"error"``, see :data:`GAPS`).
 
@@ -83,8 +102,12 @@ def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:+.3f}"
 
 
-def markdown_table(rows: Sequence[Mapping], axes: Sequence[str], reached: Sequence[Mapping] | None = None,
-                   error_rows: Sequence[Mapping] | None = None) -> str:
+def markdown_table(
+    rows: Sequence[Mapping],
+    axes: Sequence[str],
+    reached: Sequence[Mapping] | None = None,
+    error_rows: Sequence[Mapping] | None = None,
+) -> str:
     """The correlation table as Markdown: one row per measure, τ, Ψ and each ψ_k side by side.
 
     With ``error_rows`` (the table against the 0–1 error gap) its τ and Ψ follow the first two columns; with
@@ -116,8 +139,18 @@ def _write_table_csv(path: str, axes: Sequence[str], tables: Sequence[tuple[str,
         w.writerow(["runs", "gap", "measure", "tau", "psi", *[f"psi_{a}" for a in axes], "n_runs", "missing_runs"])
         for subset, table in tables:
             for r in table:
-                w.writerow([subset, r["gap"], r["measure"], r["tau"], r["psi"], *[r["psi_per_axis"].get(a) for a in axes],
-                            r["n_runs"], r["missing_runs"]])
+                w.writerow(
+                    [
+                        subset,
+                        r["gap"],
+                        r["measure"],
+                        r["tau"],
+                        r["psi"],
+                        *[r["psi_per_axis"].get(a) for a in axes],
+                        r["n_runs"],
+                        r["missing_runs"],
+                    ]
+                )
 
 
 def _write_runs_csv(path: str, axes: Sequence[str], records: Sequence[Mapping]) -> None:
@@ -126,8 +159,15 @@ def _write_runs_csv(path: str, axes: Sequence[str], records: Sequence[Mapping]) 
         train_keys = sorted({k for r in records for k in r["train"]})
         w.writerow(["key", *axes, *train_keys, "error_gap", *MEASURES])
         for r in records:
-            w.writerow([r["key"], *[r["hparams"].get(a) for a in axes], *[r["train"].get(k) for k in train_keys],
-                        gap_value(r, "error"), *[r["measures"].get(m) for m in MEASURES]])
+            w.writerow(
+                [
+                    r["key"],
+                    *[r["hparams"].get(a) for a in axes],
+                    *[r["train"].get(k) for k in train_keys],
+                    gap_value(r, "error"),
+                    *[r["measures"].get(m) for m in MEASURES],
+                ]
+            )
 
 
 def _write_outputs(study_dir: str, summary: dict, records: Sequence[Mapping], axes: Sequence[str], plot: bool) -> dict:
@@ -149,8 +189,15 @@ def _write_outputs(study_dir: str, summary: dict, records: Sequence[Mapping], ax
     return paths
 
 
-def summarize(grid: StudyGrid, records: Sequence[Mapping], study_dir: str, settings: MeasureSettings | None = None,
-              plot: bool = True, cached: int = 0, failures: Sequence[Mapping] = ()) -> dict:
+def summarize(
+    grid: StudyGrid,
+    records: Sequence[Mapping],
+    study_dir: str,
+    settings: MeasureSettings | None = None,
+    plot: bool = True,
+    cached: int = 0,
+    failures: Sequence[Mapping] = (),
+) -> dict:
     """Write ``table.json``, ``table.csv``, ``table.md``, ``runs.csv`` and ``scatter.png`` for the finished runs.
 
     Tables: against the cross-entropy gap (``table``), the 0–1 error gap (``table_error_gap``), and the

@@ -13,7 +13,8 @@ import math
 import os
 import shutil
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .cache import STUDY_VERSION, record_path, write_json_atomic
 from .measures import MeasureSettings, compute_measures
@@ -21,8 +22,17 @@ from .measures import MeasureSettings, compute_measures
 __all__ = ["default_train", "load_trained", "examples_tensors", "execute"]
 
 _CONFIG_FIELDS = (
-    "model_type", "variant", "image_size", "patch_size", "num_channels", "hidden_size",
-    "num_hidden_layers", "num_attention_heads", "head_dim", "pooling", "hidden_dropout_prob",
+    "model_type",
+    "variant",
+    "image_size",
+    "patch_size",
+    "num_channels",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "head_dim",
+    "pooling",
+    "hidden_dropout_prob",
 )
 
 
@@ -34,7 +44,12 @@ def _import_callable(path: str) -> Callable:
 
 
 def _trainer_kwargs(hparams: Mapping[str, Any], fixed: Mapping[str, Any]) -> dict:
-    kwargs = {"disable_tqdm": True, "layer_srr_samples": 0, "checkpointing_steps": "epoch", "checkpoints_total_limit": 1}
+    kwargs = {
+        "disable_tqdm": True,
+        "layer_srr_samples": 0,
+        "checkpointing_steps": "epoch",
+        "checkpoints_total_limit": 1,
+    }
     kwargs.update(fixed)
     kwargs.update(hparams)
     if kwargs.get("checkpointing_steps") is not None:
@@ -42,7 +57,9 @@ def _trainer_kwargs(hparams: Mapping[str, Any], fixed: Mapping[str, Any]) -> dic
     return kwargs
 
 
-def load_trained(hparams: Mapping[str, Any], fixed: Mapping[str, Any], output_dir: str, max_examples: int | None = None):
+def load_trained(
+    hparams: Mapping[str, Any], fixed: Mapping[str, Any], output_dir: str, max_examples: int | None = None
+):
     """A trained run's ``(model, training examples)``: the examples are the first ``max_examples`` of the training
     split, preprocessed as the trainer's train-set evaluation sees them (no augmentation)."""
     from transformers import AutoModelForImageClassification
@@ -63,7 +80,9 @@ def load_trained(hparams: Mapping[str, Any], fixed: Mapping[str, Any], output_di
     return model, data.train_eval
 
 
-def default_train(hparams: Mapping[str, Any], fixed: Mapping[str, Any], output_dir: str, max_examples: int | None = None):
+def default_train(
+    hparams: Mapping[str, Any], fixed: Mapping[str, Any], output_dir: str, max_examples: int | None = None
+):
     """Train one run with :func:`hf_tdiag.training.train`; return ``(results, model, training examples)``.
 
     The run checkpoints every epoch and resumes from its latest checkpoint, so a
@@ -85,7 +104,9 @@ def examples_tensors(train_examples, n: int):
         return x[:n], y[:n]
     count = min(n, len(train_examples))
     items = [train_examples[i] for i in range(count)]
-    return torch.stack([it["pixel_values"] for it in items]), torch.stack([torch.as_tensor(it["labels"]) for it in items])
+    return torch.stack([it["pixel_values"] for it in items]), torch.stack(
+        [torch.as_tensor(it["labels"]) for it in items]
+    )
 
 
 def _train_summary(results: Mapping[str, Any]) -> dict[str, Any]:
@@ -107,7 +128,9 @@ def execute(spec: dict) -> dict:
     train_fn = _import_callable(spec["train_fn"]) if spec.get("train_fn") else default_train
     work_dir = os.path.join(spec["study_dir"], "work", spec["key"])
     settings = MeasureSettings(**spec["settings"])
-    results, model, train_examples = train_fn(spec["hparams"], spec["fixed"], work_dir, max_examples=settings.max_examples)
+    results, model, train_examples = train_fn(
+        spec["hparams"], spec["fixed"], work_dir, max_examples=settings.max_examples
+    )
     train_seconds = time.time() - t0
     pixel_values, labels = examples_tensors(train_examples, settings.max_examples)
     details: dict = {}

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .._validation import non_negative_int, positive_int, real
 
@@ -109,13 +110,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     model.add_argument("--hidden-dropout-prob", type=float, default=None)
 
     opt = parser.add_argument_group("optimisation")
-    opt.add_argument("--output-dir", type=output_dir, required=True, help="Where to save the model, results and checkpoints.")
+    opt.add_argument(
+        "--output-dir", type=output_dir, required=True, help="Where to save the model, results and checkpoints."
+    )
     opt.add_argument("--num-train-epochs", type=int, default=None, help="Epochs (default 40 on digits, else 3).")
     opt.add_argument("--max-train-steps", type=int, default=None, help="Optimizer steps; overrides the epochs.")
     opt.add_argument("--per-device-train-batch-size", type=int, default=64)
     opt.add_argument("--per-device-eval-batch-size", type=int, default=256)
     opt.add_argument("--gradient-accumulation-steps", type=int, default=1)
-    opt.add_argument("--learning-rate", type=float, default=None, help="Peak learning rate (default AdamW 3e-3 on digits / 1e-3, Lion 3e-4 / 1e-4).")
+    opt.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help="Peak learning rate (default AdamW 3e-3 on digits / 1e-3, Lion 3e-4 / 1e-4).",
+    )
     opt.add_argument("--weight-decay", type=float, default=0.05)
     opt.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     opt.add_argument("--adam-beta1", type=float, default=0.9)
@@ -126,10 +134,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     opt.add_argument("--max-grad-norm", type=float, default=1.0, help="Gradient clipping (0 disables).")
     opt.add_argument("--label-smoothing", type=float, default=0.0)
     opt.add_argument("--seed", type=int, default=42)
-    opt.add_argument("--mixed-precision", choices=MIXED_PRECISION, default=None, help="Default: from accelerate config.")
+    opt.add_argument(
+        "--mixed-precision", choices=MIXED_PRECISION, default=None, help="Default: from accelerate config."
+    )
 
     reg = parser.add_argument_group("sparse rate reduction")
-    reg.add_argument("--srr-weight", type=float, default=0.0, help="beta: add beta * SRR(Z^l; U^l) of the batch to the loss.")
+    reg.add_argument(
+        "--srr-weight", type=float, default=0.0, help="beta: add beta * SRR(Z^l; U^l) of the batch to the loss."
+    )
     reg.add_argument(
         "--srr-layer",
         type=str,
@@ -215,7 +227,9 @@ def is_digits(args: argparse.Namespace) -> bool:
     return not (args.dataset_name or args.dataset_path or args.train_dir)
 
 
-def make_args(args_or_kwargs: argparse.Namespace | Mapping[str, Any] | Sequence[str] | None = None, **kwargs) -> argparse.Namespace:
+def make_args(
+    args_or_kwargs: argparse.Namespace | Mapping[str, Any] | Sequence[str] | None = None, **kwargs
+) -> argparse.Namespace:
     """A validated namespace from an argv list, a namespace, a mapping and/or keyword arguments."""
     if isinstance(args_or_kwargs, argparse.Namespace):
         values = {**flag_defaults(), **vars(args_or_kwargs)}
@@ -325,10 +339,22 @@ def validate_args(args: argparse.Namespace) -> None:
         if isinstance(cs, int) and not isinstance(cs, bool):
             cs = str(cs)
         if not isinstance(cs, str) or not (cs == "epoch" or (cs.isdigit() and int(cs) > 0)):
-            raise ValueError(f"checkpointing_steps: expected a positive integer or 'epoch', got {args.checkpointing_steps!r}")
+            raise ValueError(
+                f"checkpointing_steps: expected a positive integer or 'epoch', got {args.checkpointing_steps!r}"
+            )
         args.checkpointing_steps = cs
     if args.preset is not None and args.model_name_or_path is not None:
-        raise ValueError("preset: pass either --preset (train from scratch) or --model-name-or-path (fine-tune), not both")
+        raise ValueError(
+            "preset: pass either --preset (train from scratch) or --model-name-or-path (fine-tune), not both"
+        )
 
 
-__all__ = ["build_parser", "add_arguments", "flag_defaults", "make_args", "validate_args", "is_digits", "parse_srr_layer"]
+__all__ = [
+    "build_parser",
+    "add_arguments",
+    "flag_defaults",
+    "make_args",
+    "validate_args",
+    "is_digits",
+    "parse_srr_layer",
+]

@@ -8,7 +8,7 @@ resumed sees exactly the same augmented images as an uninterrupted one.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from PIL import Image, ImageOps

@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 from .._atomic import write_json
 
@@ -113,10 +113,14 @@ def resolve_checkpoint(spec: str, output_dir: str, notify: Callable[[str], None]
     if spec == "latest":
         return _resolve_latest(output_dir, notify or (lambda text: warnings.warn(text, UserWarning, stacklevel=3)))
     if not os.path.isdir(spec):
-        raise FileNotFoundError(f"resume_from_checkpoint: {spec!r} is not a folder (pass a checkpoint folder or 'latest')")
+        raise FileNotFoundError(
+            f"resume_from_checkpoint: {spec!r} is not a folder (pass a checkpoint folder or 'latest')"
+        )
     problem = state_problem(spec)
     if problem is not None:
-        raise ValueError(f"resume_from_checkpoint: {spec!r} is not a complete checkpoint written by this trainer: {problem}")
+        raise ValueError(
+            f"resume_from_checkpoint: {spec!r} is not a complete checkpoint written by this trainer: {problem}"
+        )
     return spec
 
 

@@ -7,7 +7,6 @@ the training loss over the *full* training set.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm

@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -156,7 +157,9 @@ def _make_accelerator(args):
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision=args.mixed_precision,
         log_with=log_with,
-        project_config=ProjectConfiguration(project_dir=args.output_dir, logging_dir=os.path.join(args.output_dir, "logs")),
+        project_config=ProjectConfiguration(
+            project_dir=args.output_dir, logging_dir=os.path.join(args.output_dir, "logs")
+        ),
         # epoch shuffling by Accelerate's SeedableRandomSampler: permutation = f(data_seed + epoch) on every
         # process, so a resumed run sees the same batches as an uninterrupted one (tests/test_training_runs.py)
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
@@ -202,7 +205,9 @@ def _schedule(args, accelerator, optimizer, batches_per_epoch: int):
         args.max_train_steps = args.num_train_epochs * steps_per_epoch
     else:
         args.num_train_epochs = math.ceil(args.max_train_steps / steps_per_epoch)
-    warmup = args.num_warmup_steps if args.num_warmup_steps is not None else int(args.warmup_ratio * args.max_train_steps)
+    warmup = (
+        args.num_warmup_steps if args.num_warmup_steps is not None else int(args.warmup_ratio * args.max_train_steps)
+    )
     return get_scheduler(
         args.lr_scheduler_type,
         optimizer=optimizer,
@@ -246,10 +251,21 @@ def prepare(args) -> TrainingRun:
     if args.with_tracking:
         accelerator.init_trackers("crate", _json_config(args))
     return TrainingRun(
-        args=args, accelerator=accelerator, raw=raw, datasets=datasets_, model=model,
-        unwrapped=accelerator.unwrap_model(model), processor=processor, preset=preset, optimizer=optimizer,
-        lr_scheduler=lr_scheduler, train_dl=train_dl, eval_dl=eval_dl, train_eval_dl=train_eval_dl,
-        threads=threads, start_time=start_time,
+        args=args,
+        accelerator=accelerator,
+        raw=raw,
+        datasets=datasets_,
+        model=model,
+        unwrapped=accelerator.unwrap_model(model),
+        processor=processor,
+        preset=preset,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        train_dl=train_dl,
+        eval_dl=eval_dl,
+        train_eval_dl=train_eval_dl,
+        threads=threads,
+        start_time=start_time,
     )
 
 
@@ -271,7 +287,9 @@ def resume(run: TrainingRun) -> None:
     run.srr_history = list(state.get("srr_history", []))
     run.loss_sum, run.loss_count = float(state.get("epoch_loss_sum", 0.0)), int(state.get("epoch_loss_count", 0))
     run.resumed_from = path
-    accelerator.print(f"resumed from {path}: step {run.completed_steps}, epoch {run.start_epoch}, batch {run.resume_batches}")
+    accelerator.print(
+        f"resumed from {path}: step {run.completed_steps}, epoch {run.start_epoch}, batch {run.resume_batches}"
+    )
 
 
 def _announce(run: TrainingRun) -> None:
@@ -390,7 +408,12 @@ def evaluate_epoch(run: TrainingRun, epoch: int) -> dict:
     run.progress.set_postfix(loss=f"{train_loss:.4f}", acc=f"{metrics['accuracy']:.4f}")
     if args.with_tracking:
         accelerator.log(
-            {"train/loss": train_loss, "eval/loss": metrics["loss"], "eval/accuracy": metrics["accuracy"], "epoch": epoch + 1},
+            {
+                "train/loss": train_loss,
+                "eval/loss": metrics["loss"],
+                "eval/accuracy": metrics["accuracy"],
+                "epoch": epoch + 1,
+            },
             step=run.completed_steps,
         )
     if args.disable_tqdm:
@@ -427,7 +450,9 @@ def checkpoint(run: TrainingRun, epoch: int, batches_in_epoch: int) -> str:
         "epoch_loss_count": run.loss_count,
         "seed": run.args.seed,
     }
-    return save_checkpoint(run.accelerator, run.args.output_dir, run.completed_steps, state, keep=run.args.checkpoints_total_limit)
+    return save_checkpoint(
+        run.accelerator, run.args.output_dir, run.completed_steps, state, keep=run.args.checkpoints_total_limit
+    )
 
 
 # ---------------------------------------------------------------------------------------------- 4. finish
@@ -498,8 +523,13 @@ def _publish(run: TrainingRun, results: dict) -> None:
 
         repo_id = args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))
         results["hub_url"] = publish(
-            args.output_dir, repo_id, model=run.unwrapped, processor=run.processor, card=card,
-            token=args.hub_token, private=args.hub_private_repo,
+            args.output_dir,
+            repo_id,
+            model=run.unwrapped,
+            processor=run.processor,
+            card=card,
+            token=args.hub_token,
+            private=args.hub_private_repo,
         )
 
 
@@ -518,4 +548,14 @@ def finish(run: TrainingRun, after_fit: Sequence[AfterFit] = ()) -> dict:
     return results
 
 
-__all__ = ["train", "TrainingRun", "prepare", "resume", "train_epoch", "evaluate_epoch", "checkpoint", "finish", "compute_loss"]
+__all__ = [
+    "train",
+    "TrainingRun",
+    "prepare",
+    "resume",
+    "train_epoch",
+    "evaluate_epoch",
+    "checkpoint",
+    "finish",
+    "compute_loss",
+]

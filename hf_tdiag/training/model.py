@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from ..models.crate import CRATE_PRESETS, CrateConfig, CrateForImageClassification, CrateImageProcessor, size_pair
 
-_OVERRIDES = ("image_size", "patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "pooling", "hidden_dropout_prob")
+_OVERRIDES = (
+    "image_size",
+    "patch_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "pooling",
+    "hidden_dropout_prob",
+)
 
 
 def default_preset(raw) -> str:

@@ -84,8 +84,12 @@ def _card_data(variant: str, model_name: str, results: dict, args, raw) -> Model
         dataset_split=raw.eval_split,
     )
     eval_results = [
-        EvalResult(metric_type="accuracy", metric_name="Accuracy", metric_value=float(results["eval_accuracy"]), **common),
-        EvalResult(metric_type="loss", metric_name="Cross-entropy loss", metric_value=float(results["eval_loss"]), **common),
+        EvalResult(
+            metric_type="accuracy", metric_name="Accuracy", metric_value=float(results["eval_accuracy"]), **common
+        ),
+        EvalResult(
+            metric_type="loss", metric_name="Cross-entropy loss", metric_value=float(results["eval_loss"]), **common
+        ),
         EvalResult(
             metric_type="generalization_gap",
             metric_name="Generalization gap (val loss - train loss)",
@@ -205,12 +209,21 @@ def _result_fields(results: dict) -> dict:
     )
 
 
-def build_model_card(config, results: dict, args, raw, preset: str | None = None, output_dir: str | None = None,
-                     repo_id: str | None = None) -> ModelCard:
+def build_model_card(
+    config,
+    results: dict,
+    args,
+    raw,
+    preset: str | None = None,
+    output_dir: str | None = None,
+    repo_id: str | None = None,
+) -> ModelCard:
     """Render the card for a model trained by :func:`hf_tdiag.training.train` from its results dict."""
     variant = getattr(config, "variant", "crate")
     repo_id = repo_id or getattr(args, "hub_model_id", None) or os.path.basename(os.path.normpath(args.output_dir))
-    model_name = f"{VARIANT_NAMES.get(variant, variant)} {('(' + preset + ') ') if preset else ''}on {_public(raw.dataset_id)}"
+    model_name = (
+        f"{VARIANT_NAMES.get(variant, variant)} {('(' + preset + ') ') if preset else ''}on {_public(raw.dataset_id)}"
+    )
     figure = None
     if output_dir and os.path.isfile(os.path.join(output_dir, "layer_srr.png")):
         figure = "layer_srr.png"

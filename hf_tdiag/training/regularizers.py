@@ -13,7 +13,7 @@ worse in its Table 5), a block number 1…L (negative counts from the end),
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

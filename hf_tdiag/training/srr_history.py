@@ -54,11 +54,20 @@ def record(run, epoch: int) -> dict:
         subset, batch_size=args.per_device_eval_batch_size, shuffle=False, generator=torch.Generator().manual_seed(0)
     )
     report = layer_srr(
-        run.unwrapped, loader, eps=args.srr_eps, lam=args.srr_lambda, batch_size=args.per_device_eval_batch_size,
-        accelerator=accelerator, progress=False,
+        run.unwrapped,
+        loader,
+        eps=args.srr_eps,
+        lam=args.srr_lambda,
+        batch_size=args.per_device_eval_batch_size,
+        accelerator=accelerator,
+        progress=False,
     )
-    entry = {"step": run.completed_steps, "epoch": epoch, "num_samples": report.num_samples,
-             "embeddings": report.embeddings["mean"] if report.embeddings else None}
+    entry = {
+        "step": run.completed_steps,
+        "epoch": epoch,
+        "num_samples": report.num_samples,
+        "embeddings": report.embeddings["mean"] if report.embeddings else None,
+    }
     for state in report.states:
         if state != "input":  # block l's input is block l-1's output: only its Rc (with U^l) differs
             entry[state] = {term: report.mean[state][term] for term in TERMS}

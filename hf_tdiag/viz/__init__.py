@@ -57,9 +57,7 @@ def save_figure(fig: Figure, path, dpi: int = 120) -> str:
 def _as_report_dict(report) -> dict[str, Any]:
     data = report.to_dict() if hasattr(report, "to_dict") else report
     if not isinstance(data, Mapping) or "mean" not in data or "layers" not in data:
-        raise TypeError(
-            f"reports: expected SRRReport objects (or their to_dict()), got {type(report).__name__}"
-        )
+        raise TypeError(f"reports: expected SRRReport objects (or their to_dict()), got {type(report).__name__}")
     return dict(data)
 
 

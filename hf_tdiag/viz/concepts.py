@@ -21,8 +21,15 @@ from matplotlib.figure import Figure
 
 from . import new_figure, save_figure
 
-__all__ = ["plot_concept_heatmaps", "plot_top_patches", "plot_kl_vs_bound", "plot_mu_sweep", "plot_layer_sweep",
-           "layer_sweep_data", "save_figure"]
+__all__ = [
+    "plot_concept_heatmaps",
+    "plot_top_patches",
+    "plot_kl_vs_bound",
+    "plot_mu_sweep",
+    "plot_layer_sweep",
+    "layer_sweep_data",
+    "save_figure",
+]
 
 
 def _np(x) -> np.ndarray:
@@ -57,8 +64,16 @@ def _top_concepts(codes: np.ndarray, count: int) -> list[int]:
     return [int(i) for i in np.argsort(-strength)[:count]]
 
 
-def plot_concept_heatmaps(pixel_values, codes, grid: tuple[int, int], *, n_images: int = 4,
-                          concepts: Sequence[int] | None = None, n_concepts: int = 5, title: str | None = None) -> Figure:
+def plot_concept_heatmaps(
+    pixel_values,
+    codes,
+    grid: tuple[int, int],
+    *,
+    n_images: int = 4,
+    concepts: Sequence[int] | None = None,
+    n_concepts: int = 5,
+    title: str | None = None,
+) -> Figure:
     """Rows: images; columns: the image, then each concept's code over the patch grid (overlaid)."""
     imgs = _display_images(pixel_values)
     c = _codes_grid(codes, grid)
@@ -77,8 +92,9 @@ def plot_concept_heatmaps(pixel_values, codes, grid: tuple[int, int], *, n_image
             ax.imshow(imgs[r], cmap=cmap, extent=(0, W, H, 0))
             heat = c[r, :, :, k]
             vmax = max(float(c[..., k].max()), 1e-12)
-            im = ax.imshow(heat, cmap="inferno", alpha=0.65, vmin=0, vmax=vmax, extent=(0, W, H, 0),
-                           interpolation="nearest")
+            im = ax.imshow(
+                heat, cmap="inferno", alpha=0.65, vmin=0, vmax=vmax, extent=(0, W, H, 0), interpolation="nearest"
+            )
             if r == 0:
                 ax.set_title(f"concept {k}", fontsize=8)
         for ax in axes[r]:
@@ -90,8 +106,17 @@ def plot_concept_heatmaps(pixel_values, codes, grid: tuple[int, int], *, n_image
     return fig
 
 
-def plot_top_patches(pixel_values, codes, grid: tuple[int, int], *, n_concepts: int = 6, top: int = 8,
-                     context: int = 1, concepts: Sequence[int] | None = None, title: str | None = None) -> Figure:
+def plot_top_patches(
+    pixel_values,
+    codes,
+    grid: tuple[int, int],
+    *,
+    n_concepts: int = 6,
+    top: int = 8,
+    context: int = 1,
+    concepts: Sequence[int] | None = None,
+    title: str | None = None,
+) -> Figure:
     """For each concept (row), the ``top`` patches with the largest code, cropped with ``context`` patches around."""
     imgs = _display_images(pixel_values)
     c = _codes_grid(codes, grid)
@@ -160,10 +185,13 @@ def plot_kl_vs_bound(reports: Mapping[str, Mapping], title: str | None = None, k
     return fig
 
 
-_SWEEP_CURVES = (("kl", "empirical KL (mean)", "o-", "tab:red"), ("kl_max", "empirical KL (max)", "v:", "tab:red"),
-                 ("bound_certified", "certified bound (mean)", "s-", "tab:blue"),
-                 ("bound_certified_chain", "certified chain ½(‖W_c‖ Δ)² (mean)", "d--", "tab:cyan"),
-                 ("bound_estimated", "estimated bound (mean)", "^-", "tab:green"))
+_SWEEP_CURVES = (
+    ("kl", "empirical KL (mean)", "o-", "tab:red"),
+    ("kl_max", "empirical KL (max)", "v:", "tab:red"),
+    ("bound_certified", "certified bound (mean)", "s-", "tab:blue"),
+    ("bound_certified_chain", "certified chain ½(‖W_c‖ Δ)² (mean)", "d--", "tab:cyan"),
+    ("bound_estimated", "estimated bound (mean)", "^-", "tab:green"),
+)
 
 
 def layer_sweep_data(sweep: Mapping) -> dict[str, list]:

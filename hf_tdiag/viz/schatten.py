@@ -8,7 +8,8 @@ scaling plots any rows with ``num_layers``, ``hidden_size``, ``ours`` and ``edel
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -20,7 +21,11 @@ PROXY_STYLE = {"ours": ("B_ours (spectrum-adaptive)", "-", "o"), "edelman": ("B_
 AXIS_LABELS = {"hidden_size": ("hidden size N", "N"), "num_layers": ("depth L", "L")}
 # the paper normalises every curve at its smallest miniature: N = 128 (vs width) and L = 2 (vs depth)
 PAPER_NORMALIZE_AT = {"hidden_size": 128, "num_layers": 2}
-NORM_LABELS = {"norm_2_1": "(2,1) norm ‖W‖_{2,1}", "norm_1_1": "(1,1) norm ‖W‖_{1,1}", "spectral_norm": "spectral norm ‖W‖₂"}
+NORM_LABELS = {
+    "norm_2_1": "(2,1) norm ‖W‖_{2,1}",
+    "norm_1_1": "(1,1) norm ‖W‖_{1,1}",
+    "spectral_norm": "spectral norm ‖W‖₂",
+}
 
 
 def model_label(name: str) -> str:
@@ -86,8 +91,14 @@ def _scaling(rows, x_key: str, title: str, normalize_at=None, ax=None) -> Figure
     for i, g in enumerate(groups):
         for key, (label, ls, marker) in PROXY_STYLE.items():
             c = curves[(g, key)]
-            ax.plot(c["x"], c["y"], ls=ls, marker=marker, color=f"C{i % 10}",
-                    label=f"{label}, {AXIS_LABELS[group_key][1]}={g}")
+            ax.plot(
+                c["x"],
+                c["y"],
+                ls=ls,
+                marker=marker,
+                color=f"C{i % 10}",
+                label=f"{label}, {AXIS_LABELS[group_key][1]}={g}",
+            )
     ax.set_yscale("log")
     ax.set_xlabel(AXIS_LABELS[x_key][0])
     sym = AXIS_LABELS[x_key][1]
@@ -100,12 +111,16 @@ def _scaling(rows, x_key: str, title: str, normalize_at=None, ax=None) -> Figure
     return ax.figure
 
 
-def plot_proxies_vs_width(rows, normalize_at: Mapping[str, int] | None = None, title: str | None = None, ax=None) -> Figure:
+def plot_proxies_vs_width(
+    rows, normalize_at: Mapping[str, int] | None = None, title: str | None = None, ax=None
+) -> Figure:
     """Both proxies vs N, one line pair per depth L, each curve divided by its value at N = 128 (log scale)."""
     return _scaling(rows, "hidden_size", title or "Bound proxies vs width (fixed depth)", normalize_at, ax)
 
 
-def plot_proxies_vs_depth(rows, normalize_at: Mapping[str, int] | None = None, title: str | None = None, ax=None) -> Figure:
+def plot_proxies_vs_depth(
+    rows, normalize_at: Mapping[str, int] | None = None, title: str | None = None, ax=None
+) -> Figure:
     """Both proxies vs L, one line pair per width N, each curve divided by its value at L = 2 (log scale)."""
     return _scaling(rows, "num_layers", title or "Bound proxies vs depth (fixed width)", normalize_at, ax)
 
@@ -126,8 +141,13 @@ def plot_init_vs_trained(rows_init, rows_trained, x_key: str, normalize_at: Mapp
 def p_opt_summary(rows, types: Iterable[str] = ("qk", "v", "m_in", "m_out")) -> dict[str, dict[str, float]]:
     """Mean over grid rows of ``mean_p_opt_<type>`` and ``frac_p0_<type>`` (rows from :func:`hf_tdiag.schatten_grid.grid_rows`)."""
     rows = list(rows)
-    return {t: {"mean_p_opt": float(np.mean([r[f"mean_p_opt_{t}"] for r in rows])),
-                "frac_p0": float(np.mean([r[f"frac_p0_{t}"] for r in rows]))} for t in types}
+    return {
+        t: {
+            "mean_p_opt": float(np.mean([r[f"mean_p_opt_{t}"] for r in rows])),
+            "frac_p0": float(np.mean([r[f"frac_p0_{t}"] for r in rows])),
+        }
+        for t in types
+    }
 
 
 def plot_p_opt_init_vs_trained(rows_init, rows_trained) -> Figure:
@@ -141,23 +161,33 @@ def plot_p_opt_init_vs_trained(rows_init, rows_trained) -> Figure:
         for i, n in enumerate(widths):
             for rows, ls, stage in ((rows_init, "--", "init"), (rows_trained, "-", "trained")):
                 sel = sorted((r for r in rows if r["hidden_size"] == n), key=lambda r: r["num_layers"])
-                ax.plot([r["num_layers"] for r in sel], [r[f"mean_p_opt_{t}"] for r in sel], ls=ls, marker="o",
-                        ms=3, color=f"C{i}", label=f"N={n}, {stage}")
+                ax.plot(
+                    [r["num_layers"] for r in sel],
+                    [r[f"mean_p_opt_{t}"] for r in sel],
+                    ls=ls,
+                    marker="o",
+                    ms=3,
+                    color=f"C{i}",
+                    label=f"N={n}, {stage}",
+                )
         ax.set_title(TYPE_LABELS[t], fontsize=9)
         ax.set_xlabel("depth L")
         ax.set_ylim(-0.05, 2.05)
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("mean optimal p")
     axes[0].legend(fontsize=6)
-    fig.suptitle("Optimal Schatten index per matrix type: at initialisation (dashed) and after training (solid)",
-                 fontsize=9)
+    fig.suptitle(
+        "Optimal Schatten index per matrix type: at initialisation (dashed) and after training (solid)", fontsize=9
+    )
     return fig
 
 
 def plot_spectra_init_vs_trained(report_init, report_trained) -> Figure:
     """σᵢ/σ₁ of every matrix of one model at initialisation (grey) and after training (coloured by layer)."""
     return _spectral_decay_figure(
-        report_trained, report_init, ylabel="σᵢ / σ₁  (grey: at initialisation)",
+        report_trained,
+        report_init,
+        ylabel="σᵢ / σ₁  (grey: at initialisation)",
         title=f"Spectral decay at initialisation and after training — {_title_name(report_trained)}",
     )
 
@@ -305,8 +335,17 @@ def norm_scaling_rows(reports, num_layers: int | None = 2) -> list[dict[str, Any
         if num_layers is not None and r.num_layers != num_layers:
             continue
         for m in r.matrices:
-            rows.append({"model": r.model, "hidden_size": r.hidden_size, "num_layers": r.num_layers, "type": m.type,
-                         "layer": m.layer, "head": m.head, **{k: getattr(m, k) for k in NORM_LABELS}})
+            rows.append(
+                {
+                    "model": r.model,
+                    "hidden_size": r.hidden_size,
+                    "num_layers": r.num_layers,
+                    "type": m.type,
+                    "layer": m.layer,
+                    "head": m.head,
+                    **{k: getattr(m, k) for k in NORM_LABELS},
+                }
+            )
     if not rows:
         raise ValueError(f"reports: none has num_layers = {num_layers}; got {sorted({r.num_layers for r in reports})}")
     return rows

@@ -16,7 +16,12 @@ import os
 
 from . import new_figure, plot_layer_srr, save_figure
 
-_VARIANT_NAMES = {"crate": "CRATE (learned W)", "crate-c": "CRATE-C (U)", "crate-n": "CRATE-N (−U)", "crate-t": "CRATE-T (Uᵀ)"}
+_VARIANT_NAMES = {
+    "crate": "CRATE (learned W)",
+    "crate-c": "CRATE-C (U)",
+    "crate-n": "CRATE-N (−U)",
+    "crate-t": "CRATE-T (Uᵀ)",
+}
 
 
 def plot_mssa_step(result: dict, title: str | None = None):
@@ -38,8 +43,12 @@ def plot_mssa_step(result: dict, title: str | None = None):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, frameon=False)
     st = result.get("settings", {})
-    ax.set_title(title or f"Rᶜ along one MSSA step (N={st.get('num_tokens')}, d={st.get('hidden_size')}, "
-                 f"K={st.get('num_heads')}, {len(st.get('seeds', []))} seeds)", fontsize=10)
+    ax.set_title(
+        title
+        or f"Rᶜ along one MSSA step (N={st.get('num_tokens')}, d={st.get('hidden_size')}, "
+        f"K={st.get('num_heads')}, {len(st.get('seeds', []))} seeds)",
+        fontsize=10,
+    )
     return fig
 
 
@@ -129,7 +138,9 @@ def layer_srr_step(run) -> dict:
     if not args.layer_srr_samples:
         return {}
     if run.fsdp:
-        accelerator.print("FSDP: skipping the per-layer SRR (parameters are sharded); run `hf-tdiag srr` on the saved model")
+        accelerator.print(
+            "FSDP: skipping the per-layer SRR (parameters are sharded); run `hf-tdiag srr` on the saved model"
+        )
         return {}
     count = min(args.layer_srr_samples, len(run.datasets.eval))
     subset = torch.utils.data.Subset(run.datasets.eval, range(count))
@@ -156,5 +167,10 @@ def layer_srr_step(run) -> dict:
 
 
 __all__ = [
-    "layer_srr_table", "write_layer_srr", "layer_srr_step", "plot_mssa_step", "plot_srr_history", "plot_probe_vs_srr",
+    "layer_srr_table",
+    "write_layer_srr",
+    "layer_srr_step",
+    "plot_mssa_step",
+    "plot_srr_history",
+    "plot_probe_vs_srr",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = ["measure_scatter_grid", "measure_scatter"]
 
@@ -37,7 +37,12 @@ def measure_scatter(ax, records: Sequence[Mapping], measure: str, label: str | N
         xs.append(value)
         variant = str(rec.get("hparams", {}).get("variant", "?"))
         ax.scatter(
-            value, gap, s=22, color=_colour(variant, palette), alpha=0.85, edgecolors="none",
+            value,
+            gap,
+            s=22,
+            color=_colour(variant, palette),
+            alpha=0.85,
+            edgecolors="none",
             label=variant if variant not in seen else None,
         )
         seen.add(variant)

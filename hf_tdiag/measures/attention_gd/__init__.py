@@ -27,7 +27,13 @@ from .gen_svm import GenSVMFit, gen_svm_excluded, gen_svm_fit
 from .heads import LambdaHead, MLPHead, ReLUHead
 from .model import attention_logits, attention_loss, attention_output, loss_and_grad_linear
 from .train import GDBatch, GDRun, train_attention, train_attention_batch
-from .verdicts import ConvergenceVerdict, all_support, convergence_verdict, initial_gradient_separates, is_locally_optimal
+from .verdicts import (
+    ConvergenceVerdict,
+    all_support,
+    convergence_verdict,
+    initial_gradient_separates,
+    is_locally_optimal,
+)
 
 __all__ = [
     "AttentionData",

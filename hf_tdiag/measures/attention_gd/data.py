@@ -99,7 +99,9 @@ def passes_gap_filter(data: AttentionData, gamma: float = 0.1) -> torch.Tensor |
     return bool(keep) if keep.ndim == 0 else keep
 
 
-def make_attention_data(n: int, T: int, d: int, *, seed: int = 0, min_gap: float = 0.0, max_tries: int = 1000) -> AttentionData:
+def make_attention_data(
+    n: int, T: int, d: int, *, seed: int = 0, min_gap: float = 0.0, max_tries: int = 1000
+) -> AttentionData:
     """Random unit tokens/queries/head and ±1 labels; inputs are redrawn until their best token leads by ``min_gap``."""
     check_pos_int(n, "n")
     check_pos_int(T, "T", 2)
@@ -152,7 +154,9 @@ def make_relu_head_data(n: int, T: int, d: int, *, seed: int = 0) -> tuple[Atten
     return AttentionData(X=X.double(), z=z.double(), v=v.double(), Y=Y.double()), V.double()
 
 
-def make_orthonormal_data(n: int, T: int, d: int, scores: torch.Tensor | None = None, *, seed: int = 0) -> AttentionData:
+def make_orthonormal_data(
+    n: int, T: int, d: int, scores: torch.Tensor | None = None, *, seed: int = 0
+) -> AttentionData:
     """Orthonormal tokens per input (``X_i X_iᵀ = I_T``), unit queries, ``Y = 1`` (multi-token selection, §6.1).
 
     ``scores=None``: each input's tokens are an independent random orthonormal set and ``v`` is a random unit
@@ -171,7 +175,9 @@ def make_orthonormal_data(n: int, T: int, d: int, scores: torch.Tensor | None = 
         if tuple(scores.shape) != (n, T):
             raise ValueError(f"scores: expected shape {(n, T)}, got {tuple(scores.shape)}")
         if d < n * T:
-            raise ValueError(f"d: planted scores for n·T = {n * T} mutually orthogonal tokens need d ≥ {n * T}, got {d}")
+            raise ValueError(
+                f"d: planted scores for n·T = {n * T} mutually orthogonal tokens need d ≥ {n * T}, got {d}"
+            )
         Qm = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64)).Q
         X = Qm[:, : n * T].T.reshape(n, T, d).contiguous()
         v = torch.einsum("nt,ntd->d", scores.to(torch.float64), X)
@@ -179,7 +185,9 @@ def make_orthonormal_data(n: int, T: int, d: int, scores: torch.Tensor | None = 
     return AttentionData(X=X, z=z, v=v, Y=torch.ones(n, dtype=torch.float64))
 
 
-def make_planted_local_instance(n: int = 3, d: int = 6, *, seed: int = 0, jitter: float = 0.02) -> tuple[AttentionData, torch.Tensor]:
+def make_planted_local_instance(
+    n: int = 3, d: int = 6, *, seed: int = 0, jitter: float = 0.02
+) -> tuple[AttentionData, torch.Tensor]:
     """Inputs with three tokens where token 1 is locally optimal but not optimal; returns (data, local selection).
 
     In a random plane ``(e1, e2)``: ``x_0 = −0.6e1 + 0.8e2`` (best score), ``x_1 = e1``,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -61,4 +61,3 @@ def loss_and_grad_linear(data: AttentionData, W: torch.Tensor):
     if grad.ndim == 2:
         return float(loss), grad, float(Msafe)
     return loss, grad, Msafe
-

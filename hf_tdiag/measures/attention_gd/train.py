@@ -15,8 +15,8 @@ normalized GD.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -50,10 +50,17 @@ class GDBatch:
     def run(self, r: int) -> GDRun:
         """Run ``r`` as a :class:`GDRun`."""
         return GDRun(
-            W=self.W[r], param=self.param, steps=self.steps, loss=self.loss[r], norm=self.norm[r],
-            correlation={k: v[r] for k, v in self.correlation.items()}, max_prob=self.max_prob[r],
-            snapshot_steps=self.snapshot_steps, snapshots=None if self.snapshots is None else self.snapshots[r],
-            K=None if self.K is None else self.K[r], Q=None if self.Q is None else self.Q[r],
+            W=self.W[r],
+            param=self.param,
+            steps=self.steps,
+            loss=self.loss[r],
+            norm=self.norm[r],
+            correlation={k: v[r] for k, v in self.correlation.items()},
+            max_prob=self.max_prob[r],
+            snapshot_steps=self.snapshot_steps,
+            snapshots=None if self.snapshots is None else self.snapshots[r],
+            K=None if self.K is None else self.K[r],
+            Q=None if self.Q is None else self.Q[r],
         )
 
 
@@ -106,6 +113,7 @@ def _references(references, R: int, d: int, dz: int) -> dict[str, torch.Tensor]:
 
 def _init_params(param: str, R: int, d: int, dz: int, m: int, init, init_scale: float, g) -> list[torch.Tensor]:
     """Initial ``[W]`` or ``[K, Q]`` with a leading run dimension."""
+
     def randn(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64)
 
@@ -114,7 +122,11 @@ def _init_params(param: str, R: int, d: int, dz: int, m: int, init, init_scale: 
         return (torch.rand(*shape, generator=g, dtype=torch.float64) * 2 - 1) * bound
 
     if init is None or init == "zero":
-        return [torch.zeros(R, d, dz, dtype=torch.float64)] if param == "W" else [init_scale * randn(R, d, m), torch.zeros(R, dz, m, dtype=torch.float64)]
+        return (
+            [torch.zeros(R, d, dz, dtype=torch.float64)]
+            if param == "W"
+            else [init_scale * randn(R, d, m), torch.zeros(R, dz, m, dtype=torch.float64)]
+        )
     if init == "linear":
         return [linear(R, d, dz)] if param == "W" else [linear(R, d, m), linear(R, dz, m)]
     if isinstance(init, str):
@@ -224,11 +236,17 @@ class _Recorder:
 
     def result(self, W: torch.Tensor, param: str, params: list[torch.Tensor]) -> GDBatch:
         return GDBatch(
-            W=W, param=param, steps=torch.tensor(self.steps), loss=torch.stack(self.loss, 1), norm=torch.stack(self.norm, 1),
-            max_prob=torch.stack(self.max_prob, 1), correlation={k: torch.stack(v, 1) for k, v in self.corr.items()},
+            W=W,
+            param=param,
+            steps=torch.tensor(self.steps),
+            loss=torch.stack(self.loss, 1),
+            norm=torch.stack(self.norm, 1),
+            max_prob=torch.stack(self.max_prob, 1),
+            correlation={k: torch.stack(v, 1) for k, v in self.corr.items()},
             snapshot_steps=torch.tensor(self.snap_steps) if self.snaps else None,
             snapshots=torch.stack(self.snaps, 1) if self.snaps else None,
-            K=params[0].detach().clone() if param == "KQ" else None, Q=params[1].detach().clone() if param == "KQ" else None,
+            K=params[0].detach().clone() if param == "KQ" else None,
+            Q=params[1].detach().clone() if param == "KQ" else None,
         )
 
 
@@ -291,5 +309,7 @@ def train_attention_batch(
 def train_attention(data: AttentionData, **kwargs) -> GDRun:
     """GD on one run (see :func:`train_attention_batch` for the options; the same code with ``R = 1``)."""
     if data.X.ndim != 3:
-        raise ValueError(f"data: expected one run (X of shape (n, T, d)), got X of shape {tuple(data.X.shape)}; use train_attention_batch")
+        raise ValueError(
+            f"data: expected one run (X of shape (n, T, d)), got X of shape {tuple(data.X.shape)}; use train_attention_batch"
+        )
     return train_attention_batch(data, **kwargs).run(0)

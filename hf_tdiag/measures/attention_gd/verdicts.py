@@ -21,7 +21,13 @@ from ..attention_svm import AttSVMResult, att_svm, matrix_correlation
 from .data import AttentionData
 from .model import attention_logits, loss_and_grad_linear
 
-__all__ = ["ConvergenceVerdict", "convergence_verdict", "is_locally_optimal", "all_support", "initial_gradient_separates"]
+__all__ = [
+    "ConvergenceVerdict",
+    "convergence_verdict",
+    "is_locally_optimal",
+    "all_support",
+    "initial_gradient_separates",
+]
 
 
 def initial_gradient_separates(data: AttentionData) -> bool:
@@ -75,7 +81,9 @@ class ConvergenceVerdict:
         }
 
 
-def convergence_verdict(data: AttentionData, W: torch.Tensor, *, norm: str = "fro", threshold: float = 0.99) -> ConvergenceVerdict:
+def convergence_verdict(
+    data: AttentionData, W: torch.Tensor, *, norm: str = "fro", threshold: float = 0.99
+) -> ConvergenceVerdict:
     """Global if GD selects the optimal tokens, local if it selects another locally-optimal set, with
     correlation ≥ ``threshold`` to that selection's Att-SVM (``norm``) solution; else undetermined."""
     W = W.detach().to(torch.float64)
@@ -98,5 +106,3 @@ def convergence_verdict(data: AttentionData, W: torch.Tensor, *, norm: str = "fr
         svm=svm,
         min_max_prob=float(probs.max(1).values.min()),
     )
-
-

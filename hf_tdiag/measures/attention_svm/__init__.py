@@ -40,7 +40,6 @@ offending inputs (the queries carrying the infeasibility certificate
 ``θ ≥ 0, Σθ = 1, Σ_k θ_k a_k ≈ 0``) instead of raising inside a solver.
 """
 
-
 from .finite import gen_svm_finite_part
 from .inputs import attention_probs, matrix_correlation
 from .result import AttSVMResult

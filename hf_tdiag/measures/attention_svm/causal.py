@@ -30,7 +30,9 @@ def _check_selected(selected, B: int, K: int, T: int, device) -> torch.Tensor:
     if isinstance(selected, np.ndarray):
         selected = torch.from_numpy(selected)
     if not isinstance(selected, torch.Tensor):
-        raise TypeError(f"selected: expected a tensor ({B}, {K}) of indices or ({B}, {K}, {T}) mask, got {type(selected).__name__}")
+        raise TypeError(
+            f"selected: expected a tensor ({B}, {K}) of indices or ({B}, {K}, {T}) mask, got {type(selected).__name__}"
+        )
     selected = selected.to(device)
     if selected.dtype == torch.bool:
         if tuple(selected.shape) != (B, K, T):
@@ -67,4 +69,3 @@ def query_layout(X: torch.Tensor, Q: torch.Tensor, selected, *, query_mask=None,
     if causal:
         visible = visible & prefix_visibility(qidx[:, 1], T)
     return qidx, Q[qidx[:, 0], qidx[:, 1]], sel[qidx[:, 0], qidx[:, 1]], visible
-

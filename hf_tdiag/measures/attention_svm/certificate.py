@@ -52,7 +52,9 @@ def certificate_lp(prob: Problem) -> torch.Tensor | None:
     return None
 
 
-def zero_feature_result(prob: Problem, op: ReducedKernel, feat_scale: float, norm: str, t0: float) -> AttSVMResult | None:
+def zero_feature_result(
+    prob: Problem, op: ReducedKernel, feat_scale: float, norm: str, t0: float
+) -> AttSVMResult | None:
     """The infeasible result when some constraint's feature is (numerically) zero, else None."""
     zero = op.diag <= 1e-20 * max(feat_scale, 1e-300)
     if not zero.any():
@@ -60,7 +62,12 @@ def zero_feature_result(prob: Problem, op: ReducedKernel, feat_scale: float, nor
     flat = prob.ineq_idx[zero]
     offending = torch.unique(flat // prob.T)
     return empty_result(
-        prob.n, prob.T, prob.kind, prob.ref, norm, prob.X.device,
+        prob.n,
+        prob.T,
+        prob.kind,
+        prob.ref,
+        norm,
+        prob.X.device,
         offending=offending,
         certificate_residual=0.0,
         solve_time=time.perf_counter() - t0,
@@ -92,7 +99,12 @@ def infeasible_result(
             "θ ≥ 0, Σθ = 1 with ‖Σθ_k a_k‖ ≈ 0 is supported on the offending queries"
         )
     return empty_result(
-        n, T, prob.kind, prob.ref, norm, prob.X.device,
+        n,
+        T,
+        prob.kind,
+        prob.ref,
+        norm,
+        prob.X.device,
         status=status,
         offending=offending,
         certificate_residual=resid,

@@ -49,7 +49,9 @@ def matrix_correlation(A, B) -> float:
     return float((A * B).sum() / (na * nb))
 
 
-def attention_probs(queries: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+def attention_probs(
+    queries: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None = None, scale: float | None = None
+) -> torch.Tensor:
     """``softmax(q kᵀ · scale)`` over keys: ``(..., N_q, p), (..., N_k, p) → (..., N_q, N_k)``; masked keys get 0."""
     if scale is None:
         scale = queries.shape[-1] ** -0.5
@@ -57,7 +59,6 @@ def attention_probs(queries: torch.Tensor, keys: torch.Tensor, key_mask: torch.T
     if key_mask is not None:
         logits = logits.masked_fill(~key_mask.bool().unsqueeze(-2), -math.inf)
     return torch.softmax(logits, dim=-1)
-
 
 
 def check_norm(norm: str) -> str:
@@ -73,14 +74,20 @@ def selection(selected, n: int, T: int, valid: torch.Tensor, name: str = "select
     if isinstance(selected, np.ndarray):
         selected = torch.from_numpy(selected)
     if not isinstance(selected, torch.Tensor):
-        raise TypeError(f"{name}: expected a tensor of token indices (n,) or a boolean mask (n, T), got {type(selected).__name__}")
+        raise TypeError(
+            f"{name}: expected a tensor of token indices (n,) or a boolean mask (n, T), got {type(selected).__name__}"
+        )
     selected = selected.to(device)
     kind = torch.zeros(n, T, dtype=torch.int8, device=device)
     if selected.dtype == torch.bool:
         if tuple(selected.shape) != (n, T):
-            raise ValueError(f"{name}: a boolean selected-set mask must have shape {(n, T)}, got {tuple(selected.shape)}")
+            raise ValueError(
+                f"{name}: a boolean selected-set mask must have shape {(n, T)}, got {tuple(selected.shape)}"
+            )
         if (selected & ~valid).any():
-            raise ValueError(f"{name}: selects tokens the query cannot see (padding in token_mask, or future positions with causal=True)")
+            raise ValueError(
+                f"{name}: selects tokens the query cannot see (padding in token_mask, or future positions with causal=True)"
+            )
         counts = selected.sum(1)
         if (counts == 0).any():
             bad = torch.nonzero(counts == 0).squeeze(1)[:5].tolist()
@@ -98,7 +105,9 @@ def selection(selected, n: int, T: int, valid: torch.Tensor, name: str = "select
     if (ref < 0).any() or (ref >= T).any():
         raise ValueError(f"{name}: token indices must lie in [0, {T}), got range [{int(ref.min())}, {int(ref.max())}]")
     if not valid[torch.arange(n, device=device), ref].all():
-        raise ValueError(f"{name}: selects tokens the query cannot see (padding in token_mask, or future positions with causal=True)")
+        raise ValueError(
+            f"{name}: selects tokens the query cannot see (padding in token_mask, or future positions with causal=True)"
+        )
     kind[valid] = 1
     kind[torch.arange(n, device=device), ref] = 0
     return ref, kind
@@ -115,4 +124,3 @@ def valid_mask(token_mask, shape, device, name="token_mask") -> torch.Tensor:
     if tuple(token_mask.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(token_mask.shape)}")
     return token_mask.to(device).bool()
-

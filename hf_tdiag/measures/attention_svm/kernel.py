@@ -73,4 +73,3 @@ class ReducedKernel:
         if self.L is not None:
             out = out - self.L @ (self.L.T @ v)
         return out
-

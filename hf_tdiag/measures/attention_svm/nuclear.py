@@ -30,7 +30,9 @@ def _import_cvxpy():
     return cp
 
 
-def _nuclear_gap(AI: np.ndarray, AE: np.ndarray | None, lam: np.ndarray, beta, primal: float, dx: int, dz: int) -> float:
+def _nuclear_gap(
+    AI: np.ndarray, AE: np.ndarray | None, lam: np.ndarray, beta, primal: float, dx: int, dz: int
+) -> float:
     """Relative gap ``(P − D)/P`` with ``D = 1ᵀλ / min_β ‖Σλ_k a_k ± Σβ_j e_j‖_op`` (both sign conventions tried)."""
     G = AI.T @ lam
     candidates = [G]

@@ -26,7 +26,6 @@ def basis(M: torch.Tensor, rel_tol: float = 1e-13) -> torch.Tensor | None:
     return vh[:r].T.contiguous()
 
 
-
 def reduce(X: torch.Tensor, Z: torch.Tensor, set_idx: torch.Tensor):
     """``(X P, Z S, P, S)``: tokens and queries in orthonormal bases of their spans (None = kept as is)."""
     used_sets = torch.unique(set_idx)
@@ -63,7 +62,11 @@ class Problem:
     # coefficient c (n, T) -> g_i = Σ_t c_it (x_ref_i − x_it)
     def to_G(self, c: torch.Tensor) -> torch.Tensor:
         if self.qmax == 1:
-            XtC = torch.einsum("nt,ntd->nd", c, self.X[self.set_idx]) if self.B != self.n else torch.bmm(c.unsqueeze(1), self.X).squeeze(1)
+            XtC = (
+                torch.einsum("nt,ntd->nd", c, self.X[self.set_idx])
+                if self.B != self.n
+                else torch.bmm(c.unsqueeze(1), self.X).squeeze(1)
+            )
         else:
             Cb = c.new_zeros(self.B, self.qmax, self.T)
             Cb[self.set_idx, self.pos] = c
@@ -139,4 +142,3 @@ def chol_apply(L: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``(L Lᵀ)⁻¹ b`` for batched factors ``L (n, T, T)`` and ``b (n, T)`` (two triangular solves)."""
     y = torch.linalg.solve_triangular(L, b.unsqueeze(2), upper=False)
     return torch.linalg.solve_triangular(L.mT, y, upper=True).squeeze(2)
-

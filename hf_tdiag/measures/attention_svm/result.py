@@ -91,7 +91,6 @@ class AttSVMResult:
         return out
 
 
-
 def empty_result(n: int, T: int, kind: torch.Tensor, ref: torch.Tensor, norm: str, device, **kw) -> AttSVMResult:
     """An infeasible (or unsolved) result: no ``W``, ``objective = inf``, NaN margins; ``kw`` overrides fields."""
     nan = torch.full((n, T), math.nan, dtype=torch.float64, device=device)

@@ -55,10 +55,23 @@ def att_svm(
     """
     X = to_f64(X, "X", 3)
     if isinstance(z, (torch.Tensor, np.ndarray)) and z.ndim == 3:
-        return _att_svm_queries(X, to_f64(z, "z", 3, device=X.device), selected, norm, token_mask, query_mask, causal,
-                                tol, max_iter, feas_tol, progress)
+        return _att_svm_queries(
+            X,
+            to_f64(z, "z", 3, device=X.device),
+            selected,
+            norm,
+            token_mask,
+            query_mask,
+            causal,
+            tol,
+            max_iter,
+            feas_tol,
+            progress,
+        )
     if causal:
-        raise ValueError("causal: one query per input has no position; pass z of shape (n, K, d_z) (one query per position)")
+        raise ValueError(
+            "causal: one query per input has no position; pass z of shape (n, K, d_z) (one query per position)"
+        )
     if query_mask is not None:
         raise ValueError("query_mask: only used with several queries per input (z of shape (n, K, d_z))")
     z = to_f64(z, "z", 2, device=X.device)
@@ -106,7 +119,9 @@ def att_svm_self(
     return _att_svm_queries(X, Q, selected, norm, token_mask, query_mask, causal, tol, max_iter, feas_tol, progress)
 
 
-def _att_svm_queries(X, Q, selected, norm, token_mask, query_mask, causal, tol, max_iter, feas_tol, progress) -> AttSVMResult:
+def _att_svm_queries(
+    X, Q, selected, norm, token_mask, query_mask, causal, tol, max_iter, feas_tol, progress
+) -> AttSVMResult:
     """Several queries per token set (self-attention, sequence-to-sequence, causal): one constraint set each."""
     T = X.shape[1]
     if T < 2:
@@ -116,6 +131,7 @@ def _att_svm_queries(X, Q, selected, norm, token_mask, query_mask, causal, tol, 
     res = solve(X, z, qidx[:, 0].contiguous(), ref, kind, check_norm(norm), tol, max_iter, feas_tol, progress)
     res.query_index = qidx
     return res
+
 
 def _dual_solve(prob: Problem, op: ReducedKernel, tol, max_iter, feas_tol, progress, lp_check: bool):
     """``(λ, K'λ, status, iterations)``: active-set steps, an exact LP feasibility check if they stall, projected Newton."""
@@ -132,7 +148,9 @@ def _dual_solve(prob: Problem, op: ReducedKernel, tol, max_iter, feas_tol, progr
     return lam, Klam, status, iters
 
 
-def _feasible_result(prob: Problem, op: ReducedKernel, P, S, lam, Klam, smin: float, status: str, iters: int, t0: float) -> AttSVMResult:
+def _feasible_result(
+    prob: Problem, op: ReducedKernel, P, S, lam, Klam, smin: float, status: str, iters: int, t0: float
+) -> AttSVMResult:
     """``W = Σλ_k a_k / min margin`` mapped back from the reduced coordinates, with margins, duals and support."""
     n, T, kind = prob.n, prob.T, prob.kind
     coef = op.full_coef(lam) / smin

@@ -74,7 +74,9 @@ def _dense_face_solve(KFF: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     return x + torch.cholesky_solve(res.unsqueeze(1), L).squeeze(1)
 
 
-def face_solve(op: ReducedKernel, idx: torch.Tensor, rhs: torch.Tensor, prec: torch.Tensor, rtol: float) -> torch.Tensor:
+def face_solve(
+    op: ReducedKernel, idx: torch.Tensor, rhs: torch.Tensor, prec: torch.Tensor, rtol: float
+) -> torch.Tensor:
     """Solve ``(K + 11ᵀ)_FF x = rhs`` on the free set ``F = idx``."""
     if op.K is not None:
         return _dense_face_solve(op.K[idx.unsqueeze(1), idx], rhs)
@@ -125,7 +127,6 @@ def support_guess(prob: Problem, op: ReducedKernel) -> torch.Tensor:
     return guess if bool(guess.any()) else everything
 
 
-
 def pdas(op: ReducedKernel, tol: float, max_iter: int, feas_tol: float, free: torch.Tensor):
     """Primal-dual active-set (semismooth Newton) iterations for ``min_{u≥0} ½uᵀ(K+11ᵀ)u − 1ᵀu``.
 
@@ -167,7 +168,6 @@ def pdas(op: ReducedKernel, tol: float, max_iter: int, feas_tol: float, free: to
         seen.add(key)
         free = new_free
     return best[1], best[2], "continue", it
-
 
 
 def _stop_status(u: torch.Tensor, Ku: torch.Tensor, su: float, tol: float, feas_tol: float, amax: float):

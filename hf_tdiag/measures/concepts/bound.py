@@ -12,12 +12,15 @@ import torch
 
 from ..._validation import check_tensor
 
+
 def kl_divergence(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
     """Per-row ``KL(σ(p) ‖ σ(q)) = Σ_c σ(p)_c (log σ(p)_c − log σ(q)_c)`` in float64."""
     for name, x in (("logits_p", logits_p), ("logits_q", logits_q)):
         check_tensor(x, name, ndim=(1, 2), allow_numpy=True)
     if logits_p.shape != logits_q.shape:
-        raise ValueError(f"logits_q: expected the shape of logits_p {tuple(logits_p.shape)}, got {tuple(logits_q.shape)}")
+        raise ValueError(
+            f"logits_q: expected the shape of logits_p {tuple(logits_p.shape)}, got {tuple(logits_q.shape)}"
+        )
     lp = torch.log_softmax(logits_p.double(), dim=-1)
     lq = torch.log_softmax(logits_q.double(), dim=-1)
     return (lp.exp() * (lp - lq)).sum(-1).clamp(min=0)
@@ -52,8 +55,10 @@ def kl_bound(
         raise ValueError(f"n_suffix_blocks: expected >= 0, got {n_suffix_blocks}")
     if n_tokens < 1:
         raise ValueError(f"n_tokens: expected >= 1, got {n_tokens}")
-    w_c_op, l_block, alpha, l_readout = (_constant(n, v) for n, v in (("w_c_op", w_c_op), ("l_block", l_block),
-                                                                      ("alpha", alpha), ("l_readout", l_readout)))
+    w_c_op, l_block, alpha, l_readout = (
+        _constant(n, v)
+        for n, v in (("w_c_op", w_c_op), ("l_block", l_block), ("alpha", alpha), ("l_readout", l_readout))
+    )
     delta_rec = torch.as_tensor(delta_rec, dtype=torch.float64)
     gram_norm = torch.as_tensor(gram_norm, dtype=torch.float64)
     delta_gram = torch.as_tensor(delta_gram, dtype=torch.float64)

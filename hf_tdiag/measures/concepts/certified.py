@@ -59,7 +59,9 @@ def op_norm(M: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_norm(M.detach().double(), ord=2)
 
 
-def _token_lipschitz(inputs: torch.Tensor, radius: torch.Tensor, gamma: torch.Tensor | None, eps: float) -> torch.Tensor:
+def _token_lipschitz(
+    inputs: torch.Tensor, radius: torch.Tensor, gamma: torch.Tensor | None, eps: float
+) -> torch.Tensor:
     """Per token ``γ_max / √(max(m_t − r_t, 0)²/d + ε)`` with ``m_t = ‖z_t − z̄_t‖`` of the data ``(images, T, d)``."""
     Z = inputs.double()
     d = Z.shape[-1]
@@ -70,7 +72,9 @@ def _token_lipschitz(inputs: torch.Tensor, radius: torch.Tensor, gamma: torch.Te
     return g / torch.sqrt((m - r).clamp(min=0).square() / d + eps)
 
 
-def layernorm_lipschitz(inputs: torch.Tensor, radius: torch.Tensor, gamma: torch.Tensor | None, eps: float) -> torch.Tensor:
+def layernorm_lipschitz(
+    inputs: torch.Tensor, radius: torch.Tensor, gamma: torch.Tensor | None, eps: float
+) -> torch.Tensor:
     """Per image ``max_t γ_max / √(max(m_t − r_t, 0)²/d + ε)``: LayerNorm's Lipschitz bound on the inputs whose
     tokens stay within ``r_t`` of the data tokens ``z_t`` (``m_t`` their centred norms).
 
@@ -80,7 +84,9 @@ def layernorm_lipschitz(inputs: torch.Tensor, radius: torch.Tensor, gamma: torch
     return _token_lipschitz(inputs, radius, gamma, eps).amax(-1)
 
 
-def layernorm_deviation(inputs: torch.Tensor, radius: torch.Tensor, gamma: torch.Tensor | None, eps: float) -> torch.Tensor:
+def layernorm_deviation(
+    inputs: torch.Tensor, radius: torch.Tensor, gamma: torch.Tensor | None, eps: float
+) -> torch.Tensor:
     """Per token, a bound on ``‖LN(y_t) − LN(z_t)‖`` for ``‖y_t − z_t‖ ≤ r_t``: ``min(L_t r_t, 2 γ_max √d)``."""
     d = inputs.shape[-1]
     g = 1.0 if gamma is None else float(gamma.detach().double().abs().max())

@@ -6,6 +6,7 @@ import torch
 
 from ..._validation import check_tensor
 
+
 def truncated_svd_error(A: torch.Tensor, k: int) -> float:
     """Eckart–Young floor ``min_{rank ≤ k} ‖A − B‖_F = √(Σ_{i>k} σ_i²)`` (float64; A is (rows, d) or (images, N, d))."""
     A = check_tensor(A, "A", ndim=(2, 3), allow_numpy=True)

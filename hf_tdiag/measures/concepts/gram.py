@@ -10,6 +10,7 @@ import torch
 
 from ._checks import _as_batch, _check_pair
 
+
 def _gram_sq_norms(A: torch.Tensor, A_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per image ``‖G − Ĝ‖²_F`` and ``‖G‖²_F`` on the smaller side of the Gram (inputs (B, N, d))."""
     N, d = A.shape[-2], A.shape[-1]

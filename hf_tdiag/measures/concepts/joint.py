@@ -122,7 +122,9 @@ def _codes_step(s: _State, mu, shape, a2, G, g2):
     for _ in range(40):
         U_new = (s.U - s.tU * gU).clamp(min=0)
         step = U_new - s.U
-        model = J + float((gU * step).sum(dtype=torch.float64)) + float(step.square().sum(dtype=torch.float64)) / (2 * s.tU)
+        model = (
+            J + float((gU * step).sum(dtype=torch.float64)) + float(step.square().sum(dtype=torch.float64)) / (2 * s.tU)
+        )
         J_new, rec_new, gl_new, _ = objective_codes(mu, U_new, s.AW, s.WtW, shape, a2, G, g2)
         if J_new <= model:
             s.U = U_new

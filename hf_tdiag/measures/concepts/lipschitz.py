@@ -8,6 +8,7 @@ import torch
 
 from ..._validation import check_tensor, positive_int
 
+
 def jacobian_spectral_norm(
     f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, n_iter: int = 20, rel_step: float = 1e-6, seed: int = 0
 ) -> torch.Tensor:

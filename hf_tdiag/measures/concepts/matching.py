@@ -6,6 +6,7 @@ from scipy.optimize import linear_sum_assignment
 
 from ..._validation import check_tensor
 
+
 def match_concepts(components_a, components_b) -> dict:
     """Hungarian matching maximizing total cosine similarity between two dictionaries' rows ((k_a, d), (k_b, d))."""
     a = check_tensor(components_a, "components_a", ndim=(2,), allow_numpy=True).double().cpu()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+
 def nnls_codes(
     A: torch.Tensor, W: torch.Tensor, U0: torch.Tensor | None = None, max_iter: int = 500, tol: float = 1e-3
 ) -> torch.Tensor:

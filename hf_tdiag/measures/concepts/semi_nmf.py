@@ -101,13 +101,25 @@ class SemiNMF:
                 f"A: gram_weight > 0 needs per-image Grams, i.e. A of shape (images, N, d); got {tuple(A.shape)}"
             )
 
-
     def _encode(self, X, W, shape, a2, G, g2, record=None, U0=None):
         """NNLS codes for the dictionary W, then (μ > 0, per-image data) the code-only refinement."""
         U = nnls_codes(X, W, U0=U0, tol=self.encode_tol)
         if self.gram_weight > 0 and len(shape) == 3 and self.refine_iter > 0:
-            U, _ = refine(X, U, W, shape, a2, G, g2, self.refine_iter, self.gram_weight, update_dictionary=False,
-                          record=record, desc="encode", verbose=self.verbose)
+            U, _ = refine(
+                X,
+                U,
+                W,
+                shape,
+                a2,
+                G,
+                g2,
+                self.refine_iter,
+                self.gram_weight,
+                update_dictionary=False,
+                record=record,
+                desc="encode",
+                verbose=self.verbose,
+            )
         return U
 
     def _mu_phase(self, X, U, UtA, UtU, a2, hist):
@@ -160,8 +172,20 @@ class SemiNMF:
         W = solve_dictionary(UtA, UtU, X.dtype)
         record("mu-end", *quick_losses(X, U, W, shape, a2, G, g2, UtA=UtA))
         if self.gram_weight > 0 and self.refine_iter > 0:
-            U, W = refine(X, U, W, shape, a2, G, g2, self.refine_iter, self.gram_weight, update_dictionary=True,
-                          record=record, verbose=self.verbose)
+            U, W = refine(
+                X,
+                U,
+                W,
+                shape,
+                a2,
+                G,
+                g2,
+                self.refine_iter,
+                self.gram_weight,
+                update_dictionary=True,
+                record=record,
+                verbose=self.verbose,
+            )
         # codes_ come from exactly the procedure transform() runs on the stored dictionary (NNLS from the
         # cold start — faster than from the MU codes, whose tiny non-zeros coordinate descent must undo —
         # then for μ > 0 the code-only refinement)
@@ -180,7 +204,7 @@ class SemiNMF:
         self.reconstruction_err_ = math.sqrt(hist["rec_loss"][-1] * a2)
 
     @classmethod
-    def from_components(cls, components, gram_weight: float = 0.0, **kwargs) -> "SemiNMF":
+    def from_components(cls, components, gram_weight: float = 0.0, **kwargs) -> SemiNMF:
         """An estimator with a given dictionary ``(k, d)`` (for :meth:`transform` on new activations)."""
         comps = check_tensor(components, "components", ndim=(2,), allow_numpy=True)
         est = cls(comps.shape[0], gram_weight=gram_weight, **kwargs)

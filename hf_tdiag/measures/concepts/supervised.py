@@ -16,8 +16,11 @@ from .semi_nmf import SemiNMF
 def _takes_index(fn) -> bool:
     """Whether ``fn`` accepts a second positional argument (the chunk's image index)."""
     try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+        params = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+        ]
     except (TypeError, ValueError):
         return False
     return len(params) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
@@ -45,8 +48,15 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
     ``start_components_`` is the plain Semi-NMF dictionary the supervised steps started from.
     """
 
-    def __init__(self, n_concepts: int, kl_weight: float = 1.0, supervised_iter: int = 100, lr: float = 0.01,
-                 batch_size: int = 64, **kwargs):
+    def __init__(
+        self,
+        n_concepts: int,
+        kl_weight: float = 1.0,
+        supervised_iter: int = 100,
+        lr: float = 0.01,
+        batch_size: int = 64,
+        **kwargs,
+    ):
         kwargs.setdefault("gram_weight", 0.0)
         super().__init__(n_concepts, **kwargs)
         non_negative_float(kl_weight, "kl_weight")
@@ -61,11 +71,23 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
     def fit(self, A, suffix: Callable[[torch.Tensor], torch.Tensor] | None = None, y=None):
         """Fit on activations ``(images, N, d)`` supervised by ``suffix(patches) -> logits``."""
         if not callable(suffix):
-            raise TypeError(f"suffix: expected a callable mapping (images, N, d) activations to logits, got {type(suffix).__name__}")
+            raise TypeError(
+                f"suffix: expected a callable mapping (images, N, d) activations to logits, got {type(suffix).__name__}"
+            )
         A = check_tensor(A, "A", ndim=(3,), allow_numpy=True)
-        plain = SemiNMF(self.n_concepts, gram_weight=0.0, max_iter=self.max_iter, refine_iter=0, tol=self.tol,
-                        init=self.init, encode_tol=self.encode_tol, device=self.device, dtype=self.dtype,
-                        random_state=self.random_state, verbose=self.verbose).fit(A)
+        plain = SemiNMF(
+            self.n_concepts,
+            gram_weight=0.0,
+            max_iter=self.max_iter,
+            refine_iter=0,
+            tol=self.tol,
+            init=self.init,
+            encode_tol=self.encode_tol,
+            device=self.device,
+            dtype=self.dtype,
+            random_state=self.random_state,
+            verbose=self.verbose,
+        ).fit(A)
         A = self._prepare(A)
         shape = tuple(A.shape)
         X = A.reshape(-1, shape[-1])
@@ -92,8 +114,13 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
         U, W = U.detach(), W.detach()
         G, g2 = grams(X, shape)
         rec, gl = losses(X, U, W, shape, a2, G, g2)
-        for key, value in (("phase", "final"), ("rec_loss", rec), ("gram_loss", gl), ("kl", float("nan")),
-                           ("objective", float("nan"))):
+        for key, value in (
+            ("phase", "final"),
+            ("rec_loss", rec),
+            ("gram_loss", gl),
+            ("kl", float("nan")),
+            ("objective", float("nan")),
+        ):
             hist[key].append(value)
         self._finish(U, W, shape, hist, plain.n_iter_, a2)
         return self
@@ -102,8 +129,12 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
         """``log σ(g(A))`` of the unreplaced activations (float64), checked to be ``(images, classes)``."""
         B = A.shape[0]
         with torch.no_grad():
-            target = torch.cat([_logits(suffix, A[i : i + self.batch_size], slice(i, i + self.batch_size))
-                                for i in range(0, B, self.batch_size)])
+            target = torch.cat(
+                [
+                    _logits(suffix, A[i : i + self.batch_size], slice(i, i + self.batch_size))
+                    for i in range(0, B, self.batch_size)
+                ]
+            )
         if target.ndim != 2 or target.shape[0] != B:
             raise ValueError(f"suffix: expected logits of shape ({B}, classes), got {tuple(target.shape)}")
         return torch.log_softmax(target.double(), -1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+
 def semi_nmf_objective(A: torch.Tensor, U: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """Semi-NMF objective ``‖A − U Wᵀ‖²_F`` (float64 scalar; A is (rows, d), U (rows, k), W (d, k))."""
     return (A.double() - U.double() @ W.double().T).square().sum()

@@ -42,7 +42,9 @@ def size_pair(value, name: str = "size") -> tuple[int, int]:
     raise TypeError(f"{name}: expected an int or a (height, width) pair of ints, got {value!r}")
 
 
-def _check_number(name: str, value, low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False):
+def _check_number(
+    name: str, value, low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False
+):
     """``value`` a finite real number in the interval (``low``, ``high``) with the given open/closed ends."""
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         raise ValueError(f"CrateConfig: {name} must be a finite number, got {value!r}")
@@ -52,7 +54,9 @@ def _check_number(name: str, value, low: float, high: float = math.inf, low_open
 
 
 # from_preset keywords besides the dataclass fields: PreTrainedConfig's own keyword arguments
-_PRETRAINED_KEYWORDS = frozenset({"num_labels", "output_attentions", "attn_implementation", "torch_dtype", "use_return_dict"})
+_PRETRAINED_KEYWORDS = frozenset(
+    {"num_labels", "output_attentions", "attn_implementation", "torch_dtype", "use_return_dict"}
+)
 
 
 class CrateConfig(PreTrainedConfig):
@@ -142,7 +146,10 @@ class CrateConfig(PreTrainedConfig):
     @property
     def num_patches(self) -> int:
         """Number of patches at ``image_size`` (tokens without the CLS token)."""
-        (ih, iw), (ph, pw) = size_pair(self.image_size, "CrateConfig: image_size"), size_pair(self.patch_size, "CrateConfig: patch_size")
+        (ih, iw), (ph, pw) = (
+            size_pair(self.image_size, "CrateConfig: image_size"),
+            size_pair(self.patch_size, "CrateConfig: patch_size"),
+        )
         return (ih // ph) * (iw // pw)
 
     @classmethod
@@ -151,7 +158,7 @@ class CrateConfig(PreTrainedConfig):
         return list(CRATE_PRESETS)
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> "CrateConfig":
+    def from_preset(cls, name: str, **overrides) -> CrateConfig:
         """Config of a named size (``crate-tiny|small|base|large``, ``crate-32``, ``crate-digits``), with overrides."""
         if not isinstance(name, str) or name not in CRATE_PRESETS:
             raise ValueError(f"CrateConfig.from_preset: unknown preset {name!r}; available: {list(CRATE_PRESETS)}")
@@ -160,8 +167,10 @@ class CrateConfig(PreTrainedConfig):
         if unknown:
             import difflib
 
-            hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, known, n=1)) else repr(k)
-                     for k in unknown]
+            hints = [
+                f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, known, n=1)) else repr(k)
+                for k in unknown
+            ]
             raise TypeError(f"CrateConfig.from_preset: unknown keyword(s) {', '.join(hints)}")
         fields = dict(CRATE_PRESETS[name])
         fields.update(overrides)

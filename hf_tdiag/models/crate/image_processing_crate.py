@@ -28,7 +28,7 @@ class CrateImageProcessor(PilBackend):
     do_normalize = True
 
     @classmethod
-    def for_config(cls, config, **kwargs) -> "CrateImageProcessor":
+    def for_config(cls, config, **kwargs) -> CrateImageProcessor:
         """Processor whose output size and channel count match ``config`` (a CrateConfig); kwargs override."""
         height, width = size_pair(config.image_size, "image_size")
         fields = {"size": {"height": int(height), "width": int(width)}}

@@ -119,9 +119,9 @@ class CrateEmbeddings(nn.Module):
         patch_pos = self.position_embeddings[:, 1:]
         dim = patch_pos.shape[-1]
         patch_pos = patch_pos.reshape(1, gh, gw, dim).permute(0, 3, 1, 2)
-        patch_pos = F.interpolate(
-            patch_pos.float(), size=(new_h, new_w), mode="bicubic", align_corners=False
-        ).to(self.position_embeddings.dtype)
+        patch_pos = F.interpolate(patch_pos.float(), size=(new_h, new_w), mode="bicubic", align_corners=False).to(
+            self.position_embeddings.dtype
+        )
         patch_pos = patch_pos.permute(0, 2, 3, 1).reshape(1, new_h * new_w, dim)
         return torch.cat((cls_pos, patch_pos), dim=1)
 
@@ -372,9 +372,7 @@ class CrateForImageClassification(CratePreTrainedModel):
         self.num_labels = config.num_labels
         self.crate = CrateModel(config)
         self.classifier_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.classifier = (
-            nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
-        )
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
         self.post_init()
 
     @can_return_tuple

@@ -14,7 +14,7 @@ process pool; ``ray`` (:mod:`.ray`, ``pip install "hf-tdiag[ray]"``) hands each 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["EXECUTORS", "get_executor", "failure_of"]
 

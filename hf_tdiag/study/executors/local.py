@@ -10,15 +10,15 @@ thread in each worker exits it as soon as its parent process is gone.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import multiprocessing as mp
 import ctypes
+import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..worker import execute
 from . import failure_of
@@ -107,8 +107,15 @@ def _run_pool(specs: Sequence[dict], jobs: int, threads: int, on_done: Callable,
                 on_done(spec, rec, None)
 
 
-def run_local(specs: Sequence[dict], *, jobs: int = 1, threads: int | None = None, on_done: Callable,
-              task: Callable = execute, **options) -> None:
+def run_local(
+    specs: Sequence[dict],
+    *,
+    jobs: int = 1,
+    threads: int | None = None,
+    on_done: Callable,
+    task: Callable = execute,
+    **options,
+) -> None:
     """Run ``task(spec)`` for every spec; ``jobs == 1`` in this process (``threads`` torch threads, or unchanged if
     ``None``), else in ``jobs`` worker processes with ``threads`` (default ``cpu_count // jobs``) threads each (the
     spec then carries ``threads``). ``task`` must be importable by name (a module-level function)."""

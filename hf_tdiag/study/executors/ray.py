@@ -14,7 +14,7 @@ goes to the study's failure log, exactly as with the local executor.
 from __future__ import annotations
 
 import traceback
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..cache import read_record, record_path
 from ..worker import execute
@@ -54,9 +54,18 @@ def _traceback_of(err: BaseException) -> str:
     return str(err) if cause is not None else "".join(traceback.format_exception(err))
 
 
-def run_ray(specs: Sequence[dict], *, jobs: int = 1, threads: int | None = None, on_done: Callable,
-            task: Callable = execute_once, address: str | None = None, num_cpus: int | None = None,
-            num_gpus: float | None = None, max_retries: int = 1) -> None:
+def run_ray(
+    specs: Sequence[dict],
+    *,
+    jobs: int = 1,
+    threads: int | None = None,
+    on_done: Callable,
+    task: Callable = execute_once,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    num_gpus: float | None = None,
+    max_retries: int = 1,
+) -> None:
     """Run ``task(spec)`` for every spec as a Ray task (the spec carrying ``threads = num_cpus``) and report each as
     it finishes (any order). ``task`` must be safe to run twice for one spec (a retried task): the default returns a
     run's cached record without training it again.
@@ -73,8 +82,7 @@ def run_ray(specs: Sequence[dict], *, jobs: int = 1, threads: int | None = None,
         kwargs = {"address": address} if address else {"num_cpus": jobs * cpus}
         ray.init(include_dashboard=False, log_to_driver=False, **kwargs)
     try:
-        remote = ray.remote(task).options(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries,
-                                          retry_exceptions=False)
+        remote = ray.remote(task).options(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, retry_exceptions=False)
         pending = {remote.remote(dict(spec, threads=cpus)): spec for spec in specs}
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)

@@ -17,8 +17,13 @@ from matplotlib.figure import Figure
 from .. import new_figure
 from ._common import as_array as _arr
 
-def plot_correlation_curves(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, title: str | None = None,
-                            threshold: float | None = 0.99) -> Figure:
+
+def plot_correlation_curves(
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    *,
+    title: str | None = None,
+    threshold: float | None = 0.99,
+) -> Figure:
     """One line per ``label: (iterations, correlations)``; optional dashed threshold line."""
     if not curves:
         raise ValueError("curves: expected at least one (iterations, correlations) pair")
@@ -62,8 +67,9 @@ def plot_global_frequency(rows: Sequence[Mapping[str, Any]], *, x: str = "d", ti
     return fig
 
 
-def plot_rank(rows: Sequence[Mapping[str, Any]], *, x: str = "n", series: str = "m", value: str = "rank",
-              title: str | None = None) -> Figure:
+def plot_rank(
+    rows: Sequence[Mapping[str, Any]], *, x: str = "n", series: str = "m", value: str = "rank", title: str | None = None
+) -> Figure:
     """``value`` against ``x``, one line per ``series`` value (e.g. rank of the KQ solution vs n for each m)."""
     if not rows:
         raise ValueError("rows: expected at least one row")
@@ -90,9 +96,17 @@ def plot_gen_svm(rows: Sequence[Mapping[str, Any]], *, title: str | None = None)
     fig = new_figure(6.4, 4.2)
     ax = fig.add_subplot()
     idx = np.arange(len(rows))
-    ax.bar(idx, [r["correlation"] for r in rows], color="tab:blue", alpha=0.7, label=r"corr$(W_{GD}, W_{fin}+R\,W_{dir})$")
-    ax.bar(idx, [r.get("direction_correlation", np.nan) for r in rows], width=0.4, color="tab:orange", alpha=0.8,
-           label=r"corr$(W_{GD}-W_{fin}, W_{dir})$")
+    ax.bar(
+        idx, [r["correlation"] for r in rows], color="tab:blue", alpha=0.7, label=r"corr$(W_{GD}, W_{fin}+R\,W_{dir})$"
+    )
+    ax.bar(
+        idx,
+        [r.get("direction_correlation", np.nan) for r in rows],
+        width=0.4,
+        color="tab:orange",
+        alpha=0.8,
+        label=r"corr$(W_{GD}-W_{fin}, W_{dir})$",
+    )
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("run")
     ax.set_ylabel("correlation")

@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 from .. import new_figure
 from ._common import as_array as _arr
 
+
 def _hist_range(*arrays: np.ndarray) -> tuple[float, float] | None:
     """A histogram range covering the finite values, widened when they (nearly) coincide so the bins have width."""
     values = np.concatenate([a[np.isfinite(a)] for a in arrays]) if arrays else np.empty(0)

@@ -34,7 +34,15 @@ def plot_trajectories(res: dict) -> Figure:
         c = _COLORS[i]
         for t in range(X.shape[1]):
             star = t == res["optimal"][i]
-            ax.scatter(X[i, t, 0], X[i, t, 1], marker="*" if star else "o", s=160 if star else 50, color=c, edgecolors="k", zorder=3)
+            ax.scatter(
+                X[i, t, 0],
+                X[i, t, 1],
+                marker="*" if star else "o",
+                s=160 if star else 50,
+                color=c,
+                edgecolors="k",
+                zorder=3,
+            )
         for norm, ls in (("fro", "-"), ("nuc", "--")):
             u = as_array(res["svm_directions"][norm][i])
             u = u / np.linalg.norm(u)
@@ -46,8 +54,11 @@ def plot_trajectories(res: dict) -> Figure:
     ax.set_aspect("equal", adjustable="datalim")  # equal scales, the axes fill the figure
     ax.grid(alpha=0.3)
     fc = res["final_correlation"]
-    ax.set_title(f"GD paths (W solid, KQ dashed; scaled) vs SVM directions\ncorr(W, W_mm) = {fc['W_vs_fro']:.4f}, "
-                 f"corr(KQᵀ, W⋆_mm) = {fc['KQ_vs_nuc']:.4f}", fontsize=9)
+    ax.set_title(
+        f"GD paths (W solid, KQ dashed; scaled) vs SVM directions\ncorr(W, W_mm) = {fc['W_vs_fro']:.4f}, "
+        f"corr(KQᵀ, W⋆_mm) = {fc['KQ_vs_nuc']:.4f}",
+        fontsize=9,
+    )
     return fig
 
 
@@ -65,7 +76,12 @@ def plot_local(res: dict) -> Figure:
         for norm, cc in (("fro", "tab:blue"), ("nuc", "tab:red")):
             if e.get(f"corr_{norm}"):
                 m, sd = as_array(e[f"corr_{norm}"]["mean"]), as_array(e[f"corr_{norm}"]["std"])
-                ax.plot(s, m, color=cc, label=r"$W^{mm}_{\alpha}$ (Frobenius)" if norm == "fro" else r"$W^{mm}_{\star,\alpha}$ (nuclear)")
+                ax.plot(
+                    s,
+                    m,
+                    color=cc,
+                    label=r"$W^{mm}_{\alpha}$ (Frobenius)" if norm == "fro" else r"$W^{mm}_{\star,\alpha}$ (nuclear)",
+                )
                 ax.fill_between(s, m - sd, m + sd, color=cc, alpha=0.15)
         ax.set_title(f"{param}-parameterization", fontsize=9)
         ax.set_ylim(0, 1.05)
@@ -96,7 +112,9 @@ def plot_convergence(res: dict, param: str = "W") -> Figure:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
     s = res["settings"]
-    ax.set_title(f"{param}-parameterization: convergence vs d (n={s['n']}, T={s['T']}, {s['runs']} runs per d)", fontsize=9)
+    ax.set_title(
+        f"{param}-parameterization: convergence vs d (n={s['n']}, T={s['T']}, {s['runs']} runs per d)", fontsize=9
+    )
     return fig
 
 
@@ -107,8 +125,15 @@ def plot_margins(res: dict) -> Figure:
     for kind, c, mk in (("global", "tab:red", "o"), ("local", "tab:blue", "s"), ("undetermined", "tab:gray", "x")):
         runs = [r for r in res["runs"] if r["kind"] == kind]
         if runs:
-            ax.scatter([r["global_margin"] for r in runs], [r["selected_margin"] for r in runs], s=12, color=c, marker=mk,
-                       label=f"{kind} ({len(runs)})", alpha=0.7)
+            ax.scatter(
+                [r["global_margin"] for r in runs],
+                [r["selected_margin"] for r in runs],
+                s=12,
+                color=c,
+                marker=mk,
+                label=f"{kind} ({len(runs)})",
+                alpha=0.7,
+            )
     lim = max([r["selected_margin"] for r in res["runs"]] + [r["global_margin"] for r in res["runs"]] + [1e-3])
     ax.plot([0, lim], [0, lim], color="k", lw=0.8, ls="--")
     ax.set_xlabel("margin 1/‖W_mm‖ of the optimal tokens (0 = infeasible)")
@@ -125,7 +150,13 @@ def plot_rank_m(res: dict) -> Figure:
     m = [r["m"] for r in rows]
     fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
-    ax.errorbar(m, [r["correlation_mean"] for r in rows], yerr=[r["correlation_std"] or 0 for r in rows], marker="o", label="corr(KQᵀ, W⋆_mm)")
+    ax.errorbar(
+        m,
+        [r["correlation_mean"] for r in rows],
+        yerr=[r["correlation_std"] or 0 for r in rows],
+        marker="o",
+        label="corr(KQᵀ, W⋆_mm)",
+    )
     ax.set_xlabel("m")
     ax.set_ylabel("correlation")
     ax.set_ylim(0, 1.05)
@@ -167,7 +198,14 @@ def plot_nonlinear(res: dict) -> Figure:
     labels = {"svm_eq": r"$W^{SVMeq}$", "gen_svm": r"$W^{mm}$ (Gen-SVM)", "one_token": r"$W^{1token}$"}
     for ax, r in zip(axes, rows):
         for key, ls in (("svm_eq", "-"), ("gen_svm", ":"), ("one_token", "--")):
-            ax.plot(r["steps"], np.maximum(1 - as_array(r["mean_correlation"][key]), 1e-16), ls=ls, marker="o", ms=3, label=labels[key])
+            ax.plot(
+                r["steps"],
+                np.maximum(1 - as_array(r["mean_correlation"][key]), 1e-16),
+                ls=ls,
+                marker="o",
+                ms=3,
+                label=labels[key],
+            )
         ax.set_yscale("log")
         ax.set_title(f"d = {r['d']} ({r['kept']} runs)", fontsize=9)
         ax.set_xlabel("iteration")
@@ -206,8 +244,13 @@ def plot_multitoken_lambda(res: dict) -> Figure:
     ax.set_xlabel("λ")
     ax.set_ylabel("selected tokens per input")
     ax2 = ax.twinx()
-    ax2.plot(lam, [r["correlation_mean"] if r["correlation_mean"] is not None else np.nan for r in rows], "d:", color="tab:red",
-             label="corr(W, SVM equivalence)")
+    ax2.plot(
+        lam,
+        [r["correlation_mean"] if r["correlation_mean"] is not None else np.nan for r in rows],
+        "d:",
+        color="tab:red",
+        label="corr(W, SVM equivalence)",
+    )
     ax2.set_ylim(0, 1.05)
     ax2.set_ylabel("correlation")
     h1, l1 = ax.get_legend_handles_labels()

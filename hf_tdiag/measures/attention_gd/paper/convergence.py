@@ -22,12 +22,16 @@ from ..verdicts import all_support, convergence_verdict, initial_gradient_separa
 __all__ = ["run_convergence", "gamma_filtered_instances"]
 
 
-def gamma_filtered_instances(n: int, T: int, d: int, runs: int, gamma: float, *, base_seed: int = 0, max_tries: int = 100000):
+def gamma_filtered_instances(
+    n: int, T: int, d: int, runs: int, gamma: float, *, base_seed: int = 0, max_tries: int = 100000
+):
     """The first ``runs`` instances (seeds ``base_seed, base_seed + 1, …``) passing the γ filter, and the seeds tried."""
     kept, seed = [], base_seed
     while len(kept) < runs:
         if seed - base_seed >= max_tries:
-            raise ValueError(f"gamma: fewer than {runs} of {max_tries} instances pass the γ = {gamma} filter at n={n}, T={T}")
+            raise ValueError(
+                f"gamma: fewer than {runs} of {max_tries} instances pass the γ = {gamma} filter at n={n}, T={T}"
+            )
         data = make_attention_data(n, T, d, seed=seed)
         if passes_gap_filter(data, gamma):
             kept.append(data)
@@ -49,15 +53,30 @@ def _run_d(cfg: dict, d: int, progress: bool) -> dict:
     row["global_svm_feasible"] = sum(s.feasible for s in glob) / len(glob)
     runs = []
     for param, norm in (("W", "fro"), ("KQ", "nuc")):
-        gd = train_attention_batch(data, param=param, steps=cfg["steps"], lr=cfg["lr"], init_scale=cfg["kq_init_scale"],
-                                   seed=d, record_every=cfg["steps"], progress=progress)
+        gd = train_attention_batch(
+            data,
+            param=param,
+            steps=cfg["steps"],
+            lr=cfg["lr"],
+            init_scale=cfg["kq_init_scale"],
+            seed=d,
+            record_every=cfg["steps"],
+            progress=progress,
+        )
         verdicts = _verdicts(data, gd.W, norm, cfg["threshold"])
         kinds = [v.kind for v in verdicts]
         row[param] = {k: kinds.count(k) / len(kinds) for k in ("global", "local", "undetermined")}
         row[param]["selects_optimal"] = sum(bool(torch.equal(v.selected, v.optimal)) for v in verdicts) / len(verdicts)
         if param == "W":
-            runs = [{"kind": v.kind, "global_margin": glob[r].margin, "selected_margin": v.svm.margin,
-                     "correlation": v.correlation} for r, v in enumerate(verdicts)]
+            runs = [
+                {
+                    "kind": v.kind,
+                    "global_margin": glob[r].margin,
+                    "selected_margin": v.svm.margin,
+                    "correlation": v.correlation,
+                }
+                for r, v in enumerate(verdicts)
+            ]
     row["margins"] = _margin_summary(runs)
     return row, runs
 
@@ -67,10 +86,15 @@ def _margin_summary(runs: list[dict]) -> dict:
     out = {}
     for kind in ("global", "local", "undetermined"):
         sel = [r for r in runs if r["kind"] == kind]
-        out[kind] = {"runs": len(sel), "mean_global_margin": sum(r["global_margin"] for r in sel) / len(sel) if sel else None,
-                     "mean_selected_margin": sum(r["selected_margin"] for r in sel) / len(sel) if sel else None}
+        out[kind] = {
+            "runs": len(sel),
+            "mean_global_margin": sum(r["global_margin"] for r in sel) / len(sel) if sel else None,
+            "mean_selected_margin": sum(r["selected_margin"] for r in sel) / len(sel) if sel else None,
+        }
     local = [r for r in runs if r["kind"] == "local"]
-    out["local_margin_exceeds_global"] = sum(r["selected_margin"] > r["global_margin"] for r in local) / len(local) if local else None
+    out["local_margin_exceeds_global"] = (
+        sum(r["selected_margin"] > r["global_margin"] for r in local) / len(local) if local else None
+    )
     return out
 
 

@@ -39,14 +39,26 @@ def run_local(cfg: dict, progress: bool = False) -> dict:
     data = stack_data(make_attention_data(cfg["n"], cfg["T"], cfg["d"], seed=r) for r in range(cfg["runs"]))
     out = {"settings": dict(cfg), "params": {}}
     for param in ("W", "KQ"):
-        gd = train_attention_batch(data, param=param, steps=cfg["steps"], lr=cfg["lr"], init=cfg["init"], seed=1,
-                                   record_every=cfg["snapshot_every"], snapshot_every=cfg["snapshot_every"], progress=progress)
+        gd = train_attention_batch(
+            data,
+            param=param,
+            steps=cfg["steps"],
+            lr=cfg["lr"],
+            init=cfg["init"],
+            seed=1,
+            record_every=cfg["snapshot_every"],
+            snapshot_every=cfg["snapshot_every"],
+            progress=progress,
+        )
         probs = torch.softmax(torch.einsum("rntd,rde,rne->rnt", data.X, gd.W, data.z), -1)
         ids = probs.argmax(-1)
         refs = _svm_references(data, ids)
-        entry = {"steps": gd.snapshot_steps.tolist(), "max_prob": _curves(gd.max_prob),
-                 "selects_optimal": float((ids == data.optimal).all(-1).double().mean()),
-                 "final_max_prob_mean": float(gd.max_prob[:, -1].mean())}
+        entry = {
+            "steps": gd.snapshot_steps.tolist(),
+            "max_prob": _curves(gd.max_prob),
+            "selects_optimal": float((ids == data.optimal).all(-1).double().mean()),
+            "final_max_prob_mean": float(gd.max_prob[:, -1].mean()),
+        }
         for norm in ("fro", "nuc"):
             ok = [r for r, W in enumerate(refs[norm]) if W is not None]
             if not ok:
@@ -55,6 +67,10 @@ def run_local(cfg: dict, progress: bool = False) -> dict:
             ref = torch.stack([refs[norm][r] for r in ok])[:, None]
             corr = batched_correlation(gd.snapshots[ok], ref)  # (runs, steps)
             entry[f"corr_{norm}"] = _curves(corr)
-            entry[f"final_corr_{norm}"] = {"mean": float(corr[:, -1].mean()), "min": float(corr[:, -1].min()), "runs": len(ok)}
+            entry[f"final_corr_{norm}"] = {
+                "mean": float(corr[:, -1].mean()),
+                "min": float(corr[:, -1].min()),
+                "runs": len(ok),
+            }
         out["params"][param] = entry
     return out

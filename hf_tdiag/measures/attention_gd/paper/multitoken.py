@@ -50,8 +50,17 @@ def _fit_correlation(data, W: torch.Tensor, low: float, high: float):
 
 def _train_and_score(data, lam: float, cfg: dict, progress: bool, seed: int) -> dict:
     """Train ``runs`` instances with the λ head and summarise sizes, predictions and correlations."""
-    gd = train_attention_batch(data, param="W", steps=cfg["steps"], lr=cfg["lr"], init=cfg["init"], seed=seed,
-                               head=LambdaHead(data.v, lam), record_every=cfg["steps"], progress=progress)
+    gd = train_attention_batch(
+        data,
+        param="W",
+        steps=cfg["steps"],
+        lr=cfg["lr"],
+        init=cfg["init"],
+        seed=seed,
+        head=LambdaHead(data.v, lam),
+        record_every=cfg["steps"],
+        progress=progress,
+    )
     sizes, preds, corrs, dropped = [], [], [], 0
     for r in range(data.X.shape[0]):
         single = data.run(r)
@@ -63,17 +72,26 @@ def _train_and_score(data, lam: float, cfg: dict, progress: bool, seed: int) -> 
         else:
             corrs.append(corr)
     t = torch.tensor
-    return {"lam": lam, "mean_selected": float(t(sizes, dtype=torch.float64).mean()), "max_selected": max(sizes),
-            "predicted_mean_selected": float(t(preds, dtype=torch.float64).mean()),
-            "agreement_with_prediction": float((t(sizes) == t(preds)).double().mean()),
-            "correlation_mean": float(t(corrs, dtype=torch.float64).mean()) if corrs else None,
-            "correlation_min": min(corrs) if corrs else None, "kept": len(corrs), "dropped": dropped}
+    return {
+        "lam": lam,
+        "mean_selected": float(t(sizes, dtype=torch.float64).mean()),
+        "max_selected": max(sizes),
+        "predicted_mean_selected": float(t(preds, dtype=torch.float64).mean()),
+        "agreement_with_prediction": float((t(sizes) == t(preds)).double().mean()),
+        "correlation_mean": float(t(corrs, dtype=torch.float64).mean()) if corrs else None,
+        "correlation_min": min(corrs) if corrs else None,
+        "kept": len(corrs),
+        "dropped": dropped,
+    }
 
 
 def run_multitoken_lambda(cfg: dict, progress: bool = False) -> dict:
     """Fig. 10: selected-set size and SVM-equivalence correlation vs λ."""
     data = stack_data(make_orthonormal_data(cfg["n"], cfg["T"], cfg["d"], seed=r) for r in range(cfg["runs"]))
-    return {"settings": dict(cfg), "rows": [_train_and_score(data, lam, cfg, progress, seed=i) for i, lam in enumerate(cfg["lam"])]}
+    return {
+        "settings": dict(cfg),
+        "rows": [_train_and_score(data, lam, cfg, progress, seed=i) for i, lam in enumerate(cfg["lam"])],
+    }
 
 
 def _planted_scores(n: int, T: int, tau: int, top, rest, g) -> torch.Tensor:
@@ -89,8 +107,16 @@ def run_multitoken_tau(cfg: dict, progress: bool = False) -> dict:
     rows = []
     for tau in cfg["tau"]:
         g = torch.Generator().manual_seed(tau)
-        data = stack_data(make_orthonormal_data(cfg["n"], cfg["T"], cfg["d"], _planted_scores(cfg["n"], cfg["T"], tau, cfg["top"], cfg["rest"], g), seed=r)
-                          for r in range(cfg["runs"]))
+        data = stack_data(
+            make_orthonormal_data(
+                cfg["n"],
+                cfg["T"],
+                cfg["d"],
+                _planted_scores(cfg["n"], cfg["T"], tau, cfg["top"], cfg["rest"], g),
+                seed=r,
+            )
+            for r in range(cfg["runs"])
+        )
         for lam in cfg["lam"]:
             row = _train_and_score(data, lam, cfg, progress, seed=tau)
             row["tau"] = tau

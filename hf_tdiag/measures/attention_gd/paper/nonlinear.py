@@ -28,9 +28,18 @@ def _chunk(cfg: dict, d: int, seeds: list[int], progress: bool):
     pairs = [make_relu_head_data(cfg["n"], cfg["T"], d, seed=s) for s in seeds]
     data = stack_data(p[0] for p in pairs)
     head = ReLUHead(torch.stack([p[1] for p in pairs]))
-    gd = train_attention_batch(data, param="W", steps=cfg["steps"], lr=cfg["lr"], init=cfg["init"], head=head,
-                               seed=seeds[0], record_every=cfg["record_every"], snapshot_every=cfg["record_every"],
-                               progress=progress)
+    gd = train_attention_batch(
+        data,
+        param="W",
+        steps=cfg["steps"],
+        lr=cfg["lr"],
+        init=cfg["init"],
+        head=head,
+        seed=seeds[0],
+        record_every=cfg["record_every"],
+        snapshot_every=cfg["record_every"],
+        progress=progress,
+    )
     return data, gd
 
 
@@ -71,10 +80,24 @@ def _run_d(cfg: dict, d: int, progress: bool) -> dict:
                 kept.append(rec)
             else:
                 dropped[reason] += 1
-    mean = {k: torch.tensor([r["curves"][k] for r in kept], dtype=torch.float64).mean(0).tolist() for k in ("svm_eq", "gen_svm", "one_token")} if kept else {}
-    return {"d": d, "kept": len(kept), "dropped": dropped, "steps": steps, "mean_correlation": mean,
-            "final_correlation": {k: [r["curves"][k][-1] for r in kept] for k in ("svm_eq", "gen_svm", "one_token")},
-            "Gamma": [r["Gamma"] for r in kept], "mean_selected": [r["mean_selected"] for r in kept]}
+    mean = (
+        {
+            k: torch.tensor([r["curves"][k] for r in kept], dtype=torch.float64).mean(0).tolist()
+            for k in ("svm_eq", "gen_svm", "one_token")
+        }
+        if kept
+        else {}
+    )
+    return {
+        "d": d,
+        "kept": len(kept),
+        "dropped": dropped,
+        "steps": steps,
+        "mean_correlation": mean,
+        "final_correlation": {k: [r["curves"][k][-1] for r in kept] for k in ("svm_eq", "gen_svm", "one_token")},
+        "Gamma": [r["Gamma"] for r in kept],
+        "mean_selected": [r["mean_selected"] for r in kept],
+    }
 
 
 def run_nonlinear(cfg: dict, progress: bool = False) -> dict:

@@ -27,8 +27,17 @@ def run_rank_m(cfg: dict, progress: bool = False) -> dict:
     cache: dict[tuple, torch.Tensor | None] = {}
     rows = []
     for m in cfg["m"]:
-        gd = train_attention_batch(data, param="KQ", m=m, steps=cfg["steps"], lr=cfg["lr"], init_scale=cfg["kq_init_scale"],
-                                   seed=m, record_every=cfg["steps"], progress=progress)
+        gd = train_attention_batch(
+            data,
+            param="KQ",
+            m=m,
+            steps=cfg["steps"],
+            lr=cfg["lr"],
+            init_scale=cfg["kq_init_scale"],
+            seed=m,
+            record_every=cfg["steps"],
+            progress=progress,
+        )
         ids = torch.einsum("rntd,rde,rne->rnt", data.X, gd.W, data.z).argmax(-1)
         corrs, ranks, svm_ranks = [], [], []
         for r in range(ids.shape[0]):
@@ -41,8 +50,16 @@ def run_rank_m(cfg: dict, progress: bool = False) -> dict:
                 corrs.append(float(batched_correlation(gd.W[r], cache[key])))
                 svm_ranks.append(numerical_rank(cache[key]))
         mc, sc = mean_std(corrs)
-        rows.append({"m": m, "correlation_mean": mc, "correlation_std": sc, "rank_mean": mean_std(ranks)[0],
-                     "svm_rank_mean": mean_std(svm_ranks)[0], "feasible_runs": len(corrs)})
+        rows.append(
+            {
+                "m": m,
+                "correlation_mean": mc,
+                "correlation_std": sc,
+                "rank_mean": mean_std(ranks)[0],
+                "svm_rank_mean": mean_std(svm_ranks)[0],
+                "feasible_runs": len(corrs),
+            }
+        )
     return {"settings": dict(cfg), "rows": rows}
 
 
@@ -70,6 +87,15 @@ def run_svm_rank(cfg: dict, progress: bool = False) -> dict:
     for n, T in configs:
         for d in cfg["d"]:
             fro_r, nuc_r, tried = _feasible_ranks(n, T, d, cfg["runs"], cfg["rank_tol"], cfg.get("max_tries", 500))
-            rows.append({"n": n, "T": T, "d": d, "feasible": len(fro_r), "tried": tried,
-                         "rank_fro": mean_std(fro_r)[0], "rank_nuc": mean_std(nuc_r)[0]})
+            rows.append(
+                {
+                    "n": n,
+                    "T": T,
+                    "d": d,
+                    "feasible": len(fro_r),
+                    "tried": tried,
+                    "rank_fro": mean_std(fro_r)[0],
+                    "rank_nuc": mean_std(nuc_r)[0],
+                }
+            )
     return {"settings": dict(cfg), "rows": rows}
