@@ -152,3 +152,43 @@ def test_study_killed_mid_run_continues_and_loses_nothing(tmp_path, tiny_study):
         )
         for m in ("l2", "srr_mean", "sharpness_mag", "pacbayes_flatness"):
             assert rec["measures"][m] == pytest.approx(ref["measures"][m], rel=1e-5, abs=1e-7), m
+
+
+def test_srr_generalization_recipe_equals_the_cli_from_the_cache(tmp_path, tiny_study):
+    """``recipes/srr_generalization.py`` as a user runs it, with the CLI's finished runs in its cache: same table."""
+    cli_out, cli_summary, _, _ = tiny_study
+    out = tmp_path / "recipe"
+    (out / "runs").mkdir(parents=True)
+    for name, data in _runs(cli_out).items():
+        (out / "runs" / name).write_bytes(data)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    recipe = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(root, "recipes", "srr_generalization.py"),
+            "--grid",
+            "tiny",
+            "--output_dir",
+            str(out),
+            "--threads",
+            "1",
+            "--max_examples",
+            "128",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")},
+    )
+    assert recipe.returncode == 0, recipe.stderr[-3000:]
+    # every run came from the cache: nothing was trained again, the cached records are untouched
+    assert "study tiny: 4/4 runs finished (4 from the cache)" in recipe.stdout
+    assert _runs(out) == _runs(cli_out)
+    table = json.loads((out / "table.json").read_text())
+    # value by value; only the cache count differs (the CLI trained all four runs, the recipe none)
+    assert cli_summary["cached"] == 0 and table["cached"] == 4
+    assert set(table) == set(cli_summary)
+    for key in cli_summary:
+        if key != "cached":
+            assert table[key] == cli_summary[key], key
+    assert table["table"] and table["table_error_gap"] and table["markdown"]
