@@ -8,12 +8,13 @@ import json
 import math
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
 import hf_tdiag
 from hf_tdiag.cli import main as cli_main
-from hf_tdiag.measures import coding_rate
+from hf_tdiag.measures import coding_rate, schatten
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification, CrateImageProcessor
 
 
@@ -96,6 +97,50 @@ def test_config_values_are_validated(overrides, error, named):
 def test_from_preset_still_takes_pretrained_config_keywords():
     config = CrateConfig.from_preset("crate-digits", num_labels=3, output_attentions=True)
     assert config.num_labels == 3 and config.output_attentions
+
+
+# ----------------------------------------------------------------------------------------- Schatten indices p
+
+SIGMA = [3.0, 2.0, 1.0]
+P_CALLS = {  # each function of measures/schatten.py that takes a Schatten index p (or a list of them, ps)
+    "schatten_power": lambda p: schatten.schatten_power(SIGMA, p),
+    "schatten_powers": lambda ps: schatten.schatten_powers(SIGMA, ps),
+    "contributions": lambda ps: schatten.contributions(torch.ones(len(ps)), ps, 1.0, 1.0, 1, 4),
+    "flip_factors": lambda ps: schatten.flip_factors(torch.ones(len(ps)), ps, 1.0, 4),
+    "optimal_contribution": lambda ps: schatten.optimal_contribution(torch.ones(len(ps)), ps),
+}
+PS = "ps: expected Schatten indices p, finite numbers >= 0 (p = 0 counts the rank), got"
+P_CASES = [
+    ("schatten_power", "x", TypeError, "p: expected a finite number >= 0, got 'x'"),
+    ("schatten_power", "2", TypeError, "p: expected a finite number >= 0, got '2'"),
+    ("schatten_power", None, TypeError, "p: expected a finite number >= 0, got None"),
+    ("schatten_power", True, TypeError, "p: expected a finite number >= 0, got True"),
+    ("schatten_power", [2.0], TypeError, "p: expected a finite number >= 0, got [2.0]"),
+    ("schatten_power", math.nan, ValueError, "p: expected a finite number >= 0, got nan"),
+    ("schatten_power", math.inf, ValueError, "p: expected a finite number >= 0, got inf"),
+    ("schatten_power", -0.5, ValueError, "p: expected a finite number >= 0, got -0.5"),
+    ("schatten_powers", ["x"], TypeError, f"{PS} ['x']"),
+    ("schatten_powers", [1.0, True], TypeError, f"{PS} [1.0, True]"),
+    ("schatten_powers", [1.0, math.nan], ValueError, f"{PS} nan at index (1,)"),
+    ("schatten_powers", [0.0, 1.0, -2.0], ValueError, f"{PS} -2.0 at index (2,)"),
+    ("contributions", [0.5, -1.0], ValueError, f"{PS} -1.0 at index (1,)"),
+    ("flip_factors", [math.inf], ValueError, f"{PS} inf at index (0,)"),
+    ("optimal_contribution", ["0.5"], TypeError, f"{PS} ['0.5']"),
+]
+
+
+@pytest.mark.parametrize("function, p, error, named", P_CASES, ids=[f"{c[0]}-{c[1]!r}" for c in P_CASES])
+def test_schatten_index_p_is_named_with_its_value(function, p, error, named):
+    with pytest.raises(error) as info:
+        P_CALLS[function](p)
+    assert named in str(info.value)
+
+
+def test_schatten_index_p_boundaries_are_accepted():
+    # p = 0 counts the rank (the paper's grid starts there); one index in a 0-d tensor or array is a number
+    assert float(schatten.schatten_power(SIGMA, 0)) == 3.0
+    assert float(schatten.schatten_power(SIGMA, torch.tensor(2.0))) == 14.0
+    assert float(schatten.schatten_power(SIGMA, np.float32(1.0))) == 6.0
 
 
 def test_config_json_with_bad_values_is_named(folders):

@@ -37,8 +37,8 @@ GRAM_MIN_RATIO = 1e-6
 # ----------------------------------------------------------------------------- validation
 
 
-def _tensor(x, name: str, *, min_dim: int = 0) -> torch.Tensor:
-    """Convert ``x`` to a float64 tensor (same device), rejecting non-numeric, NaN and inf inputs."""
+def _tensor(x, name: str, *, min_dim: int = 0, finite: bool = True) -> torch.Tensor:
+    """Convert ``x`` to a float64 tensor (same device), rejecting non-numeric inputs and (``finite``) NaN and inf."""
     if isinstance(x, torch.Tensor):
         t = x.detach()
     elif isinstance(x, (np.ndarray, list, tuple, float, int)) and not isinstance(x, bool):
@@ -53,15 +53,25 @@ def _tensor(x, name: str, *, min_dim: int = 0) -> torch.Tensor:
     if t.dim() < min_dim:
         raise ValueError(f"{name}: expected at least {min_dim} dimension(s), got shape {tuple(t.shape)}")
     t = t.to(torch.float64)
-    if not all_finite(t):
+    if finite and not all_finite(t):
         raise ValueError(f"{name}: contains NaN or inf values (shape {tuple(t.shape)})")
     return t
 
 
-def _p_values(ps, name: str = "p") -> torch.Tensor:
-    t = _tensor(ps, name)
-    if bool((t < 0).any()):
-        raise ValueError(f"{name}: Schatten indices must be >= 0, got min {float(t.min())}")
+_P_EXPECTED = "Schatten indices p, finite numbers >= 0 (p = 0 counts the rank)"
+
+
+def _p_values(ps, name: str = "ps") -> torch.Tensor:
+    """Schatten indices as float64; a string, a bool, NaN, inf or a negative index is named with its value."""
+    items = ps if isinstance(ps, (list, tuple)) else [ps]
+    if any(isinstance(v, (str, bytes, bool)) for v in items):
+        raise TypeError(f"{name}: expected {_P_EXPECTED}, got {ps!r}")
+    t = _tensor(ps, name, finite=False)
+    bad = ~torch.isfinite(t) | (t < 0)
+    if bool(bad.any()):
+        value = float(t[bad].reshape(-1)[0])
+        where = f" at index {tuple(int(i) for i in bad.nonzero()[0])}" if t.dim() else ""
+        raise ValueError(f"{name}: expected {_P_EXPECTED}, got {value!r}{where}")
     return t
 
 
@@ -242,7 +252,9 @@ def schatten_powers(sigma, ps, full_dim: int | None = None, rank_tol: float = DE
 
 def schatten_power(sigma, p: float, full_dim: int | None = None, rank_tol: float = DEFAULT_RANK_TOL) -> torch.Tensor:
     """S_p(W) = Σ_{σᵢ>τ} σᵢᵖ for p > 0 and #{σᵢ > τ} for p = 0; shape ``(...,)``."""
-    return schatten_powers(sigma, [float(p)], full_dim, rank_tol)[..., 0]
+    if isinstance(p, (torch.Tensor, np.ndarray)) and p.ndim == 0:
+        p = p.item()  # one index held in a 0-d tensor or array
+    return schatten_powers(sigma, [real(p, "p", low=0)], full_dim, rank_tol)[..., 0]
 
 
 def numerical_rank(sigma, full_dim: int | None = None, rank_tol: float = DEFAULT_RANK_TOL) -> torch.Tensor:
