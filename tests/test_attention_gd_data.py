@@ -41,8 +41,8 @@ def _dtypes(data: AttentionData) -> list:
     return [data.X.dtype, data.z.dtype, data.v.dtype, data.Y.dtype]
 
 
-def _unit_rows(t: torch.Tensor) -> bool:
-    return bool(np.allclose(np.linalg.norm(t.numpy(), axis=-1), 1.0, atol=1e-12))
+def _unit_rows(t: torch.Tensor, atol: float = 1e-12) -> bool:
+    return bool(np.allclose(np.linalg.norm(t.numpy(), axis=-1), 1.0, rtol=0, atol=atol))
 
 
 def _naive_gap(X, v, Y) -> float:
@@ -194,7 +194,7 @@ def test_trajectory_data_is_fig2_setting():
     _assert_same(data, make_trajectory_data(seed=1, T=3, noise=0.3))  # the paper's defaults
     assert tuple(data.X.shape) == (2, 3, 2) and tuple(data.z.shape) == (2, 2) and tuple(data.v.shape) == (2,)
     assert _dtypes(data) == [F64] * 4 and data.Y.tolist() == [1.0, 1.0]
-    assert _unit_rows(data.v) and _unit_rows(data.z)
+    assert _unit_rows(data.v, 1e-6) and _unit_rows(data.z, 1e-6)  # normalised in float32
     assert tuple(make_trajectory_data(T=2).X.shape) == (2, 2, 2)
     with pytest.raises(ValueError, match=r"^T: expected an integer ≥ 2"):
         make_trajectory_data(T=1)
@@ -231,11 +231,11 @@ def test_relu_head_data_shapes_norms_labels_and_head():
     assert tuple(data.X.shape) == (60, 1, 4) and tuple(data.z.shape) == (60, 4) and tuple(V.shape) == (4, 4)
     assert _dtypes(data) == [F64] * 4 and V.dtype == F64
     assert np.linalg.norm(V.numpy()) == pytest.approx(1.0, abs=1e-6)
-    assert _unit_rows(data.z) and np.allclose(np.linalg.norm(data.X.numpy(), axis=-1), 1.0, atol=1e-6)
+    assert _unit_rows(data.z, 1e-6) and _unit_rows(data.X, 1e-6)  # normalised in float32
     assert set(data.Y.tolist()) == {-1.0, 1.0}
-    assert np.allclose(data.v.numpy(), np.full(4, 0.5), atol=1e-7)  # v = 1/√d
+    assert np.allclose(data.v.numpy(), np.full(4, 0.5), rtol=0, atol=1e-7)  # v = 1/√d
     _, V9 = make_relu_head_data(2, 3, 9)
-    assert np.allclose(make_relu_head_data(2, 3, 9)[0].v.numpy(), np.full(9, 1 / 3), atol=1e-7)
+    assert np.allclose(make_relu_head_data(2, 3, 9)[0].v.numpy(), np.full(9, 1 / 3), rtol=0, atol=1e-7)
     d0, V0 = make_relu_head_data(2, 3, 9, seed=0)
     _assert_same(make_relu_head_data(2, 3, 9)[0], d0)  # the default seed is 0
     assert torch.equal(V9, V0)
@@ -280,7 +280,7 @@ def test_orthonormal_data_random_tokens():
     assert _dtypes(data) == [F64] * 4 and data.Y.tolist() == [1.0] * 3
     for i in range(3):
         x = data.X[i].numpy()
-        assert np.allclose(x @ x.T, np.eye(2), atol=1e-12)
+        assert np.allclose(x @ x.T, np.eye(2), rtol=0, atol=1e-12)
     assert _unit_rows(data.v) and _unit_rows(data.z)
     _assert_same(data, make_orthonormal_data(3, 2, 4, seed=1))
     assert _differ(data, make_orthonormal_data(3, 2, 4, seed=2)) and not torch.equal(
@@ -294,9 +294,9 @@ def test_orthonormal_data_planted_scores_are_realised_in_orthogonal_blocks():
     data = make_orthonormal_data(2, 3, 7, scores, seed=3)
     assert _dtypes(data) == [F64] * 4 and data.Y.dtype == F64 and data.Y.tolist() == [1.0, 1.0]
     blocks = data.X.reshape(6, 7).numpy()
-    assert np.allclose(blocks @ blocks.T, np.eye(6), atol=1e-12)  # all six tokens mutually orthonormal
+    assert np.allclose(blocks @ blocks.T, np.eye(6), rtol=0, atol=1e-12)  # all six tokens mutually orthonormal
     naive = np.array([[float(data.v @ data.X[i, t]) for t in range(3)] for i in range(2)])
-    assert np.allclose(naive, scores.double().numpy(), atol=1e-12)
+    assert np.allclose(naive, scores.double().numpy(), rtol=0, atol=1e-12)
     assert _unit_rows(data.z)
     _assert_same(data, make_orthonormal_data(2, 3, 7, scores, seed=3))
     other = make_orthonormal_data(2, 3, 7, scores, seed=4)
@@ -335,7 +335,7 @@ def test_planted_local_instance_defaults_and_shapes():
         data, local = make_planted_local_instance(n, d, seed=1)
         assert tuple(data.X.shape) == (n, 3, d) and tuple(data.z.shape) == (n, d) and local.tolist() == [1] * n
         z = data.z.numpy()
-        assert np.allclose(z @ z.T, np.eye(n), atol=1e-12)
+        assert np.allclose(z @ z.T, np.eye(n), rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match=r"^n: expected an integer ≥ 1"):
         make_planted_local_instance(0, 4)
     with pytest.raises(ValueError, match=r"^d: the planted instance needs d ≥ n \+ 2 = 5, got 4"):
@@ -364,11 +364,11 @@ def test_planted_local_instance_without_jitter_is_the_hand_built_plane():
     for i in range(3):
         assert torch.equal(data.X[i], data.X[0])
     e1, e2 = x1.numpy(), x2.numpy()
-    assert np.allclose([e1 @ e1, e2 @ e2, e1 @ e2], [1.0, 1.0, 0.0], atol=1e-12)
-    assert np.allclose(x0.numpy(), -0.6 * e1 + 0.8 * e2, atol=1e-12)
+    assert np.allclose([e1 @ e1, e2 @ e2, e1 @ e2], [1.0, 1.0, 0.0], rtol=0, atol=1e-12)
+    assert np.allclose(x0.numpy(), -0.6 * e1 + 0.8 * e2, rtol=0, atol=1e-12)
     v = -e1 - 1.5 * e2
-    assert np.allclose(data.v.numpy(), v / np.linalg.norm(v), atol=1e-12)
-    assert np.allclose(data.z.numpy() @ np.stack([e1, e2]).T, 0.0, atol=1e-12)  # queries ⟂ the plane
+    assert np.allclose(data.v.numpy(), v / np.linalg.norm(v), rtol=0, atol=1e-12)
+    assert np.allclose(data.z.numpy() @ np.stack([e1, e2]).T, 0.0, rtol=0, atol=1e-12)  # queries ⟂ the plane
     margin, _ = _one_support_margin(x0, x1, x2)
     assert margin == pytest.approx(1.2, abs=1e-12)
     scores = [float(x @ data.v) for x in (x0, x1, x2)]
