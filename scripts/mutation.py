@@ -32,6 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EQUIVALENT = ROOT / "scripts" / "mutation_equivalent.txt"
+# the argument checks' conditions are mutated too (their raise lines are not): every module's selection includes the
+# bad-input tests, which call each public function with each kind of bad argument
+ALWAYS = ["tests/test_bad_inputs.py"]
 KILLED = {1, 3, 37}
 TIMEOUT = {36, -24, 24, 152, 255}
 SURVIVED = {0}
@@ -62,15 +65,16 @@ def modules_of(target: str, packages: list[str]) -> list[str]:
 
 def tests_for(module: str, mapping: dict[str, list[str]]) -> list[str]:
     """The module's test files: the pyproject map's entry (longest matching prefix; globs allowed), else every test
-    file that names the module (``hf_tdiag.x.y`` or ``from hf_tdiag.x import ... y``)."""
+    file that names the module (``hf_tdiag.x.y`` or ``from hf_tdiag.x import ... y``); plus ``ALWAYS``."""
     best = max((k for k in mapping if module == k or module.startswith(k.rstrip("*"))), key=len, default=None)
     if best is not None:
-        return sorted({p.relative_to(ROOT).as_posix() for g in mapping[best] for p in ROOT.glob(g)})
+        return sorted({p.relative_to(ROOT).as_posix() for g in mapping[best] + ALWAYS for p in ROOT.glob(g)})
     dotted = module[:-3].replace("/", ".").removesuffix(".__init__")
     parent, name = dotted.rsplit(".", 1)
     pattern = re.compile(rf"{re.escape(dotted)}\b|from {re.escape(parent)} import[^\n]*\b{name}\b")
     return sorted(
-        p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py") if pattern.search(p.read_text())
+        {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py") if pattern.search(p.read_text())}
+        | set(ALWAYS)
     )
 
 
