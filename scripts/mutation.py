@@ -20,6 +20,7 @@ Survivors that cannot be killed because the mutant computes the same thing are l
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
 import re
@@ -101,7 +102,13 @@ def write_pyproject(work: Path, tool: dict, module: str, tests: list[str]) -> No
 
 
 def sync_checkout(work: Path) -> None:
-    """Copy the checkout's files (tracked and untracked-not-ignored, mtimes kept) into the scratch folder."""
+    """Bring the scratch folder up to the checkout's files (tracked and untracked-not-ignored).
+
+    Only files whose content differs are copied, with a fresh mtime: mutmut regenerates a module's mutants (and
+    forgets their results) when the source is newer than its mutants, so an unchanged file must keep its old copy —
+    copying every file (or keeping the source's mtime, which a fresh worktree sets to the checkout time) would throw
+    the recorded results away. Files gone from the checkout are removed from the copies of hf_tdiag/, tests/, scripts/.
+    """
     listed = (
         subprocess.run(
             ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -111,15 +118,21 @@ def sync_checkout(work: Path) -> None:
         .stdout.decode()
         .split("\0")
     )
-    for folder in ("hf_tdiag", "tests", "scripts"):
-        shutil.rmtree(work / folder, ignore_errors=True)
+    wanted = set()
     for rel in filter(None, listed):
         src = ROOT / rel
         if rel == "pyproject.toml" or not src.is_file() or rel.startswith(("benchmarks/results", "docs/")):
             continue
         dst = work / rel
+        wanted.add(dst)
+        if dst.is_file() and filecmp.cmp(src, dst, shallow=False):
+            continue
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
+        shutil.copyfile(src, dst)
+    for folder in ("hf_tdiag", "tests", "scripts"):
+        for path in sorted((work / folder).rglob("*")) if (work / folder).is_dir() else []:
+            if path.is_file() and path not in wanted and "__pycache__" not in path.parts:
+                path.unlink()
 
 
 def equivalents() -> dict[str, str]:
