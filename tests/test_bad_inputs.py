@@ -15,6 +15,7 @@ import torch
 import hf_tdiag
 from hf_tdiag.cli import main as cli_main
 from hf_tdiag.measures import coding_rate, schatten
+from hf_tdiag.measures.concepts import SemiNMF
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification, CrateImageProcessor
 
 
@@ -141,6 +142,43 @@ def test_schatten_index_p_boundaries_are_accepted():
     assert float(schatten.schatten_power(SIGMA, 0)) == 3.0
     assert float(schatten.schatten_power(SIGMA, torch.tensor(2.0))) == 14.0
     assert float(schatten.schatten_power(SIGMA, np.float32(1.0))) == 6.0
+
+
+# ----------------------------------------------------------------------------------------- Semi-NMF concepts
+
+
+def _fitted(gram_weight=0.0):
+    torch.manual_seed(0)
+    return SemiNMF(2, gram_weight=gram_weight, max_iter=2, refine_iter=2).fit(torch.randn(3, 4, 5))
+
+
+MIN = "n_concepts: expected at most min(rows, d) = "
+SEMI_NMF_CASES = [
+    ("n_concepts 0", lambda: SemiNMF(0), ValueError, "n_concepts: expected a positive integer, got 0"),
+    ("gram_weight -1", lambda: SemiNMF(2, gram_weight=-1.0), ValueError, "gram_weight: expected a finite number"),
+    ("max_iter -1", lambda: SemiNMF(2, max_iter=-1), ValueError, "max_iter: expected an integer >= 0, got -1"),
+    ("refine_iter -1", lambda: SemiNMF(2, refine_iter=-1), ValueError, "refine_iter: expected an integer >= 0"),
+    ("init pca", lambda: SemiNMF(2, init="pca"), ValueError, "init: expected one of"),
+    ("dtype int64", lambda: SemiNMF(2, dtype=torch.int64), TypeError, "dtype: expected torch.float32, torch.float64"),
+    ("encode_tol 0", lambda: SemiNMF(2, encode_tol=0.0), ValueError, "encode_tol: expected a positive number, got 0.0"),
+    ("A 1-D", lambda: SemiNMF(2).fit(torch.randn(5)), ValueError, "A: expected shape"),
+    ("A zeros", lambda: SemiNMF(2).fit(torch.zeros(6, 4)), ValueError, "A: all activations are zero"),
+    ("k > d", lambda: SemiNMF(4).fit(torch.randn(8, 3)), ValueError, MIN + "min(8, 3) = 3"),
+    ("k > rows", lambda: SemiNMF(4).fit(torch.randn(3, 8)), ValueError, MIN + "min(3, 8) = 3"),
+    ("k > d, 3-D", lambda: SemiNMF(4).fit(torch.randn(2, 6, 3)), ValueError, MIN + "min(12, 3) = 3"),
+    ("gram rows", lambda: SemiNMF(2, gram_weight=0.5).fit(torch.randn(20, 6)), ValueError, "A: gram_weight > 0"),
+    ("not fitted", lambda: SemiNMF(2).transform(torch.randn(4, 5)), ValueError, "not fitted yet"),
+    ("transform d", lambda: _fitted().transform(torch.randn(4, 6)), ValueError, "A: expected 5 features"),
+    ("transform rows", lambda: _fitted(0.5).transform(torch.randn(4, 5)), ValueError, "A: gram_weight > 0 needs"),
+    ("inverse k", lambda: _fitted().inverse_transform(torch.rand(4, 3)), ValueError, "U: expected 2 concepts"),
+]
+
+
+@pytest.mark.parametrize("call, error, named", [c[1:] for c in SEMI_NMF_CASES], ids=[c[0] for c in SEMI_NMF_CASES])
+def test_semi_nmf_arguments_are_named(call, error, named):
+    with pytest.raises(error) as info:
+        call()
+    assert named in str(info.value)
 
 
 def test_config_json_with_bad_values_is_named(folders):
