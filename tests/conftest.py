@@ -67,7 +67,13 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(autouse=True)
 def _run_in_tmp_path(tmp_path, monkeypatch):
-    """Every test runs with its own tmp_path as the working directory, so default output folders land there."""
+    """Every test runs with its own tmp_path as the working directory, so default output folders land there.
+
+    Under mutmut (scripts/mutation.sh) the active mutant is also kept in process-local state; dropping its
+    environment variable here keeps it from leaking into the processes tests start (a recipe or ``python -c`` run
+    with the checkout on PYTHONPATH would import the mutated package and fail reading mutmut's configuration from
+    this tmp_path): child processes run the unmutated code, as console-script subprocesses already do."""
+    monkeypatch.delenv("MUTANT_UNDER_TEST", raising=False)
     monkeypatch.chdir(tmp_path)
 
 
