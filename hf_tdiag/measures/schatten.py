@@ -211,7 +211,7 @@ def streamed_singular_values(make_chunks, method: str = "auto", on_chunk=None) -
         gram = streamed_gram(make_chunks(), on_chunk)
         lam = eigvalsh(gram.numpy(), lower=False, overwrite_a=True, check_finite=False, driver="evd")
         del gram
-        lam = torch.from_numpy(np.ascontiguousarray(lam[::-1]))
+        lam = torch.from_numpy(np.array(lam[::-1]))  # a copy: ascontiguousarray keeps a 1-element view's stride
         if float(lam[-1]) >= GRAM_MIN_RATIO * float(lam[0]) and float(lam[0]) > 0:
             return lam.clamp_min(0).sqrt()
         on_chunk = None
