@@ -127,6 +127,8 @@ P_CASES = [
     ("contributions", [0.5, -1.0], ValueError, f"{PS} -1.0 at index (1,)"),
     ("flip_factors", [math.inf], ValueError, f"{PS} inf at index (0,)"),
     ("optimal_contribution", ["0.5"], TypeError, f"{PS} ['0.5']"),
+    ("schatten_powers", [-1.0, math.nan], ValueError, f"{PS} -1.0 at index (0,)"),  # two bad values: the first
+    ("schatten_powers", None, TypeError, "ps: expected a torch.Tensor or numpy array, got NoneType"),
 ]
 
 
@@ -142,6 +144,15 @@ def test_schatten_index_p_boundaries_are_accepted():
     assert float(schatten.schatten_power(SIGMA, 0)) == 3.0
     assert float(schatten.schatten_power(SIGMA, torch.tensor(2.0))) == 14.0
     assert float(schatten.schatten_power(SIGMA, np.float32(1.0))) == 6.0
+    assert schatten.schatten_powers(SIGMA, 2.0).tolist() == [14.0]  # one index outside a list
+    assert schatten.schatten_powers(SIGMA, torch.tensor(1.0)).tolist() == [6.0]
+
+
+@pytest.mark.parametrize("p", [-1.0, torch.tensor(-1.0), np.float64(-1.0)], ids=["float", "0-d tensor", "np.float64"])
+def test_one_bad_index_outside_a_list_is_named_without_an_index(p):
+    with pytest.raises(ValueError) as info:
+        schatten.schatten_powers(SIGMA, p)
+    assert str(info.value) == f"{PS} -1.0"
 
 
 # ----------------------------------------------------------------------------------------- Semi-NMF concepts
