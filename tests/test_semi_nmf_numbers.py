@@ -67,6 +67,7 @@ def test_the_mu_phase_is_the_naive_ding_li_jordan_iteration_and_codes_are_nnls()
     np.testing.assert_allclose(h["objective"][1 : its + 1], np.array(objs) / a2, rtol=1e-9)
     np.testing.assert_allclose(h["rec_loss"][its + 1], np.sum((a - U @ W.T) ** 2) / a2, rtol=1e-9)
     assert all(math.isnan(g) for g in h["gram_loss"])  # row data has no Grams
+    assert h["objective"] == h["rec_loss"]  # J = L_rec for μ = 0, at every phase (not NaN = L_rec + 0·NaN)
     # components_ are the exact dictionary of the final MU codes; codes_ are its NNLS codes (scipy, row by row)
     np.testing.assert_allclose(m.components_.numpy(), W.T, rtol=1e-9, atol=1e-12)
     ref = np.stack([nnls(W, row)[0] for row in a])

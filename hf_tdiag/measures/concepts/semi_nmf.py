@@ -159,10 +159,12 @@ class SemiNMF:
         hist = {"phase": [], "rec_loss": [], "gram_loss": [], "objective": []}
 
         def record(phase, rec, gl, J=None):
+            if J is None:  # J = L_rec + μ·L_gram; μ = 0 (always so for row data, whose L_gram is NaN) leaves L_rec
+                J = rec + self.gram_weight * gl if self.gram_weight > 0 else rec
             hist["phase"].append(phase)
             hist["rec_loss"].append(rec)
             hist["gram_loss"].append(gl)
-            hist["objective"].append(rec + self.gram_weight * gl if J is None else J)
+            hist["objective"].append(J)
 
         U = initial_codes(X, self.n_concepts, self.init, self.random_state).clone()
         UtA, UtU = U.T @ X, U.T @ U
