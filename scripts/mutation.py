@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import hashlib
 import json
 import os
 import re
@@ -135,6 +136,25 @@ def sync_checkout(work: Path) -> None:
                 path.unlink()
 
 
+def keep_verdicts_when_tests_were_added(work: Path, tests: list[str]) -> None:
+    """Let ``--survivors`` keep the recorded verdicts after test files were added to a module's selection.
+
+    mutmut fingerprints the test selection and, when it changes, forgets every verdict (a full re-run). Adding test
+    files cannot revive a killed mutant, and the survivors and unchecked mutants are re-run anyway, so the recorded
+    fingerprint is set to the new selection's (mutmut's own hash: sha256 of the tuple's repr, 12 hex digits). mutmut
+    still collects the stats of the new tests ("Found N new tests"). The selections this script writes only grow.
+    """
+    stats = work / "mutants" / "mutmut-stats.json"
+    if not stats.exists():
+        return
+    data = json.loads(stats.read_text(encoding="utf-8"))
+    fingerprint = data.get("config_fingerprint")
+    if not fingerprint:
+        return
+    fingerprint["test_selection"] = hashlib.sha256(repr(tuple(tests)).encode()).hexdigest()[:12]
+    stats.write_text(json.dumps(data), encoding="utf-8")
+
+
 def equivalents() -> dict[str, str]:
     out = {}
     if EQUIVALENT.exists():
@@ -195,6 +215,8 @@ def run_module(module: str, tool: dict, scratch: Path, jobs: int, summary_only: 
         print(f"== {module}: tests {' '.join(tests)}", flush=True)
         env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)]
+        if survivors:
+            keep_verdicts_when_tests_were_added(work, tests)
         if survivors:  # mutmut skips mutants it has a result for unless they are named: name the survivors
             codes = results_of(work, module)  # and the mutants an interrupted run left unchecked
             cmd += tally(codes, equivalents())["survivors"] + sorted(k for k, v in codes.items() if v is None)
