@@ -1,0 +1,127 @@
+"""The study's SRR columns by value, and the collector's contract (values, errors, details) on stubs.
+
+References: the per-layer SRR of the block outputs computed here from the model's own hidden states with
+``sparse_rate_reduction`` and the model's U, with non-default eps/lambda so a dropped setting shows.
+"""
+
+import math
+
+import pytest
+import torch
+
+import hf_tdiag  # noqa: F401  (registers CRATE)
+from hf_tdiag.measures.coding_rate import sparse_rate_reduction
+from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
+from hf_tdiag.probes.subspaces import subspaces
+from hf_tdiag.study import MeasureSettings, compute_measures
+from hf_tdiag.study import measures as sm
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _model(layers: int = 3):
+    torch.manual_seed(0)
+    config = CrateConfig.from_preset(
+        "crate-digits", hidden_size=16, num_hidden_layers=layers, num_attention_heads=2, num_labels=3, pooling="mean"
+    )
+    return CrateForImageClassification(config).eval()
+
+
+# small, non-default SRR settings; cheap flatness searches (their values are checked in test_study_measures.py)
+SETTINGS = MeasureSettings(
+    max_examples=10,
+    batch_size=4,
+    srr_eps=0.37,
+    srr_lambda=2.5,
+    flatness_examples=4,
+    flatness_depth=2,
+    sharpness_steps=1,
+    pac_draws=2,
+)
+
+
+def _reference_per_layer(model, x, settings):
+    with torch.no_grad():
+        hidden = model(pixel_values=x, output_hidden_states=True).hidden_states[1:]  # block outputs Z^1..Z^L
+    U = subspaces(model, "query", detach=True)
+    assert len(hidden) == len(U)
+    return [
+        float(sparse_rate_reduction(z.double(), u.double(), eps=settings.srr_eps, lam=settings.srr_lambda).mean())
+        for z, u in zip(hidden, U)
+    ]
+
+
+def test_srr_columns_are_the_block_outputs_srr_mean_and_last():
+    model = _model()
+    torch.manual_seed(1)
+    x, y = torch.randn(12, 1, 8, 8), torch.randint(0, 3, (12,))
+    values, errors = compute_measures(model, x, y, SETTINGS)
+    ref = _reference_per_layer(model, x[: SETTINGS.max_examples], SETTINGS)
+    assert "srr_mean" not in errors and "srr_last" not in errors
+    assert values["_srr_per_layer"] == pytest.approx(ref, rel=1e-4, abs=1e-5)
+    assert values["srr_mean"] == pytest.approx(sum(ref) / len(ref), rel=1e-4, abs=1e-5)
+    assert values["srr_last"] == pytest.approx(ref[-1], rel=1e-4, abs=1e-5)
+    # the settings matter: the default eps/lambda give different numbers (so the test sees a dropped argument)
+    default = _reference_per_layer(model, x[: SETTINGS.max_examples], MeasureSettings())
+    assert abs(default[-1] - ref[-1]) > 1e-2 and abs(sum(default) - sum(ref)) > 1e-2
+    assert len(set(round(v, 4) for v in ref)) == len(ref)  # distinct layers: mean vs last vs sum are told apart
+
+
+def test_srr_columns_record_the_error_when_the_srr_cannot_be_measured():
+    model = _model(layers=2)
+    with torch.no_grad():
+        next(p for n, p in model.named_parameters() if "attn" in n or "attention" in n).fill_(float("nan"))
+    out = sm._Collector()
+    sm._srr_columns(out, model, torch.randn(4, 1, 8, 8), SETTINGS, False)
+    assert out.values == {"srr_mean": None, "srr_last": None}
+    assert set(out.errors) == {"srr_mean", "srr_last"}
+    assert out.errors["srr_mean"] == out.errors["srr_last"]
+    assert out.errors["srr_mean"].startswith("ValueError: ")
+    assert "NaN" in out.errors["srr_mean"]
+
+
+def test_finite_or_none():
+    assert sm._finite_or_none(None) is None
+    assert sm._finite_or_none(2) == 2.0 and isinstance(sm._finite_or_none(2), float)
+    assert sm._finite_or_none(torch.tensor(-1.5)) == -1.5
+    for bad in (float("nan"), float("inf"), -math.inf, torch.tensor(float("nan"))):
+        assert sm._finite_or_none(bad) is None
+
+
+def test_collector_keeps_finite_values_and_explains_the_rest():
+    out = sm._Collector()
+    assert out.values == {} and out.errors == {} and out.details == {}
+    out.attempt("ok", lambda: 3.25)
+    out.attempt("nan", lambda: float("nan"))
+    out.attempt("inf", lambda: math.inf)
+
+    def raises_value():
+        raise ValueError("bad logits")
+
+    def raises_runtime():
+        raise RuntimeError("out of memory")
+
+    out.attempt("v", raises_value)
+    out.attempt("r", raises_runtime)
+    out.attempt("search", lambda: {"flatness": 4.0, "alpha": 0.5, "met": True})
+    out.attempt("search_nan", lambda: {"flatness": float("nan"), "sigma": 2.0})
+    assert out.values == {"ok": 3.25, "nan": None, "inf": None, "v": None, "r": None, "search": 4.0, "search_nan": None}
+    assert out.values["v"] is None and out.values["r"] is None
+    assert out.errors == {
+        "nan": "not finite",
+        "inf": "not finite",
+        "v": "ValueError: bad logits",
+        "r": "RuntimeError: out of memory",
+        "search_nan": "not finite",
+    }
+    assert out.details == {"search": {"alpha": 0.5, "met": True}, "search_nan": {"sigma": 2.0}}
+
+
+def test_collector_lets_other_errors_through():
+    out = sm._Collector()
+
+    def raises_type():
+        raise TypeError("not a tensor")
+
+    with pytest.raises(TypeError, match="not a tensor"):
+        out.attempt("t", raises_type)
