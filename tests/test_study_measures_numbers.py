@@ -125,3 +125,29 @@ def test_collector_lets_other_errors_through():
 
     with pytest.raises(TypeError, match="not a tensor"):
         out.attempt("t", raises_type)
+
+
+def test_weight_columns_and_the_table_keys():
+    model = _model()
+    torch.manual_seed(1)
+    x, y = torch.randn(12, 1, 8, 8), torch.randint(0, 3, (12,))
+    details: dict = {}
+    values, errors = compute_measures(model, x, y, SETTINGS, details=details)
+    assert set(values) == set(sm.MEASURES) | {"_srr_per_layer"}
+    assert set(errors) <= {"inverse_margin"}  # this untrained model misclassifies: its margin is undefined
+    # the weights named by hand: patch projection, per block U (qkv), the output matrix and the ISTA dictionary
+    params = dict(model.named_parameters())
+    names = ["crate.embeddings.patch_embeddings.projection.weight", "classifier.weight"] + [
+        f"crate.encoder.layer.{i}.{m}.weight" for i in range(3) for m in ("attention.qkv", "attention.out_proj", "ista")
+    ]
+    ws = [params[n].detach().double() for n in names]
+    log_spec = [2 * math.log(float(torch.linalg.matrix_norm(w, ord=2))) for w in ws]
+    assert values["l2"] == pytest.approx(sum(float((w**2).sum()) for w in ws), rel=1e-6)
+    assert values["log_prod_of_spec"] == pytest.approx(sum(log_spec), rel=1e-6)
+    assert values["sum_of_spec"] == pytest.approx(len(ws) * math.exp(sum(log_spec) / len(ws)), rel=1e-6)
+    # the searches ran with the settings: at most `depth` bisection steps, scales inside [0, upper]
+    assert set(details) == {"sharpness_mag", "pacbayes_flatness", "pacbayes_flatness_mag"}
+    for name, d in details.items():
+        scale = d.get("alpha", d.get("sigma"))
+        assert 0 < scale <= SETTINGS.flatness_upper and d["evaluations"] <= SETTINGS.flatness_depth
+        assert values[name] == pytest.approx(1 / scale**2)
