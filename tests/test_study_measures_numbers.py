@@ -151,3 +151,36 @@ def test_weight_columns_and_the_table_keys():
         scale = d.get("alpha", d.get("sigma"))
         assert 0 < scale <= SETTINGS.flatness_upper and d["evaluations"] <= SETTINGS.flatness_depth
         assert values[name] == pytest.approx(1 / scale**2)
+
+
+def test_flatness_columns_pass_every_setting(monkeypatch):
+    from hf_tdiag.measures import sharpness
+
+    calls = {}
+
+    def spy(name):
+        def search(logits_fn, params, batches, **kwargs):
+            calls[name] = kwargs
+            return {"flatness": 4.0, "scale": 0.5}
+
+        return search
+
+    for name in ("sharpness_mag", "pacbayes_flatness", "pacbayes_flatness_mag"):
+        monkeypatch.setattr(sharpness, name, spy(name))
+    s = MeasureSettings(
+        flatness_target=0.2,
+        flatness_tolerance=0.03,
+        flatness_depth=4,
+        flatness_upper=3.0,
+        magnitude_eps=0.05,
+        sharpness_steps=3,
+        pac_draws=5,
+        seed=7,
+    )
+    out = sm._Collector()
+    sm._flatness_columns(out, _model(layers=1), [], [], s, False)
+    search = dict(target=0.2, tolerance=0.03, depth=4, progress=False)
+    assert calls["sharpness_mag"] == dict(eps=0.05, alpha_max=3.0, steps=3, **search)
+    assert calls["pacbayes_flatness"] == dict(draws=5, sigma_max=3.0, seed=7, **search)
+    assert calls["pacbayes_flatness_mag"] == dict(eps=0.05, draws=5, sigma_max=3.0, seed=7, **search)
+    assert out.values == dict.fromkeys(calls, 4.0)
