@@ -112,8 +112,14 @@ SCALARS = (
 
 
 def _check(summary: dict, arrays: dict | None, ref: dict) -> None:
+    # the head's margins come from float32 hidden states: an error of ~1e-6 of the margins' scale, which is large
+    # relative to a margin near zero (the minimum here is ~0.011 of a scale ~0.6), and its size depends on the CPU's
+    # float32 kernels; the margins' tolerance is therefore absolute, relative to their scale
+    scale = float(np.abs(ref["head_margins"]).max())
+    atol = {"head_margin_min": 2e-5 * scale, "head_margin_median": 2e-5 * scale}
+    atol["margin_ratio"] = atol["head_margin_min"] * ref["objective"]
     for key in SCALARS:
-        assert summary[key] == pytest.approx(ref[key], rel=2e-5, abs=1e-9), key
+        assert summary[key] == pytest.approx(ref[key], rel=2e-5, abs=atol.get(key, 1e-9)), key
     assert summary["num_queries"] == ref["num_queries"]
     assert summary["svm"]["num_constraints"] == ref["num_constraints"]
     assert summary["svm"]["objective"] == pytest.approx(ref["objective"], rel=1e-6)
@@ -121,7 +127,8 @@ def _check(summary: dict, arrays: dict | None, ref: dict) -> None:
     if arrays is not None:
         order = np.lexsort((np.array(arrays["query_index"])[:, 1], np.array(arrays["query_index"])[:, 0]))
         for key in ("head_margins", "max_probs", "selected"):
-            np.testing.assert_allclose(np.array(arrays[key])[order], ref[key], rtol=2e-5, atol=1e-7, err_msg=key)
+            tol = atol["head_margin_min"] if key == "head_margins" else 1e-7
+            np.testing.assert_allclose(np.array(arrays[key])[order], ref[key], rtol=2e-5, atol=tol, err_msg=key)
         # a query's smallest margin away from the support depends on W_mm beyond its norm: cvxpy's accuracy
         np.testing.assert_allclose(
             np.array(arrays["svm_margins"])[order], ref["svm_margins"], rtol=1e-3, err_msg="svm_margins"
