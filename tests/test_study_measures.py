@@ -41,6 +41,10 @@ def _fit(variant: str):
         F.cross_entropy(model(pixel_values=x).logits, y).backward()
         opt.step()
     model.eval()
+    # how well 150 Adam steps fit depends on the CPU's float kernels (on one machine <90% of the examples): label
+    # the examples with the model's own predictions, so the margin is defined and the accuracy starts at 1 everywhere
+    with torch.no_grad():
+        y = model(pixel_values=x).logits.argmax(1)
     return model, x, y
 
 

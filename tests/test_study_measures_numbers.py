@@ -184,3 +184,81 @@ def test_flatness_columns_pass_every_setting(monkeypatch):
     assert calls["pacbayes_flatness"] == dict(draws=5, sigma_max=3.0, seed=7, **search)
     assert calls["pacbayes_flatness_mag"] == dict(eps=0.05, draws=5, sigma_max=3.0, seed=7, **search)
     assert out.values == dict.fromkeys(calls, 4.0)
+
+
+def test_compute_measures_margin_batches_and_progress(monkeypatch):
+    """The inverse margin over the first ``max_examples`` logits computed in batches, with the settings' quantile;
+    the flatness searches get the first ``flatness_examples`` in order; ``progress`` reaches every search."""
+    from hf_tdiag.measures import sharpness
+    from hf_tdiag.probes import srr
+
+    model = _model()
+    torch.manual_seed(2)
+    x = torch.randn(13, 1, 8, 8)
+    with torch.no_grad():
+        y = model(pixel_values=x).logits.argmax(1)  # every example classified correctly: the margin is defined
+    settings = MeasureSettings(max_examples=11, batch_size=4, flatness_examples=6, margin_quantile=0.3)
+    seen = {"progress": [], "batches": []}
+    real_layer_srr = srr.layer_srr
+
+    def layer_srr_spy(*args, **kwargs):
+        seen["progress"].append(kwargs["progress"])
+        return real_layer_srr(*args, **kwargs)
+
+    def search_spy(logits_fn, params, batches, **kwargs):
+        seen["progress"].append(kwargs["progress"])
+        seen["batches"].append(batches)
+        return {"flatness": 2.0}
+
+    monkeypatch.setattr(srr, "layer_srr", layer_srr_spy)
+    for name in ("sharpness_mag", "pacbayes_flatness", "pacbayes_flatness_mag"):
+        monkeypatch.setattr(sharpness, name, search_spy)
+
+    values, errors = compute_measures(model, x, y, settings)
+    # reference: 0.3-quantile (linear interpolation) of the 11 margins "true logit - best other logit", one forward
+    with torch.no_grad():
+        z = model(pixel_values=x[:11]).logits.double()
+    true = z[torch.arange(11), y[:11]]
+    others = z.clone()
+    others[torch.arange(11), y[:11]] = -math.inf
+    margins = sorted((true - others.max(1).values).tolist())
+    pos = 0.3 * (len(margins) - 1)
+    lo = int(pos)
+    gamma = margins[lo] + (pos - lo) * (margins[lo + 1] - margins[lo])
+    assert "inverse_margin" not in errors
+    assert values["inverse_margin"] == pytest.approx(1 / gamma**2, rel=1e-5)
+    # the flatness examples: the first 6, in batches of at most 4, labels aligned with their images
+    assert len(seen["batches"]) == 3
+    for batches in seen["batches"]:
+        assert [len(bx) for bx, _ in batches] == [4, 2]
+        assert torch.equal(torch.cat([bx for bx, _ in batches]), x[:6])
+        assert torch.equal(torch.cat([by for _, by in batches]), y[:6])
+    assert seen["progress"] == [False] * 4  # the default
+    seen["progress"].clear()
+    compute_measures(model, x, y, settings, progress=True)
+    assert seen["progress"] == [True] * 4
+
+
+def test_compute_measures_checks_the_examples():
+    model = _model(layers=1)
+    with pytest.raises(TypeError, match="torch.Tensors"):
+        compute_measures(model, torch.randn(2, 1, 8, 8), [0, 1])
+    with pytest.raises(TypeError, match="torch.Tensors"):
+        compute_measures(model, [[0.0]], torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="expected 2 labels"):
+        compute_measures(model, torch.randn(2, 1, 8, 8), torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize("variant", ["crate-t", "crate-c"])
+def test_jiang_l2_parameters_each_once_when_the_output_matrix_is_u(variant):
+    """crate-t's output matrix is U itself (the same parameter): a map twice, a parameter of w once."""
+    torch.manual_seed(3)
+    config = CrateConfig.from_preset(
+        "crate-digits", variant=variant, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_labels=3
+    )
+    model = CrateForImageClassification(config)
+    maps, params = sm.jiang_weight_matrices(model)
+    assert len(maps) == 2 + 3 * 2
+    trainable = [p for p in model.parameters() if p.requires_grad and p.ndim == 2]
+    assert len(params) == len(trainable) == 2 + 2 * 2
+    assert {id(p) for p in params.values()} == {id(p) for p in trainable}

@@ -220,9 +220,6 @@ def compute_measures(
     n = min(settings.max_examples, pixel_values.shape[0])
     device = next(model.parameters()).device
     x, y = pixel_values[:n].to(device), labels[:n].to(device)
-    batches = [
-        (x[i : i + settings.batch_size], y[i : i + settings.batch_size]) for i in range(0, n, settings.batch_size)
-    ]
     was_training = model.training
     model.eval()
     out = _Collector()
@@ -231,11 +228,14 @@ def compute_measures(
         params = list(wprobe.trainable_parameters(model).values())
         _weight_columns(out, model)
         with torch.no_grad():
-            logits = torch.cat([model(pixel_values=bx).logits for bx, _ in batches])
+            logits = torch.cat(
+                [model(pixel_values=x[i : i + settings.batch_size]).logits for i in range(0, n, settings.batch_size)]
+            )
         out.attempt("inverse_margin", lambda: complexity.inverse_margin(logits, y, quantile=settings.margin_quantile))
         m = min(n, settings.flatness_examples)
+        xm, ym = x[:m], y[:m]  # the first flatness_examples, also when m is not a multiple of the batch size
         flat = [
-            (x[i : i + settings.batch_size], y[i : i + settings.batch_size]) for i in range(0, m, settings.batch_size)
+            (xm[i : i + settings.batch_size], ym[i : i + settings.batch_size]) for i in range(0, m, settings.batch_size)
         ]
         _flatness_columns(out, model, params, flat, settings, progress)
     finally:
