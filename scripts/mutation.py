@@ -246,9 +246,21 @@ def package_totals(rows: list[dict]) -> dict[str, dict]:
     return totals
 
 
+def merged_rows(path: Path, rows: list[dict]) -> list[dict]:
+    """``rows`` plus the modules an earlier summary at ``path`` recorded and this run did not (scratch copies are
+    temporary: a later run of some modules keeps the others' recorded results), in module order."""
+    if not path.exists():
+        return rows
+    ran = {r["module"] for r in rows}
+    kept = [r for r in json.loads(path.read_text(encoding="utf-8")).get("modules", []) if r["module"] not in ran]
+    return sorted(rows + kept, key=lambda r: r["module"])
+
+
 def write_json(path: Path, rows: list[dict]) -> None:
     """The summary as JSON: per module (counts, killed share, survivors' names) and per package."""
     import importlib.metadata
+
+    rows = merged_rows(path, rows)
 
     data = {
         "tool": f"mutmut {importlib.metadata.version('mutmut')}",

@@ -1,0 +1,59 @@
+"""scripts/mutation.py's bookkeeping: verdict counts, the killed share, the merged JSON summary, test selection."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def mutation():
+    spec = importlib.util.spec_from_file_location("mutation_script", ROOT / "scripts" / "mutation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tally_counts_each_exit_code_once(mutation):
+    codes = {"m.a_1": 1, "m.a_2": 3, "m.a_3": 0, "m.a_4": 0, "m.a_5": 36, "m.a_6": None, "m.a_7": 5, "m.a_8": 2}
+    t = mutation.tally(codes, {"m.a_4": "same value"})
+    assert (t["generated"], t["killed"], t["timeout"], t["survived"], t["equivalent"]) == (8, 2, 1, 1, 1)
+    assert (t["not_checked"], t["no_tests"], t["other"]) == (1, 1, 1)
+    assert t["survivors"] == ["m.a_3", "m.a_7"]
+    # (killed + timeout) / (generated - equivalent - not checked) = 3 / 6
+    assert mutation.score(t) == "50.0"
+    assert mutation.score({"generated": 2, "equivalent": 1, "not_checked": 1, "killed": 0, "timeout": 0}) == "-"
+
+
+def _row(module, killed):
+    keys = dict.fromkeys(("generated", "killed", "timeout", "survived", "equivalent", "no_tests", "not_checked"), 0)
+    return {**keys, "generated": killed, "killed": killed, "module": module, "tests": [], "survivors": []}
+
+
+def test_json_summary_keeps_the_modules_this_run_did_not_touch(mutation, tmp_path):
+    path = tmp_path / "summary.json"
+    mutation.write_json(path, [_row("hf_tdiag/measures/a.py", 3), _row("hf_tdiag/probes/b.py", 4)])
+    mutation.write_json(path, [_row("hf_tdiag/measures/a.py", 5), _row("hf_tdiag/measures/c.py", 2)])
+    data = json.loads(path.read_text())
+    assert [m["module"] for m in data["modules"]] == [
+        "hf_tdiag/measures/a.py",
+        "hf_tdiag/measures/c.py",
+        "hf_tdiag/probes/b.py",
+    ]
+    assert data["modules"][0]["killed"] == 5  # the new run replaces the module's old row
+    assert data["packages"]["hf_tdiag/measures"]["killed"] == 7
+    assert data["packages"]["hf_tdiag/probes"]["generated"] == 4
+
+
+def test_test_selection_longest_prefix_then_names(mutation):
+    mapping = {"hf_tdiag/study/": ["tests/test_study.py"], "hf_tdiag/study/measures.py": ["tests/test_study_m*.py"]}
+    chosen = mutation.tests_for("hf_tdiag/study/measures.py", mapping)
+    assert "tests/test_study.py" not in chosen and "tests/test_study_measures_numbers.py" in chosen
+    assert "tests/test_bad_inputs.py" in chosen  # always selected
+    assert mutation.tests_for("hf_tdiag/study/lock.py", mapping) == ["tests/test_bad_inputs.py", "tests/test_study.py"]
+    # no entry: the test files naming the module
+    assert "tests/test_mutation_script.py" not in mutation.tests_for("hf_tdiag/measures/coding_rate.py", {})
+    assert "tests/test_coding_rate.py" in mutation.tests_for("hf_tdiag/measures/coding_rate.py", {})
