@@ -6,6 +6,7 @@
     scripts/mutation.sh hf_tdiag/measures/coding_rate.py # one module
     scripts/mutation.sh --summary probes                 # print the recorded results again, run nothing
     scripts/mutation.sh --survivors hf_tdiag/measures/coding_rate.py  # retest only the recorded survivors (new tests)
+    scripts/mutation.sh --sample 20 probes               # 20 random mutants per module: an estimate, in minutes
 
 Each module runs in its own scratch copy of the checkout (``$MUTATION_DIR``, default ``$TMPDIR/hf_tdiag_mutation``),
 so nothing is written into the repository and a second run reuses mutmut's cache there. The pyproject's
@@ -24,11 +25,13 @@ import filecmp
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -202,7 +205,44 @@ def tally(codes: dict[str, int | None], equivalent: dict[str, str]) -> dict:
     return t
 
 
-def run_module(module: str, tool: dict, scratch: Path, jobs: int, summary_only: bool, survivors: bool = False) -> dict:
+def generate_mutants(work: Path, module: str, env: dict) -> None:
+    """Let mutmut write the module's mutants (and their ``.meta``) without testing any: it generates them first, so
+    the run is stopped as soon as the ``.meta`` exists (before mutmut's stats run of the selected tests)."""
+    meta = work / "mutants" / (module + ".meta")
+    if meta.exists() and meta.stat().st_mtime >= (work / module).stat().st_mtime:
+        return
+    with open(work / "mutmut.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run"], cwd=work, env=env, stdout=log, stderr=log)
+        try:
+            for _ in range(600):
+                if proc.poll() is not None or (
+                    meta.exists() and meta.stat().st_mtime >= (work / module).stat().st_mtime
+                ):
+                    break
+                time.sleep(0.5)
+        finally:
+            proc.kill()
+            proc.wait()
+    if not meta.exists():
+        raise SystemExit(f"mutation: mutmut wrote no mutants for {module}; see {work / 'mutmut.log'}")
+
+
+def sample_of(codes: dict[str, int | None], size: int, seed: int) -> list[str]:
+    """``size`` of the module's unchecked mutants, drawn uniformly (fixed seed), for an estimate of its kill rate."""
+    unchecked = sorted(k for k, v in codes.items() if v is None)
+    return sorted(random.Random(seed).sample(unchecked, min(size, len(unchecked))))
+
+
+def run_module(
+    module: str,
+    tool: dict,
+    scratch: Path,
+    jobs: int,
+    summary_only: bool,
+    survivors: bool = False,
+    sample: int | None = None,
+    seed: int = 0,
+) -> dict:
     work = scratch / module[:-3].replace("/", ".")
     tests = tests_for(module, tool.get("hf_tdiag", {}).get("mutation", {}).get("tests", {}))
     if not summary_only:
@@ -220,8 +260,15 @@ def run_module(module: str, tool: dict, scratch: Path, jobs: int, summary_only: 
         if survivors:  # mutmut skips mutants it has a result for unless they are named: name the survivors
             codes = results_of(work, module)  # and the mutants an interrupted run left unchecked
             cmd += tally(codes, equivalents())["survivors"] + sorted(k for k, v in codes.items() if v is None)
-        with open(work / "mutmut.log", "w") as log:
-            subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+        elif sample:  # a uniform sample of the unchecked mutants: named, mutmut tests only those
+            generate_mutants(work, module, env)
+            names = sample_of(results_of(work, module), sample, seed)
+            if not names:
+                print(f"   {module}: every mutant has a verdict; nothing to sample", flush=True)
+            cmd = cmd + names if names else []
+        if cmd:
+            with open(work / "mutmut.log", "w") as log:
+                subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
     t = tally(results_of(work, module), equivalents())
     t["module"], t["tests"] = module, tests
     if t["generated"]:
@@ -315,6 +362,13 @@ def main(argv: list[str] | None = None) -> int:
         "--json", type=Path, help="also write the summary as JSON (e.g. benchmarks/results/mutation_summary.json)"
     )
     ap.add_argument(
+        "--sample",
+        type=int,
+        help="test only N randomly drawn unchecked mutants per module (an estimate of the kill rate; the rest stay "
+        "'not checked' in the summary)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="the --sample draw's seed")
+    ap.add_argument(
         "--survivors",
         action="store_true",
         help="retest only the recorded survivors and unchecked mutants (after adding tests)",
@@ -324,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     modules = [m for t in (args.targets or packages) for m in modules_of(t, packages)]
     rows = []
     for module in modules:
-        t = run_module(module, tool, scratch, args.jobs, args.summary, args.survivors)
+        t = run_module(module, tool, scratch, args.jobs, args.summary, args.survivors, args.sample, args.seed)
         if t.get("generated"):
             rows.append(t)
             if not args.summary:

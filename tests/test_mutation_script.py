@@ -57,3 +57,11 @@ def test_test_selection_longest_prefix_then_names(mutation):
     # no entry: the test files naming the module
     assert "tests/test_mutation_script.py" not in mutation.tests_for("hf_tdiag/measures/coding_rate.py", {})
     assert "tests/test_coding_rate.py" in mutation.tests_for("hf_tdiag/measures/coding_rate.py", {})
+
+
+def test_sample_draws_only_unchecked_mutants_reproducibly(mutation):
+    codes = {f"m.f_{i}": (None if i % 3 else 1) for i in range(30)}
+    draw = mutation.sample_of(codes, 5, seed=4)
+    assert len(draw) == 5 == len(set(draw)) and all(codes[n] is None for n in draw)
+    assert draw == mutation.sample_of(codes, 5, seed=4) and draw != mutation.sample_of(codes, 5, seed=5)
+    assert mutation.sample_of(codes, 100, seed=0) == sorted(n for n, c in codes.items() if c is None)
