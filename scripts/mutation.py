@@ -6,7 +6,7 @@
     scripts/mutation.sh hf_tdiag/measures/coding_rate.py # one module
     scripts/mutation.sh --summary probes                 # print the recorded results again, run nothing
     scripts/mutation.sh --survivors hf_tdiag/measures/coding_rate.py  # retest only the recorded survivors (new tests)
-    scripts/mutation.sh --sample 20 probes               # 20 random mutants per module: an estimate, in minutes
+    scripts/mutation.sh --sample 100 probes              # 100 random mutants of the package: an estimate
 
 Each module runs in its own scratch copy of the checkout (``$MUTATION_DIR``, default ``$TMPDIR/hf_tdiag_mutation``),
 so nothing is written into the repository and a second run reuses mutmut's cache there. The pyproject's
@@ -95,9 +95,9 @@ def toml_value(value) -> str:
     raise TypeError(f"toml_value: cannot write {type(value).__name__}")
 
 
-def write_pyproject(work: Path, tool: dict, module: str, tests: list[str]) -> None:
+def write_pyproject(work: Path, tool: dict, modules: list[str], tests: list[str]) -> None:
     mutmut = dict(tool.get("mutmut", {}))
-    mutmut["only_mutate"] = [module]
+    mutmut["only_mutate"] = list(modules)
     mutmut["pytest_add_cli_args_test_selection"] = tests
     lines = ["[tool.mutmut]"] + [f"{k} = {toml_value(v)}" for k, v in mutmut.items()]
     lines += ["", "[tool.pytest.ini_options]"]
@@ -205,75 +205,84 @@ def tally(codes: dict[str, int | None], equivalent: dict[str, str]) -> dict:
     return t
 
 
-def generate_mutants(work: Path, module: str, env: dict) -> None:
-    """Let mutmut write the module's mutants (and their ``.meta``) without testing any: it generates them first, so
-    the run is stopped as soon as the ``.meta`` exists (before mutmut's stats run of the selected tests)."""
-    meta = work / "mutants" / (module + ".meta")
-    if meta.exists() and meta.stat().st_mtime >= (work / module).stat().st_mtime:
+def generate_mutants(work: Path, modules: list[str], env: dict) -> None:
+    """Let mutmut write the modules' mutants (and their ``.meta``) without testing any: it generates them first, so
+    the run is stopped as soon as every ``.meta`` exists (before mutmut's stats run of the selected tests)."""
+
+    def fresh(module: str) -> bool:
+        meta = work / "mutants" / (module + ".meta")
+        return meta.exists() and meta.stat().st_mtime >= (work / module).stat().st_mtime
+
+    if all(fresh(m) for m in modules):
         return
     with open(work / "mutmut.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run"], cwd=work, env=env, stdout=log, stderr=log)
         try:
-            for _ in range(600):
-                if proc.poll() is not None or (
-                    meta.exists() and meta.stat().st_mtime >= (work / module).stat().st_mtime
-                ):
+            for _ in range(1200):
+                if proc.poll() is not None or all(fresh(m) for m in modules):
                     break
                 time.sleep(0.5)
         finally:
             proc.kill()
             proc.wait()
-    if not meta.exists():
-        raise SystemExit(f"mutation: mutmut wrote no mutants for {module}; see {work / 'mutmut.log'}")
+    missing = [m for m in modules if not fresh(m)]
+    if missing:
+        raise SystemExit(f"mutation: mutmut wrote no mutants for {missing}; see {work / 'mutmut.log'}")
 
 
 def sample_of(codes: dict[str, int | None], size: int, seed: int) -> list[str]:
-    """``size`` of the module's unchecked mutants, drawn uniformly (fixed seed), for an estimate of its kill rate."""
+    """``size`` of the unchecked mutants, drawn uniformly (fixed seed), for an estimate of the kill rate."""
     unchecked = sorted(k for k, v in codes.items() if v is None)
     return sorted(random.Random(seed).sample(unchecked, min(size, len(unchecked))))
 
 
-def run_module(
-    module: str,
+def run_group(
+    modules: list[str],
     tool: dict,
-    scratch: Path,
+    work: Path,
     jobs: int,
     summary_only: bool,
     survivors: bool = False,
     sample: int | None = None,
     seed: int = 0,
-) -> dict:
-    work = scratch / module[:-3].replace("/", ".")
-    tests = tests_for(module, tool.get("hf_tdiag", {}).get("mutation", {}).get("tests", {}))
+) -> list[dict]:
+    """Run mutmut on ``modules`` in one scratch folder ``work`` (one stats run of the union of their test files);
+    one summary row per module."""
+    mapping = tool.get("hf_tdiag", {}).get("mutation", {}).get("tests", {})
+    tests = sorted({t for m in modules for t in tests_for(m, mapping)})
     if not summary_only:
         if not tests:
-            print(f"mutation: no test file names {module}; skipped", file=sys.stderr)
-            return {}
+            print(f"mutation: no test file names {modules}; skipped", file=sys.stderr)
+            return []
         work.mkdir(parents=True, exist_ok=True)
         sync_checkout(work)
-        write_pyproject(work, tool, module, tests)
-        print(f"== {module}: tests {' '.join(tests)}", flush=True)
+        write_pyproject(work, tool, modules, tests)
+        print(f"== {' '.join(modules)}: tests {' '.join(tests)}", flush=True)
         env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)]
+        codes = {k: v for m in modules for k, v in results_of(work, m).items()}
         if survivors:
             keep_verdicts_when_tests_were_added(work, tests)
         if survivors:  # mutmut skips mutants it has a result for unless they are named: name the survivors
-            codes = results_of(work, module)  # and the mutants an interrupted run left unchecked
+            # and the mutants an interrupted run left unchecked
             cmd += tally(codes, equivalents())["survivors"] + sorted(k for k, v in codes.items() if v is None)
         elif sample:  # a uniform sample of the unchecked mutants: named, mutmut tests only those
-            generate_mutants(work, module, env)
-            names = sample_of(results_of(work, module), sample, seed)
+            generate_mutants(work, modules, env)
+            codes = {k: v for m in modules for k, v in results_of(work, m).items()}
+            names = sample_of(codes, sample, seed)
             if not names:
-                print(f"   {module}: every mutant has a verdict; nothing to sample", flush=True)
+                print("   every mutant has a verdict; nothing to sample", flush=True)
             cmd = cmd + names if names else []
         if cmd:
             with open(work / "mutmut.log", "w") as log:
                 subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
-    t = tally(results_of(work, module), equivalents())
-    t["module"], t["tests"] = module, tests
-    if t["generated"]:
-        (work / "summary.json").write_text(json.dumps(t, indent=1))
-    return t
+    rows = []
+    for module in modules:
+        t = tally(results_of(work, module), equivalents())
+        t["module"], t["tests"] = module, sorted(tests_for(module, mapping))
+        if t["generated"]:
+            rows.append(t)
+    return rows
 
 
 KEYS = ("generated", "killed", "timeout", "survived", "equivalent", "no_tests", "not_checked")
@@ -293,13 +302,18 @@ def package_totals(rows: list[dict]) -> dict[str, dict]:
     return totals
 
 
+def recorded_rows(path: Path) -> dict[str, dict]:
+    """The rows of an earlier JSON summary, by module."""
+    if not path.exists():
+        return {}
+    return {r["module"]: r for r in json.loads(path.read_text(encoding="utf-8")).get("modules", [])}
+
+
 def merged_rows(path: Path, rows: list[dict]) -> list[dict]:
     """``rows`` plus the modules an earlier summary at ``path`` recorded and this run did not (scratch copies are
     temporary: a later run of some modules keeps the others' recorded results), in module order."""
-    if not path.exists():
-        return rows
     ran = {r["module"] for r in rows}
-    kept = [r for r in json.loads(path.read_text(encoding="utf-8")).get("modules", []) if r["module"] not in ran]
+    kept = [r for m, r in recorded_rows(path).items() if m not in ran]
     return sorted(rows + kept, key=lambda r: r["module"])
 
 
@@ -364,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--sample",
         type=int,
-        help="test only N randomly drawn unchecked mutants per module (an estimate of the kill rate; the rest stay "
-        "'not checked' in the summary)",
+        help="test only N randomly drawn unchecked mutants per target (a package target is one group: one stats "
+        "run, the draw uniform over its modules' mutants; an estimate of the kill rate, the rest stay 'not checked')",
     )
     ap.add_argument("--seed", type=int, default=0, help="the --sample draw's seed")
     ap.add_argument(
@@ -375,18 +389,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     scratch = Path(os.environ.get("MUTATION_DIR", Path(tempfile.gettempdir()) / "hf_tdiag_mutation"))
-    modules = [m for t in (args.targets or packages) for m in modules_of(t, packages)]
     rows = []
-    for module in modules:
-        t = run_module(module, tool, scratch, args.jobs, args.summary, args.survivors, args.sample, args.seed)
-        if t.get("generated"):
-            rows.append(t)
-            if not args.summary:
-                print(
-                    f"   {module}: {t['killed'] + t['timeout']}/{t['generated']} killed, "
-                    f"{t['survived']} survived, {t['equivalent']} equivalent, {t['no_tests']} without tests",
-                    flush=True,
-                )
+    for target in args.targets or packages:
+        modules = modules_of(target, packages)
+        if args.sample and len(modules) > 1:
+            # one group per target: one stats run, a sample drawn uniformly over all the target's mutants; modules
+            # with recorded verdicts (a full or partial run) are left out, so their rows are not replaced
+            recorded = recorded_rows(args.json) if args.json else {}
+            modules = [
+                m for m in modules if m not in recorded or recorded[m]["not_checked"] == recorded[m]["generated"]
+            ]
+            groups = [(modules, scratch / ("sample." + target.strip("/").replace("/", ".")))]
+        else:
+            groups = [([m], scratch / m[:-3].replace("/", ".")) for m in modules]
+        for group, work in groups:
+            found = run_group(group, tool, work, args.jobs, args.summary, args.survivors, args.sample, args.seed)
+            for t in found:
+                if not args.summary:
+                    print(
+                        f"   {t['module']}: {t['killed'] + t['timeout']}/{t['generated']} killed, "
+                        f"{t['survived']} survived, {t['equivalent']} equivalent, {t['no_tests']} without tests, "
+                        f"{t['not_checked']} not checked",
+                        flush=True,
+                    )
+            rows += found
     print_table(rows)
     if args.json:
         write_json(args.json, rows)
