@@ -613,6 +613,10 @@ def test_a_non_numeric_argument_is_named_with_what_was_expected():
         S.norm_2_1([["a", "b"]])
     with pytest.raises(TypeError, match=r"^matrix: expected a torch.Tensor or numpy array, got bool"):
         S.norm_2_1(True)
+    with pytest.raises(TypeError, match=r"^matrix: expected a real floating tensor, got a boolean array"):
+        S.norm_2_1(np.eye(3, dtype=bool))
+    with pytest.raises(TypeError, match=r"^ps: expected a real floating tensor, got a boolean array"):
+        S.schatten_powers(torch.ones(2), np.array([True]))
 
 
 def test_empty_spectra_with_two_batch_dims_keep_the_batch_shape():

@@ -42,6 +42,8 @@ def _tensor(x, name: str, *, min_dim: int = 0, finite: bool = True) -> torch.Ten
     if isinstance(x, torch.Tensor):
         t = x.detach()
     elif isinstance(x, (np.ndarray, list, tuple, float, int)) and not isinstance(x, bool):
+        if np.asarray(x).dtype == np.bool_:  # a numpy bool array would convert to 0.0 / 1.0
+            raise TypeError(f"{name}: expected a real floating tensor, got a boolean array")
         try:
             t = torch.as_tensor(np.asarray(x, dtype=np.float64))
         except (TypeError, ValueError) as err:
