@@ -301,6 +301,18 @@ def _pgd_accuracy_drop(logits_fn, params, base, bounds, batches, acc0: float, st
     return max(worst, acc0 - accuracy(logits_fn, batches))
 
 
+def _search_result(scale_name: str, scale: float, reached: bool, acc0: float, history: list) -> dict[str, float]:
+    """A flatness search's outcome: the scale found (α′ or σ′), the measure 1/scale², whether the drop reached the
+    target within the tolerance, the unperturbed accuracy and the number of bisection evaluations."""
+    return {
+        scale_name: scale,
+        "flatness": 1.0 / scale**2,
+        "reached": reached,
+        "accuracy": acc0,
+        "evaluations": len(history),
+    }
+
+
 def sharpness_mag(
     logits_fn: Callable,
     params: Iterable[torch.Tensor],
@@ -336,13 +348,7 @@ def sharpness_mag(
         for p, r in zip(params, requires):
             p.requires_grad_(r)
         bar.close()
-    return {
-        "alpha": alpha,
-        "flatness": 1.0 / alpha**2,
-        "reached": reached,
-        "accuracy": acc0,
-        "evaluations": len(history),
-    }
+    return _search_result("alpha", alpha, reached, acc0, history)
 
 
 def _noise(base: Sequence[torch.Tensor], seed: int, draw: int) -> list[torch.Tensor]:
@@ -384,13 +390,7 @@ def _pacbayes_sigma(
     finally:
         _assign(params, base, None)
         bar.close()
-    return {
-        "sigma": sigma,
-        "flatness": 1.0 / sigma**2,
-        "reached": reached,
-        "accuracy": acc0,
-        "evaluations": len(history),
-    }
+    return _search_result("sigma", sigma, reached, acc0, history)
 
 
 def pacbayes_flatness(
