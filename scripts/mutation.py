@@ -7,6 +7,7 @@
     scripts/mutation.sh --summary probes                 # print the recorded results again, run nothing
     scripts/mutation.sh --survivors hf_tdiag/measures/coding_rate.py  # retest only the recorded survivors (new tests)
     scripts/mutation.sh --sample 100 probes              # 100 random mutants of the package: an estimate
+    scripts/mutation.sh --sample 100 --survivors probes  # retest that sample's survivors (new tests)
 
 Each module runs in its own scratch copy of the checkout (``$MUTATION_DIR``, default ``$TMPDIR/hf_tdiag_mutation``),
 so nothing is written into the repository and a second run reuses mutmut's cache there. The pyproject's
@@ -264,8 +265,9 @@ def run_group(
         if survivors:
             keep_verdicts_when_tests_were_added(work, tests)
         if survivors:  # mutmut skips mutants it has a result for unless they are named: name the survivors
-            # and the mutants an interrupted run left unchecked
-            cmd += tally(codes, equivalents())["survivors"] + sorted(k for k, v in codes.items() if v is None)
+            # and (not for a sample, whose unchecked mutants were not drawn) those an interrupted run left unchecked
+            cmd += tally(codes, equivalents())["survivors"]
+            cmd += [] if sample else sorted(k for k, v in codes.items() if v is None)
         elif sample:  # a uniform sample of the unchecked mutants: named, mutmut tests only those
             generate_mutants(work, modules, env)
             codes = {k: v for m in modules for k, v in results_of(work, m).items()}
@@ -392,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for target in args.targets or packages:
         modules = modules_of(target, packages)
-        if args.sample and len(modules) > 1:
+        if args.sample and len(modules) > 1:  # (with --survivors: retest that sample's survivors)
             # one group per target: one stats run, a sample drawn uniformly over all the target's mutants; modules
             # with recorded verdicts (a full or partial run) are left out, so their rows are not replaced
             recorded = recorded_rows(args.json) if args.json else {}
