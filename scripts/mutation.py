@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.sample and len(modules) > 1:  # (with --survivors: retest that sample's survivors)
             # one group per target: one stats run, a sample drawn uniformly over all the target's mutants; modules
             # with recorded verdicts (a full or partial run) are left out, so their rows are not replaced
-            recorded = recorded_rows(args.json) if args.json else {}
+            recorded = recorded_rows(args.json) if args.json and not (args.survivors or args.summary) else {}
             modules = [
                 m for m in modules if m not in recorded or recorded[m]["not_checked"] == recorded[m]["generated"]
             ]
