@@ -112,3 +112,54 @@ def test_loss_is_the_label_smoothed_cross_entropy_by_hand(tmp_path):
 def test_lion_rejects_betas_outside_the_unit_interval(betas):
     with pytest.raises(ValueError, match="betas"):
         optim.Lion([torch.nn.Parameter(torch.zeros(2))], betas=betas)
+
+
+def _labelled_config(num_labels: int):
+    config = CrateConfig.from_preset(
+        "crate-digits", variant="crate-c", hidden_size=16, num_hidden_layers=3, num_attention_heads=2
+    )
+    config.id2label = {i: f"c{i}" for i in range(num_labels)}
+    config.label2id = {v: k for k, v in config.id2label.items()}
+    return config
+
+
+def test_model_card_architecture_fields_by_hand():
+    from hf_tdiag.training import model_card
+
+    fields = model_card._model_fields(_labelled_config(21), "crate-digits")
+    expected = dict(
+        variant="crate-c",
+        variant_name="CRATE-C",
+        preset="crate-digits",
+        hidden_size=16,
+        num_layers=3,
+        num_heads=2,
+        head_dim=8,
+        num_labels=21,
+        labels=", ".join(f"c{i}" for i in range(20)) + " …",  # the first 20 of 21, then an ellipsis
+    )
+    assert {k: fields[k] for k in expected} == expected
+    assert fields["variant_description"] == model_card.VARIANT_DESCRIPTIONS["crate-c"]
+    assert model_card._model_fields(_labelled_config(20), None)["labels"] == ", ".join(f"c{i}" for i in range(20))
+
+
+def test_model_card_training_fields_and_command_by_hand(tmp_path):
+    from hf_tdiag.training import model_card
+
+    args = targs.make_args(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=7,
+        srr_eps=0.25,
+        srr_weight=0.1,
+        seed=3,
+        push_to_hub=True,
+        hub_model_id="me/crate",
+    )
+    fields = model_card._training_fields(args, {"num_processes": 2})
+    assert (fields["batch_size"], fields["srr_eps"], fields["srr_weight"], fields["seed"]) == (7, 0.25, 0.1, 3)
+    assert fields["num_processes"] == 2
+    # the command reproduces the run: the non-default flags, the output folder by name, no Hub publishing flags
+    assert fields["command"] == (
+        "python recipes/train_crate.py --output_dir run --per_device_train_batch_size 7 --seed 3 --srr_eps 0.25 "
+        "--srr_weight 0.1"
+    )
