@@ -3,6 +3,7 @@ the run's JSON config and the optimizer's argument checks (gaps found by mutatio
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -163,3 +164,57 @@ def test_model_card_training_fields_and_command_by_hand(tmp_path):
         "python recipes/train_crate.py --output_dir run --per_device_train_batch_size 7 --seed 3 --srr_eps 0.25 "
         "--srr_weight 0.1"
     )
+
+
+def test_publish_fills_in_what_is_not_given_from_the_output_folder_and_pushes_the_card_last(tmp_path, monkeypatch):
+    """publish's order and sources, with the Hub client replaced by a recorder (the HTTP path is
+    tests/test_training_hub.py's, in a subprocess)."""
+    import huggingface_hub
+
+    import hf_tdiag.loading as loading
+    from hf_tdiag.training import hub
+
+    log = []
+
+    class Pushes:
+        def __init__(self, what):
+            self.what = what
+
+        def push_to_hub(self, repo_id, **kwargs):
+            log.append((self.what, repo_id))
+
+    class Api:
+        def __init__(self, token=None):
+            log.append(("api", token))
+
+        def create_repo(self, repo_id, **kwargs):
+            return huggingface_hub.RepoUrl(f"https://hub.test/me/{repo_id}", endpoint="https://hub.test")
+
+        def upload_folder(self, repo_id, folder_path, allow_patterns, **kwargs):
+            log.append(("extras", repo_id, folder_path, sorted(allow_patterns)))
+
+    class Card:
+        @staticmethod
+        def load(path):
+            log.append(("card-load", path))
+            return Pushes("card")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    monkeypatch.setattr(huggingface_hub, "ModelCard", Card)
+    monkeypatch.setattr(
+        loading, "load_pretrained", lambda path, cls, name: log.append(("model-load", path)) or Pushes("model")
+    )
+    monkeypatch.setattr(loading, "load_image_processor", lambda path: pytest.fail("the processor was given"))
+    (tmp_path / "layer_srr.json").write_text("{}")
+    (tmp_path / "all_results.json").write_text("{}")
+    url = hub.publish(str(tmp_path), "crate", processor=Pushes("processor"), token="t")
+    assert url == "https://hub.test/me/crate"
+    assert log == [
+        ("api", "t"),
+        ("model-load", str(tmp_path)),
+        ("model", "me/crate"),
+        ("processor", "me/crate"),
+        ("extras", "me/crate", str(tmp_path), ["all_results.json", "layer_srr.json"]),
+        ("card-load", os.path.join(str(tmp_path), "README.md")),
+        ("card", "me/crate"),
+    ]
