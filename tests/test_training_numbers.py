@@ -218,3 +218,137 @@ def test_publish_fills_in_what_is_not_given_from_the_output_folder_and_pushes_th
         ("card-load", os.path.join(str(tmp_path), "README.md")),
         ("card", "me/crate"),
     ]
+
+
+def test_crop_size_errors_name_the_size():
+    img = Image.new("L", (6, 6))
+    with pytest.raises(TypeError, match=r"^size: expected an int or a \(height, width\) pair"):
+        augment.random_resized_crop(img, "8", np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"^size: expected a positive int"):
+        augment.random_resized_crop(img, 0, np.random.default_rng(0))
+
+
+def test_default_epochs_and_learning_rate_depend_on_the_dataset(tmp_path):
+    digits = targs.make_args(output_dir=str(tmp_path))
+    other = targs.make_args(output_dir=str(tmp_path), dataset_name="cifar10", optimizer="lion")
+    loop._resolve_defaults(digits)
+    loop._resolve_defaults(other)
+    assert (digits.num_train_epochs, other.num_train_epochs) == (loop.DIGITS_EPOCHS, loop.DEFAULT_EPOCHS)
+    assert digits.learning_rate == loop.DIGITS_LR["adamw"] and other.learning_rate == loop.DEFAULT_LR["lion"]
+    assert other.adam_beta2 == 0.99  # Lion's β₂
+
+
+@pytest.mark.parametrize(("warmup_ratio", "max_steps", "warmup"), [(0.2, 50, 10), (0.25, 10, 2)])
+def test_warmup_steps_are_the_ratio_of_the_training_steps(tmp_path, warmup_ratio, max_steps, warmup):
+    class OneProcess:
+        num_processes = 1
+
+    args = targs.make_args(
+        output_dir=str(tmp_path), warmup_ratio=warmup_ratio, max_train_steps=max_steps, lr_scheduler_type="linear"
+    )
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = loop._schedule(args, OneProcess(), opt, batches_per_epoch=7)
+    lrs = []
+    for _ in range(max_steps):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    # linear warmup to the peak at step `warmup`, then linear decay to 0 at max_steps
+    assert lrs[: warmup + 1] == pytest.approx([s / warmup for s in range(warmup + 1)])
+    assert lrs[warmup + 1] == pytest.approx((max_steps - warmup - 1) / (max_steps - warmup))
+    assert args.num_train_epochs == math.ceil(max_steps / 7)
+
+
+def test_resume_from_a_checkpoint_without_the_epoch_loss_starts_its_sum_at_zero(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    state = {"completed_steps": 12, "epoch": 2, "batches_in_epoch": 3}  # written before the epoch loss was saved
+    monkeypatch.setattr(loop, "resolve_checkpoint", lambda spec, out: str(tmp_path / "checkpoint-12"))
+    monkeypatch.setattr(loop, "load_checkpoint", lambda acc, path: dict(state))
+    run = SimpleNamespace(
+        args=SimpleNamespace(resume_from_checkpoint="latest", output_dir=str(tmp_path)),
+        accelerator=SimpleNamespace(print=lambda *a: None),
+    )
+    loop.resume(run)
+    assert (run.completed_steps, run.start_epoch, run.resume_batches) == (12, 2, 3)
+    assert (run.loss_sum, run.loss_count, run.history, run.srr_history) == (0.0, 0, [], [])
+    state.update(epoch_loss_sum=4.5, epoch_loss_count=3, history=[{"epoch": 1}])
+    loop.resume(run)
+    assert (run.loss_sum, run.loss_count, run.history) == (4.5, 3, [{"epoch": 1}])
+
+
+def test_push_to_hub_records_the_repo_url_in_the_results(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from hf_tdiag.training import hub
+
+    calls = []
+    monkeypatch.setattr(
+        hub, "publish", lambda out, repo, **kw: calls.append((out, repo, kw)) or "https://hub.test/me/x"
+    )
+    monkeypatch.setattr(loop, "write_json", lambda path, data: None)
+
+    class Card:
+        def save(self, path):
+            calls.append(("card", path))
+
+    monkeypatch.setattr("hf_tdiag.training.model_card.build_model_card", lambda *a, **k: Card())
+    args = targs.make_args(output_dir=str(tmp_path / "run"), push_to_hub=True)
+    run = SimpleNamespace(
+        args=args,
+        config=None,
+        raw=None,
+        preset=None,
+        unwrapped="model",
+        processor="processor",
+        accelerator=SimpleNamespace(print=lambda *a: None),
+    )
+    results = dict(train_runtime_s=1.0, eval_accuracy=0.5, eval_loss=1.0, train_loss=0.9, generalization_gap=0.1)
+    loop._publish(run, results)
+    assert results["hub_url"] == "https://hub.test/me/x"
+    assert calls[-1][:2] == (str(tmp_path / "run"), "run")  # the repo is named after the output folder
+    assert calls[-1][2]["model"] == "model" and calls[-1][2]["processor"] == "processor"
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_fine_tuning_passes_trust_remote_code_to_every_loader(tmp_path, monkeypatch, trust):
+    import hf_tdiag.loading as loading
+    from hf_tdiag.training import model as tmodel
+
+    seen = {}
+    config = CrateConfig.from_preset("crate-digits", hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+
+    def load_config(path, trust_remote_code, name):
+        seen["config"] = trust_remote_code
+        return config
+
+    def load_pretrained(path, cls, config, trust_remote_code, name, ignore_mismatched_sizes):
+        seen["model"] = trust_remote_code
+        return CrateForImageClassification(config)
+
+    def load_image_processor(path, trust_remote_code):
+        seen["processor"] = trust_remote_code
+        return None
+
+    monkeypatch.setattr(loading, "load_config", load_config)
+    monkeypatch.setattr(loading, "load_pretrained", load_pretrained)
+    monkeypatch.setattr(loading, "load_image_processor", load_image_processor)
+    args = targs.make_args(output_dir=str(tmp_path), model_name_or_path="someone/crate", trust_remote_code=trust)
+    raw = data.load_raw_data(targs.make_args(output_dir=str(tmp_path)))
+    model, processor, preset = tmodel.build_model_and_processor(args, raw)
+    assert seen == {"config": trust, "model": trust, "processor": trust}
+    assert model.config.num_labels == 10 and preset is None and processor is not None
+
+
+def test_digits_with_an_explicit_augmentation_are_wrapped_as_a_dataset(tmp_path):
+    from hf_tdiag.models.crate import CrateImageProcessor
+
+    args = targs.make_args(output_dir=str(tmp_path), augmentation="pad_crop", max_train_samples=6, max_eval_samples=4)
+    raw = data.load_raw_data(args)
+    processor = CrateImageProcessor.for_config(CrateConfig.from_preset("crate-digits"))
+    sets = data.build_datasets(args, raw, processor, 1, (8, 8))
+    assert (len(sets.train), len(sets.eval), sets.augmentation) == (6, 4, "pad_crop")
+    item = sets.eval[2]  # evaluation is not augmented: the processor's normalisation of the image
+    expected = (raw.eval["images"][2].astype(np.float32) / 255.0 - 0.5) / 0.5
+    np.testing.assert_allclose(item["pixel_values"][0].numpy(), expected, atol=1e-6)
+    assert int(item["labels"]) == int(raw.eval["labels"][2])
