@@ -352,3 +352,9 @@ def test_digits_with_an_explicit_augmentation_are_wrapped_as_a_dataset(tmp_path)
     expected = (raw.eval["images"][2].astype(np.float32) / 255.0 - 0.5) / 0.5
     np.testing.assert_allclose(item["pixel_values"][0].numpy(), expected, atol=1e-6)
     assert int(item["labels"]) == int(raw.eval["labels"][2])
+
+
+@pytest.mark.parametrize("flag", ["layer_srr_samples", "track_srr_samples"])
+def test_negative_sample_counts_are_named(tmp_path, flag):
+    with pytest.raises(ValueError, match=rf"^{flag}: "):
+        targs.make_args(output_dir=str(tmp_path), **{flag: -1})
