@@ -266,8 +266,9 @@ def run_group(
             keep_verdicts_when_tests_were_added(work, tests)
         if survivors:  # mutmut skips mutants it has a result for unless they are named: name the survivors
             # and (not for a sample, whose unchecked mutants were not drawn) those an interrupted run left unchecked
-            cmd += tally(codes, equivalents())["survivors"]
-            cmd += [] if sample else sorted(k for k, v in codes.items() if v is None)
+            names = tally(codes, equivalents())["survivors"]
+            names += [] if sample else sorted(k for k, v in codes.items() if v is None)
+            cmd = cmd + names if names else []  # no names: nothing to retest (a bare run would test every mutant)
         elif sample:  # a uniform sample of the unchecked mutants: named, mutmut tests only those
             generate_mutants(work, modules, env)
             codes = {k: v for m in modules for k, v in results_of(work, m).items()}
@@ -397,11 +398,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.sample and len(modules) > 1:  # (with --survivors: retest that sample's survivors)
             # one group per target: one stats run, a sample drawn uniformly over all the target's mutants; modules
             # with recorded verdicts (a full or partial run) are left out, so their rows are not replaced
-            recorded = recorded_rows(args.json) if args.json and not (args.survivors or args.summary) else {}
-            modules = [
-                m for m in modules if m not in recorded or recorded[m]["not_checked"] == recorded[m]["generated"]
-            ]
-            groups = [(modules, scratch / ("sample." + target.strip("/").replace("/", ".")))]
+            work = scratch / ("sample." + target.strip("/").replace("/", "."))
+            if (args.survivors or args.summary) and (work / "group.json").exists():
+                modules = json.loads((work / "group.json").read_text(encoding="utf-8"))  # the sample's own group
+            else:
+                recorded = recorded_rows(args.json) if args.json else {}
+                modules = [
+                    m for m in modules if m not in recorded or recorded[m]["not_checked"] == recorded[m]["generated"]
+                ]
+                work.mkdir(parents=True, exist_ok=True)
+                (work / "group.json").write_text(json.dumps(modules), encoding="utf-8")
+            groups = [(modules, work)]
         else:
             groups = [([m], scratch / m[:-3].replace("/", ".")) for m in modules]
         for group, work in groups:
