@@ -115,3 +115,63 @@ def test_worker_helpers():
         "resume_from_checkpoint": "latest",  # a run killed mid-way resumes from its checkpoint
     }
     assert "resume_from_checkpoint" not in worker._trainer_kwargs({}, {"checkpointing_steps": None})
+
+
+def test_worker_examples_from_a_pair_or_a_dataset():
+    x, y = torch.arange(12.0).reshape(6, 2), torch.arange(6)
+    px, py = worker.examples_tensors((x, y), 4)
+    assert torch.equal(px, x[:4]) and torch.equal(py, y[:4])
+    items = [{"pixel_values": x[i], "labels": int(y[i])} for i in range(6)]
+    dx, dy = worker.examples_tensors(items, 10)  # fewer than asked: all of them
+    assert torch.equal(dx, x) and torch.equal(dy, y)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_execute_one_run_in_this_process(tmp_path, keep):
+    from dataclasses import asdict
+
+    import numpy as np
+    from PIL import Image
+
+    from hf_tdiag.loading import load_image_processor
+    from hf_tdiag.training import args as targs
+    from hf_tdiag.training import data
+
+    settings = MeasureSettings(
+        max_examples=16, flatness_examples=8, batch_size=8, flatness_depth=2, sharpness_steps=1, pac_draws=2
+    )
+    fixed = dict(
+        max_train_steps=2,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_train_samples=64,
+        max_eval_samples=32,
+        per_device_train_batch_size=32,
+    )
+    spec = {
+        "key": "run0",
+        "study_dir": str(tmp_path),
+        "hparams": {"learning_rate": 1e-3},
+        "fixed": fixed,
+        "settings": asdict(settings),
+        "keep_models": keep,
+    }
+    rec = worker.execute(spec)
+    with open(record_path(str(tmp_path), "run0")) as f:
+        assert json.load(f) == json.loads(json.dumps(rec))
+    assert rec["train"]["steps"] == 2 and rec["model_config"]["hidden_size"] == 16
+    work = tmp_path / "work" / "run0"
+    assert work.is_dir() == keep
+    if keep:  # the measures are of the saved model, on the first 16 training images as the processor gives them
+        model, examples = worker.load_trained(spec["hparams"], fixed, str(work), max_examples=16)
+        weights = [p.detach().double() for n, p in model.named_parameters() if p.ndim == 2 and "position" not in n]
+        weights = [w for w in weights if w.shape != (1, 16)]  # the CLS token is a parameter, not a weight matrix
+        assert rec["measures"]["l2"] == pytest.approx(sum(float((w**2).sum()) for w in weights), rel=1e-6)
+        px, py = worker.examples_tensors(examples, 16)
+        raw = data.load_raw_data(targs.make_args(output_dir=str(tmp_path / "x"), max_train_samples=16))
+        processor = load_image_processor(str(work))
+        images = [Image.fromarray(a).convert("L") for a in raw.train["images"][:16]]
+        expected = processor(images, return_tensors="pt")["pixel_values"]
+        np.testing.assert_allclose(px.numpy(), expected.numpy(), atol=1e-6)
+        assert py.tolist() == raw.train["labels"][:16].tolist()
