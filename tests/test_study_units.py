@@ -175,3 +175,46 @@ def test_execute_one_run_in_this_process(tmp_path, keep):
         expected = processor(images, return_tensors="pt")["pixel_values"]
         np.testing.assert_allclose(px.numpy(), expected.numpy(), atol=1e-6)
         assert py.tolist() == raw.train["labels"][:16].tolist()
+
+
+CALLS = []
+
+
+def _fake_train(hparams, fixed, output_dir, max_examples=None):
+    """A study train_fn: an untrained tiny CRATE and 12 random examples, the gap set by the grid's axis."""
+    CALLS.append(hparams["gap"])
+    torch.manual_seed(0)
+    model = CrateForImageClassification(
+        CrateConfig.from_preset(
+            "crate-digits", hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_labels=10
+        )
+    )
+    x = torch.randn(12, 1, 8, 8)
+    return {"generalization_gap": hparams["gap"], "eval_accuracy": 0.5}, model, (x, torch.arange(12) % 10)
+
+
+def test_run_study_writes_its_manifest_and_reuses_the_cache(tmp_path):
+    from dataclasses import asdict
+
+    from hf_tdiag.study import StudyGrid, run_study
+    from hf_tdiag.study.cache import STUDY_VERSION
+
+    grid = StudyGrid("unit", axes={"gap": [0.1, 0.3]}, fixed={"max_train_steps": 1})
+    settings = MeasureSettings(max_examples=12, flatness_examples=4, flatness_depth=1, sharpness_steps=1, pac_draws=1)
+    CALLS.clear()
+    kwargs = dict(settings=settings, train_fn="test_study_units:_fake_train", plot=False, progress=False)
+    run_study(grid, str(tmp_path), **kwargs)
+    with open(tmp_path / "study.json") as f:
+        manifest = json.load(f)
+    assert manifest == {
+        "grid": {"name": "unit", "axes": {"gap": [0.1, 0.3]}, "fixed": {"max_train_steps": 1}, "description": ""},
+        "settings": asdict(settings),
+        "version": STUDY_VERSION,
+        "train_fn": "test_study_units:_fake_train",
+    }
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert len(runs) == 2 and CALLS == [0.1, 0.3]
+    gaps = sorted(json.load(open(tmp_path / "runs" / r))["train"]["generalization_gap"] for r in runs)
+    assert gaps == [0.1, 0.3]
+    run_study(grid, str(tmp_path), **kwargs)  # everything cached: nothing is trained again
+    assert CALLS == [0.1, 0.3]
