@@ -8,6 +8,8 @@
     scripts/mutation.sh --survivors hf_tdiag/measures/coding_rate.py  # retest only the recorded survivors (new tests)
     scripts/mutation.sh --sample 100 probes              # 100 random mutants of the package: an estimate
     scripts/mutation.sh --sample 100 --survivors probes  # retest that sample's survivors (new tests)
+    scripts/mutation.sh --recheck --json benchmarks/results/mutation_summary.json probes
+                                                         # retest the survivors the JSON records (scratch gone)
 
 Each module runs in its own scratch copy of the checkout (``$MUTATION_DIR``, default ``$TMPDIR/hf_tdiag_mutation``),
 so nothing is written into the repository and a second run reuses mutmut's cache there. The pyproject's
@@ -288,6 +290,47 @@ def run_group(
     return rows
 
 
+def rechecked_row(recorded: dict, codes: dict[str, int | None], equivalent: dict[str, str]) -> dict:
+    """A recorded row after its recorded survivors were retested in a new scratch folder: each survivor's new verdict
+    (killed, timeout, survived, without tests) or its new entry in the equivalents list replaces its old one; the
+    other counts stand. A survivor not retested stays a survivor (counted survived: the score does not split them)."""
+    names = recorded["survivors"]
+    new = tally({n: 0 if codes.get(n) is None else codes[n] for n in names}, equivalent)
+    t = {k: recorded[k] for k in KEYS}
+    for k in ("killed", "timeout", "equivalent"):
+        t[k] += new[k]
+    t["survived"], t["no_tests"] = new["survived"], new["no_tests"]
+    t["survivors"] = new["survivors"]
+    t["module"], t["tests"] = recorded["module"], recorded["tests"]
+    return t
+
+
+def recheck_group(modules: list[str], tool: dict, work: Path, jobs: int, recorded: dict[str, dict]) -> list[dict]:
+    """Retest the survivors ``recorded`` (a JSON summary's rows) for ``modules`` after their scratch folder is gone:
+    mutmut writes the modules' mutants again (same source, same names), tests only those survivors, and each row is
+    the recorded one with the survivors' new verdicts."""
+    equivalent = equivalents()
+    names = sorted(n for m in modules for n in recorded[m]["survivors"] if n not in equivalent)
+    mapping = tool.get("hf_tdiag", {}).get("mutation", {}).get("tests", {})
+    tests = sorted({t for m in modules for t in tests_for(m, mapping)})
+    if names:
+        work.mkdir(parents=True, exist_ok=True)
+        sync_checkout(work)
+        write_pyproject(work, tool, modules, tests)
+        print(f"== recheck {len(names)} survivors of {' '.join(modules)}: tests {' '.join(tests)}", flush=True)
+        env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        generate_mutants(work, modules, env)
+        codes = {k: v for m in modules for k, v in results_of(work, m).items()}
+        lost = [n for n in names if n not in codes]
+        if lost:  # the module changed since the run that recorded them: its mutants are numbered anew
+            print(f"   not generated again (source changed?): {' '.join(lost)}", flush=True)
+        cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)] + [n for n in names if n in codes]
+        with open(work / "mutmut.log", "w") as log:
+            subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+    codes = {k: v for m in modules for k, v in results_of(work, m).items()} if names else {}
+    return [rechecked_row(recorded[m], codes, equivalent) for m in modules]
+
+
 KEYS = ("generated", "killed", "timeout", "survived", "equivalent", "no_tests", "not_checked")
 
 
@@ -320,14 +363,22 @@ def merged_rows(path: Path, rows: list[dict]) -> list[dict]:
     return sorted(rows + kept, key=lambda r: r["module"])
 
 
-def write_json(path: Path, rows: list[dict]) -> None:
-    """The summary as JSON: per module (counts, killed share, survivors' names) and per package."""
+def tool_version() -> str:
+    """``mutmut <version>``, or ``mutmut (not installed)``: a summary is bookkeeping and needs no mutmut (CI has none)."""
     import importlib.metadata
 
+    try:
+        return f"mutmut {importlib.metadata.version('mutmut')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "mutmut (not installed)"
+
+
+def write_json(path: Path, rows: list[dict]) -> None:
+    """The summary as JSON: per module (counts, killed share, survivors' names) and per package."""
     rows = merged_rows(path, rows)
 
     data = {
-        "tool": f"mutmut {importlib.metadata.version('mutmut')}",
+        "tool": tool_version(),
         "killed_percent": "killed (timeouts included) / (generated - equivalent - not_checked)",
         "equivalent_list": EQUIVALENT.relative_to(ROOT).as_posix(),
         "packages": package_totals(rows),
@@ -390,11 +441,24 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="retest only the recorded survivors and unchecked mutants (after adding tests)",
     )
+    ap.add_argument(
+        "--recheck",
+        action="store_true",
+        help="retest the survivors that the --json summary records (their scratch folder is gone); one group per target",
+    )
     args = ap.parse_args(argv)
+    if args.recheck and not args.json:
+        ap.error("--recheck reads the survivors from the summary: give --json PATH")
     scratch = Path(os.environ.get("MUTATION_DIR", Path(tempfile.gettempdir()) / "hf_tdiag_mutation"))
     rows = []
     for target in args.targets or packages:
         modules = modules_of(target, packages)
+        if args.recheck:
+            recorded = recorded_rows(args.json)
+            group = [m for m in modules if m in recorded and recorded[m]["survivors"]]
+            work = scratch / ("recheck." + target.strip("/").replace("/", "."))
+            rows += recheck_group(group, tool, work, args.jobs, recorded) if group else []
+            continue
         if args.sample and len(modules) > 1:  # (with --survivors: retest that sample's survivors)
             # one group per target: one stats run, a sample drawn uniformly over all the target's mutants; modules
             # with recorded verdicts (a full or partial run) are left out, so their rows are not replaced

@@ -65,3 +65,20 @@ def test_sample_draws_only_unchecked_mutants_reproducibly(mutation):
     assert len(draw) == 5 == len(set(draw)) and all(codes[n] is None for n in draw)
     assert draw == mutation.sample_of(codes, 5, seed=4) and draw != mutation.sample_of(codes, 5, seed=5)
     assert mutation.sample_of(codes, 100, seed=0) == sorted(n for n, c in codes.items() if c is None)
+
+
+def test_recheck_moves_each_recorded_survivor_to_its_new_verdict(mutation):
+    recorded = {
+        **_row("hf_tdiag/probes/b.py", 10),
+        "generated": 20,
+        "survived": 3,
+        "no_tests": 1,
+        "not_checked": 6,
+        "survivors": ["b.f_1", "b.f_2", "b.f_3", "b.f_4"],
+    }
+    # f_1 now killed, f_2 times out, f_3 is now listed equivalent, f_4 was not retested (no verdict)
+    row = mutation.rechecked_row(recorded, {"b.f_1": 1, "b.f_2": 36, "b.f_4": None}, {"b.f_3": "same value"})
+    assert (row["killed"], row["timeout"], row["equivalent"]) == (11, 1, 1)
+    assert (row["survived"], row["no_tests"], row["survivors"]) == (1, 0, ["b.f_4"])
+    assert (row["generated"], row["not_checked"]) == (20, 6)  # the other counts stand
+    assert mutation.score(row) == f"{100 * 12 / 13:.1f}"  # (11 + 1) / (20 - 1 - 6)
