@@ -93,17 +93,20 @@ def test_srr_matches_numpy_reference(double_models, family, source):
     batch = _batch()
     report = layer_srr(model, batch, source=source, eps=EPS, lam=LAM, precision="float64", progress=False)
     L = model.config.num_hidden_layers
+    # transformers builds rotary cos/sin in float32 whatever the model's dtype, and a batch of 3 and a batch of 1
+    # may round that float32 product differently on another CPU (CI saw 2e-8 relative); GPT-2 has no rotary table
+    tol = 1e-9 if family == "gpt2" else 1e-6
     assert report.states == ("output", "input") and report.num_layers == L and report.num_samples == len(LENGTHS)
     for b, n in enumerate(LENGTHS):
         Z = _states_alone(model, batch["input_ids"][b, :n])  # Z^0 … Z^L of the sample alone
         for ell in range(1, L + 1):
             Us = _U_by_hand(model, ell - 1, source)
-            np.testing.assert_allclose(report.values[b, 0, ell - 1].numpy(), _terms(Z[ell], Us), rtol=1e-9, atol=1e-9)
+            np.testing.assert_allclose(report.values[b, 0, ell - 1].numpy(), _terms(Z[ell], Us), rtol=tol, atol=tol)
             np.testing.assert_allclose(
-                report.values[b, 1, ell - 1].numpy(), _terms(Z[ell - 1], Us), rtol=1e-9, atol=1e-9
+                report.values[b, 1, ell - 1].numpy(), _terms(Z[ell - 1], Us), rtol=tol, atol=tol
             )
         np.testing.assert_allclose(
-            report.embedding_values[b].numpy(), _terms(Z[0], _U_by_hand(model, 0, source)), rtol=1e-9, atol=1e-9
+            report.embedding_values[b].numpy(), _terms(Z[0], _U_by_hand(model, 0, source)), rtol=tol, atol=tol
         )
 
 
