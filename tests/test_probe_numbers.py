@@ -1,0 +1,321 @@
+"""The probes' less-travelled paths, each against an independent computation: the architecture flags, list queries of
+the attention-SVM diagnostic, a one-head BERT, checkpoint key resolution, α's value/output gain written out per head,
+the multimodal text config and the config checks of the decoder layout, padded / float inputs of the concept
+probes, the supervised comparison's agreement table, the Schatten report's JSON round trip and the SRR error that
+names a block."""
+
+import json
+import types
+
+import numpy as np
+import pytest
+import torch
+from decoder_models import build
+from scipy.optimize import linear_sum_assignment
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    BertModel,
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    ViTConfig,
+    ViTForImageClassification,
+)
+
+from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
+from hf_tdiag.probes.architecture import describe
+from hf_tdiag.probes.attention_heads import head_weights
+from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
+from hf_tdiag.probes.bert_weights import encoder_weights
+from hf_tdiag.probes.checkpoint import open_checkpoint
+from hf_tdiag.probes.concept_constants import alpha_constants
+from hf_tdiag.probes.concept_decoder import decoder_block_forward
+from hf_tdiag.probes.concept_fidelity import compare_concepts
+from hf_tdiag.probes.concept_model import concept_model_parts, layer_activations, text_encoding
+from hf_tdiag.probes.concept_text import encode_texts
+from hf_tdiag.probes.decoders import decoder_layout
+from hf_tdiag.probes.spectrum import SpectrumBoundReport, spectrum_bounds
+from hf_tdiag.probes.srr import batch_srr_values, layer_srr
+
+
+def _bert(heads=2, layers=2, hidden=16, cls=BertModel, seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=40,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=24,
+        max_position_embeddings=32,
+        **kw,
+    )
+    return cls(cfg).eval()
+
+
+def _ids(B=3, N=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 40, (B, N), generator=g)
+
+
+# --------------------------------------------------------------------------- architecture
+
+
+def test_pre_norm_flag_names_where_the_norm_sits():
+    crate = CrateForImageClassification(
+        CrateConfig(
+            image_size=8, patch_size=4, num_channels=1, hidden_size=8, num_hidden_layers=2, num_attention_heads=2
+        )
+    )
+    assert describe(crate).pre_norm is True  # CRATE normalises each block's input (LN before MSSA and ISTA)
+    assert describe(_bert()).pre_norm is False  # BERT normalises after the residual sum
+    assert describe(build("gpt2")).pre_norm is True
+
+
+# --------------------------------------------------------------------------- attention-SVM queries
+
+
+def test_list_queries_are_exactly_the_positions_asked_for():
+    model = _bert()
+    ids = _ids(B=3, N=7)
+    mask = torch.ones_like(ids)
+    mask[2, 4:] = 0  # position 5 of sequence 2 is padding: not a query
+    diag = attention_svm_diagnostic(
+        model, {"input_ids": ids, "attention_mask": mask}, 1, 0, queries=[1, 5], max_queries=None
+    )
+    got = sorted(map(tuple, diag.query_index.tolist()))
+    assert got == [(0, 1), (0, 5), (1, 1), (1, 5), (2, 1)]
+
+
+def test_decoder_head_index_errors_name_the_argument():
+    model = build("gpt2")  # 2 blocks of 4 heads
+    assert head_weights(model, 1, 3).W_Q.shape[0] == 8
+    with pytest.raises(ValueError, match=r"^layer: expected .*got 2"):
+        head_weights(model, 2, 0)
+    with pytest.raises(ValueError, match=r"^head: expected .*got 4"):
+        head_weights(model, 0, 4)
+
+
+# --------------------------------------------------------------------------- encoder weights
+
+
+def test_a_one_head_bert_is_one_head_of_full_width():
+    model = _bert(heads=1)
+    w = encoder_weights(model)
+    assert w.num_heads == 1 and w.head_dim == 16
+    q = model.encoder.layer[1].attention.self.query.weight.detach()
+    torch.testing.assert_close(w.heads(1, "query")[0], q.to(w.heads(1, "query").dtype), rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_keys_resolve_a_base_models_names_by_their_unique_suffix(tmp_path):
+    model = _bert(cls=BertForSequenceClassification, num_labels=3)
+    model.save_pretrained(tmp_path)
+    ck = open_checkpoint(str(tmp_path))
+    name = "encoder.layer.1.attention.self.value.weight"  # the base model's name; stored as bert.<name>
+    assert ck.key(name) == "bert." + name
+    assert ck.key("bert." + name) == "bert." + name
+    with ck.tensors([name]) as get:
+        torch.testing.assert_close(get(name), model.bert.encoder.layer[1].attention.self.value.weight.detach())
+    with pytest.raises(ValueError, match="no tensor"):
+        ck.key("encoder.layer.9.attention.self.value.weight")
+    with pytest.raises(ValueError, match="several"):
+        ck.key("weight")  # every linear's weight ends so
+
+
+# --------------------------------------------------------------------------- concept constants
+
+
+def test_alpha_of_a_post_norm_block_is_the_per_head_value_output_gain_times_the_input_norm():
+    model = _bert(cls=BertForSequenceClassification, heads=4, num_labels=2).double()
+    cm = concept_model_parts(model)
+    Z = torch.randn(3, 6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    cert, est = alpha_constants(cm, 1, Z, torch.zeros(3, 6))
+    att = model.bert.encoder.layer[1].attention  # block 2: the block that follows layer ℓ = 1
+    Wv = att.self.value.weight.detach().numpy()
+    Wo = att.output.dense.weight.detach().numpy()
+    p = 4
+    gain = sum(
+        np.linalg.norm(Wv[k * p : (k + 1) * p], 2) * np.linalg.norm(Wo[:, k * p : (k + 1) * p], 2) for k in range(4)
+    )
+    want = [gain / (2 * np.sqrt(p)) * np.linalg.norm(z, 2) for z in Z.numpy()]
+    np.testing.assert_allclose(est.numpy(), want, rtol=1e-12)
+    np.testing.assert_allclose(cert.numpy(), want, rtol=1e-12)  # radius 0: the certified α is the estimate
+
+
+# --------------------------------------------------------------------------- concept model inputs
+
+
+def test_float_inputs_take_the_models_dtype():
+    torch.manual_seed(0)
+    cfg = ViTConfig(
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=24,
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        num_labels=3,
+    )
+    model = ViTForImageClassification(cfg).double().eval()
+    x = torch.rand(4, 1, 8, 8)  # float32 pixels for a float64 model
+    acts = layer_activations(model, x, 1)
+    with torch.no_grad():
+        want = model(pixel_values=x.double(), output_hidden_states=True).hidden_states[1]
+    assert acts.frame.dtype == torch.float64
+    torch.testing.assert_close(acts.frame, want, rtol=1e-12, atol=1e-12)
+
+
+def test_padded_text_encodings_are_refused():
+    ids = _ids(B=2, N=5)
+    enc = {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])}
+    enc["concept_mask"] = torch.tensor([0, 1, 1, 1, 0])
+    with pytest.raises(ValueError, match="padded texts"):
+        text_encoding(enc)
+    enc["attention_mask"] = torch.ones_like(ids)
+    assert text_encoding(enc)["input_ids"] is ids
+
+
+class _ShiftedSpecials:
+    """A tokenizer double whose texts get their special tokens at different places (same width)."""
+
+    def __call__(self, texts, add_special_tokens=True, return_special_tokens_mask=False, **kw):
+        if isinstance(texts, str):
+            return {"input_ids": list(range(3))}
+        ids = torch.arange(5 * len(texts)).reshape(len(texts), 5)
+        special = torch.tensor([[1, 0, 0, 0, 1], [1, 0, 0, 1, 0]][: len(texts)])
+        return {"input_ids": ids, "special_tokens_mask": special}
+
+    def num_special_tokens_to_add(self, pair=False):
+        return 2
+
+
+def test_texts_with_different_special_token_layouts_are_refused():
+    with pytest.raises(ValueError, match="same special-token layout"):
+        encode_texts(_ShiftedSpecials(), ["abc", "def"])
+
+
+def test_decoder_blocks_that_return_a_tuple_give_their_hidden_state():
+    model = build("llama").double()
+    cm = concept_model_parts(model)
+    block = model.model.layers[1]
+    hidden = torch.randn(2, 5, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = decoder_block_forward(cm, block, hidden)
+        own = block.forward
+        block.forward = types.MethodType(lambda self, *a, **k: (own(*a, **k), None), block)  # a 4.x-style layer
+        try:
+            wrapped = decoder_block_forward(cm, block, hidden)
+        finally:
+            del block.forward
+    assert plain.shape == hidden.shape
+    torch.testing.assert_close(wrapped, plain, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- concept comparison
+
+
+def test_agreement_compares_every_other_fit_with_the_supervised_one():
+    model = _bert(cls=BertForSequenceClassification, num_labels=2)
+    ids = _ids(B=8, N=6, seed=3)
+    enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "concept_mask": torch.tensor([0, 1, 1, 1, 1, 0])}
+    out = compare_concepts(
+        model, enc, 1, 3, gram_weights=(0.0, 1.0), max_iter=20, refine_iter=5, bounds=False, progress=False
+    )
+    assert set(out["agreement"]) == {"plain", "gram(mu=1)"}  # the supervised fit is the reference, not a row
+    assert out["estimators"]["supervised"].supervised_iter == 100  # the documented default
+    ref = out["estimators"]["supervised"].components_.double().numpy()
+    for label, row in out["agreement"].items():
+        W = out["estimators"][label].components_.double().numpy()
+        cos = (W / np.linalg.norm(W, axis=1, keepdims=True)) @ (ref / np.linalg.norm(ref, axis=1, keepdims=True)).T
+        r, c = linear_sum_assignment(-cos)
+        assert row["mean_cosine"] == pytest.approx(cos[r, c].mean(), rel=1e-9, abs=1e-12)
+        assert sorted(map(tuple, row["pairs"])) == sorted(zip(r.tolist(), c.tolist()))
+
+
+# --------------------------------------------------------------------------- decoder layout
+
+
+def test_a_multimodal_models_text_config_describes_its_language_model():
+    tc = LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        vocab_size=64,
+        hidden_act="gelu",
+    )
+    vc = CLIPVisionConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=8, patch_size=4
+    )
+    model = LlavaForConditionalGeneration(LlavaConfig(text_config=tc, vision_config=vc, image_token_index=63))
+    assert getattr(model.config, "hidden_size", None) is None  # the sizes live in the text config only
+    lay = decoder_layout(model)
+    assert (lay.hidden_size, lay.num_heads, lay.num_kv_heads, lay.num_layers) == (32, 4, 2, 2)
+    assert lay.activation == "gelu"  # the config's activation, not Llama's usual silu
+    assert lay.layers_path == "model.language_model.layers"
+
+
+def test_decoder_layout_checks_the_config_against_the_weights():
+    model = LlamaForCausalLM(
+        LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=4, intermediate_size=48, vocab_size=64)
+    )
+    assert decoder_layout(model).activation == "silu"
+    model.config.hidden_size = 48
+    with pytest.raises(ValueError, match="hidden size 48 differs from the block width 32"):
+        decoder_layout(model)
+
+
+def test_query_heads_of_each_kv_head_and_the_bad_index():
+    lay = decoder_layout(build("llama"))  # 8 query heads, 2 K/V heads
+    assert lay.query_heads(0) == [0, 1, 2, 3] and lay.query_heads(1) == [4, 5, 6, 7]
+    with pytest.raises(ValueError, match="kv_head"):
+        lay.query_heads(2)
+
+
+# --------------------------------------------------------------------------- Schatten report
+
+
+def test_spectrum_report_json_round_trip_from_text_and_file(tmp_path):
+    rep = spectrum_bounds(_bert(layers=2), progress=False)
+    text = rep.to_json()
+    path = tmp_path / "report.json"
+    rep.to_json(path)
+    for back in (SpectrumBoundReport.from_json("\n  " + text), SpectrumBoundReport.from_json(path)):
+        assert back.to_dict() == json.loads(text)
+        assert len(back.matrices) == len(rep.matrices)
+        for a, b in zip(back.matrices, rep.matrices):
+            assert a.shape == b.shape and isinstance(a.shape, tuple)
+            np.testing.assert_array_equal(a.singular_values, b.singular_values)
+            np.testing.assert_array_equal(a.contributions, b.contributions)
+        np.testing.assert_array_equal(back.alpha, rep.alpha)
+
+
+# --------------------------------------------------------------------------- SRR
+
+
+def test_srr_names_the_block_whose_projection_is_not_finite():
+    model = _bert(layers=3)
+    with torch.no_grad():
+        model.encoder.layer[1].attention.self.query.weight[0, 0] = float("nan")  # block 2 (1-based)
+    with pytest.raises(ValueError, match=r"blocks \[2\]"):
+        layer_srr(model, _ids(), progress=False)
+
+
+def test_batch_values_without_given_subspaces_equal_the_reports():
+    model = _bert(layers=2).double()
+    with torch.no_grad():  # float64 weights that float32 cannot hold: precision="float64" must keep them so
+        for prm in model.parameters():
+            prm.add_(1e-3 * torch.randn_like(prm))
+    ids = _ids()
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    report = layer_srr(model, batch, eps=0.5, lam=0.3, precision="float64", progress=False)
+    values, emb = batch_srr_values(model, batch, eps=0.5, lam=0.3, precision="float64")
+    torch.testing.assert_close(values[:, : report.values.shape[1]], report.values, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(emb, report.embedding_values, rtol=1e-12, atol=1e-12)
