@@ -330,7 +330,8 @@ def test_schatten_table_of_a_crate_and_a_bert(tmp_path, capsys, one_torch_thread
         "assert type(AutoImageProcessor.from_pretrained(FOLDER)).__name__ == 'CrateImageProcessor'",
     ],
 )
-@pytest.mark.parametrize("first", ["hf_tdiag", "transformers"])
+# transformers imported first: a subprocess each (~5 s), run with the slow tests
+@pytest.mark.parametrize("first", ["hf_tdiag", pytest.param("transformers", marks=pytest.mark.slow)])
 def test_crate_is_registered_whatever_the_import_order(statement, first, tmp_path):
     folder = tmp_path / "proc"
     code = (

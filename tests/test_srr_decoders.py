@@ -102,9 +102,7 @@ def test_srr_matches_numpy_reference(double_models, family, source):
         for ell in range(1, L + 1):
             Us = _U_by_hand(model, ell - 1, source)
             np.testing.assert_allclose(report.values[b, 0, ell - 1].numpy(), _terms(Z[ell], Us), rtol=tol, atol=tol)
-            np.testing.assert_allclose(
-                report.values[b, 1, ell - 1].numpy(), _terms(Z[ell - 1], Us), rtol=tol, atol=tol
-            )
+            np.testing.assert_allclose(report.values[b, 1, ell - 1].numpy(), _terms(Z[ell - 1], Us), rtol=tol, atol=tol)
         np.testing.assert_allclose(
             report.embedding_values[b].numpy(), _terms(Z[0], _U_by_hand(model, 0, source)), rtol=tol, atol=tol
         )

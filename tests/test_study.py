@@ -104,6 +104,7 @@ def records_equal(a, b):
     return sorted(json.dumps(r, sort_keys=True) for r in a) == sorted(json.dumps(r, sort_keys=True) for r in b)
 
 
+@pytest.mark.slow  # kills a study process mid-run: ~30 s
 def test_study_killed_mid_run_continues_and_loses_nothing(tmp_path, tiny_study):
     out = tmp_path / "study"
     script = textwrap.dedent(

@@ -33,6 +33,7 @@ FLAGS = [
 ]
 
 
+@pytest.mark.slow  # two torchrun processes: ~15 s
 def test_two_process_torchrun_counts_each_eval_sample_once(tmp_path):
     out = tmp_path / "ddp"
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
