@@ -3,6 +3,7 @@ executor, the Ray task's cache check, the worker's helpers (the end-to-end study
 
 import json
 import math
+import os
 import statistics
 
 import pytest
@@ -218,3 +219,22 @@ def test_run_study_writes_its_manifest_and_reuses_the_cache(tmp_path):
     assert gaps == [0.1, 0.3]
     run_study(grid, str(tmp_path), **kwargs)  # everything cached: nothing is trained again
     assert CALLS == [0.1, 0.3]
+
+
+def test_worker_init_sets_threads_and_takes_one_gpu_from_the_queue(monkeypatch):
+    import queue
+
+    from hf_tdiag.study.executors.local import _init_worker
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "unset-by-test")
+    try:
+        _init_worker(1)  # no GPU queue: CUDA_VISIBLE_DEVICES is left alone
+        assert torch.get_num_threads() == 1 and os.environ["CUDA_VISIBLE_DEVICES"] == "unset-by-test"
+        q = queue.Queue()
+        q.put(3)
+        q.put(5)
+        _init_worker(0, q)  # threads clamp to at least 1; the worker takes the first free GPU
+        assert torch.get_num_threads() == 1 and os.environ["CUDA_VISIBLE_DEVICES"] == "3" and q.get_nowait() == 5
+    finally:
+        torch.set_num_threads(before)

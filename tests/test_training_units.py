@@ -344,3 +344,12 @@ def test_accelerate_configs_load():
     assert kinds["single_gpu"] == ("DistributedType.NO", "bf16")
     assert kinds["multi_gpu_ddp"][0] == "DistributedType.MULTI_GPU"
     assert kinds["fsdp"][0] == "DistributedType.FSDP"
+
+
+def test_store_true_flags_take_no_value():
+    parser = targs.build_parser()
+    base = ["--output-dir", "out"]
+    for flag, dest in (("--push-to-hub", "push_to_hub"), ("--hub-private-repo", "hub_private_repo")):
+        assert getattr(parser.parse_args(base), dest) is False
+        ns = parser.parse_args(base + [flag, "--hub-model-id", "me/crate"])  # a value-taking flag would eat the next
+        assert getattr(ns, dest) is True and ns.hub_model_id == "me/crate"
