@@ -234,3 +234,21 @@ def test_kq_penalty_pulls_k_and_q_back_once_the_loss_gradient_vanishes():
         assert torch.allclose(P1, P0 - 0.1 * (2 * n / (2 * n + 1)) * P0 / n, rtol=0, atol=1e-12)
     frozen = train_attention(data, param="KQ", steps=1, lr=0.1, init=(K0, Q0), kq_penalty=0.0)
     assert torch.allclose(frozen.K, K0, atol=1e-12) and torch.allclose(frozen.Q, Q0, atol=1e-12)
+
+
+def test_plain_gd_steps_are_minus_lr_times_the_autograd_gradient():
+    """``normalized=False``: ``W_{t+1} = W_t − lr·∇L(W_t)`` with ∇ from autograd on the logistic loss written here."""
+    data = make_attention_data(3, 4, 5, seed=4)
+
+    def grad(W):
+        W = W.clone().requires_grad_(True)
+        f = torch.stack([data.v @ data.X[i].T @ torch.softmax(data.X[i] @ W @ data.z[i], 0) for i in range(3)])
+        return torch.autograd.grad(torch.log1p(torch.exp(-data.Y * f)).mean(), W)[0]
+
+    lr = 0.7
+    W = torch.zeros(data.X.shape[-1], data.z.shape[-1], dtype=torch.float64)
+    for steps in (1, 2):
+        W = W - lr * grad(W)
+        run = train_attention(data, param="W", steps=steps, lr=lr, normalized=False, init="zero")
+        torch.testing.assert_close(run.W, W, rtol=1e-10, atol=1e-12)
+    assert run.loss[-1] < run.loss[0]

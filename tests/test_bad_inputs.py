@@ -647,3 +647,51 @@ def test_default_notification_is_a_warning(tmp_path):
     _checkpoint(tmp_path, 2, "{")
     with pytest.warns(UserWarning, match="checkpoint-2"):
         assert resolve_checkpoint("latest", str(tmp_path)).endswith("checkpoint-1")
+
+
+def _quadratic_loss(w):
+    return lambda batch: ((w - batch) ** 2).sum()
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: _gd(steps=0), "steps"),
+        (lambda: _finite_part(z=torch.randn(3)), "z"),
+        (lambda: _supervised(kl_weight=-1.0), "kl_weight"),
+        (lambda: _supervised(supervised_iter=-1), "supervised_iter"),
+        (lambda: _supervised(batch_size=0), "batch_size"),
+        (lambda: _sharpness_with(rho=0.0), "rho"),
+    ],
+    ids=["gd-steps", "finite-part-z", "kl_weight", "supervised_iter", "batch_size", "sharpness-rho"],
+)
+def test_measure_options_name_themselves(call, name):
+    with pytest.raises((ValueError, TypeError), match=rf"^{name}: "):
+        call()
+
+
+def _gd(**kw):
+    from hf_tdiag.measures.attention_gd import make_attention_data, stack_data, train_attention_batch
+
+    return train_attention_batch(stack_data([make_attention_data(3, 4, 5, seed=0)]), **kw)
+
+
+def _finite_part(z):
+    from hf_tdiag.measures.attention_svm.finite import gen_svm_finite_part
+
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    mask[:, 0] = True
+    return gen_svm_finite_part(torch.randn(3, 4, 5), z, mask, torch.zeros(3, 4))
+
+
+def _supervised(**kw):
+    from hf_tdiag.measures.concepts import ClassifierSupervisedSemiNMF
+
+    return ClassifierSupervisedSemiNMF(3, **kw)
+
+
+def _sharpness_with(**kw):
+    from hf_tdiag.measures.sharpness import sharpness
+
+    w = torch.zeros(3, requires_grad=True)
+    return sharpness(_quadratic_loss(w), [w], [torch.ones(3)], **kw)
