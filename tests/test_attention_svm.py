@@ -122,6 +122,10 @@ def test_infeasible_duplicate_token_and_contradiction():
     assert not res.feasible and res.W is None and res.status == "infeasible"
     assert res.offending.tolist() == [2]
     assert math.isinf(res.objective)
+    # no W: float64 NaN margins, zero duals, no active token; the verdict came before any solver ran
+    assert res.margins.dtype == torch.float64 and res.margins.shape == (4, 5) and bool(res.margins.isnan().all())
+    assert not bool(res.dual.any()) and not bool(res.active.any())
+    assert res.solver.startswith("none") and res.iterations == 0
     # two identical queries over identical tokens that select different tokens: a + (−a) = 0
     X2 = torch.randn(2, 3, 4, dtype=torch.float64)
     X2[1] = X2[0]
@@ -130,6 +134,8 @@ def test_infeasible_duplicate_token_and_contradiction():
     assert not res2.feasible
     assert sorted(res2.offending.tolist()) == [0, 1]
     assert res2.certificate_residual < 1e-6
+    assert res2.solver == att_svm(X2[:1], z2[:1], torch.tensor([0])).solver  # the dual solver that found it
+    assert res2.margins.dtype == torch.float64 and bool(res2.margins.isnan().all())
     prob, _ = _cvx_solve(X2, z2, sel=torch.tensor([0, 1]))
     assert prob.status == "infeasible"
 

@@ -19,6 +19,7 @@ import torch
 from .kernel import ReducedKernel
 from .problem import Problem
 from .result import AttSVMResult, empty_result
+from .solvers import solver_name
 
 __all__ = ["certificate_lp", "zero_feature_result", "infeasible_result"]
 
@@ -68,6 +69,7 @@ def zero_feature_result(
         prob.ref,
         norm,
         prob.X.device,
+        "none (a zero feature decides before any solve)",
         offending=offending,
         certificate_residual=0.0,
         solve_time=time.perf_counter() - t0,
@@ -105,6 +107,7 @@ def infeasible_result(
         prob.ref,
         norm,
         prob.X.device,
+        solver_name(op),
         status=status,
         offending=offending,
         certificate_residual=resid,

@@ -91,7 +91,9 @@ class AttSVMResult:
         return out
 
 
-def empty_result(n: int, T: int, kind: torch.Tensor, ref: torch.Tensor, norm: str, device, **kw) -> AttSVMResult:
+def empty_result(
+    n: int, T: int, kind: torch.Tensor, ref: torch.Tensor, norm: str, device, solver: str, **kw
+) -> AttSVMResult:
     """An infeasible (or unsolved) result: no ``W``, ``objective = inf``, NaN margins; ``kw`` overrides fields."""
     nan = torch.full((n, T), math.nan, dtype=torch.float64, device=device)
     base = dict(
@@ -108,7 +110,7 @@ def empty_result(n: int, T: int, kind: torch.Tensor, ref: torch.Tensor, norm: st
         duality_gap=math.nan,
         iterations=0,
         solve_time=0.0,
-        solver="gpcg",
+        solver=solver,
     )
     base.update(kw)
     return AttSVMResult(**base)

@@ -23,7 +23,7 @@ from .kernel import ReducedKernel
 from .nuclear import solve_nuclear
 from .problem import Problem, reduce
 from .result import AttSVMResult
-from .solvers import pdas, projected_newton, rel_gap, support_guess
+from .solvers import pdas, projected_newton, rel_gap, solver_name, support_guess
 
 __all__ = ["att_svm", "att_svm_self", "solve"]
 
@@ -177,7 +177,7 @@ def _feasible_result(
         duality_gap=rel_gap(lam, Klam),
         iterations=iters,
         solve_time=time.perf_counter() - t0,
-        solver="projected-newton" + ("-dense" if op.dense else "-factored"),
+        solver=solver_name(op),
     )
 
 

@@ -18,7 +18,12 @@ import torch
 from .kernel import ReducedKernel
 from .problem import Problem, chol_apply
 
-__all__ = ["rel_gap", "pcg", "face_solve", "support_guess", "pdas", "projected_newton"]
+__all__ = ["rel_gap", "pcg", "face_solve", "support_guess", "pdas", "projected_newton", "solver_name"]
+
+
+def solver_name(op: ReducedKernel) -> str:
+    """The name a result reports for the dual solve over ``op`` (active set, then projected Newton)."""
+    return "projected-newton" + ("-dense" if op.dense else "-factored")
 
 
 def rel_gap(lam: torch.Tensor, Klam: torch.Tensor) -> float:
