@@ -180,6 +180,11 @@ def test_nuclear_matches_cvxpy_and_is_below_frobenius_norm():
     assert res.duality_gap < 1e-6
     ineq, _ = _cvx_features(X, z, sel=sel)
     assert min(a @ res.W.numpy() @ b for a, b in ineq) >= 1 - 1e-9
+    # the support: the non-selected tokens whose margin (x_sel − x_t)ᵀ W z is 1 at the optimum (there is one)
+    Xn, zn, Wn = X.numpy(), z.numpy(), res.W.numpy()
+    margin = np.array([[(Xn[i, sel[i]] - Xn[i, t]) @ Wn @ zn[i] for t in range(4)] for i in range(4)])
+    tight = (margin <= 1 + 1e-5) & (np.arange(4)[None, :] != sel.numpy()[:, None])
+    assert tight.any() and np.array_equal(res.active.numpy(), tight)
     fro = att_svm(X, z, sel)
     # ‖W_nuc‖_* ≤ ‖W_fro‖_* and ‖W_fro‖_F ≤ ‖W_nuc‖_F (each is optimal for its own norm)
     assert res.objective <= float(torch.linalg.matrix_norm(fro.W, "nuc")) + 1e-7

@@ -91,6 +91,9 @@ def test_convergence_rows_and_their_figures():
     row = res["rows"][0]
     for param in ("W", "KQ"):
         assert sum(row[param][k] for k in ("global", "local", "undetermined")) == pytest.approx(1.0)
+        # a share of 3 runs: k/3 for k in 0..3
+        assert row[param]["selects_optimal"] * 3 == pytest.approx(round(row[param]["selects_optimal"] * 3))
+        assert 0 <= round(row[param]["selects_optimal"] * 3) <= 3
     assert 0 <= row["assumption_B1"] <= 1 and row["runs"] == 3 and len(res["runs"]) == 3
     fig = V.plot_convergence(res, param="KQ")
     heights = [p.get_height() for p in fig.axes[0].patches]
@@ -158,3 +161,36 @@ def test_recipe_quick_writes_a_png_and_json_per_figure(tmp_path):
     (out / "rank_vs_m.png").unlink()
     assert recipe.main(["--replot", "--dpi", "50", "--output-dir", str(out)]) == 0
     assert (out / "rank_vs_m.png").exists()
+
+
+def test_nonlinear_chunk_trains_the_relu_head_of_each_instance():
+    from hf_tdiag.measures.attention_gd import ReLUHead, attention_loss, make_relu_head_data
+    from hf_tdiag.measures.attention_gd.paper.nonlinear import _chunk
+
+    cfg = dict(QUICK["nonlinear"], steps=3, record_every=1)
+    data, gd = _chunk(cfg, 4, [1, 2], False)
+    for r, seed in enumerate([1, 2]):
+        inst, a = make_relu_head_data(cfg["n"], cfg["T"], 4, seed=seed)
+        W0 = gd.snapshots[r, 0]
+        relu = float(attention_loss(inst, W0, ReLUHead(a)))
+        assert float(gd.loss[r, 0]) == pytest.approx(relu, rel=1e-12)
+        assert abs(relu - float(attention_loss(inst, W0))) > 1e-6  # the linear head would give another loss
+
+
+def test_local_runs_record_both_parameterizations_step_by_step():
+    from hf_tdiag.measures.attention_gd.paper.local import run_local
+
+    res = run_local(dict(QUICK["local"], runs=2, steps=20, snapshot_every=10))
+    assert set(res["params"]) == {"W", "KQ"}
+    for entry in res["params"].values():
+        assert entry["steps"] == [0, 10, 20]
+        assert len(entry["max_prob"]["mean"]) == 3
+        assert entry["final_max_prob_mean"] == pytest.approx(entry["max_prob"]["mean"][-1], rel=1e-12)
+        # the mean over inputs of a softmax's largest probability of T = 8 tokens lies in [1/8, 1]
+        assert all(1 / 8 - 1e-12 <= m <= 1 + 1e-12 for m in entry["max_prob"]["mean"])
+        assert round(entry["selects_optimal"] * 2) in (0, 1, 2)  # a share of 2 runs
+        assert entry["selects_optimal"] * 2 == pytest.approx(round(entry["selects_optimal"] * 2))
+        for norm in ("fro", "nuc"):  # the selections of these seeds are separable: both SVMs exist
+            final = entry[f"final_corr_{norm}"]
+            assert final["runs"] == 2 and -1 - 1e-9 <= final["min"] <= final["mean"] <= 1 + 1e-9
+            assert entry[f"corr_{norm}"]["mean"][-1] == pytest.approx(final["mean"], rel=1e-12)
