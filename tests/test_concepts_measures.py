@@ -480,3 +480,28 @@ def test_objective_and_dictionary_step_by_hand_ridge_dtype_and_a_singular_gram()
     got = lstsq_dictionary(A, Us)
     torch.testing.assert_close(got, min_norm, rtol=1e-8, atol=1e-10)
     assert float(got[:, 2].abs().max()) == 0.0
+
+
+def test_a_suffix_returning_a_model_output_is_read_through_its_logits():
+    from transformers.modeling_outputs import SequenceClassifierOutput
+
+    g = torch.Generator().manual_seed(5)
+    A = torch.randn(8, 4, 6, generator=g)
+    Wc = torch.randn(6, 3, generator=g)
+
+    def suffix(P):
+        return torch.tanh(P).mean(1) @ Wc
+
+    kw = dict(kl_weight=5.0, supervised_iter=4, max_iter=5, batch_size=4)
+    plain = ClassifierSupervisedSemiNMF(2, **kw).fit(A, suffix)
+    wrapped = ClassifierSupervisedSemiNMF(2, **kw).fit(A, lambda P: SequenceClassifierOutput(logits=suffix(P)))
+    torch.testing.assert_close(wrapped.components_, plain.components_, rtol=0, atol=0)
+    np.testing.assert_array_equal(wrapped.history_["kl"], plain.history_["kl"])  # NaN outside the supervised phase
+
+
+def test_a_one_concept_svd_start_is_the_constant_code():
+    from hf_tdiag.measures.concepts.init import initial_codes
+
+    A = torch.randn(7, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    U = initial_codes(A, 1, "svd")  # rank k − 1 = 0: U = [1], W = the mean row reproduces the rank-0 fit
+    torch.testing.assert_close(U, torch.ones(7, 1, dtype=torch.float64), rtol=0, atol=0)
