@@ -319,3 +319,47 @@ def test_batch_values_without_given_subspaces_equal_the_reports():
     values, emb = batch_srr_values(model, batch, eps=0.5, lam=0.3, precision="float64")
     torch.testing.assert_close(values[:, : report.values.shape[1]], report.values, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(emb, report.embedding_values, rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- decoder norms and checkpoint sizes
+
+
+def test_token_scale_is_what_each_norm_divides_by():
+    from hf_tdiag.probes.concept_decoder import token_scale
+
+    Z = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0)) * 3 + 1  # non-zero mean: var ≠ mean square
+    ln = torch.nn.LayerNorm(8, eps=1e-3)
+    rms = build("llama").model.norm  # LlamaRMSNorm, variance_epsilon = config.rms_norm_eps
+    z = Z.double().numpy()
+    np.testing.assert_allclose(token_scale(Z, ln).numpy(), np.sqrt(z.var(-1) + 1e-3), rtol=1e-12)
+    np.testing.assert_allclose(token_scale(Z, rms).numpy(), np.sqrt((z**2).mean(-1) + rms.variance_epsilon), rtol=1e-12)
+    # and they are what the modules themselves divide by: LN(z)·s = z − z̄ (unit weight, zero bias)
+    with torch.no_grad():
+        np.testing.assert_allclose(
+            (ln(Z).double() * token_scale(Z, ln)[..., None]).numpy(), z - z.mean(-1, keepdims=True), atol=1e-4
+        )
+
+
+def test_checkpoint_nbytes_are_the_stored_tensor_sizes(tmp_path):
+    model = _bert(cls=BertModel)
+    model.encoder.layer[0].attention.self.query.to(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    ck = open_checkpoint(str(tmp_path))
+    for name, dtype_bytes in (
+        ("encoder.layer.0.attention.self.query.weight", 2),  # bf16
+        ("encoder.layer.1.attention.self.query.weight", 4),  # f32
+        ("encoder.layer.1.output.dense.bias", 4),
+    ):
+        numel = model.get_parameter(name).numel()
+        assert ck.nbytes(name) == numel * dtype_bytes
+
+
+def test_checkpoint_index_without_a_weight_map_is_refused(tmp_path):
+    from hf_tdiag.probes.checkpoint import INDEX
+
+    _bert().save_pretrained(tmp_path)
+    (tmp_path / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": {}}))
+    with pytest.raises(ValueError, match="has no weight_map"):
+        open_checkpoint(str(tmp_path))
+    with pytest.raises((TypeError, ValueError), match="^model_or_path: "):
+        open_checkpoint(str(tmp_path / "missing"))
