@@ -260,3 +260,31 @@ def _numbers(value):
     if isinstance(value, list):
         return [x for v in value for x in _numbers(v)]
     return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+def test_streaming_bounds_of_a_hub_decoder_equal_the_local_folders(hub, tmp_path):
+    from decoder_models import build
+
+    folder = tmp_path / "gpt2"
+    build("gpt2").save_pretrained(folder)
+    hub.add_folder("org/gpt2", folder)
+    proc = run_with_hub(
+        hub,
+        f"""
+        import json
+        from hf_tdiag.probes.spectrum import spectrum_bounds
+
+        remote = spectrum_bounds("org/gpt2", streaming=True, progress=False)
+        local = spectrum_bounds({str(folder)!r}, streaming=True, progress=False)
+        print(json.dumps(dict(remote=remote.to_dict(False), local=local.to_dict(False))))
+    """,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    remote, local = out["remote"], out["local"]
+    assert remote.pop("model") == "org/gpt2" and local.pop("model") == str(folder)
+    assert remote == local and remote["num_layers"] == 2
+    # streaming downloads only the config and the safetensors weights
+    assert {"config.json", "model.safetensors"} <= set(hub.downloads("org/gpt2"))
+    assert not hub.unhandled, hub.unhandled

@@ -114,15 +114,20 @@ def test_a_one_head_bert_is_one_head_of_full_width():
 
 def test_checkpoint_keys_resolve_a_base_models_names_by_their_unique_suffix(tmp_path):
     model = _bert(cls=BertForSequenceClassification, num_labels=3)
-    model.save_pretrained(tmp_path)
-    ck = open_checkpoint(str(tmp_path))
+    folder = tmp_path / "ckpt"  # not the working directory (conftest runs each test in tmp_path): paths must be joined
+    model.save_pretrained(folder)
+    ck = open_checkpoint(str(folder))
+    assert ck.source == ck.folder == str(folder) and ck.config.model_type == "bert" and ck.config.num_labels == 3
+    assert {p.device.type for p in ck.meta_model.parameters()} == {"meta"}  # built, never loaded
     name = "encoder.layer.1.attention.self.value.weight"  # the base model's name; stored as bert.<name>
     assert ck.key(name) == "bert." + name
     assert ck.key("bert." + name) == "bert." + name
     with ck.tensors([name]) as get:
         torch.testing.assert_close(get(name), model.bert.encoder.layer[1].attention.self.value.weight.detach())
-    with pytest.raises(ValueError, match="no tensor"):
+    with pytest.raises(ValueError, match="no tensor") as err:
         ck.key("encoder.layer.9.attention.self.value.weight")
+    keys = sorted(ck.weight_map)  # the message shows the first five keys, as a sample of the naming
+    assert str(keys[:5]) in str(err.value) and keys[5] not in str(err.value)
     with pytest.raises(ValueError, match="several"):
         ck.key("weight")  # every linear's weight ends so
 
@@ -343,8 +348,8 @@ def test_token_scale_is_what_each_norm_divides_by():
 def test_checkpoint_nbytes_are_the_stored_tensor_sizes(tmp_path):
     model = _bert(cls=BertModel)
     model.encoder.layer[0].attention.self.query.to(torch.bfloat16)
-    model.save_pretrained(tmp_path)
-    ck = open_checkpoint(str(tmp_path))
+    model.save_pretrained(tmp_path / "ckpt")
+    ck = open_checkpoint(str(tmp_path / "ckpt"))
     for name, dtype_bytes in (
         ("encoder.layer.0.attention.self.query.weight", 2),  # bf16
         ("encoder.layer.1.attention.self.query.weight", 4),  # f32
@@ -363,3 +368,11 @@ def test_checkpoint_index_without_a_weight_map_is_refused(tmp_path):
         open_checkpoint(str(tmp_path))
     with pytest.raises((TypeError, ValueError), match="^model_or_path: "):
         open_checkpoint(str(tmp_path / "missing"))
+    (tmp_path / INDEX).unlink()
+    (tmp_path / "model.safetensors").unlink()  # a config and no weights
+    with pytest.raises(ValueError, match=rf"^model_or_path: streaming .*{tmp_path.name}.* has neither"):
+        open_checkpoint(str(tmp_path))
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "other").mkdir()
+    with pytest.raises((TypeError, ValueError), match="^model_or_path: "):
+        open_checkpoint(str(tmp_path / "other"))  # a folder without config.json
