@@ -376,3 +376,22 @@ def test_checkpoint_index_without_a_weight_map_is_refused(tmp_path):
     (tmp_path / "other").mkdir()
     with pytest.raises((TypeError, ValueError), match="^model_or_path: "):
         open_checkpoint(str(tmp_path / "other"))  # a folder without config.json
+
+
+def test_open_checkpoint_runs_a_repos_own_code_only_on_opt_in(tmp_path, monkeypatch):
+    from test_loading import write_custom_code_repo
+
+    marker = tmp_path / "marker.txt"
+    monkeypatch.setenv("CUSTOM_CODE_MARKER", str(marker))
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    folder = write_custom_code_repo(tmp_path / "custom")
+    with pytest.raises(ValueError, match="^model_or_path: .*needs its own Python code"):
+        open_checkpoint(folder)
+    assert not marker.exists()  # nothing from the folder ran
+    ck = open_checkpoint(folder, trust_remote_code=True)
+    assert type(ck.meta_model).__name__ == "TinyCustomModel" and ck.key("proj.weight") == "proj.weight"
+    assert "model ran" in marker.read_text()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="^model_or_path: "):
+        open_checkpoint(str(tmp_path / "broken"))
