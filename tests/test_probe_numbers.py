@@ -96,6 +96,41 @@ def test_decoder_head_index_errors_name_the_argument():
         head_weights(model, 2, 0)
     with pytest.raises(ValueError, match=r"^head: expected .*got 4"):
         head_weights(model, 0, 4)
+    with pytest.raises(ValueError, match=r"^layer: expected .*got -1"):
+        head_weights(model, -1, 0)
+    with pytest.raises(ValueError, match=r"^head: expected .*got -1"):
+        head_weights(model, 0, -1)
+
+
+@pytest.mark.parametrize("unscaled, by_layer", [(False, False), (True, False), (False, True)])
+def test_gpt2_head_scale_follows_its_config_and_the_models_own_attention(unscaled, by_layer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        n_layer=2,
+        n_head=4,
+        n_embd=32,
+        n_positions=16,
+        vocab_size=64,
+        scale_attn_weights=not unscaled,
+        scale_attn_by_inverse_layer_idx=by_layer,
+        attn_implementation="eager",
+    )
+    model = GPT2LMHeadModel(cfg).double().eval()
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = model(ids, output_attentions=True, output_hidden_states=True)
+    layer, head = 1, 2
+    hw = head_weights(model, layer, head)
+    want = (1.0 if unscaled else 8**-0.5) / (layer + 1 if by_layer else 1)
+    assert hw.scale == pytest.approx(want, rel=1e-15)
+    x = model.transformer.h[layer].ln_1(out.hidden_states[layer])[0]  # the head's input tokens
+    q = x @ hw.W_Q.T + (hw.b_Q if hw.b_Q is not None else 0)
+    k = x @ hw.W_K.T + (hw.b_K if hw.b_K is not None else 0)
+    logits = hw.scale * q @ k.T
+    logits = logits.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(torch.softmax(logits, -1), out.attentions[layer][0, head], rtol=1e-10, atol=1e-12)
 
 
 # --------------------------------------------------------------------------- encoder weights
@@ -395,3 +430,81 @@ def test_open_checkpoint_runs_a_repos_own_code_only_on_opt_in(tmp_path, monkeypa
     (tmp_path / "broken" / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="^model_or_path: "):
         open_checkpoint(str(tmp_path / "broken"))
+
+
+# --------------------------------------------------------------------------- text concepts: labels, head, encoding
+
+
+def test_pseudo_labels_are_seeded_kmeans_with_ten_starts():
+    from sklearn.cluster import KMeans
+
+    from hf_tdiag.probes.concept_text import pseudo_labels
+
+    g = torch.Generator().manual_seed(0)
+    F = torch.cat([torch.randn(4, 3, generator=g) + c for c in (-4.0, 0.0, 4.0)])  # (12, 3)
+    for k in (2, 3, 12):  # up to one cluster per text
+        got = pseudo_labels(F, k)
+        want = KMeans(k, n_init=10, random_state=0).fit_predict(F.double().numpy())
+        assert got.dtype == torch.long and got.tolist() == want.tolist()
+    for bad in (1, 13):
+        with pytest.raises(ValueError, match="n_clusters"):
+            pseudo_labels(F, bad)
+
+
+def test_linear_head_is_the_penalized_logistic_optimum():
+    from hf_tdiag.probes.concept_text import fit_linear_head
+
+    g = torch.Generator().manual_seed(1)
+    F = torch.randn(30, 4, generator=g)
+    labels = [("b", "a", "c")[i % 3] for i in range(30)]
+    head = fit_linear_head(F, labels)  # the default penalty l2 = 1e-3
+    assert head.classes == ["a", "b", "c"] and head.weight.dtype == F.dtype
+    W = head.weight.detach().double().requires_grad_(True)
+    b = head.bias.detach().double().requires_grad_(True)
+    y = torch.tensor([["a", "b", "c"].index(lab) for lab in labels])
+    loss = torch.nn.functional.cross_entropy(F.double() @ W.T + b, y) + 1e-3 * W.square().sum()
+    gW, gb = torch.autograd.grad(loss, (W, b))
+    assert float(gW.norm()) < 1e-6 and float(gb.norm()) < 1e-6  # float32 weights: the optimum to ~1e-7
+    # integer labels are ordered as strings, the documented order of head.classes
+    assert fit_linear_head(F, [(10, 2, 3)[i % 3] for i in range(30)], max_iter=5).classes == [10, 2, 3]
+    assert fit_linear_head(F, torch.tensor([i % 2 for i in range(30)]), max_iter=5).classes == [0, 1]
+
+
+def test_encode_texts_cuts_every_text_to_the_shortest_and_takes_one_text(tmp_path):
+    from decoder_models import char_tokenizer
+
+    tok = char_tokenizer()
+    enc = encode_texts(tok, ["abcdef", "abc", "abcd"])
+    assert enc["n_tokens"] == 3 and enc["input_ids"].shape == (3, 4)  # <s> + 3 characters
+    assert enc["concept_mask"].tolist() == [0, 1, 1, 1]
+    one = encode_texts(tok, ["a"])  # a single text of a single token
+    assert one["n_tokens"] == 1 and one["concept_mask"].tolist() == [0, 1]
+    for bad in ("abc", [], ["abc", 3], ("abc", None)):
+        with pytest.raises(TypeError, match="^texts: "):
+            encode_texts(tok, bad)
+    with pytest.raises((TypeError, ValueError), match="^max_tokens: "):
+        encode_texts(tok, ["abc"], max_tokens=0)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_rotary_head_probabilities_are_the_models_own(family):
+    """Qwen2 has query and key biases (the key bias matters once rotated); the llama head gets a non-default
+    ``scaling``, which the diagnostic must read from the attention module."""
+    from hf_tdiag.probes.attention_svm import _log_probs
+
+    model = build(family).double().eval()
+    model.set_attn_implementation("eager")
+    layer, head = 1, 3
+    attn = model.model.layers[layer].self_attn
+    if family == "llama":
+        attn.scaling = 0.21
+    ids = torch.randint(2, 64, (1, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = model(ids, output_attentions=True, output_hidden_states=True)
+        hw = head_weights(model, layer, head)
+        X = model.model.layers[layer].input_layernorm(out.hidden_states[layer])
+        probs = _log_probs(hw, X, torch.ones(1, 7, dtype=torch.bool)).exp()
+    assert hw.scale == pytest.approx(attn.scaling, rel=1e-15) and hw.head_dim == attn.head_dim
+    assert (hw.b_K is not None) == (family == "qwen2")
+    # rotary cos/sin are float32 tables in transformers: the two computations agree to float32 rounding
+    torch.testing.assert_close(probs[0], out.attentions[layer][0, head], rtol=1e-5, atol=1e-7)
