@@ -27,7 +27,7 @@ from transformers import (
 
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
 from hf_tdiag.probes.architecture import describe
-from hf_tdiag.probes.attention_heads import head_weights
+from hf_tdiag.probes.attention_heads import decoder_kind, head_weights
 from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
 from hf_tdiag.probes.bert_weights import encoder_weights
 from hf_tdiag.probes.checkpoint import open_checkpoint
@@ -100,6 +100,14 @@ def test_decoder_head_index_errors_name_the_argument():
         head_weights(model, -1, 0)
     with pytest.raises(ValueError, match=r"^head: expected .*got -1"):
         head_weights(model, 0, -1)
+    bert = _bert()  # 2 blocks of 2 heads
+    assert head_weights(bert, 1, 1).head_dim == 8 and head_weights(model, 0, 0).head_dim == 8
+    for layer, head, name, got in ((2, 0, "layer", 2), (-1, 0, "layer", -1), (0, 2, "head", 2), (0, -1, "head", -1)):
+        with pytest.raises(ValueError, match=rf"^{name}: expected .*got {got}"):
+            head_weights(bert, layer, head)
+    with pytest.raises(TypeError, match="config"):
+        head_weights(torch.nn.Linear(2, 2), 0, 0)  # a module, but not a Transformers model
+    assert (decoder_kind(model), decoder_kind(build("llama")), decoder_kind(bert)) == ("gpt2", "llama", None)
 
 
 @pytest.mark.parametrize("unscaled, by_layer", [(False, False), (True, False), (False, True)])

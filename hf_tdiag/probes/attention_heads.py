@@ -55,10 +55,8 @@ def decoder_kind(model: nn.Module) -> str | None:
 
 def _decoder_head(model: nn.Module, layer: int, head: int) -> HeadWeights:
     layout = decoder_layout(model)
-    integer(layer, "layer", low=0, high=layout.num_layers)
-    integer(head, "head", low=0, high=layout.num_heads)
     get = model_getter(model)
-    hw = layout.head(layer, head, get)
+    hw = layout.head(layer, head, get)  # checks layer and head (DecoderLayout.head / kv_head)
     p = layout.head_dim
     input_module = model.get_submodule(layout.modules[layer]["query"])
     if layout.family == "gpt2":
