@@ -457,6 +457,7 @@ def test_pseudo_labels_are_seeded_kmeans_with_ten_starts():
     for bad in (1, 13):
         with pytest.raises(ValueError, match="n_clusters"):
             pseudo_labels(F, bad)
+    assert sorted(set(pseudo_labels(F).tolist())) == [0, 1, 2, 3]  # four clusters by default
 
 
 def test_linear_head_is_the_penalized_logistic_optimum():
@@ -473,6 +474,12 @@ def test_linear_head_is_the_penalized_logistic_optimum():
     loss = torch.nn.functional.cross_entropy(F.double() @ W.T + b, y) + 1e-3 * W.square().sum()
     gW, gb = torch.autograd.grad(loss, (W, b))
     assert float(gW.norm()) < 1e-6 and float(gb.norm()) < 1e-6  # float32 weights: the optimum to ~1e-7
+    head64 = fit_linear_head(F.double(), labels)  # float64 features: the optimum to L-BFGS's tolerance
+    W = head64.weight.detach().requires_grad_(True)
+    b = head64.bias.detach().requires_grad_(True)
+    loss = torch.nn.functional.cross_entropy(F.double() @ W.T + b, y) + 1e-3 * W.square().sum()
+    gW, gb = torch.autograd.grad(loss, (W, b))
+    assert head64.weight.dtype == torch.float64 and float(gW.norm()) < 1e-7 and float(gb.norm()) < 1e-7
     # integer labels are ordered as strings, the documented order of head.classes
     assert fit_linear_head(F, [(10, 2, 3)[i % 3] for i in range(30)], max_iter=5).classes == [10, 2, 3]
     assert fit_linear_head(F, torch.tensor([i % 2 for i in range(30)]), max_iter=5).classes == [0, 1]
