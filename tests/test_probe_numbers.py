@@ -480,6 +480,15 @@ def test_linear_head_is_the_penalized_logistic_optimum():
     loss = torch.nn.functional.cross_entropy(F.double() @ W.T + b, y) + 1e-3 * W.square().sum()
     gW, gb = torch.autograd.grad(loss, (W, b))
     assert head64.weight.dtype == torch.float64 and float(gW.norm()) < 1e-7 and float(gb.norm()) < 1e-7
+    # badly scaled features (0.1 … 10): L-BFGS needs far more than its default 20 iterations to get there
+    G = torch.randn(60, 12, generator=g, dtype=torch.float64) * torch.logspace(-1, 1, 12, dtype=torch.float64)
+    lab60 = [("b", "a", "c")[i % 3] for i in range(60)]
+    y60 = torch.tensor([["a", "b", "c"].index(lab) for lab in lab60])
+    hard = fit_linear_head(G, lab60)
+    W = hard.weight.detach().requires_grad_(True)
+    b = hard.bias.detach().requires_grad_(True)
+    loss = torch.nn.functional.cross_entropy(G @ W.T + b, y60) + 1e-3 * W.square().sum()
+    assert max(float(t.norm()) for t in torch.autograd.grad(loss, (W, b))) < 1e-4  # 20 iterations: ~1e-2
     # integer labels are ordered as strings, the documented order of head.classes
     assert fit_linear_head(F, [(10, 2, 3)[i % 3] for i in range(30)], max_iter=5).classes == [10, 2, 3]
     assert fit_linear_head(F, torch.tensor([i % 2 for i in range(30)]), max_iter=5).classes == [0, 1]
