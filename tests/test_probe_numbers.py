@@ -432,8 +432,8 @@ def test_open_checkpoint_runs_a_repos_own_code_only_on_opt_in(tmp_path, monkeypa
         open_checkpoint(folder)
     assert not marker.exists()  # nothing from the folder ran
     ck = open_checkpoint(folder, trust_remote_code=True)
+    # the repo's own class (its module may already be imported by an earlier test, so no marker is promised here)
     assert type(ck.meta_model).__name__ == "TinyCustomModel" and ck.key("proj.weight") == "proj.weight"
-    assert "model ran" in marker.read_text()
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="^model_or_path: "):
