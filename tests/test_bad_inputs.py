@@ -649,10 +649,6 @@ def test_default_notification_is_a_warning(tmp_path):
         assert resolve_checkpoint("latest", str(tmp_path)).endswith("checkpoint-1")
 
 
-def _quadratic_loss(w):
-    return lambda batch: ((w - batch) ** 2).sum()
-
-
 @pytest.mark.parametrize(
     "call, name",
     [
@@ -694,4 +690,4 @@ def _sharpness_with(**kw):
     from hf_tdiag.measures.sharpness import sharpness
 
     w = torch.zeros(3, requires_grad=True)
-    return sharpness(_quadratic_loss(w), [w], [torch.ones(3)], **kw)
+    return sharpness(lambda batch: ((w - batch) ** 2).sum(), [w], [torch.ones(3)], **kw)

@@ -460,6 +460,15 @@ def test_pseudo_labels_are_seeded_kmeans_with_ten_starts():
     assert sorted(set(pseudo_labels(F).tolist())) == [0, 1, 2, 3]  # four clusters by default
 
 
+def _penalized_logistic_gradient(X, labels, head, l2=1e-3):
+    """Norms of ∇_W, ∇_b of mean cross-entropy + l2·‖W‖²_F at the head's (W, b), written out here in float64."""
+    W = head.weight.detach().double().requires_grad_(True)
+    b = head.bias.detach().double().requires_grad_(True)
+    y = torch.tensor([head.classes.index(lab) for lab in labels])
+    loss = torch.nn.functional.cross_entropy(X.double() @ W.T + b, y) + l2 * W.square().sum()
+    return tuple(float(t.norm()) for t in torch.autograd.grad(loss, (W, b)))
+
+
 def test_linear_head_is_the_penalized_logistic_optimum():
     from hf_tdiag.probes.concept_text import fit_linear_head
 
@@ -468,27 +477,13 @@ def test_linear_head_is_the_penalized_logistic_optimum():
     labels = [("b", "a", "c")[i % 3] for i in range(30)]
     head = fit_linear_head(F, labels)  # the default penalty l2 = 1e-3
     assert head.classes == ["a", "b", "c"] and head.weight.dtype == F.dtype
-    W = head.weight.detach().double().requires_grad_(True)
-    b = head.bias.detach().double().requires_grad_(True)
-    y = torch.tensor([["a", "b", "c"].index(lab) for lab in labels])
-    loss = torch.nn.functional.cross_entropy(F.double() @ W.T + b, y) + 1e-3 * W.square().sum()
-    gW, gb = torch.autograd.grad(loss, (W, b))
-    assert float(gW.norm()) < 1e-6 and float(gb.norm()) < 1e-6  # float32 weights: the optimum to ~1e-7
+    assert max(_penalized_logistic_gradient(F, labels, head)) < 1e-6  # float32 weights: the optimum to ~1e-7
     head64 = fit_linear_head(F.double(), labels)  # float64 features: the optimum to L-BFGS's tolerance
-    W = head64.weight.detach().requires_grad_(True)
-    b = head64.bias.detach().requires_grad_(True)
-    loss = torch.nn.functional.cross_entropy(F.double() @ W.T + b, y) + 1e-3 * W.square().sum()
-    gW, gb = torch.autograd.grad(loss, (W, b))
-    assert head64.weight.dtype == torch.float64 and float(gW.norm()) < 1e-7 and float(gb.norm()) < 1e-7
+    assert head64.weight.dtype == torch.float64 and max(_penalized_logistic_gradient(F, labels, head64)) < 1e-7
     # badly scaled features (0.1 … 10): L-BFGS needs far more than its default 20 iterations to get there
     G = torch.randn(60, 12, generator=g, dtype=torch.float64) * torch.logspace(-1, 1, 12, dtype=torch.float64)
     lab60 = [("b", "a", "c")[i % 3] for i in range(60)]
-    y60 = torch.tensor([["a", "b", "c"].index(lab) for lab in lab60])
-    hard = fit_linear_head(G, lab60)
-    W = hard.weight.detach().requires_grad_(True)
-    b = hard.bias.detach().requires_grad_(True)
-    loss = torch.nn.functional.cross_entropy(G @ W.T + b, y60) + 1e-3 * W.square().sum()
-    assert max(float(t.norm()) for t in torch.autograd.grad(loss, (W, b))) < 1e-4  # 20 iterations: ~1e-2
+    assert max(_penalized_logistic_gradient(G, lab60, fit_linear_head(G, lab60))) < 1e-4  # 20 iterations: ~1e-2
     # integer labels are ordered as strings, the documented order of head.classes
     assert fit_linear_head(F, [(10, 2, 3)[i % 3] for i in range(30)], max_iter=5).classes == [10, 2, 3]
     assert fit_linear_head(F, torch.tensor([i % 2 for i in range(30)]), max_iter=5).classes == [0, 1]
