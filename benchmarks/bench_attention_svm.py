@@ -162,7 +162,7 @@ def cvxpy_fro(X, z, sel) -> dict:
 def vit_head(n_images=8, max_queries=64, one_image=False, layer=6, head=0):
     from transformers import ViTConfig, ViTModel
 
-    from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
+    from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
 
     torch.manual_seed(0)
     cfg = ViTConfig(

@@ -50,7 +50,7 @@ sys.path.insert(0, HERE)
 from test_schatten_reference import SVD_CALLS, dense_reference  # noqa: E402
 
 import hf_tdiag  # noqa: E402
-from hf_tdiag.probes.spectrum import _default_workers  # noqa: E402
+from hf_tdiag.diagnostics.schatten import _default_workers  # noqa: E402
 
 
 def dense_torch_spectra(model, num_layers: int, num_heads: int) -> float:

@@ -7,7 +7,7 @@ each state measured on its own, in
   * **float32** — the official code's precision (its ``CodingRate`` runs in the model's float32), and
   * **float64**.
 
-Ours: :func:`hf_tdiag.probes.srr.measure_token_states` — what ``layer_srr`` measures per batch: R, Rᶜ,
+Ours: :func:`hf_tdiag.diagnostics.srr.measure_token_states` — what ``layer_srr`` measures per batch: R, Rᶜ,
 sparsity and SRR of every block's output ``Z^ℓ``, input ``Z^{ℓ−1}`` and mid state ``Z^{ℓ−½}`` with ``U^ℓ``
 (plus the embeddings), on the smaller Gram side with a batched Cholesky, R and sparsity paid once per distinct
 tensor, with ``precision="auto"`` (float32 Gram matrices where the condition check allows, float64 Cholesky)
@@ -37,8 +37,8 @@ import time
 import torch
 
 from hf_tdiag import CrateConfig, CrateForImageClassification, layer_srr
+from hf_tdiag.diagnostics.srr import measure_token_states
 from hf_tdiag.measures.coding_rate import head_projections, logdet_identity_plus_gram
-from hf_tdiag.probes.srr import measure_token_states
 from hf_tdiag.probes.subspaces import subspaces
 from hf_tdiag.probes.token_states import token_states
 

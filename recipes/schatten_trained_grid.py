@@ -3,7 +3,7 @@
 Trains ViT-style encoders (BERT-like blocks) on scikit-learn's 8×8 digits over depths L and widths N
 (``--grid cpu``: L ∈ {2, 4, 6, 8}, N ∈ {64, 128, 256}, heads N/32, 4×4 patches, 200 AdamW steps of 32 images;
 ``--grid gpu``: the BERT miniatures' shapes, heads N/64, 3000 steps of 128) and computes both proxies at
-initialisation and after training (:mod:`hf_tdiag.schatten_grid`). Resumable: every finished cell is
+initialisation and after training (:mod:`hf_tdiag.study.schatten_grid`). Resumable: every finished cell is
 cached under ``--output-dir``/runs; a rerun trains only the missing cells. Writes into ``--output-dir``:
 
 * ``grid.csv`` / ``grid.json``: one row per cell and stage (init / trained): both proxies, each normalised
@@ -85,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def write_tables(records: list[dict], out_dir: str) -> list[dict]:
-    from hf_tdiag.schatten_grid import grid_rows
+    from hf_tdiag.study.schatten_grid import grid_rows
     from hf_tdiag.viz.schatten import scaling_curves
 
     rows = []
@@ -109,7 +109,7 @@ def write_tables(records: list[dict], out_dir: str) -> list[dict]:
 
 
 def write_figures(records: list[dict], out_dir: str, detail) -> None:
-    from hf_tdiag.schatten_grid import grid_rows, load_report_pair
+    from hf_tdiag.study.schatten_grid import grid_rows, load_report_pair
     from hf_tdiag.viz import schatten as VS
 
     init, trained = grid_rows(records, "init"), grid_rows(records, "trained")
@@ -131,7 +131,7 @@ def write_figures(records: list[dict], out_dir: str, detail) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from hf_tdiag.schatten_grid import grid_cells, run_grid
+    from hf_tdiag.study.schatten_grid import grid_cells, run_grid
 
     os.makedirs(args.output_dir, exist_ok=True)
     cells = grid_cells(

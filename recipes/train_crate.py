@@ -9,14 +9,14 @@ Flags follow Transformers' ``run_image_classification_no_trainer.py`` (hyphenate
 those examples use work too); see ``--help``.
 The trainer's phases live in :mod:`hf_tdiag.training.loop`; the per-layer SRR report of the trained
 model (``--layer-srr-samples`` evaluation images: layer_srr.json, layer_srr.png, a console table, the
-model card's SRR table) is :func:`hf_tdiag.viz.srr.layer_srr_step`, run after training.
+model card's SRR table) is :func:`hf_tdiag.training.srr_tracking.layer_srr_step`, run after training.
 """
 
 import sys
 
 from hf_tdiag.training.args import build_parser
 from hf_tdiag.training.loop import train
-from hf_tdiag.viz.srr import layer_srr_step
+from hf_tdiag.training.srr_tracking import layer_srr_step
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_tdiag.measures.attention_gd import (
+from hf_tdiag.experiments.attention_gd import (
     AttentionData,
     make_attention_data,
     make_orthonormal_data,
@@ -23,7 +23,7 @@ from hf_tdiag.measures.attention_gd import (
     score_gap,
     stack_data,
 )
-from hf_tdiag.measures.attention_gd.data import check_pos_int
+from hf_tdiag.experiments.attention_gd.data import check_pos_int
 
 F64 = torch.float64
 

@@ -10,8 +10,8 @@ pytest.importorskip("cvxpy")
 
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic  # noqa: E402
 from hf_tdiag.measures.attention_svm import att_svm_self  # noqa: E402
-from hf_tdiag.probes.attention_svm import attention_svm_diagnostic  # noqa: E402
 
 
 @pytest.fixture(scope="module")

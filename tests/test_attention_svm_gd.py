@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("cvxpy")
 
-from hf_tdiag.measures.attention_gd import (  # noqa: E402
+from hf_tdiag.experiments.attention_gd import (  # noqa: E402
     MLPHead,
     attention_loss,
     attention_output,

@@ -1,4 +1,4 @@
-"""The paper experiments (hf_tdiag.measures.attention_gd.paper) on tiny settings, their figures' data, and the recipe."""
+"""The paper experiments (hf_tdiag.experiments.attention_gd.paper) on tiny settings, their figures' data, and the recipe."""
 
 import importlib.util
 import itertools
@@ -13,8 +13,8 @@ pytest.importorskip("cvxpy")
 
 from scipy.optimize import nnls  # noqa: E402
 
-from hf_tdiag.measures.attention_gd import make_trajectory_data, score_gap  # noqa: E402
-from hf_tdiag.measures.attention_gd.paper import (  # noqa: E402
+from hf_tdiag.experiments.attention_gd import make_trajectory_data, score_gap  # noqa: E402
+from hf_tdiag.experiments.attention_gd.paper import (  # noqa: E402
     QUICK,
     gamma_filtered_instances,
     run_convergence,
@@ -164,8 +164,8 @@ def test_recipe_quick_writes_a_png_and_json_per_figure(tmp_path):
 
 
 def test_nonlinear_chunk_trains_the_relu_head_of_each_instance():
-    from hf_tdiag.measures.attention_gd import ReLUHead, attention_loss, make_relu_head_data
-    from hf_tdiag.measures.attention_gd.paper.nonlinear import _chunk
+    from hf_tdiag.experiments.attention_gd import ReLUHead, attention_loss, make_relu_head_data
+    from hf_tdiag.experiments.attention_gd.paper.nonlinear import _chunk
 
     cfg = dict(QUICK["nonlinear"], steps=3, record_every=1)
     data, gd = _chunk(cfg, 4, [1, 2], False)
@@ -178,7 +178,7 @@ def test_nonlinear_chunk_trains_the_relu_head_of_each_instance():
 
 
 def test_local_runs_record_both_parameterizations_step_by_step():
-    from hf_tdiag.measures.attention_gd.paper.local import run_local
+    from hf_tdiag.experiments.attention_gd.paper.local import run_local
 
     res = run_local(dict(QUICK["local"], runs=2, steps=20, snapshot_every=10))
     assert set(res["params"]) == {"W", "KQ"}

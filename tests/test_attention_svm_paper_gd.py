@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from hf_tdiag.measures.attention_gd import (
+from hf_tdiag.experiments.attention_gd import (
     AttentionData,
     LambdaHead,
     ReLUHead,

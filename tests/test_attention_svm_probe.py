@@ -9,8 +9,8 @@ pytest.importorskip("cvxpy")
 
 from transformers import BertConfig, BertModel, ViTConfig, ViTModel  # noqa: E402
 
+from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic  # noqa: E402
 from hf_tdiag.measures.attention_svm import att_svm  # noqa: E402
-from hf_tdiag.probes.attention_svm import attention_svm_diagnostic  # noqa: E402
 
 
 def _vit(**kw):

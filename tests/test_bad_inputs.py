@@ -667,7 +667,7 @@ def test_measure_options_name_themselves(call, name):
 
 
 def _gd(**kw):
-    from hf_tdiag.measures.attention_gd import make_attention_data, stack_data, train_attention_batch
+    from hf_tdiag.experiments.attention_gd import make_attention_data, stack_data, train_attention_batch
 
     return train_attention_batch(stack_data([make_attention_data(3, 4, 5, seed=0)]), **kw)
 

@@ -8,6 +8,7 @@ import torch
 from transformers import BertConfig, BertModel, ViTConfig, ViTForImageClassification
 
 from hf_tdiag import CrateConfig, CrateForImageClassification
+from hf_tdiag.diagnostics.concepts import concept_fidelity, layer_activations, prepare_inputs
 from hf_tdiag.measures.concepts import SemiNMF
 from hf_tdiag.measures.concepts.certified import (
     GELU_LIPSCHITZ,
@@ -17,7 +18,6 @@ from hf_tdiag.measures.concepts.certified import (
     layernorm_lipschitz,
 )
 from hf_tdiag.probes.concept_constants import block_lipschitz_certified
-from hf_tdiag.probes.concept_fidelity import concept_fidelity, layer_activations, prepare_inputs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -8,8 +8,8 @@ from transformers import BertConfig, BertForSequenceClassification, ViTConfig, V
 
 import hf_tdiag
 from hf_tdiag import CrateConfig, CrateForImageClassification
+from hf_tdiag.diagnostics.concepts import concept_fidelity, layer_activations, suffix_runner, supervised_concepts
 from hf_tdiag.measures.concepts import SemiNMF, fidelity_errors, jacobian_spectral_norm, kl_divergence
-from hf_tdiag.probes.concept_fidelity import concept_fidelity, layer_activations, suffix_runner, supervised_concepts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

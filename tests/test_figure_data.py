@@ -8,9 +8,15 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from hf_tdiag.report import figures as F
 from hf_tdiag.viz import schatten as VS
 from hf_tdiag.viz import srr as VR
+from hf_tdiag.viz.attention_maps import (
+    attention_heads_figure,
+    attention_layers_figure,
+    first_token_attention_figure,
+    token_attention_figure,
+)
+from hf_tdiag.viz.images import predictions_figure
 
 
 # ---------------------------------------------------------------------------------------------- viz/srr.py
@@ -101,7 +107,7 @@ def test_layer_srr_table_prints_the_reports_means():
 # ---------------------------------------------------------------------------------------------- viz/schatten.py
 @pytest.fixture(scope="module")
 def bert_report():
-    from hf_tdiag.probes.spectrum import spectrum_bounds
+    from hf_tdiag.diagnostics.schatten import spectrum_bounds
 
     torch.manual_seed(0)
     model = BertModel(
@@ -210,7 +216,7 @@ def test_save_report_figures_writes_the_four_figures(bert_report, tmp_path):
             assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-# ---------------------------------------------------------------------------------------------- report/figures.py
+# ---------------------------------------------------------------------------------------------- viz/attention_maps.py, viz/images.py
 def _attentions(L=2, K=3, n=5, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.softmax(torch.randn(L, K, n, n, generator=g), dim=-1)
@@ -224,7 +230,7 @@ def _overlays(fig):
 def test_attention_heads_figure_overlays_each_heads_cls_row_on_the_patch_grid():
     att = _attentions()
     image = np.arange(16.0).reshape(4, 4)
-    fig = F.attention_heads_figure(image, att, grid=(2, 2), layer=2)  # block 2 = att[1]
+    fig = attention_heads_figure(image, att, grid=(2, 2), layer=2)  # block 2 = att[1]
     maps = _overlays(fig)
     assert len(maps) == 3
     for k in range(3):
@@ -235,12 +241,12 @@ def test_attention_heads_figure_overlays_each_heads_cls_row_on_the_patch_grid():
     assert "layer 2" in fig._suptitle.get_text()
     for bad in (0, 3):
         with pytest.raises(ValueError, match=f"layer: expected a block number 1..2, got {bad}"):
-            F.attention_heads_figure(image, att, grid=(2, 2), layer=bad)
+            attention_heads_figure(image, att, grid=(2, 2), layer=bad)
 
 
 def test_attention_layers_figure_is_the_mean_over_heads_per_layer():
     att = _attentions(L=3, K=2, n=7)  # CLS + 2 register tokens + 2x2 patches: the patches are the last 4 tokens
-    fig = F.attention_layers_figure(np.ones((4, 4)), att, grid=(2, 2))
+    fig = attention_layers_figure(np.ones((4, 4)), att, grid=(2, 2))
     maps = _overlays(fig)
     assert len(maps) == 3
     for layer in range(3):
@@ -252,22 +258,22 @@ def test_attention_layers_figure_is_the_mean_over_heads_per_layer():
 def test_token_attention_figures_show_the_head_mean_matrix_and_first_rows():
     att = _attentions(L=2, K=2, n=4)
     tokens = ["[CLS]", "a", "b", "[SEP]"]
-    fig = F.token_attention_figure(tokens, att, layer=2)  # block 2 = att[1]
+    fig = token_attention_figure(tokens, att, layer=2)  # block 2 = att[1]
     np.testing.assert_allclose(fig.axes[0].images[0].get_array(), ((att[1, 0] + att[1, 1]) / 2).double().numpy())
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == tokens
-    fig = F.first_token_attention_figure(tokens, att)
+    fig = first_token_attention_figure(tokens, att)
     rows = fig.axes[0].images[0].get_array()
     np.testing.assert_allclose(rows, ((att[:, 0, 0] + att[:, 1, 0]) / 2).double().numpy())
     assert rows.shape == (2, 4)
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["1", "2"]
     with pytest.raises(ValueError, match=r"attentions: expected \(layers, heads, 3, 3\)"):
-        F.token_attention_figure(tokens[:3], att, layer=1)
+        token_attention_figure(tokens[:3], att, layer=1)
 
 
 def test_predictions_figure_titles_and_images():
     images = [np.zeros((2, 2)), np.array([[0.0, 2.0], [4.0, 8.0]])]
-    fig = F.predictions_figure(images, ["3", "7"], [0.5, 0.125], truths=["3", "1"])
+    fig = predictions_figure(images, ["3", "7"], [0.5, 0.125], truths=["3", "1"])
     assert [ax.get_title() for ax in fig.axes[:2]] == ["3 (0.50)\ntrue 3", "7 (0.12)\ntrue 1"]
     np.testing.assert_allclose(fig.axes[1].images[0].get_array(), [[0.0, 0.25], [0.5, 1.0]])
     with pytest.raises(ValueError, match="images/labels/probs: expected equal non-zero lengths, got 2, 1, 2"):
-        F.predictions_figure(images, ["3"], [0.5, 0.1])
+        predictions_figure(images, ["3"], [0.5, 0.1])

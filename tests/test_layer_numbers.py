@@ -9,7 +9,7 @@ from transformers import BertConfig, BertModel
 
 @pytest.fixture(scope="module")
 def bert_report():
-    from hf_tdiag.probes.spectrum import spectrum_bounds
+    from hf_tdiag.diagnostics.schatten import spectrum_bounds
 
     torch.manual_seed(0)
     model = BertModel(
@@ -37,15 +37,15 @@ def test_schatten_records_stay_0_based_and_the_tables_show_blocks_1_to_L(bert_re
 
 
 def test_schatten_figures_label_blocks_1_to_L(bert_report):
-    from hf_tdiag.report import figures as F
     from hf_tdiag.viz import schatten as VS
+    from hf_tdiag.viz.schatten import optimal_p_heatmap
 
     fig = VS.plot_optimal_p(bert_report)
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1", "2", "3"]
     fig = VS.plot_spectral_decay(bert_report)
     bar = fig.axes[-1]  # the layer colour bar
     assert [t.get_text() for t in bar.get_yticklabels()] == ["1", "2", "3"]
-    fig = F.optimal_p_heatmap(bert_report)
+    fig = optimal_p_heatmap(bert_report)
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["1", "2", "3"]
 
 
@@ -59,7 +59,7 @@ def test_space_layer_boxes_take_block_numbers_and_negative_from_the_end():
 def test_attention_svm_block_index_is_block_number_minus_one():
     from transformers import ViTConfig, ViTModel
 
-    from hf_tdiag.probes.attention_svm import block_index
+    from hf_tdiag.diagnostics.attention_svm import block_index
 
     vit = ViTModel(
         ViTConfig(

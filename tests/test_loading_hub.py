@@ -272,7 +272,7 @@ def test_streaming_bounds_of_a_hub_decoder_equal_the_local_folders(hub, tmp_path
         hub,
         f"""
         import json
-        from hf_tdiag.probes.spectrum import spectrum_bounds
+        from hf_tdiag.diagnostics.schatten import spectrum_bounds
 
         remote = spectrum_bounds("org/gpt2", streaming=True, progress=False)
         local = spectrum_bounds({str(folder)!r}, streaming=True, progress=False)

@@ -23,7 +23,7 @@ def test_lazy_exports_resolve_to_their_modules(package):
 def test_importing_the_package_does_not_import_the_heavy_parts():
     code = (
         "import sys, hf_tdiag; "
-        "print(sorted(m for m in ('hf_tdiag.training.loop', 'hf_tdiag.probes.spectrum', 'hf_tdiag.probes.srr', 'evaluate') "
+        "print(sorted(m for m in ('hf_tdiag.training.loop', 'hf_tdiag.diagnostics.schatten', 'hf_tdiag.diagnostics.srr', 'evaluate') "
         "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -25,20 +25,20 @@ from transformers import (
     ViTForImageClassification,
 )
 
+from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
+from hf_tdiag.diagnostics.concepts import compare_concepts
+from hf_tdiag.diagnostics.schatten import SpectrumBoundReport, spectrum_bounds
+from hf_tdiag.diagnostics.srr import batch_srr_values, layer_srr
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
 from hf_tdiag.probes.architecture import describe
 from hf_tdiag.probes.attention_heads import decoder_kind, head_weights
-from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
 from hf_tdiag.probes.bert_weights import encoder_weights
 from hf_tdiag.probes.checkpoint import open_checkpoint
 from hf_tdiag.probes.concept_constants import alpha_constants
 from hf_tdiag.probes.concept_decoder import decoder_block_forward
-from hf_tdiag.probes.concept_fidelity import compare_concepts
 from hf_tdiag.probes.concept_model import concept_model_parts, layer_activations, text_encoding
 from hf_tdiag.probes.concept_text import encode_texts
 from hf_tdiag.probes.decoders import decoder_layout
-from hf_tdiag.probes.spectrum import SpectrumBoundReport, spectrum_bounds
-from hf_tdiag.probes.srr import batch_srr_values, layer_srr
 
 
 def _bert(heads=2, layers=2, hidden=16, cls=BertModel, seed=0, **kw):
@@ -509,7 +509,7 @@ def test_encode_texts_cuts_every_text_to_the_shortest_and_takes_one_text(tmp_pat
 def test_rotary_head_probabilities_are_the_models_own(family):
     """Qwen2 has query and key biases (the key bias matters once rotated); the llama head gets a non-default
     ``scaling``, which the diagnostic must read from the attention module."""
-    from hf_tdiag.probes.attention_svm import _log_probs
+    from hf_tdiag.diagnostics.attention_svm import _log_probs
 
     model = build(family).double().eval()
     model.set_attn_implementation("eager")

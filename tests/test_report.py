@@ -15,9 +15,12 @@ import hf_tdiag
 from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcessor
 from hf_tdiag.inputs import UserInputError, open_image
 from hf_tdiag.loading import load_model, pixel_values_for
-from hf_tdiag.report import figures as F
 from hf_tdiag.report.html import Figure, Section, Table, dumps, format_value, render_html, to_jsonable
 from hf_tdiag.report.report import ReportOptions, build_report
+from hf_tdiag.viz import figure_to_png, png_to_data_uri
+from hf_tdiag.viz.attention_maps import cls_attention_grid
+from hf_tdiag.viz.images import predictions_figure
+from hf_tdiag.viz.schatten import optimal_p_heatmap
 
 
 def _digits(n=12):
@@ -77,8 +80,8 @@ def test_section_status_is_checked():
 
 
 def test_render_html_escapes_text_and_embeds_png():
-    fig = F.predictions_figure([np.eye(4)], ["<b>x</b>"], [0.9])
-    png = F.figure_to_png(fig)
+    fig = predictions_figure([np.eye(4)], ["<b>x</b>"], [0.9])
+    png = figure_to_png(fig)
     section = Section(
         "s",
         "<script>alert(1)</script>",
@@ -95,14 +98,14 @@ def test_render_html_escapes_text_and_embeds_png():
 
 def test_png_to_data_uri_rejects_non_png():
     with pytest.raises(ValueError, match="png"):
-        F.png_to_data_uri(b"GIF89a")
+        png_to_data_uri(b"GIF89a")
 
 
 def test_cls_attention_grid_picks_cls_row_and_patch_columns():
     L, K, g = 2, 3, (2, 3)
     n = 1 + g[0] * g[1]
     attn = torch.arange(L * K * n * n, dtype=torch.float32).reshape(L, K, n, n)
-    maps = F.cls_attention_grid(attn, g)
+    maps = cls_attention_grid(attn, g)
     assert maps.shape == (L, K, 2, 3)
     for layer in range(L):
         for k in range(K):
@@ -110,9 +113,9 @@ def test_cls_attention_grid_picks_cls_row_and_patch_columns():
                 for c in range(3):
                     assert maps[layer, k, r, c] == attn[layer, k, 0, 1 + r * 3 + c]
     with pytest.raises(ValueError, match="grid"):
-        F.cls_attention_grid(attn, (3, 3))
+        cls_attention_grid(attn, (3, 3))
     with pytest.raises(ValueError, match="attentions"):
-        F.cls_attention_grid(attn[0], g)
+        cls_attention_grid(attn[0], g)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -254,7 +257,7 @@ def test_report_on_bert_runs_weight_diagnostics(bert_dir):
 
 def test_optimal_p_heatmap_cells_are_the_records_p_opt(bert_dir):
     bounds = hf_tdiag.spectrum_bounds(bert_dir)
-    fig = F.optimal_p_heatmap(bounds)
+    fig = optimal_p_heatmap(bounds)
     grid = np.ma.filled(fig.axes[0].images[0].get_array(), np.nan)
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert grid.shape == (bounds.num_layers, len(labels))
@@ -362,10 +365,10 @@ import matplotlib
 matplotlib.use("svg")
 import evaluate, hf_tdiag
 evaluate.load(hf_tdiag.metric_path("srr"))
-import hf_tdiag.report, hf_tdiag.report.figures as F, hf_tdiag.viz, hf_tdiag.viz.study, hf_tdiag.viz.schatten
+import hf_tdiag.report, hf_tdiag.viz, hf_tdiag.viz.images, hf_tdiag.viz.attention_maps, hf_tdiag.viz.study, hf_tdiag.viz.schatten
 import hf_tdiag.viz.concepts, hf_tdiag.viz.attention_svm
 import numpy as np, sys
-F.figure_to_png(F.predictions_figure([np.zeros((4, 4))], ["a"], [0.5]))
+hf_tdiag.viz.figure_to_png(hf_tdiag.viz.images.predictions_figure([np.zeros((4, 4))], ["a"], [0.5]))
 assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
 assert "matplotlib.pyplot" not in sys.modules, "pyplot was imported"
 print("backend kept")

@@ -1,4 +1,4 @@
-"""hf_tdiag.schatten_grid and recipes/schatten_trained_grid.py: cells, cache/resume, and every number vs the dense reference."""
+"""hf_tdiag.study.schatten_grid and recipes/schatten_trained_grid.py: cells, cache/resume, and every number vs the dense reference."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_schatten_reference import dense_reference_from_matrices
 
-from hf_tdiag import schatten_grid as G
+from hf_tdiag.study import schatten_grid as G
 
 RECIPE = os.path.join(os.path.dirname(__file__), "..", "recipes", "schatten_trained_grid.py")
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -309,7 +309,7 @@ def test_worker_threads_give_the_same_report(workers):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_failing_job_propagates_and_restores_torch_threads(monkeypatch, workers):
-    from hf_tdiag.probes import spectrum
+    from hf_tdiag.diagnostics import schatten as spectrum
 
     def boom(weight, method):
         raise RuntimeError("solver failed")

@@ -225,7 +225,7 @@ def test_concepts_tab_reports_fidelity(crate_dir, digit_png):
 
 
 def test_svm_experiment_reports_gd_correlation_with_w_mm():
-    from hf_tdiag.measures.attention_gd import make_attention_data, train_attention
+    from hf_tdiag.experiments.attention_gd import make_attention_data, train_attention
     from hf_tdiag.measures.attention_svm import att_svm
 
     text, fig = H.svm_experiment(3, 4, 8, 200, 0)

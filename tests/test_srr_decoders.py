@@ -9,8 +9,8 @@ import pytest
 import torch
 from decoder_models import build, decoder_dirs, decoder_models  # noqa: F401  (fixtures)
 
+from hf_tdiag.diagnostics.srr import layer_srr
 from hf_tdiag.measures.coding_rate import compression_rate
-from hf_tdiag.probes.srr import layer_srr
 from hf_tdiag.probes.subspaces import subspaces
 
 EPS, LAM = 0.5, 0.3

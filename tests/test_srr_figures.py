@@ -9,9 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
+from hf_tdiag.diagnostics.mssa_step import mssa_step_compression
 from hf_tdiag.measures.linear_probe import linear_probe_accuracy
 from hf_tdiag.probes.layer_features import layer_features
-from hf_tdiag.probes.mssa_step import mssa_step_compression
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

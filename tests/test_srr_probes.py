@@ -13,8 +13,8 @@ import torch
 from transformers import BertConfig, BertModel, ViTConfig, ViTForImageClassification
 
 from hf_tdiag import CrateConfig, CrateForImageClassification, layer_srr
+from hf_tdiag.diagnostics.srr import TERMS, SRRReport
 from hf_tdiag.measures import coding_rate, compression_rate, sparsity
-from hf_tdiag.probes.srr import TERMS, SRRReport
 from hf_tdiag.probes.subspaces import subspaces
 from hf_tdiag.probes.token_states import token_states
 

@@ -189,8 +189,8 @@ def test_flatness_columns_pass_every_setting(monkeypatch):
 def test_compute_measures_margin_batches_and_progress(monkeypatch):
     """The inverse margin over the first ``max_examples`` logits computed in batches, with the settings' quantile;
     the flatness searches get the first ``flatness_examples`` in order; ``progress`` reaches every search."""
+    from hf_tdiag.diagnostics import srr
     from hf_tdiag.measures import sharpness
-    from hf_tdiag.probes import srr
 
     model = _model()
     torch.manual_seed(2)

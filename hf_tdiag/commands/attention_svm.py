@@ -102,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
 
     from hf_tdiag._atomic import write_json
     from hf_tdiag._threads import model_threads, torch_threads
+    from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
     from hf_tdiag.loading import load_model
     from hf_tdiag.probes.architecture import describe
-    from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
     from hf_tdiag.viz import save_figure
     from hf_tdiag.viz.attention_svm import plot_head_diagnostic
 

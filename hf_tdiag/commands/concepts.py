@@ -218,8 +218,8 @@ def _describe(source: dict) -> str:
 
 def _run_sweep(args, model, inputs, opts, source, threads) -> int:
     from hf_tdiag._threads import torch_threads
+    from hf_tdiag.diagnostics.concepts import concept_fidelity
     from hf_tdiag.measures.concepts import SemiNMF
-    from hf_tdiag.probes.concept_fidelity import concept_fidelity
     from hf_tdiag.viz.concepts import plot_layer_sweep, save_figure
 
     layers = _parse_layers(args.layers, int(model.config.num_hidden_layers))
@@ -255,7 +255,7 @@ def _run_sweep(args, model, inputs, opts, source, threads) -> int:
 
 def _figures(args, model, pixels, out, estimators, layer, threads):
     from hf_tdiag._threads import torch_threads
-    from hf_tdiag.probes.concept_fidelity import layer_activations
+    from hf_tdiag.diagnostics.concepts import layer_activations
     from hf_tdiag.viz.concepts import (
         plot_concept_heatmaps,
         plot_kl_vs_bound,
@@ -301,8 +301,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from hf_tdiag._threads import model_threads, torch_threads
+    from hf_tdiag.diagnostics.concepts import compare_concepts
     from hf_tdiag.loading import load_model
-    from hf_tdiag.probes.concept_fidelity import compare_concepts
 
     if any(mu < 0 for mu in args.gram_weight):
         raise ValueError(f"--gram-weight: expected values >= 0, got {args.gram_weight}")

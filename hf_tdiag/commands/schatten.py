@@ -104,7 +104,7 @@ def print_breakdown(report) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hf_tdiag._atomic import write_csv, write_json
-    from hf_tdiag.probes.spectrum import spectrum_bounds
+    from hf_tdiag.diagnostics.schatten import spectrum_bounds
     from hf_tdiag.viz.schatten import model_label
 
     reports = []

@@ -91,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
 
     from hf_tdiag._atomic import write_json
     from hf_tdiag._threads import model_threads, torch_threads
+    from hf_tdiag.diagnostics.srr import layer_srr
     from hf_tdiag.loading import load_model
-    from hf_tdiag.probes.srr import layer_srr
     from hf_tdiag.viz import plot_layer_srr, save_figure
 
     if args.labels is not None and len(args.labels) != len(args.models):

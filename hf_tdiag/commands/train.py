@@ -26,7 +26,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from ..training.loop import train
-    from ..viz.srr import layer_srr_step
+    from ..training.srr_tracking import layer_srr_step
 
     show = getattr(args, "print_results", False)
     values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "print_results")}

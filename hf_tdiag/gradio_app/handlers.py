@@ -27,8 +27,8 @@ from PIL import Image, UnidentifiedImageError
 
 from hf_tdiag.inputs import UserInputError, open_image
 from hf_tdiag.loading import HUB_ID, LoadedModel, load_hub_model, load_model, pixel_values_for
-from hf_tdiag.report import figures
 from hf_tdiag.report.report import cls_pooling_note
+from hf_tdiag.viz import attention_maps
 
 logger = logging.getLogger(__name__)
 
@@ -216,8 +216,8 @@ def crate_tab(spec, image_path, layer, compare=None, progress=gr.Progress(track_
     labels, attentions, pixel_values = classify(loaded, image)
     grid = _grid(loaded, pixel_values.unsqueeze(0))
     shown = _display_image(pixel_values)
-    heads_fig = figures.attention_heads_figure(shown, attentions, grid, layer)
-    layers_fig = figures.attention_layers_figure(shown, attentions, grid)
+    heads_fig = attention_maps.attention_heads_figure(shown, attentions, grid, layer)
+    layers_fig = attention_maps.attention_layers_figure(shown, attentions, grid)
 
     compare = list(compare or [])
     unknown = [v for v in compare if v not in CRATE_VARIANTS]
@@ -419,7 +419,7 @@ def _int_in(value, name: str) -> int:
 def svm_experiment(n=6, T=8, d=16, steps=2000, seed=0, progress=gr.Progress(track_tqdm=True)):
     """1-layer experiment of Tarzanagh et al.: normalized GD on W (vs the Frobenius Att-SVM) and on (K, Q)
     (vs the nuclear-norm Att-SVM); correlation curves and the global/local verdict."""
-    from hf_tdiag.measures.attention_gd import convergence_verdict, make_attention_data, train_attention
+    from hf_tdiag.experiments.attention_gd import convergence_verdict, make_attention_data, train_attention
     from hf_tdiag.measures.attention_svm import att_svm
     from hf_tdiag.viz import attention_svm as viz_attention_svm
 

@@ -14,7 +14,7 @@ import jinja2
 import numpy as np
 import torch
 
-from .figures import png_to_data_uri
+from ..viz import png_to_data_uri
 
 
 @dataclass

@@ -34,7 +34,8 @@ from hf_tdiag._atomic import write_text
 from hf_tdiag._cli_args import NUM_CONCEPTS
 from hf_tdiag.loading import LoadedModel, load_model, pixel_values_for
 
-from . import figures as F
+from ..viz import attention_maps, figure_to_png, images
+from ..viz.concepts import token_codes_figure
 from .html import Figure, Section, Table, dumps, render_html, to_jsonable
 
 logger = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class Report:
 
 
 def _png(fig) -> bytes:
-    return F.figure_to_png(fig)
+    return figure_to_png(fig)
 
 
 def _add_figures(section: Section, make: Callable[[], list]) -> None:
@@ -237,7 +238,7 @@ def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: R
             truths = (
                 [str(id2label.get(int(t), int(t))) for t in inputs.labels[:k]] if inputs.labels is not None else None
             )
-            fig = F.predictions_figure(
+            fig = images.predictions_figure(
                 inputs.images[:k], [str(id2label.get(int(p), int(p))) for p in pred[:k]], conf[:k].tolist(), truths
             )
             section.figures.append(Figure("Predicted label (probability) of the first inputs", _png(fig)))
@@ -270,7 +271,7 @@ def section_srr(loaded: LoadedModel, inputs: ReportInputs | None, options: Repor
     title = "Sparse rate reduction per layer"
     if inputs is None:
         return _skip("srr", title, "needs inputs (images or texts): SRR measures the token representations")
-    from hf_tdiag.probes.srr import STATE_DESCRIPTIONS
+    from hf_tdiag.diagnostics.srr import STATE_DESCRIPTIONS
 
     report = hf_tdiag.layer_srr(
         loaded.model, inputs.batch, source=options.srr_source, eps=options.srr_eps, lam=options.srr_lam, progress=False
@@ -487,7 +488,7 @@ def decoder_concepts_section(loaded: LoadedModel, inputs: ReportInputs, options:
             tokens = loaded.processor.convert_ids_to_tokens(ids[: result["n_tokens"]])
             codes = tensors["codes"].reshape(result["n_images"], result["n_tokens"], -1)[0]
             out.append(
-                (f"Concept codes of the first text's tokens after block {layer}", F.token_codes_figure(tokens, codes))
+                (f"Concept codes of the first text's tokens after block {layer}", token_codes_figure(tokens, codes))
             )
         if "bound_estimated" in result.get("per_image", {}):
             from hf_tdiag.viz import concepts as VC
@@ -603,15 +604,15 @@ def _image_attention_figures(section: Section, loaded: LoadedModel, inputs: Repo
         lambda: [
             (
                 f"CLS attention, mean over heads, per layer (first input).{suffix}",
-                F.attention_layers_figure(shown, attn, grid),
+                attention_maps.attention_layers_figure(shown, attn, grid),
             ),
             (
                 f"CLS attention of each head of layer {layer} (first input).{suffix}",
-                F.attention_heads_figure(shown, attn, grid, layer),
+                attention_maps.attention_heads_figure(shown, attn, grid, layer),
             ),
         ],
     )
-    section.numbers["cls_attention_first_input"] = F.cls_attention_grid(attn, grid)
+    section.numbers["cls_attention_first_input"] = attention_maps.cls_attention_grid(attn, grid)
 
 
 def _token_attention_figures(section: Section, loaded: LoadedModel, inputs: ReportInputs, attn, layer: int) -> None:
@@ -627,11 +628,11 @@ def _token_attention_figures(section: Section, loaded: LoadedModel, inputs: Repo
         lambda: [
             (
                 f"Token-to-token attention of layer {layer}, mean over heads (first input, padding removed)",
-                F.token_attention_figure(tokens, attn, layer),
+                attention_maps.token_attention_figure(tokens, attn, layer),
             ),
             (
                 "Attention of the first token (e.g. [CLS]) to every token, mean over heads, per layer (first input)",
-                F.first_token_attention_figure(tokens, attn),
+                attention_maps.first_token_attention_figure(tokens, attn),
             ),
         ],
     )

@@ -79,7 +79,7 @@ class _Collector:
 
 def _srr_columns(out: _Collector, model, x, settings: MeasureSettings, progress: bool) -> None:
     """``srr_mean`` / ``srr_last`` and the per-layer SRR curve (kept for plots, not ranked)."""
-    from ..probes.srr import layer_srr
+    from ..diagnostics.srr import layer_srr
 
     try:
         report = layer_srr(

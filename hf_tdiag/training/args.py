@@ -330,7 +330,7 @@ def validate_args(args: argparse.Namespace) -> None:
     if args.mixed_precision is not None and args.mixed_precision not in MIXED_PRECISION:
         raise ValueError(f"mixed_precision: expected one of {list(MIXED_PRECISION)}, got {args.mixed_precision!r}")
     args.srr_layer = parse_srr_layer(args.srr_layer)
-    from .srr_history import parse_every
+    from .srr_tracking import parse_every
 
     args.track_srr_every = parse_every(args.track_srr_every)
     positive_int(args.track_srr_samples, "track_srr_samples")

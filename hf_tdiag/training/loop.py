@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from .._atomic import write_json
 from .._threads import pick_threads, torch_threads
-from . import srr_history
+from . import srr_tracking
 from .args import is_digits, make_args
 from .checkpointing import clean_partial, load_checkpoint, resolve_checkpoint, save_checkpoint
 from .data import build_datasets, load_raw_data
@@ -100,14 +100,14 @@ def train(args_or_kwargs=None, *, after_fit: Sequence[AfterFit] | None = None, *
 
     ``after_fit``: steps run on the trained model before the model card is written, each
     ``step(run) -> dict`` merged into the results; ``None`` (default) runs the per-layer SRR report
-    (:func:`hf_tdiag.viz.srr.layer_srr_step`) when ``--layer_srr_samples`` > 0.
+    (:func:`hf_tdiag.training.srr_tracking.layer_srr_step`) when ``--layer_srr_samples`` > 0.
     Returns the results dict (accuracy, losses, generalization gap, runtime, ...), also written to
     ``<output_dir>/all_results.json`` on the main process. The caller's torch thread count is restored.
     """
     args = make_args(args_or_kwargs, **kwargs)
     _resolve_defaults(args)
     if after_fit is None:
-        from ..viz.srr import layer_srr_step
+        from .srr_tracking import layer_srr_step
 
         after_fit = [layer_srr_step]
     with torch_threads():  # prepare may set the count for small CPU models; the caller's comes back
@@ -115,7 +115,7 @@ def train(args_or_kwargs=None, *, after_fit: Sequence[AfterFit] | None = None, *
         resume(run)
         _announce(run)
         if args.track_srr_every and not run.srr_history:
-            srr_history.record(run, run.start_epoch)  # the starting point of the curves
+            srr_tracking.record(run, run.start_epoch)  # the starting point of the curves
         for epoch in range(run.start_epoch, args.num_train_epochs):
             if run.completed_steps >= args.max_train_steps:
                 break
@@ -377,8 +377,8 @@ def train_epoch(run: TrainingRun, epoch: int) -> None:
             if run.srr_last is not None:
                 logs["train/srr_penalty"] = run.srr_last
             accelerator.log(logs, step=run.completed_steps)
-        if srr_history.due(args.track_srr_every, run.completed_steps, epoch_end=False):
-            srr_history.record(run, epoch)
+        if srr_tracking.due(args.track_srr_every, run.completed_steps, epoch_end=False):
+            srr_tracking.record(run, epoch)
         if every and run.completed_steps % every == 0 and batch_index < num_batches:
             checkpoint(run, epoch, batch_index)
         if run.completed_steps >= args.max_train_steps:
@@ -403,8 +403,8 @@ def evaluate_epoch(run: TrainingRun, epoch: int) -> dict:
     }
     run.history.append(record)
     run.loss_sum, run.loss_count = 0.0, 0
-    if srr_history.due(args.track_srr_every, run.completed_steps, epoch_end=True):
-        srr_history.record(run, epoch + 1)
+    if srr_tracking.due(args.track_srr_every, run.completed_steps, epoch_end=True):
+        srr_tracking.record(run, epoch + 1)
     run.progress.set_postfix(loss=f"{train_loss:.4f}", acc=f"{metrics['accuracy']:.4f}")
     if args.with_tracking:
         accelerator.log(

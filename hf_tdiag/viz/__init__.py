@@ -15,6 +15,8 @@ optimal p), :mod:`hf_tdiag.viz.concepts` (concept heatmaps, KL vs bound),
 
 from __future__ import annotations
 
+import base64
+import io
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,11 +42,33 @@ _STATE_OFFSET = {"output": 0.0, "official": 0.0, "mid": -0.5, "input": -1.0}
 DEFAULT_SRR_STATES = ("output", "mid", "official")
 
 
-def new_figure(width: float = 6.4, height: float = 4.4, **kwargs) -> Figure:
-    """A Figure on an Agg canvas (constrained layout), independent of pyplot."""
-    fig = Figure(figsize=(width, height), layout="constrained", **kwargs)
+def new_figure(width: float = 6.4, height: float = 4.4, layout: str | None = "constrained", **kwargs) -> Figure:
+    """A Figure on an Agg canvas (constrained layout by default), independent of pyplot."""
+    fig = Figure(figsize=(width, height), layout=layout, **kwargs)
     FigureCanvasAgg(fig)
     return fig
+
+
+def new_subplots(rows: int, cols: int, figsize: tuple[float, float], **kwargs):
+    """``(figure, axes grid)`` on an Agg canvas without pyplot (``layout`` as given; none by default)."""
+    fig = new_figure(*figsize, layout=kwargs.pop("layout", None), **kwargs)
+    return fig, fig.subplots(rows, cols, squeeze=False)
+
+
+def figure_to_png(fig: Figure, dpi: int = 110) -> bytes:
+    """PNG bytes of ``fig``."""
+    if not isinstance(fig, Figure):
+        raise TypeError(f"fig: expected a matplotlib Figure, got {type(fig).__name__}")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def png_to_data_uri(png: bytes) -> str:
+    """``data:image/png;base64,...`` URI of PNG bytes."""
+    if not png.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise ValueError("png: expected PNG bytes (missing PNG signature)")
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 def save_figure(fig: Figure, path, dpi: int = 120) -> str:

@@ -19,9 +19,10 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from . import new_figure, save_figure
+from . import new_figure, new_subplots, save_figure
 
 __all__ = [
+    "token_codes_figure",
     "plot_concept_heatmaps",
     "plot_top_patches",
     "plot_kl_vs_bound",
@@ -253,4 +254,19 @@ def plot_mu_sweep(rows: Sequence[Mapping], title: str | None = None) -> Figure:
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8)
     ax.set_title(title or "Gram alignment: δ_gram and KL as μ varies", fontsize=9)
+    return fig
+
+
+def token_codes_figure(tokens: list[str], codes: torch.Tensor) -> Figure:
+    """Heatmap of concept codes ``(tokens, k)`` of one text: one row per concept, one column per token."""
+    c = codes.detach().double().cpu().numpy().T
+    fig, axes = new_subplots(1, 1, (max(4.0, 0.28 * len(tokens) + 1.5), 0.35 * c.shape[0] + 1.2))
+    ax = axes[0, 0]
+    im = ax.imshow(c, aspect="auto", cmap="viridis")
+    ax.set_xticks(range(len(tokens)))
+    ax.set_xticklabels([t if t.strip() else "␣" for t in tokens], fontsize=7, rotation=90)
+    ax.set_yticks(range(c.shape[0]))
+    ax.set_yticklabels([f"c{k}" for k in range(c.shape[0])], fontsize=7)
+    ax.set_xlabel("token")
+    fig.colorbar(im, ax=ax, fraction=0.03, label="code")
     return fig

@@ -1,6 +1,6 @@
 """Figures for the Schatten / Edelman bound proxies (matplotlib ``Figure`` objects, no pyplot state).
 
-Inputs are :class:`hf_tdiag.probes.spectrum.SpectrumBoundReport` objects, or for the
+Inputs are :class:`hf_tdiag.diagnostics.schatten.SpectrumBoundReport` objects, or for the
 scaling plots any rows with ``num_layers``, ``hidden_size``, ``ours`` and ``edelman``
 (e.g. ``report.summary()``).
 """
@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+
+from . import new_subplots
 
 TYPE_LABELS = {"qk": "QK (per head)", "v": "Ṽ (per head)", "m_in": "M_in", "ista": "ISTA D (as M_in)", "m_out": "M_out"}
 PROXY_STYLE = {"ours": ("B_ours (spectrum-adaptive)", "-", "o"), "edelman": ("B_Edelman", "--", "s")}
@@ -139,7 +141,7 @@ def plot_init_vs_trained(rows_init, rows_trained, x_key: str, normalize_at: Mapp
 
 
 def p_opt_summary(rows, types: Iterable[str] = ("qk", "v", "m_in", "m_out")) -> dict[str, dict[str, float]]:
-    """Mean over grid rows of ``mean_p_opt_<type>`` and ``frac_p0_<type>`` (rows from :func:`hf_tdiag.schatten_grid.grid_rows`)."""
+    """Mean over grid rows of ``mean_p_opt_<type>`` and ``frac_p0_<type>`` (rows from :func:`hf_tdiag.study.schatten_grid.grid_rows`)."""
     rows = list(rows)
     return {
         t: {
@@ -395,7 +397,40 @@ def save_report_figures(report, out_dir: str, prefix: str = "") -> dict[str, str
     return paths
 
 
+def optimal_p_heatmap(report) -> Figure:
+    """Heatmap of the optimal Schatten index p per matrix: layers (rows) × matrix type/head (columns).
+
+    ``report`` is a :class:`hf_tdiag.diagnostics.schatten.SpectrumBoundReport`; each cell is one record's ``p_opt``.
+    """
+    order = {"qk": 0, "v": 1, "m_in": 2, "ista": 2, "m_out": 3}
+    columns = sorted(
+        {(m.type, -1 if m.head is None else m.head) for m in report.matrices}, key=lambda c: (order.get(c[0], 9), c[1])
+    )
+    if not columns:
+        raise ValueError("report: has no matrices")
+    col_index = {c: j for j, c in enumerate(columns)}
+    grid = np.full((report.num_layers, len(columns)), np.nan)
+    for m in report.matrices:
+        grid[m.layer, col_index[(m.type, -1 if m.head is None else m.head)]] = m.p_opt
+    width = min(16.0, 2.5 + 0.32 * len(columns))
+    fig, axes = new_subplots(1, 1, (width, 1.8 + 0.35 * report.num_layers), layout="constrained")
+    ax = axes[0][0]
+    im = ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=2.0, aspect="auto", interpolation="nearest")
+    labels = [t if h < 0 else f"{t} h{h}" for t, h in columns]
+    ax.set_xticks(range(len(columns)), labels, rotation=90, fontsize=6 if len(columns) > 24 else 8)
+    ax.set_yticks(range(report.num_layers), [str(i) for i in range(1, report.num_layers + 1)], fontsize=8)
+    ax.set_ylabel("layer (block 1..L)")
+    if grid.size <= 400:
+        for (i, j), v in np.ndenumerate(grid):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.2g}", ha="center", va="center", fontsize=6, color="w" if v < 1.2 else "k")
+    fig.colorbar(im, ax=ax, label="optimal p")
+    ax.set_title("Optimal Schatten index p per matrix", fontsize=10)
+    return fig
+
+
 __all__ = [
+    "optimal_p_heatmap",
     "model_label",
     "norm_scaling_rows",
     "optimal_p_counts",

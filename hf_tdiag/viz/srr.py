@@ -4,7 +4,7 @@
 * :func:`plot_srr_history` — Rᶜ, sparsity and SRR per layer across training (Yu et al. 2023, Fig. 4 style);
 * :func:`plot_probe_vs_srr` — linear-probe accuracy of every layer next to its SRR (Hu et al., rebuttal Fig. 1).
 
-:func:`layer_srr_step` is an ``after_fit`` step of :func:`hf_tdiag.training.train` (the recipes pass it):
+:func:`hf_tdiag.training.srr_tracking.layer_srr_step` (an ``after_fit`` step of :func:`hf_tdiag.training.train`)
 it measures :func:`hf_tdiag.layer_srr` on the first ``--layer_srr_samples`` evaluation images, writes
 ``layer_srr.json`` and ``layer_srr.png`` (:func:`hf_tdiag.viz.plot_layer_srr`) into the output folder,
 prints :func:`layer_srr_table` and returns the entries the results and the model card carry.
@@ -128,48 +128,9 @@ def write_layer_srr(report, output_dir: str, title: str | None = None) -> tuple[
     return json_path, png_path
 
 
-def layer_srr_step(run) -> dict:
-    """``after_fit`` step: per-layer SRR of the trained model on evaluation images (all processes call it)."""
-    import torch
-
-    from ..probes.srr import layer_srr
-
-    args, accelerator = run.args, run.accelerator
-    if not args.layer_srr_samples:
-        return {}
-    if run.fsdp:
-        accelerator.print(
-            "FSDP: skipping the per-layer SRR (parameters are sharded); run `hf-tdiag srr` on the saved model"
-        )
-        return {}
-    count = min(args.layer_srr_samples, len(run.datasets.eval))
-    subset = torch.utils.data.Subset(run.datasets.eval, range(count))
-    loader = torch.utils.data.DataLoader(subset, batch_size=args.per_device_eval_batch_size, shuffle=False)
-    report = layer_srr(
-        run.unwrapped,
-        loader,
-        eps=args.srr_eps,
-        lam=args.srr_lambda,
-        batch_size=args.per_device_eval_batch_size,
-        accelerator=accelerator,
-        progress=not args.disable_tqdm,
-    )
-    if accelerator.is_main_process:
-        write_layer_srr(report, args.output_dir, title=f"{run.config.variant} on {run.raw.name}")
-        accelerator.print(layer_srr_table(report))
-    per_layer = report.per_layer("srr")  # block outputs Z^1..Z^L
-    return {
-        "layer_srr": per_layer,
-        "layer_srr_embeddings": report.embeddings["mean"]["srr"] if report.embeddings else None,
-        "layer_srr_samples": report.num_samples,
-        "srr_mean_over_layers": float(sum(per_layer) / len(per_layer)),
-    }
-
-
 __all__ = [
     "layer_srr_table",
     "write_layer_srr",
-    "layer_srr_step",
     "plot_mssa_step",
     "plot_srr_history",
     "plot_probe_vs_srr",

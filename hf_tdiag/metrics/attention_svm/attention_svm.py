@@ -6,7 +6,7 @@ Thin wrapper over :func:`hf_tdiag.attention_svm_diagnostic` (probes) and :mod:`h
 
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
-from hf_tdiag.probes.attention_svm import attention_svm_diagnostic
+from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
 
 _CITATION = """\
 @article{tarzanagh2023transformers,

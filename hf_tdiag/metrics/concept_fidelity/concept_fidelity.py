@@ -6,7 +6,7 @@ Thin wrapper over :func:`hf_tdiag.concept_fidelity` (probes) and :mod:`hf_tdiag.
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.measures.concepts import SemiNMF
-from hf_tdiag.probes.concept_fidelity import DEFAULT_N_CONCEPTS, concept_fidelity
+from hf_tdiag.diagnostics.concepts import DEFAULT_N_CONCEPTS, concept_fidelity
 from hf_tdiag.loading import load_model
 
 _CITATION = """\

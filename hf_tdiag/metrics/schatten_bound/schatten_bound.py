@@ -8,7 +8,7 @@ import os
 import datasets
 import evaluate
 import torch
-from hf_tdiag.probes.spectrum import spectrum_bounds
+from hf_tdiag.diagnostics.schatten import spectrum_bounds
 
 _CITATION = """\
 @article{sakai2026spectrum,

@@ -6,8 +6,8 @@ Thin wrapper over :func:`hf_tdiag.layer_srr` (probes) and :mod:`hf_tdiag.measure
 
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
-from hf_tdiag.probes.srr import TERMS
-from hf_tdiag.probes.srr import layer_srr
+from hf_tdiag.diagnostics.srr import TERMS
+from hf_tdiag.diagnostics.srr import layer_srr
 
 _CITATION = """\
 @inproceedings{yu2023whitebox,

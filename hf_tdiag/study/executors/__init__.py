@@ -6,7 +6,7 @@ An executor is a function ``(specs, *, jobs, threads, on_done, task, **options) 
 (already written to the cache by the worker) or ``failure`` a dict with ``hparams``,
 ``error`` and ``traceback``. The per-run cache stays the single source of truth. Specs are
 plain dicts with at least ``hparams`` (what names the run in the failure log); the Schatten
-trained grid (:func:`hf_tdiag.schatten_grid.run_grid`) hands its cells to the same executors.
+trained grid (:func:`hf_tdiag.study.schatten_grid.run_grid`) hands its cells to the same executors.
 
 ``local`` (:mod:`.local`, the default, no extra dependency) runs in this process or a
 process pool; ``ray`` (:mod:`.ray`, ``pip install "hf-tdiag[ray]"``) hands each run to Ray.

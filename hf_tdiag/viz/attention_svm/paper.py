@@ -1,5 +1,5 @@
 """Figures of the paper's synthetic experiments, one function per figure, each drawing the dict its
-``hf_tdiag.measures.attention_gd.paper.run_*`` returns (``Figure`` objects, no pyplot state)."""
+``hf_tdiag.experiments.attention_gd.paper.run_*`` returns (``Figure`` objects, no pyplot state)."""
 
 from __future__ import annotations
 

@@ -42,8 +42,8 @@ from torch import nn
 
 from .._validation import integer, non_negative_int
 from ..measures.attention_svm import AttSVMResult, att_svm_self, matrix_correlation
-from .attention_heads import HeadWeights, head_weights, num_blocks
-from .token_states import forward_kwargs
+from ..probes.attention_heads import HeadWeights, head_weights, num_blocks
+from ..probes.token_states import forward_kwargs
 
 __all__ = ["AttentionSVMDiagnostic", "attention_svm_diagnostic", "block_index", "head_qk", "visible_projection"]
 

@@ -67,8 +67,8 @@ from tqdm.auto import tqdm
 from .._threads import torch_threads
 from .._validation import positive_float, positive_int, real
 from ..measures import schatten as S
-from .bert_weights import EncoderWeights, encoder_weights
-from .spectrum_sources import DecoderSource, EncoderSource, ffn_job, head_job
+from ..probes.bert_weights import EncoderWeights, encoder_weights
+from ..probes.spectrum_sources import DecoderSource, EncoderSource, ffn_job, head_job
 
 MATRIX_TYPES = ("qk", "v", "m_in", "ista", "m_out")
 
@@ -497,8 +497,8 @@ def _source(model_or_path, streaming: bool, load_kwargs):
                 "model_or_path: streaming=True reads a checkpoint's safetensors shards; expected a local folder or a "
                 f"Hub id, got {type(model_or_path).__name__}"
             )
-        from .checkpoint import open_checkpoint
-        from .decoders import decoder_layout
+        from ..probes.checkpoint import open_checkpoint
+        from ..probes.decoders import decoder_layout
 
         kwargs = dict(load_kwargs)
         trust = kwargs.pop("trust_remote_code", False)
@@ -508,7 +508,7 @@ def _source(model_or_path, streaming: bool, load_kwargs):
         layout = decoder_layout(ckpt.meta_model)
         return DecoderSource(layout, open_tensors=ckpt.tensors), ckpt.source, 1
     model, name = _model_and_name(model_or_path, load_kwargs)
-    from .decoders import decoder_layout, find_decoder, model_getter
+    from ..probes.decoders import decoder_layout, find_decoder, model_getter
 
     if isinstance(model, torch.nn.Module) and find_decoder(model) is not None:
         layout = decoder_layout(model)

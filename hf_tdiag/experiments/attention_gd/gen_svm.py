@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention_svm import AttSVMResult, att_svm, gen_svm_finite_part, matrix_correlation
+from ...measures.attention_svm import AttSVMResult, att_svm, gen_svm_finite_part, matrix_correlation
 
 __all__ = ["GenSVMFit", "gen_svm_fit", "gen_svm_excluded"]
 

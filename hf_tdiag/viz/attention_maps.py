@@ -1,45 +1,17 @@
-"""Figures the report and the Space draw themselves (everything else comes from the capability ``viz*`` modules).
-
-Only the attention-map overlays live here: the CLS token's attention over the patch grid, drawn on top of the input
-image, per head of one layer and as a per-layer mean over heads. Plus helpers to turn matplotlib figures into PNG
-bytes / base64 for the self-contained HTML report.
-"""
+"""Attention maps: the CLS token's attention over the patch grid drawn on the input image (per head of one block,
+and the mean over heads per block), and token-to-token attention of text models."""
 
 from __future__ import annotations
 
-import base64
-import io
 import math
 
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .._validation import integer
-
-
-def _subplots(rows: int, cols: int, figsize: tuple[float, float], **kwargs):
-    """``(figure, axes grid)`` on an Agg canvas, without pyplot (the user's backend is never touched)."""
-    fig = Figure(figsize=figsize, **kwargs)
-    FigureCanvasAgg(fig)
-    return fig, fig.subplots(rows, cols, squeeze=False)
-
-
-def figure_to_png(fig: Figure, dpi: int = 110) -> bytes:
-    """PNG bytes of ``fig``."""
-    if not isinstance(fig, Figure):
-        raise TypeError(f"fig: expected a matplotlib Figure, got {type(fig).__name__}")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    return buf.getvalue()
-
-
-def png_to_data_uri(png: bytes) -> str:
-    """``data:image/png;base64,...`` URI of PNG bytes."""
-    if not png.startswith(b"\x89PNG\r\n\x1a\n"):
-        raise ValueError("png: expected PNG bytes (missing PNG signature)")
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+from . import new_subplots
+from .images import _image_array
 
 
 def cls_attention_grid(attentions: torch.Tensor, grid: tuple[int, int]) -> np.ndarray:
@@ -65,16 +37,6 @@ def cls_attention_grid(attentions: torch.Tensor, grid: tuple[int, int]) -> np.nd
     return maps.reshape(maps.shape[0], maps.shape[1], gh, gw)
 
 
-def _image_array(image) -> np.ndarray:
-    arr = np.asarray(image, dtype=np.float64)
-    if arr.ndim == 3 and arr.shape[-1] == 1:
-        arr = arr[..., 0]
-    if arr.ndim not in (2, 3):
-        raise ValueError(f"image: expected an (H, W) or (H, W, C) image, got shape {arr.shape}")
-    lo, hi = float(arr.min()), float(arr.max())
-    return (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
-
-
 def _overlay(ax, image: np.ndarray, amap: np.ndarray, title: str) -> None:
     h, w = image.shape[:2]
     ax.imshow(image, cmap="gray" if image.ndim == 2 else None, extent=(0, w, h, 0), interpolation="nearest")
@@ -90,7 +52,7 @@ def _overlay_grid(image, maps: np.ndarray, titles: list[str], suptitle: str) -> 
     n = len(titles)
     cols = min(n, 6)
     rows = math.ceil(n / cols)
-    fig, axes = _subplots(rows, cols, (1.9 * cols, 2.0 * rows + 0.3))
+    fig, axes = new_subplots(rows, cols, (1.9 * cols, 2.0 * rows + 0.3))
     for k in range(rows * cols):
         ax = axes[k // cols][k % cols]
         if k < n:
@@ -135,7 +97,7 @@ def token_attention_figure(tokens: list[str], attentions: torch.Tensor, layer: i
     matrix = attentions[layer - 1].mean(0).detach().to(torch.float64).cpu().numpy()
     n = len(tokens)
     side = min(9.0, 2.0 + 0.28 * n)
-    fig, axes = _subplots(1, 1, (side + 1.2, side), layout="constrained")
+    fig, axes = new_subplots(1, 1, (side + 1.2, side), layout="constrained")
     ax = axes[0][0]
     im = ax.imshow(matrix, cmap="inferno", interpolation="nearest")
     size = 7 if n <= 32 else 5
@@ -156,7 +118,7 @@ def first_token_attention_figure(tokens: list[str], attentions: torch.Tensor) ->
         )
     rows = attentions[:, :, 0, :].mean(1).detach().to(torch.float64).cpu().numpy()
     n, layers = len(tokens), rows.shape[0]
-    fig, axes = _subplots(1, 1, (min(12.0, 2.5 + 0.3 * n), 1.6 + 0.32 * layers), layout="constrained")
+    fig, axes = new_subplots(1, 1, (min(12.0, 2.5 + 0.3 * n), 1.6 + 0.32 * layers), layout="constrained")
     ax = axes[0][0]
     im = ax.imshow(rows, cmap="inferno", aspect="auto", interpolation="nearest")
     ax.set_xticks(range(n), tokens, rotation=90, fontsize=7 if n <= 32 else 5)
@@ -167,82 +129,10 @@ def first_token_attention_figure(tokens: list[str], attentions: torch.Tensor) ->
     return fig
 
 
-def token_codes_figure(tokens: list[str], codes: torch.Tensor) -> Figure:
-    """Heatmap of concept codes ``(tokens, k)`` of one text: one row per concept, one column per token."""
-    c = codes.detach().double().cpu().numpy().T
-    fig, axes = _subplots(1, 1, (max(4.0, 0.28 * len(tokens) + 1.5), 0.35 * c.shape[0] + 1.2))
-    ax = axes[0, 0]
-    im = ax.imshow(c, aspect="auto", cmap="viridis")
-    ax.set_xticks(range(len(tokens)))
-    ax.set_xticklabels([t if t.strip() else "␣" for t in tokens], fontsize=7, rotation=90)
-    ax.set_yticks(range(c.shape[0]))
-    ax.set_yticklabels([f"c{k}" for k in range(c.shape[0])], fontsize=7)
-    ax.set_xlabel("token")
-    fig.colorbar(im, ax=ax, fraction=0.03, label="code")
-    return fig
-
-
-def predictions_figure(images: list, labels: list[str], probs: list[float], truths: list[str] | None = None) -> Figure:
-    """Small gallery of inputs with the predicted label and its probability (and the true label if known)."""
-    n = len(images)
-    if n == 0 or len(labels) != n or len(probs) != n:
-        raise ValueError(f"images/labels/probs: expected equal non-zero lengths, got {n}, {len(labels)}, {len(probs)}")
-    cols = min(n, 8)
-    rows = math.ceil(n / cols)
-    fig, axes = _subplots(rows, cols, (1.5 * cols, 1.7 * rows))
-    for i in range(rows * cols):
-        ax = axes[i // cols][i % cols]
-        ax.axis("off")
-        if i < n:
-            img = _image_array(images[i])
-            ax.imshow(img, cmap="gray" if img.ndim == 2 else None, interpolation="nearest")
-            title = f"{labels[i]} ({probs[i]:.2f})"
-            if truths is not None:
-                title += f"\ntrue {truths[i]}"
-            ax.set_title(title, fontsize=7)
-    return fig
-
-
-def optimal_p_heatmap(report) -> Figure:
-    """Heatmap of the optimal Schatten index p per matrix: layers (rows) × matrix type/head (columns).
-
-    ``report`` is a :class:`hf_tdiag.probes.spectrum.SpectrumBoundReport`; each cell is one record's ``p_opt``.
-    """
-    order = {"qk": 0, "v": 1, "m_in": 2, "ista": 2, "m_out": 3}
-    columns = sorted(
-        {(m.type, -1 if m.head is None else m.head) for m in report.matrices}, key=lambda c: (order.get(c[0], 9), c[1])
-    )
-    if not columns:
-        raise ValueError("report: has no matrices")
-    col_index = {c: j for j, c in enumerate(columns)}
-    grid = np.full((report.num_layers, len(columns)), np.nan)
-    for m in report.matrices:
-        grid[m.layer, col_index[(m.type, -1 if m.head is None else m.head)]] = m.p_opt
-    width = min(16.0, 2.5 + 0.32 * len(columns))
-    fig, axes = _subplots(1, 1, (width, 1.8 + 0.35 * report.num_layers), layout="constrained")
-    ax = axes[0][0]
-    im = ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=2.0, aspect="auto", interpolation="nearest")
-    labels = [t if h < 0 else f"{t} h{h}" for t, h in columns]
-    ax.set_xticks(range(len(columns)), labels, rotation=90, fontsize=6 if len(columns) > 24 else 8)
-    ax.set_yticks(range(report.num_layers), [str(i) for i in range(1, report.num_layers + 1)], fontsize=8)
-    ax.set_ylabel("layer (block 1..L)")
-    if grid.size <= 400:
-        for (i, j), v in np.ndenumerate(grid):
-            if np.isfinite(v):
-                ax.text(j, i, f"{v:.2g}", ha="center", va="center", fontsize=6, color="w" if v < 1.2 else "k")
-    fig.colorbar(im, ax=ax, label="optimal p")
-    ax.set_title("Optimal Schatten index p per matrix", fontsize=10)
-    return fig
-
-
 __all__ = [
-    "optimal_p_heatmap",
     "attention_heads_figure",
     "attention_layers_figure",
     "cls_attention_grid",
     "first_token_attention_figure",
     "token_attention_figure",
-    "figure_to_png",
-    "png_to_data_uri",
-    "predictions_figure",
 ]

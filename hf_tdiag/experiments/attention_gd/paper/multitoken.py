@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention_svm import gen_svm_finite_part, matrix_correlation
+from ....measures.attention_svm import gen_svm_finite_part, matrix_correlation
 from ..data import make_orthonormal_data, stack_data
 from ..gen_svm import gen_svm_excluded, gen_svm_fit
 from ..heads import LambdaHead

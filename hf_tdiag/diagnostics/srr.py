@@ -53,9 +53,9 @@ from ..measures.coding_rate import (
     official_compression_rate,
     sparsity,
 )
-from .architecture import describe
-from .subspaces import check_source, subspace_heads, subspaces
-from .token_states import model_device, token_states
+from ..probes.architecture import describe
+from ..probes.subspaces import check_source, subspace_heads, subspaces
+from ..probes.token_states import model_device, token_states
 
 TERMS: tuple[str, ...] = ("R", "Rc", "sparsity", "srr")
 STATES: tuple[str, ...] = ("output", "input", "mid")

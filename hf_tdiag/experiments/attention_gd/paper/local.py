@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention_svm import att_svm
+from ....measures.attention_svm import att_svm
 from ..data import make_attention_data, stack_data
 from ..train import train_attention_batch
 from .common import batched_correlation

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ._validation import positive_int
+from .._validation import positive_int
 
 GRID_VERSION = 1
 SUMMARY_TYPES = ("qk", "v", "m_in", "m_out")
@@ -225,7 +225,7 @@ def run_cell(cell: GridCell, cache_dir: str, device: str | None = None) -> dict:
     """Train one cell (or return its cached record): proxies at initialisation and after training, accuracies."""
     import torch
 
-    from hf_tdiag.probes.spectrum import spectrum_bounds
+    from hf_tdiag.diagnostics.schatten import spectrum_bounds
     from hf_tdiag.study.cache import write_json_atomic
 
     cached = load_record(cell, cache_dir)
@@ -369,7 +369,7 @@ __all__ = [
 
 def load_report_pair(record: dict, cache_dir: str):
     """The full init and trained :class:`SpectrumBoundReport` of a cached record (spectra included)."""
-    from hf_tdiag.probes.spectrum import SpectrumBoundReport
+    from hf_tdiag.diagnostics.schatten import SpectrumBoundReport
 
     paths = _paths(cache_dir, record["key"])
     return tuple(SpectrumBoundReport.from_json(paths[stage]) for stage in ("init", "trained"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...attention_svm import att_svm
+from ....measures.attention_svm import att_svm
 from ..data import make_attention_data, stack_data
 from ..train import train_attention_batch
 from .common import batched_correlation, mean_std, numerical_rank

@@ -1,4 +1,6 @@
-"""Per-layer SRR terms across training (Yu et al. 2023, Fig. 4 style): ``--track-srr-every N|epoch``.
+"""The trainer's SRR hooks: per-layer SRR across training and of the trained model.
+
+Across training (Yu et al. 2023, Fig. 4 style): ``--track-srr-every N|epoch``.
 
 Every N optimizer steps (or at the end of every epoch), and once before the first step, the trainer measures
 :func:`hf_tdiag.layer_srr` on the first ``--track-srr-samples`` evaluation images and keeps, per record, the
@@ -15,7 +17,7 @@ import os
 import torch
 
 from .._atomic import write_json
-from ..probes.srr import TERMS, layer_srr
+from ..diagnostics.srr import TERMS, layer_srr
 
 HISTORY_FILE = "srr_history.json"
 
@@ -44,24 +46,30 @@ def due(every, step: int, epoch_end: bool) -> bool:
     return not epoch_end and step % every == 0
 
 
-def record(run, epoch: int) -> dict:
-    """Measure the current model on the tracking images (every process calls it); returns the record."""
-    args, accelerator = run.args, run.accelerator
-    count = min(args.track_srr_samples, len(run.datasets.eval))
+def _eval_report(run, samples: int, progress: bool):
+    """:func:`layer_srr` of the current model on the first ``samples`` evaluation images (every process calls it)."""
+    args = run.args
+    count = min(samples, len(run.datasets.eval))
     subset = torch.utils.data.Subset(run.datasets.eval, range(count))
     # a private generator: iterating must not consume the global torch RNG (resume equality)
     loader = torch.utils.data.DataLoader(
         subset, batch_size=args.per_device_eval_batch_size, shuffle=False, generator=torch.Generator().manual_seed(0)
     )
-    report = layer_srr(
+    return layer_srr(
         run.unwrapped,
         loader,
         eps=args.srr_eps,
         lam=args.srr_lambda,
         batch_size=args.per_device_eval_batch_size,
-        accelerator=accelerator,
-        progress=False,
+        accelerator=run.accelerator,
+        progress=progress,
     )
+
+
+def record(run, epoch: int) -> dict:
+    """Measure the current model on the tracking images (every process calls it); returns the record."""
+    args, accelerator = run.args, run.accelerator
+    report = _eval_report(run, args.track_srr_samples, progress=False)
     entry = {
         "step": run.completed_steps,
         "epoch": epoch,
@@ -99,4 +107,29 @@ def write(run) -> str:
     return write_json(path, data)
 
 
-__all__ = ["HISTORY_FILE", "parse_every", "due", "record", "write"]
+def layer_srr_step(run) -> dict:
+    """``after_fit`` step: per-layer SRR of the trained model on evaluation images (all processes call it)."""
+    from ..viz.srr import layer_srr_table, write_layer_srr
+
+    args, accelerator = run.args, run.accelerator
+    if not args.layer_srr_samples:
+        return {}
+    if run.fsdp:
+        accelerator.print(
+            "FSDP: skipping the per-layer SRR (parameters are sharded); run `hf-tdiag srr` on the saved model"
+        )
+        return {}
+    report = _eval_report(run, args.layer_srr_samples, progress=not args.disable_tqdm)
+    if accelerator.is_main_process:
+        write_layer_srr(report, args.output_dir, title=f"{run.config.variant} on {run.raw.name}")
+        accelerator.print(layer_srr_table(report))
+    per_layer = report.per_layer("srr")  # block outputs Z^1..Z^L
+    return {
+        "layer_srr": per_layer,
+        "layer_srr_embeddings": report.embeddings["mean"]["srr"] if report.embeddings else None,
+        "layer_srr_samples": report.num_samples,
+        "srr_mean_over_layers": float(sum(per_layer) / len(per_layer)),
+    }
+
+
+__all__ = ["HISTORY_FILE", "parse_every", "due", "record", "write", "layer_srr_step"]

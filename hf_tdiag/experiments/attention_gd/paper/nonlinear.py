@@ -3,7 +3,7 @@
 As the authors' notebook: n = 3, T = 4, unit tokens and queries, ``V`` Gaussian with ``‖V‖_F = 1``, labels
 ±1 (instances without a −1 label are skipped), ``W`` from ``nn.Linear``'s initialization, normalized GD
 (η = 0.1, 2001 steps). A run is dropped when some final probability lies in ``(1e-6, 1e-3]`` or none is
-``≤ 1e-6`` (:func:`~hf_tdiag.measures.attention_gd.gen_svm_excluded`), or when an SVM is infeasible,
+``≤ 1e-6`` (:func:`~hf_tdiag.experiments.attention_gd.gen_svm_excluded`), or when an SVM is infeasible,
 until ``runs`` runs are kept per d. For each kept run the stored iterates are compared with
 ``W^SVMeq = W_fin + R·W_dir`` (the Gen-SVM equivalence, ``R`` fitted to the last iterate), ``W_dir``
 (the Gen-SVM direction alone, "W^mm") and ``W^1token`` (the Att-SVM of the argmax tokens). Fig. 12 plots
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention_svm import att_svm
+from ....measures.attention_svm import att_svm
 from ..data import make_relu_head_data, stack_data
 from ..gen_svm import gen_svm_excluded, gen_svm_fit
 from ..heads import ReLUHead

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention_svm import AttSVMResult, att_svm, matrix_correlation
+from ...measures.attention_svm import AttSVMResult, att_svm, matrix_correlation
 from .data import AttentionData
 from .model import attention_logits, loss_and_grad_linear
 

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ...attention_svm import att_svm
+from ....measures.attention_svm import att_svm
 from ..data import make_trajectory_data, passes_gap_filter, score_gap
 from ..train import train_attention
 from .common import batched_correlation

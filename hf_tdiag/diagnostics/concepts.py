@@ -25,9 +25,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..measures.concepts import SemiNMF, fidelity_errors, kl_bound, kl_bound_chain, kl_divergence
-from .concept_constants import certified_constants, estimate_constants
-from .concept_decoder import CERTIFIED_NOTE
-from .concept_model import (
+from ..probes.concept_constants import certified_constants, estimate_constants
+from ..probes.concept_decoder import CERTIFIED_NOTE
+from ..probes.concept_model import (
     ConceptModel,
     LayerActivations,
     check_layer,
@@ -36,7 +36,7 @@ from .concept_model import (
     pixel_values,
     suffix_runner,
 )
-from .concept_text import encode_texts, fit_linear_head, pseudo_labels
+from ..probes.concept_text import encode_texts, fit_linear_head, pseudo_labels
 
 __all__ = [
     "concept_fidelity",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention_svm import att_svm
+from ....measures.attention_svm import att_svm
 from ..data import make_attention_data, passes_gap_filter, stack_data
 from ..train import train_attention_batch
 from ..verdicts import all_support, convergence_verdict, initial_gradient_separates
