@@ -44,6 +44,7 @@ from .._validation import integer, non_negative_int
 from ..measures.attention_svm import AttSVMResult, att_svm_self, matrix_correlation
 from ..probes.attention_heads import HeadWeights, head_weights, num_blocks
 from ..probes.token_states import forward_kwargs
+from .report import FLOAT, INT, typed_frame
 
 __all__ = ["AttentionSVMDiagnostic", "attention_svm_diagnostic", "block_index", "head_qk", "visible_projection"]
 
@@ -100,6 +101,41 @@ class AttentionSVMDiagnostic:
             "svm": self.svm.summary(),
             **self.extra,
         }
+
+    def to_pandas(self):
+        """One row per sampled query: ``layer`` (block 1..L), ``head``, ``sequence`` and ``position`` of the query,
+        the ``selected`` (most attended) token, the head's and the SVM's normalized margins and the largest
+        attention probability."""
+        columns = {
+            "layer": INT,
+            "head": INT,
+            "sequence": INT,
+            "position": INT,
+            "selected": INT,
+            "head_margin": FLOAT,
+            "svm_margin": FLOAT,
+            "max_prob": FLOAT,
+        }
+        rows = [
+            {
+                "layer": self.layer,
+                "head": self.head,
+                "sequence": int(seq),
+                "position": int(pos),
+                "selected": int(sel),
+                "head_margin": float(hm),
+                "svm_margin": float(sm),
+                "max_prob": float(mp),
+            }
+            for (seq, pos), sel, hm, sm, mp in zip(
+                self.query_index.tolist(),
+                self.selected.tolist(),
+                self.head_margins.tolist(),
+                self.svm_margins.tolist(),
+                self.max_probs.tolist(),
+            )
+        ]
+        return typed_frame(rows, columns)
 
     def to_dict(self) -> dict[str, Any]:
         """Summary plus the per-query arrays as lists."""

@@ -69,6 +69,7 @@ from .._validation import positive_float, positive_int, real
 from ..measures import schatten as S
 from ..probes.bert_weights import EncoderWeights, encoder_weights
 from ..probes.spectrum_sources import DecoderSource, EncoderSource, ffn_job, head_job
+from .report import FLOAT, INT, STR, typed_frame
 
 MATRIX_TYPES = ("qk", "v", "m_in", "ista", "m_out")
 
@@ -126,6 +127,23 @@ class MatrixRecord:
             d["singular_values"] = self.singular_values.tolist()
             d["contributions"] = self.contributions.tolist()
         return d
+
+
+# the per-matrix numbers of a MatrixRecord, as float columns of SpectrumBoundReport.to_pandas()
+_RECORD_FLOATS = (
+    "spectral_norm",
+    "frobenius_norm",
+    "nuclear_norm",
+    "norm_2_1",
+    "norm_1_1",
+    "stable_rank",
+    "gamma",
+    "alpha",
+    "p_opt",
+    "min_contribution",
+    "flip_factor_down",
+    "flip_factor_up",
+)
 
 
 @dataclass
@@ -297,6 +315,18 @@ class SpectrumBoundReport:
         gains = None if d.get("layer_gains") is None else np.asarray(d["layer_gains"], dtype=np.float64)
         skip = {"matrices", "degenerate", "layer_gains", *arrays}
         return cls(**{k: v for k, v in d.items() if k not in skip}, **arrays, matrices=mats, layer_gains=gains)
+
+    def to_pandas(self):
+        """One row per analysed matrix: ``layer`` (block 1..L), ``head`` (<NA> for FFN/ISTA matrices), ``type``, the
+        matrix's rows and columns, its rank and norms, γ, α, ``p_opt``, its minimal contribution and flip factors."""
+        columns = {"layer": INT, "head": INT, "type": STR, "rows": INT, "cols": INT, "rank": INT}
+        columns.update({name: FLOAT for name in _RECORD_FLOATS})
+        rows = []
+        for m in self.matrices:
+            row = {name: getattr(m, name) for name in _RECORD_FLOATS}
+            row.update(layer=m.layer + 1, head=m.head, type=m.type, rows=m.shape[0], cols=m.shape[1], rank=m.rank)
+            rows.append(row)
+        return typed_frame(rows, columns)
 
     def to_json(
         self, path: str | os.PathLike | None = None, include_spectra: bool = True, indent: int | None = None

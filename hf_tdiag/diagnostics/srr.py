@@ -56,6 +56,7 @@ from ..measures.coding_rate import (
 from ..probes.architecture import describe
 from ..probes.subspaces import check_source, subspace_heads, subspaces
 from ..probes.token_states import model_device, token_states
+from .report import FLOAT, INT, STR, read_json_text, typed_frame
 
 TERMS: tuple[str, ...] = ("R", "Rc", "sparsity", "srr")
 STATES: tuple[str, ...] = ("output", "input", "mid")
@@ -200,6 +201,31 @@ class SRRReport:
             with open(path, "w", encoding="utf-8") as fh:
                 fh.write(text + "\n")
         return text
+
+    @classmethod
+    def from_json(cls, path_or_text) -> SRRReport:
+        """A report written by :meth:`to_json`, read back from a file path or a JSON string."""
+        return cls.from_dict(read_json_text(path_or_text))
+
+    def to_pandas(self):
+        """One row per block and measured state: ``layer`` (1..L), ``state``, the means of R, Rc, sparsity, srr and
+        their standard deviations (``<term>_std``); the embeddings ``Z^0`` are a row with ``layer`` 0."""
+        columns = {"layer": INT, "state": STR, "num_samples": INT}
+        columns.update({term: FLOAT for term in TERMS})
+        columns.update({f"{term}_std": FLOAT for term in TERMS})
+        rows = []
+        if self.embeddings is not None:
+            row = {"layer": 0, "state": "embeddings", "num_samples": self.num_samples}
+            row.update(self.embeddings["mean"])
+            row.update({f"{t}_std": v for t, v in self.embeddings["std"].items()})
+            rows.append(row)
+        for state in self.states:
+            for i, ell in enumerate(self.layers):
+                row = {"layer": ell, "state": state, "num_samples": self.num_samples}
+                row.update({t: self.mean[state][t][i] for t in TERMS})
+                row.update({f"{t}_std": self.std[state][t][i] for t in TERMS})
+                rows.append(row)
+        return typed_frame(rows, columns)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> SRRReport:
