@@ -27,6 +27,7 @@ import sys
 import time
 
 from hf_tdiag._cli_args import ArgumentParser, add_output_dir, finite_float, plain, positive_int
+from hf_tdiag._defaults import DEFAULT_L_PHI
 from hf_tdiag.viz.schatten import PAPER_NORMALIZE_AT
 
 LAYERS = (2, 4, 6, 8, 10, 12)
@@ -69,8 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--l-phi",
         "--L-phi",
         type=finite_float,
-        default=1.13,
-        help="FFN activation Lipschitz constant L_phi (default 1.13, GELU)",
+        default=DEFAULT_L_PHI,
+        help=f"FFN activation Lipschitz constant L_phi (default {DEFAULT_L_PHI}, GELU)",
     )
     ap.add_argument(
         "--p-grid-m", type=positive_int, default=None, help="p grid {0, 1/m, ..., 2}; default m = ceil(L + ln N)"

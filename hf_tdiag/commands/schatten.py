@@ -6,6 +6,7 @@ import argparse
 import os
 
 from .._cli_args import add_output_dir, add_trust_remote_code_flag, finite_float, plain, positive_int
+from .._defaults import DEFAULT_L_PHI
 
 
 def register(subparsers) -> None:
@@ -23,8 +24,8 @@ def register(subparsers) -> None:
         "--l-phi",
         "--L-phi",
         type=finite_float,
-        default=1.13,
-        help="FFN activation Lipschitz constant L_phi (default 1.13, GELU)",
+        default=DEFAULT_L_PHI,
+        help=f"FFN activation Lipschitz constant L_phi (default {DEFAULT_L_PHI}, GELU)",
     )
     p.add_argument(
         "--p-grid-m", type=positive_int, default=None, help="p grid {0, 1/m, ..., 2}; default m = ceil(L + ln N)"

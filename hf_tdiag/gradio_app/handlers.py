@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from hf_tdiag._defaults import DEFAULT_L_PHI
 from hf_tdiag.inputs import UserInputError, open_image
 from hf_tdiag.loading import HUB_ID, LoadedModel, load_hub_model, load_model, pixel_values_for
 from hf_tdiag.report.report import cls_pooling_note
@@ -307,7 +308,7 @@ def _markdown_table(headers, rows) -> str:
 
 
 @user_errors
-def bounds_tab(spec, L_phi=1.13, progress=gr.Progress(track_tqdm=True)):
+def bounds_tab(spec, L_phi=DEFAULT_L_PHI, progress=gr.Progress(track_tqdm=True)):
     """Bounds tab: both proxies (markdown), optimal-p histogram, spectra, contribution curves, per-matrix table."""
     from hf_tdiag.viz import schatten as viz_schatten
 

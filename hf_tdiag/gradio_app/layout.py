@@ -14,6 +14,7 @@ import types
 
 import gradio as gr
 
+from hf_tdiag._defaults import DEFAULT_L_PHI
 from hf_tdiag.gradio_app import handlers as H
 from hf_tdiag.models.crate import CRATE_VARIANTS
 
@@ -126,7 +127,10 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     "the spectrum-adaptive Schatten proxy with a per-matrix optimal p, against Edelman et al.'s."
                 )
                 with gr.Row():
-                    l_phi = gr.Number(value=1.13, label="L_φ (Lipschitz constant of the FFN activation; GELU 1.13)")
+                    l_phi = gr.Number(
+                        value=DEFAULT_L_PHI,
+                        label=f"L_φ (Lipschitz constant of the FFN activation; GELU {DEFAULT_L_PHI})",
+                    )
                     bounds_btn = gr.Button("Compute bounds", variant="primary", elem_id="bounds-run")
                 bounds_text = gr.Markdown(elem_id="bounds-summary")
                 p_heatmap = gr.Plot(

@@ -23,10 +23,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .._defaults import DEFAULT_L_PHI, DEFAULT_RANK_TOL  # noqa: E402  (re-exported)
 from .._validation import all_finite, positive_int, real
-
-DEFAULT_RANK_TOL = 1e-10
-DEFAULT_L_PHI = 1.13
 
 # A Gram matrix gives σᵢ with relative error ~ eps·(σ₁/σᵢ)²; we use it only when
 # σ_min² ≥ GRAM_MIN_RATIO · σ_max² (condition number ≤ 1000), where that error stays below ~1e-10

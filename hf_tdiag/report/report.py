@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 import hf_tdiag
 from hf_tdiag._atomic import write_text
 from hf_tdiag._cli_args import NUM_CONCEPTS
+from hf_tdiag._defaults import DEFAULT_L_PHI
 from hf_tdiag.loading import LoadedModel, load_model, pixel_values_for
 
 from ..viz import attention_maps, figure_to_png, images
@@ -74,7 +75,7 @@ class ReportOptions:
     attention_layer: int | None = None  # block number 1..L; default: the last block
     attention_head: int = 0
     max_svm_samples: int = 16
-    L_phi: float = 1.13
+    L_phi: float = DEFAULT_L_PHI
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

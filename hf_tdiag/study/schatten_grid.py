@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .._defaults import DEFAULT_L_PHI
 from .._validation import positive_int
 
 GRID_VERSION = 1
@@ -58,7 +59,7 @@ class GridCell:
     warmup_fraction: float = 0.1
     patch_size: int = 4
     seed: int = 0
-    L_phi: float = 1.13
+    L_phi: float = DEFAULT_L_PHI
 
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "head_dim", "steps", "batch_size", "patch_size"):

@@ -9,6 +9,8 @@ import datasets
 import evaluate
 import torch
 from hf_tdiag.diagnostics.schatten import spectrum_bounds
+from hf_tdiag._defaults import DEFAULT_L_PHI
+from hf_tdiag._defaults import DEFAULT_RANK_TOL
 
 _CITATION = """\
 @article{sakai2026spectrum,
@@ -82,7 +84,7 @@ class SchattenBound(evaluate.Metric):
                 raise TypeError(f"models: expected model objects, folders or Hub ids, got {type(m).__name__}")
         return self._compute(models=items, **kwargs)
 
-    def _compute(self, models, L_phi=1.13, p_grid_m=None, rank_tol=1e-10, return_reports=False):
+    def _compute(self, models, L_phi=DEFAULT_L_PHI, p_grid_m=None, rank_tol=DEFAULT_RANK_TOL, return_reports=False):
         reports = [spectrum_bounds(m, L_phi=L_phi, p_grid_m=p_grid_m, rank_tol=rank_tol) for m in models]
         out = {
             "model": [r.model for r in reports],

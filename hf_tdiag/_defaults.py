@@ -1,0 +1,11 @@
+"""Default values shared by the measures, the command line, the evaluate modules, the report and the Space.
+
+Torch-free on purpose: the command line reads them to build its ``--help`` without importing torch.
+"""
+
+# Lipschitz constant of the FFN activation in the Schatten / Edelman bound proxies (GELU's, Sakai & Imaizumi 2026)
+DEFAULT_L_PHI = 1.13
+# relative singular-value threshold below which a singular value does not count towards a matrix's rank
+DEFAULT_RANK_TOL = 1e-10
+
+__all__ = ["DEFAULT_L_PHI", "DEFAULT_RANK_TOL"]
