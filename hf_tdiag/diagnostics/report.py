@@ -27,6 +27,28 @@ def typed_frame(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, str]):
     return frame.astype(dict(columns))
 
 
+class ReportContract:
+    """The shared half of the contract: JSON text and files from ``to_dict()`` and back through ``from_dict()``.
+
+    A report class defines ``summary()``, ``to_dict()``, ``from_dict()`` and ``to_pandas()`` (and ``plot()`` where a
+    figure exists); this base gives it ``to_json(path=None)`` (written atomically) and ``from_json(path_or_text)``.
+    """
+
+    def to_json(self, path: str | os.PathLike | None = None, indent: int = 2, **to_dict_kwargs) -> str:
+        """:meth:`to_dict` as JSON text; also written (atomically) to ``path`` if given."""
+        text = json.dumps(self.to_dict(**to_dict_kwargs), indent=indent)
+        if path is not None:
+            from .._atomic import write_text
+
+            write_text(path, text + "\n")
+        return text
+
+    @classmethod
+    def from_json(cls, path_or_text):
+        """A report written by :meth:`to_json`, read back from a file path or a JSON string."""
+        return cls.from_dict(read_json_text(path_or_text))
+
+
 def read_json_text(path_or_text: str | os.PathLike) -> dict[str, Any]:
     """The JSON object in ``path_or_text``: a JSON string (starting with ``{``) or the path of a file holding one."""
     text = str(path_or_text)
@@ -44,4 +66,4 @@ def read_json_text(path_or_text: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-__all__ = ["typed_frame", "read_json_text", "INT", "FLOAT", "STR", "BOOL"]
+__all__ = ["ReportContract", "typed_frame", "read_json_text", "INT", "FLOAT", "STR", "BOOL"]
