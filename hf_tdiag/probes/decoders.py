@@ -433,6 +433,95 @@ def decoder_layout(model: nn.Module) -> DecoderLayout:
     )
 
 
+def not_a_decoder(model: nn.Module, model_type) -> ValueError:
+    """The error for a causal model no decoder adapter reads (or a model that is not a decoder at all)."""
+    return ValueError(
+        f"model: {type(model).__name__} (model_type {model_type!r}) is not a supported decoder; expected "
+        f"{DECODER_EXPECTED}. Fused q/k/v ('qkv_proj', 'query_key_value'), mixture-of-experts MLPs and "
+        "cross-attention decoders are not supported"
+    )
+
+
+def config_value(config, *names):
+    """The first of ``config``'s attributes ``names`` that is set (None when none is)."""
+    for n in names:
+        v = getattr(config, n, None)
+        if v is not None:
+            return v
+    return None
+
+
+def text_config(model: nn.Module):
+    """The language model's config: ``config.get_text_config()`` (a multimodal model's text part) or ``config``."""
+    config = getattr(model, "config", None)
+    if config is None:
+        raise TypeError(f"model: expected a Transformers model with a .config, got {type(model).__name__}")
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
+
+
+def heads_layout(config, q_out: int, k_out: int, hidden: int, where: str) -> tuple[int, int, int]:
+    """``(H, H_kv, p)`` from the config's head count and the query / key projection widths, checked."""
+    H = config_value(config, "num_attention_heads", "n_head")
+    if not isinstance(H, int) or H < 1:
+        raise ValueError(f"model: config has no number of attention heads (num_attention_heads / n_head); {where}")
+    p = config_value(config, "head_dim")
+    p = p if isinstance(p, int) and p > 0 else hidden // H
+    if q_out != H * p:
+        raise ValueError(f"model: {where} query projection has {q_out} outputs, expected {H} heads x {p} = {H * p}")
+    if k_out % p:
+        raise ValueError(f"model: {where} key projection has {k_out} outputs, not a multiple of head_dim {p}")
+    H_kv = k_out // p
+    cfg_kv = config_value(config, "num_key_value_heads")
+    if (isinstance(cfg_kv, int) and cfg_kv != H_kv) or H % H_kv:
+        raise ValueError(
+            f"model: {where} has {H_kv} key/value heads (config.num_key_value_heads = {cfg_kv}) for {H} query heads; "
+            "expected a divisor of the number of query heads"
+        )
+    return H, H_kv, p
+
+
+def one_block_list(model: nn.Module, lists: list) -> tuple[str, nn.ModuleList] | None:
+    """The one decoder block list among ``lists`` (None when empty; a ValueError when there are several)."""
+    if len(lists) > 1:
+        raise ValueError(
+            f"model: found several decoder block lists {[name for name, _ in lists]} in {type(model).__name__}; "
+            "pass the decoder sub-model itself"
+        )
+    return lists[0] if lists else None
+
+
+def check_width(config, d: int, path: str) -> None:
+    """The config's hidden size, when it has one, is the block width ``d`` read from the weights."""
+    hidden = config_value(config, "hidden_size", "n_embd")
+    if isinstance(hidden, int) and hidden != d:
+        raise ValueError(f"model: config hidden size {hidden} differs from the block width {d} read from {path}.0")
+
+
+def decoder_description(model: nn.Module, layout: DecoderLayout, handles: list):
+    """The :class:`~hf_tdiag.probes.describe.Description` of a decoder from its layout and block handles."""
+    from .describe import Description
+
+    return Description(
+        family=layout.family,
+        model_type=layout.model_type,
+        hidden_size=layout.hidden_size,
+        num_layers=layout.num_layers,
+        num_heads=layout.num_heads,
+        head_dim=layout.head_dim,
+        pre_norm=True,
+        layers=handles,
+        encoder_layers=model.get_submodule(layout.layers_path),
+        base_model=getattr(model, "base_model", model),
+        layers_path=layout.layers_path,
+        projection_layout="fused" if layout.family == "gpt2" else "separate",
+        attention="causal",
+        rotary=layout.rotary,
+        num_kv_heads=layout.num_kv_heads,
+        decoder=layout,
+    )
+
+
 def model_getter(model: nn.Module) -> Callable[[str], torch.Tensor]:
     """``get(name)`` over ``model``'s parameters, detached (what a :class:`DecoderLayout` reads from)."""
     params: Mapping[str, torch.Tensor] = dict(model.named_parameters())
