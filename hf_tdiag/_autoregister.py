@@ -18,11 +18,27 @@ from collections.abc import Callable
 
 _CONFIG = "transformers.models.auto.configuration_auto"
 _IMAGE = "transformers.models.auto.image_processing_auto"
+_VIDEO = "transformers.models.auto.video_processing_auto"
 _MODELING = "transformers.models.auto.modeling_auto"
 _LAYERS = "transformers.modeling_layers"
 _CRATE = "hf_tdiag.models.crate.modeling_crate"
 _CRATE_CONFIG = "hf_tdiag.models.crate.configuration_crate"
 _CRATE_IMAGE = "hf_tdiag.models.crate.image_processing_crate"
+# the other white-box families: package -> (modeling module, its last class); each package defines
+# register_config / register_image_processor / register_models (they also mark the classes for remote code)
+_FAMILIES = {
+    "hf_tdiag.models.crate_alpha": (
+        "hf_tdiag.models.crate_alpha.modeling_crate_alpha",
+        "CrateAlphaForImageClassification",
+    ),
+}
+
+
+def _register_families(kind: str) -> None:
+    import importlib
+
+    for package in _FAMILIES:
+        getattr(importlib.import_module(package), f"register_{kind}")()
 
 
 def _loaded(name: str, attribute: str) -> bool:
@@ -34,12 +50,20 @@ def _register_config() -> None:
     from .models.crate import register_crate_config
 
     register_crate_config()
+    _register_families("config")
 
 
 def _register_image_processor() -> None:
     from .models.crate import register_crate_image_processor
 
     register_crate_image_processor()
+    _register_families("image_processor")
+
+
+def _register_no_video_processor() -> None:
+    from .models.crate import register_crate_no_video_processor
+
+    register_crate_no_video_processor()
 
 
 _busy = False
@@ -49,7 +73,8 @@ def _register_models() -> None:
     global _busy
     if _busy or not _loaded(_MODELING, "AutoModel"):
         return  # (re-entered while modeling_crate itself is importing modeling_layers)
-    for name, attribute in ((_LAYERS, "GradientCheckpointingLayer"), (_CRATE, "CrateForImageClassification")):
+    watched = ((_LAYERS, "GradientCheckpointingLayer"), (_CRATE, "CrateForImageClassification"), *_FAMILIES.values())
+    for name, attribute in watched:
         if name in sys.modules and not _loaded(name, attribute):
             return  # mid-import: the hook on that module registers the models when it is done
     from .models.crate import register_crate_models
@@ -57,6 +82,7 @@ def _register_models() -> None:
     _busy = True
     try:
         register_crate_models()
+        _register_families("models")
     finally:
         _busy = False
 
@@ -83,11 +109,13 @@ def _crate_models_loaded() -> None:
 _HOOKS: dict[str, Callable[[], None]] = {
     _CONFIG: _register_config,
     _IMAGE: _register_image_processor,
+    _VIDEO: _register_no_video_processor,
     _MODELING: _register_models,
     _LAYERS: _register_models,
     _CRATE: _crate_models_loaded,
     _CRATE_CONFIG: _mark_config,
     _CRATE_IMAGE: _mark_image_processor,
+    **{modeling: _register_models for modeling, _ in _FAMILIES.values()},
 }
 
 
@@ -137,6 +165,8 @@ def install() -> None:
         _register_config()
     if _loaded(_IMAGE, "AutoImageProcessor"):
         _register_image_processor()
+    if _loaded(_VIDEO, "AutoVideoProcessor"):
+        _register_no_video_processor()
     _register_models()
     pending = {name: hook for name, hook in _HOOKS.items() if name not in sys.modules}
     if pending:
