@@ -31,6 +31,7 @@ _FAMILIES = {
         "hf_tdiag.models.crate_alpha.modeling_crate_alpha",
         "CrateAlphaForImageClassification",
     ),
+    "hf_tdiag.models.tost": ("hf_tdiag.models.tost.modeling_tost", "TostForImageClassification"),
 }
 
 

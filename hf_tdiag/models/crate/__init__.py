@@ -53,6 +53,22 @@ def register_crate_image_processor() -> None:
     _DONE.add("image_processor")
 
 
+def register_crate_no_video_processor() -> None:
+    """Tell ``AutoVideoProcessor`` that CRATE has no video processor (an empty backend table). Idempotent.
+
+    Without it, ``pipeline()`` probes for a video processor, guesses ``CrateVideoProcessor`` from the image
+    processor's ``auto_map`` and asks whether to run remote code, although the model type is registered natively.
+    """
+    if "video_processor" in _DONE:
+        return
+    from transformers.models.auto.video_processing_auto import AutoVideoProcessor
+
+    from .configuration_crate import CrateConfig
+
+    AutoVideoProcessor.register(CrateConfig, video_processor_classes={}, exist_ok=True)
+    _DONE.add("video_processor")
+
+
 def register_crate_models() -> None:
     """Register the CRATE models with ``AutoModel`` and ``AutoModelForImageClassification``. Idempotent."""
     if "models" in _DONE:
@@ -78,6 +94,7 @@ def register_crate() -> None:
     """
     register_crate_config()
     register_crate_image_processor()
+    register_crate_no_video_processor()
     register_crate_models()
 
 

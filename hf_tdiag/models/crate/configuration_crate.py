@@ -53,6 +53,13 @@ def _check_number(
         raise ValueError(f"CrateConfig: {name} must be in {interval}, got {value!r}")
 
 
+# every Auto class the saved modeling_crate.py serves: written into a saved auto_map beside whichever class
+# save_pretrained recorded, so each loads with trust_remote_code=True where hf-tdiag is not installed
+AUTO_MAP_MODELS = {
+    "AutoModel": "modeling_crate.CrateModel",
+    "AutoModelForImageClassification": "modeling_crate.CrateForImageClassification",
+}
+
 # from_preset keywords besides the dataclass fields: PreTrainedConfig's own keyword arguments
 _PRETRAINED_KEYWORDS = frozenset(
     {"num_labels", "output_attentions", "attn_implementation", "torch_dtype", "use_return_dict"}
@@ -142,6 +149,18 @@ class CrateConfig(PreTrainedConfig):
         _check_number("initializer_range", self.initializer_range, 0.0)
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             _check_number(name, getattr(self, name), 0.0, 1.0, high_open=True)
+
+    def to_dict(self) -> dict:
+        """The config as a dict; an ``auto_map`` that names ``modeling_crate`` lists every CRATE Auto model class."""
+        out = super().to_dict()
+        auto_map = out.get("auto_map")
+        if isinstance(auto_map, dict):
+            modeling = [v for v in auto_map.values() if isinstance(v, str) and "modeling_crate." in v]
+            if modeling:
+                prefix = modeling[0].split("modeling_crate.")[0]  # "" or "<repo>--" for Hub code
+                missing = {k: prefix + v for k, v in AUTO_MAP_MODELS.items() if k not in auto_map}
+                out["auto_map"] = {**auto_map, **missing}
+        return out
 
     @property
     def num_patches(self) -> int:
