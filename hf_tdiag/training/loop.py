@@ -310,21 +310,23 @@ def _announce(run: TrainingRun) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- 3. train an epoch
-def compute_loss(model, unwrapped, batch, args, step: int):
+def compute_loss(model, unwrapped, batch, args, step: int, return_outputs: bool = False):
     """``(loss, ce, penalty)`` of one batch: ``loss = CE(label smoothing) + β·SRR(Z^ℓ; U^ℓ)`` (penalty None if β = 0).
 
     ``model`` is what the accelerator prepared (it runs the forward pass), ``unwrapped`` the bare model whose
     ``U`` the regulariser reads; ``step`` (the optimizer step) picks the layer for ``--srr_layer random``.
+    ``return_outputs``: the model outputs come fourth (``hf_tdiag.integrations.SRRTrainer`` shares this loss).
     """
     need_srr = args.srr_weight > 0
     outputs = model(pixel_values=batch["pixel_values"], output_hidden_states=need_srr)
     ce = F.cross_entropy(outputs.logits.float(), batch["labels"], label_smoothing=args.label_smoothing)
-    if not need_srr:
-        return ce, ce, None
-    penalty, _ = model_srr_penalty(
-        unwrapped, outputs.hidden_states, args.srr_layer, step, args.seed, eps=args.srr_eps, lam=args.srr_lambda
-    )
-    return ce + args.srr_weight * penalty.to(ce.dtype), ce, penalty
+    loss, penalty = ce, None
+    if need_srr:
+        penalty, _ = model_srr_penalty(
+            unwrapped, outputs.hidden_states, args.srr_layer, step, args.seed, eps=args.srr_eps, lam=args.srr_lambda
+        )
+        loss = ce + args.srr_weight * penalty.to(ce.dtype)
+    return (loss, ce, penalty, outputs) if return_outputs else (loss, ce, penalty)
 
 
 def _epoch_batches(run: TrainingRun, epoch: int):
