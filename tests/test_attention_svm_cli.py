@@ -31,7 +31,7 @@ def test_evaluate_round_trip_matches_the_probe(crate_dir):
     images = digits_images(limit=4).images
     pixel_values = CrateImageProcessor.for_config(model.config)(images=images, return_tensors="pt")["pixel_values"]
     expected = hf_tdiag.attention_svm_diagnostic(model, pixel_values, 1, 0, max_queries=20)
-    out = module.compute(model=path, images=images, layer=1, head=0, max_queries=20)
+    out = module.compute(model=path, images=images, layer=1, head=0, max_queries=20, return_report=True)["report"]
     assert out["correlation"] == pytest.approx(expected.correlation, rel=1e-9)
     assert out["margin_ratio"] == pytest.approx(expected.margin_ratio, rel=1e-9)
     assert out["num_queries"] == 20 and len(out["head_margins"]) == 20
@@ -45,7 +45,7 @@ def test_evaluate_round_trip_matches_the_probe(crate_dir):
     assert "head_margins" not in out_pv
     module.add_batch(images=images[:2])
     module.add_batch(images=images[2:])
-    out_b = module.compute(model=path, layer=1, head=0, max_queries=20)
+    out_b = module.compute(model=path, layer=1, head=0, max_queries=20, return_report=True)["report"]
     np.testing.assert_allclose(out_b["head_margins"], out["head_margins"], rtol=1e-9)
 
 

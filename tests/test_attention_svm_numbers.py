@@ -161,9 +161,10 @@ def test_diagnostic_numbers_against_the_independent_computation(setup):
 def test_evaluate_module_numbers_against_the_independent_computation(setup):
     path, _, images, _, ref = setup
     out = evaluate.load(hf_tdiag.metric_path("attention_svm")).compute(
-        model=path, images=images, layer=LAYER + 1, head=HEAD, max_queries=0
+        model=path, images=images, layer=LAYER + 1, head=HEAD, max_queries=0, return_report=True
     )  # 0 = every query, as on the CLI
-    _check(out, out, ref)
+    _check(out["report"], out["report"], ref)
+    assert out["svm_num_constraints"] == ref["num_constraints"] and out["correlation"] == out["report"]["correlation"]
 
 
 def test_cli_numbers_against_the_independent_computation(setup, tmp_path):

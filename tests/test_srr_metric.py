@@ -46,27 +46,33 @@ def test_evaluate_round_trip_images_pixel_values_and_add_batch(crate_dir, srr_mo
     path, model = crate_dir
     images = digits_images(limit=9).images
     expected = layer_srr(model, _pixel_values(model, images), eps=0.2, progress=False)
-    out = srr_module.compute(model=path, images=images, eps=0.2, batch_size=4, progress=False)
-    assert out["layers"] == [1, 2] and out["num_samples"] == 9
+    out = srr_module.compute(model=path, images=images, eps=0.2, batch_size=4, progress=False, return_report=True)
+    report = out.pop("report")
+    assert report["layers"] == [1, 2] and out["num_samples"] == 9
     for term in ("R", "Rc", "sparsity", "srr"):
-        np.testing.assert_allclose(out[term], expected.mean["output"][term], rtol=1e-9)
-        np.testing.assert_allclose(out[f"{term}_std"], expected.std["output"][term], rtol=1e-7, atol=1e-12)
-        np.testing.assert_allclose(out[f"input_{term}"], expected.mean["input"][term], rtol=1e-9)
-        np.testing.assert_allclose(out[f"mid_{term}"], expected.mean["mid"][term], rtol=1e-9)
-        assert out["embeddings"][term] == pytest.approx(expected.embeddings["mean"][term], rel=1e-9)
-    official = srr_module.compute(model=path, images=images, measurement="official", batch_size=4, progress=False)
+        np.testing.assert_allclose(report["mean"]["output"][term], expected.mean["output"][term], rtol=1e-9)
+        np.testing.assert_allclose([out[f"{term}_layer_{l}"] for l in (1, 2)], expected.mean["output"][term], rtol=1e-9)
+        np.testing.assert_allclose(report["std"]["output"][term], expected.std["output"][term], rtol=1e-7, atol=1e-12)
+        assert out[f"input_{term}_last_layer"] == pytest.approx(expected.mean["input"][term][-1], rel=1e-9)
+        assert out[f"mid_{term}_mean_over_layers"] == pytest.approx(np.mean(expected.mean["mid"][term]), rel=1e-9)
+        assert out[f"embeddings_{term}"] == pytest.approx(expected.embeddings["mean"][term], rel=1e-9)
+    official = srr_module.compute(
+        model=path, images=images, measurement="official", batch_size=4, progress=False, return_report=True
+    )
     expected_official = layer_srr(model, _pixel_values(model, images), measurement="official", progress=False)
-    np.testing.assert_allclose(official["Rc"], expected_official.mean["official"]["Rc"], rtol=1e-9)
-    assert "embeddings" not in official and official["settings"]["measurement"] == "official"
-    assert out["summary"]["srr_mean_over_layers"] == pytest.approx(np.mean(out["srr"]))
-    assert out["settings"]["eps"] == 0.2 and out["settings"]["variant"] == "crate-n"
+    np.testing.assert_allclose(
+        official["report"]["mean"]["official"]["Rc"], expected_official.mean["official"]["Rc"], rtol=1e-9
+    )
+    assert "embeddings_srr" not in official and official["report"]["settings"]["measurement"] == "official"
+    assert out["srr_mean_over_layers"] == pytest.approx(np.mean(expected.mean["output"]["srr"]))
+    assert report["settings"]["eps"] == 0.2 and report["settings"]["variant"] == "crate-n"
     # the same with a model object, with pixel values, and with add_batch
     out_obj = srr_module.compute(model=model, pixel_values=_pixel_values(model, images), eps=0.2, progress=False)
-    np.testing.assert_allclose(out_obj["srr"], out["srr"], rtol=1e-9)
+    assert out_obj == pytest.approx(out, rel=1e-9)
     srr_module.add_batch(images=images[:4])
     srr_module.add_batch(images=images[4:])
     out_batches = srr_module.compute(model=path, eps=0.2, return_report=True, progress=False)
-    np.testing.assert_allclose(out_batches["srr"], out["srr"], rtol=1e-9)
+    assert out_batches["srr_layer_2"] == pytest.approx(out["srr_layer_2"], rel=1e-9)
     assert out_batches["report"]["num_samples"] == 9
 
 
@@ -82,11 +88,11 @@ def test_evaluate_texts_with_local_tokenizer(tmp_path, srr_module):
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     texts = ["the cat sat on a mat", "a dog ran", "the dog sat"]
-    out = srr_module.compute(model=str(folder), texts=texts, source="key", progress=False)
+    out = srr_module.compute(model=str(folder), texts=texts, source="key", progress=False, return_report=True)
     batch = dict(tok(texts, padding=True, return_tensors="pt"))
     expected = layer_srr(model, batch, source="key", progress=False)
-    np.testing.assert_allclose(out["Rc"], expected.mean["output"]["Rc"], rtol=1e-6)
-    assert "mid_srr" not in out and out["settings"]["source"] == "key"
+    np.testing.assert_allclose([out["Rc_layer_1"], out["Rc_layer_2"]], expected.mean["output"]["Rc"], rtol=1e-6)
+    assert "mid_srr_last_layer" not in out and out["report"]["settings"]["source"] == "key"
 
 
 def test_evaluate_errors(crate_dir, srr_module):

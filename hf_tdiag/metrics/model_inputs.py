@@ -15,6 +15,7 @@ import torch
 
 from ..inputs import LazyBatches
 from ..loading import load_model, pixel_values_for
+from .combining import ABSENT, called_by_combine, kept_modes, route_options
 
 
 class ModelInputsMixin:
@@ -87,25 +88,31 @@ class ModelInputsMixin:
         """Store one PIL image (``image=``) or one string (``text=``)."""
         return self.add_batch(inputs=[text if text is not None else (image if image is not None else inputs)], **kwargs)
 
-    def compute(self, *, images=None, texts=None, pixel_values=None, predictions=None, references=None, **kwargs):
-        """Like `evaluate` compute; `pixel_values` (a tensor) skips `evaluate`'s storage and is measured directly."""
-        if predictions is not None or references is not None:
+    def compute(self, *, images=None, texts=None, pixel_values=None, predictions=ABSENT, references=ABSENT, **kwargs):
+        """Like `evaluate` compute; `pixel_values` (a tensor) skips `evaluate`'s storage and is measured directly.
+        Options go plain or prefixed with the module's name; under `evaluate.combine` the other modules' are ignored
+        (see :mod:`hf_tdiag.metrics.combining`). A model object is left in the train/eval mode it was found in."""
+        if any(v is not None and v is not ABSENT for v in (predictions, references)):
             raise ValueError(
                 f"{self.metric_label}: takes `images=`, `texts=` or `pixel_values=` plus `model=`, not predictions/references"
             )
+        kwargs = route_options(self.metric_label, kwargs, in_combine=called_by_combine(predictions, references))
         batch = self._one_input(images, texts, pixel_values)
-        if pixel_values is not None:
-            if not isinstance(pixel_values, torch.Tensor) or pixel_values.ndim != 4:
-                shape = (
-                    tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__
-                )
-                raise ValueError(f"pixel_values: expected a tensor of shape (B, C, H, W), got {shape}")
-            return self._compute(pixel_values=pixel_values, **kwargs)
-        if batch is not None:
-            items = list(batch)
-            if not items:
-                raise ValueError(
-                    f"{'texts' if texts is not None else 'images'}: expected at least one input, got an empty list"
-                )
-            self.add_batch(inputs=items)
-        return super().compute(**kwargs)  # everything stored with add / add_batch
+        with kept_modes(kwargs.get("model")):
+            if pixel_values is not None:
+                if not isinstance(pixel_values, torch.Tensor) or pixel_values.ndim != 4:
+                    shape = (
+                        tuple(pixel_values.shape)
+                        if isinstance(pixel_values, torch.Tensor)
+                        else type(pixel_values).__name__
+                    )
+                    raise ValueError(f"pixel_values: expected a tensor of shape (B, C, H, W), got {shape}")
+                return self._compute(pixel_values=pixel_values, **kwargs)
+            if batch is not None:
+                items = list(batch)
+                if not items:
+                    raise ValueError(
+                        f"{'texts' if texts is not None else 'images'}: expected at least one input, got an empty list"
+                    )
+                self.add_batch(inputs=items)
+            return super().compute(**kwargs)  # everything stored with add / add_batch

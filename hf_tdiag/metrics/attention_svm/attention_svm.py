@@ -3,10 +3,11 @@
 Thin wrapper over :func:`hf_tdiag.attention_svm_diagnostic` (probes) and :mod:`hf_tdiag.measures.attention_svm`.
 """
 
-
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
+from hf_tdiag.metrics.combining import flat_scalars
+from hf_tdiag.diagnostics.settings import AttentionSVMSettings
 
 _CITATION = """\
 @article{tarzanagh2023transformers,
@@ -45,12 +46,16 @@ Args:
     norm (`str`, default "fro"): "fro" (W-parameterization) or "nuc" (KQ-parameterization; needs cvxpy, small problems).
     include_bias (`bool`, optional): augment queries with a constant 1 (default: when the query projection has a bias).
     seed (`int`, default 0), max_length (`int`, default 128, texts only), tokenizer (optional).
-    return_arrays (`bool`, default True): also return per-query margins and probabilities.
+    return_report (`bool`, default False; `return_arrays` is its former name): also return the full report as
+        `report`, with the per-query margins and probabilities (head_margins, svm_margins, max_probs, query_index,
+        selected).
+    In `evaluate.combine`, every option may carry the prefix `attention_svm_` (`attention_svm_layer=3`); options of
+    the other hf-tdiag modules are ignored there. `layer` is the block number l, as in concept_fidelity.
 Returns:
-    correlation, correlation_in_span, margin_ratio, svm_margin, head_margin_min, head_margin_median,
-    one_hot_fraction, one_hot_fraction_all, feasible, num_queries, svm (objective, duality gap, constraints,
-    active constraints, solver, time), and with return_arrays: head_margins, svm_margins, max_probs,
-    query_index, selected.
+    A flat dict of scalars: layer, head, correlation, correlation_in_span, margin_ratio, svm_margin,
+    head_margin_min, head_margin_median, one_hot_fraction, one_hot_fraction_all, one_hot_threshold, feasible,
+    num_queries, include_bias, causal, rotary, and the solver's svm_objective, svm_duality_gap,
+    svm_num_constraints, svm_num_active, svm_time, ... (svm_<name>).
 Examples:
     >>> import evaluate, hf_tdiag
     >>> svm = evaluate.load(hf_tdiag.metric_path("attention_svm"))
@@ -81,14 +86,15 @@ class AttentionSVM(ModelInputsMixin, evaluate.Measurement):
         layer=1,
         head=0,
         queries="all",
-        max_queries=64,
-        one_hot_threshold=0.9,
-        norm="fro",
-        include_bias=None,
-        seed=0,
+        max_queries=AttentionSVMSettings.max_queries,
+        one_hot_threshold=AttentionSVMSettings.one_hot_threshold,
+        norm=AttentionSVMSettings.norm,
+        include_bias=AttentionSVMSettings.include_bias,
+        seed=AttentionSVMSettings.seed,
         max_length=128,
         tokenizer=None,
-        return_arrays=True,
+        return_report=False,
+        return_arrays=None,
         progress=False,
     ):
         loaded, batch = self._model_and_inputs(model, inputs, pixel_values, tokenizer=tokenizer, max_length=max_length)
@@ -105,4 +111,7 @@ class AttentionSVM(ModelInputsMixin, evaluate.Measurement):
             seed=seed,
             progress=progress,
         )
-        return diag.to_dict() if return_arrays else diag.summary()
+        out = flat_scalars(diag.summary())
+        if return_report or return_arrays:
+            out["report"] = diag.to_dict()
+        return out

@@ -6,8 +6,11 @@ Thin wrapper over :func:`hf_tdiag.concept_fidelity` (probes) and :mod:`hf_tdiag.
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.measures.concepts import SemiNMF
-from hf_tdiag.diagnostics.concepts import DEFAULT_N_CONCEPTS, concept_fidelity
+from hf_tdiag.diagnostics.concepts import DEFAULT_N_CONCEPTS
+from hf_tdiag.diagnostics.concepts import concept_fidelity
 from hf_tdiag.loading import load_model
+from hf_tdiag.metrics.combining import flat_scalars
+from hf_tdiag.diagnostics.settings import ConceptSettings
 
 _CITATION = """\
 @article{ding2010convex,
@@ -58,14 +61,18 @@ Args:
     labels (texts, optional): the labels the linear head is fitted on; n_clusters (`int`, default 4): the k-means
     clusters used instead when no labels are given; max_tokens (`int`, optional): cut texts to this many tokens.
     power_iters (`int`, default 20), batch_size (`int`, default 64), progress (`bool`, default True).
-    return_per_image (`bool`, default True): include the per-input lists.
+    return_report (`bool`, default False): also return the full report as `report` (per-input lists, the fit's
+        history, the constants; with `layers` one report per layer); return_per_image (`bool`, default True):
+        keep the per-input lists in it.
+    In `evaluate.combine`, every option may carry the prefix `concept_fidelity_` (`concept_fidelity_layer=2`);
+    options of the other hf-tdiag modules are ignored there. `layer` is the block number l, as in attention_svm.
 Returns:
-    delta_rec, delta_rec_rel, delta_gram, gram_norm, gram_error, kl, kl_max, top1_agreement, lemma_holds,
-    bound_certified, bound_certified_chain, bound_estimated, their rec/gram terms, frac_kl_below_bound_certified,
-    frac_kl_below_bound_estimated (means over inputs / fractions), constants_certified and constants_estimated,
-    layer, num_layers, n_suffix_blocks, n_images, n_tokens, hidden_size, n_concepts, gram_weight, head (texts),
-    history (per-iteration rec_loss / gram_loss of the fit), per_image (when return_per_image=True). With
-    `layers`: layers, per_layer (layer -> the report above) and table (one row per layer).
+    A flat dict of scalars: delta_rec, delta_rec_rel, delta_gram, gram_norm, gram_error, kl, kl_max,
+    top1_agreement, lemma_holds, bound_certified, bound_certified_chain, bound_estimated, their rec/gram terms,
+    frac_kl_below_bound_certified, frac_kl_below_bound_estimated (means over inputs / fractions),
+    constants_certified_<name> and constants_estimated_<name>, layer, num_layers, n_suffix_blocks, n_images,
+    n_tokens, hidden_size, n_concepts, gram_weight. With `layers`: the summary over layers
+    (`<key>_mean_over_layers`, `kl_max_over_layers`) and each layer's numbers as `<key>_layer_<l>`.
 Examples:
     >>> import evaluate, hf_tdiag
     >>> cf = evaluate.load(hf_tdiag.metric_path("concept_fidelity"))
@@ -117,34 +124,69 @@ class ConceptFidelity(ModelInputsMixin, evaluate.Measurement):
         concepts=None,
         max_iter=200,
         refine_iter=100,
-        bounds=True,
+        bounds=ConceptSettings.bounds,
         estimate=None,
         labels=None,
         tokenizer=None,
-        max_tokens=None,
-        n_clusters=4,
-        power_iters=20,
-        batch_size=64,
+        max_tokens=ConceptSettings.max_tokens,
+        n_clusters=ConceptSettings.n_clusters,
+        power_iters=ConceptSettings.power_iters,
+        batch_size=ConceptSettings.batch_size,
         progress=True,
+        return_report=False,
         return_per_image=True,
     ):
         if layer is None and layers is None:
-            raise ValueError("layer: required (an int in [0, num_hidden_layers]; activations are hidden_states[layer]) "
-                             "unless layers= ('all' or a list) is given")
+            raise ValueError(
+                "layer: required (an int in [0, num_hidden_layers]; activations are hidden_states[layer]) "
+                "unless layers= ('all' or a list) is given"
+            )
         net, model_inputs, tok = self._load(model, inputs, pixel_values, tokenizer)
         if concepts is None:
-            concepts = SemiNMF(int(n_concepts), gram_weight=float(gram_weight), max_iter=int(max_iter),
-                               refine_iter=int(refine_iter))
-        report = concept_fidelity(net, model_inputs, layer, concepts, layers=layers, bounds=bounds, estimate=estimate,
-                                  tokenizer=tok, max_tokens=max_tokens, labels=labels, n_clusters=n_clusters,
-                                  power_iters=power_iters, batch_size=batch_size, progress=progress,
-                                  return_tensors=layers is None)
-        reports = report["per_layer"].values() if layers is not None else [report]
-        if layers is None:
-            history = getattr(report.pop("tensors")["concepts"], "history_", None)
-            if history is not None:
-                report["history"] = {k: list(v) for k, v in history.items()}
-        if not return_per_image:
-            for rep in reports:
-                rep.pop("per_image", None)
-        return report
+            concepts = SemiNMF(
+                int(n_concepts), gram_weight=float(gram_weight), max_iter=int(max_iter), refine_iter=int(refine_iter)
+            )
+        report = concept_fidelity(
+            net,
+            model_inputs,
+            layer,
+            concepts,
+            layers=layers,
+            bounds=bounds,
+            estimate=estimate,
+            tokenizer=tok,
+            max_tokens=max_tokens,
+            labels=labels,
+            n_clusters=n_clusters,
+            power_iters=power_iters,
+            batch_size=batch_size,
+            progress=progress,
+            return_tensors=layers is None,
+        )
+        out = _scalars(report)
+        if return_report:
+            full = report.to_dict()
+            if layers is None:
+                history = getattr(report.tensors["concepts"], "history_", None)
+                if history is not None:
+                    full["history"] = {k: list(v) for k, v in history.items()}
+            if not return_per_image:
+                for rep in full["per_layer"].values() if layers is not None else [full]:
+                    rep.pop("per_image", None)
+            out["report"] = full
+        return out
+
+
+def _scalars(report):
+    """One layer: its numbers (constants as ``constants_certified_<name>``); a sweep: the summary over layers and
+    every layer's numbers with the suffix ``_layer_<l>``."""
+
+    def numbers(rep):
+        return flat_scalars({k: v for k, v in rep.items() if k not in ("per_image", "history", "per_layer")})
+
+    if "per_layer" not in report:
+        return numbers(report)
+    out = dict(report.summary())
+    for l, rep in report["per_layer"].items():
+        out.update({f"{k}_layer_{l}": v for k, v in numbers(rep).items() if k != "layer"})
+    return out

@@ -9,6 +9,11 @@ import datasets
 import evaluate
 import torch
 from hf_tdiag.diagnostics.schatten import spectrum_bounds
+from hf_tdiag.metrics.combining import ABSENT
+from hf_tdiag.metrics.combining import called_by_combine
+from hf_tdiag.metrics.combining import flat_scalars
+from hf_tdiag.metrics.combining import kept_modes
+from hf_tdiag.metrics.combining import route_options
 from hf_tdiag._defaults import DEFAULT_L_PHI
 from hf_tdiag._defaults import DEFAULT_RANK_TOL
 
@@ -43,16 +48,20 @@ Args:
     L_phi (`float`, default 1.13): Lipschitz constant of the FFN activation (GELU).
     p_grid_m (`int`, optional): grid resolution m of p in {0, 1/m, ..., 2}; default ceil(L + ln N).
     rank_tol (`float`, default 1e-10): singular values <= rank_tol * min(rows, cols) * max(s_1, 1) are zeros.
-    return_reports (`bool`, default False): also return each model's full report as a dict.
+    return_report (`bool`, default False; `return_reports` is its former name): also return the full report
+        (every matrix's spectrum, p and cost) as `report` (a list of them for several models).
+    In `evaluate.combine`, `model=` is read as one model, every option may carry the prefix `schatten_bound_`,
+    and the inputs and options of the other hf-tdiag modules are ignored.
 Returns:
-    model: names (folder/Hub id or config.name_or_path), ours: B_ours per model, edelman: B_Edelman per model,
-    num_layers, hidden_size, num_heads: per model; reports: list of dicts when return_reports=True.
+    For one model a flat dict of scalars: schatten_bound (B_ours), edelman_bound (B_Edelman), num_layers,
+    hidden_size, num_heads, num_matrices, mean_p_opt and mean_p_opt_<type> (qk, v, m_in, m_out); for several
+    models each key holds one value per model.
 Examples:
     >>> import evaluate, hf_tdiag
     >>> metric = evaluate.load(hf_tdiag.metric_path("schatten_bound"))
     >>> out = metric.compute(models=["google/bert_uncased_L-2_H-128_A-2"])  # doctest: +SKIP
     >>> sorted(out)  # doctest: +SKIP
-    ['edelman', 'hidden_size', 'model', 'num_heads', 'num_layers', 'ours']
+    ['edelman_bound', 'hidden_size', 'model', 'num_heads', 'num_layers', 'schatten_bound']
 """
 
 
@@ -68,10 +77,20 @@ class SchattenBound(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/2605.07297", "https://arxiv.org/abs/2110.10090"],
         )
 
-    def compute(self, *, models=None, predictions=None, references=None, **kwargs):
-        """Like `evaluate.Metric.compute`, but `models` may also hold model objects (analysed in-process)."""
-        if predictions is not None or references is not None:
-            raise ValueError("schatten_bound: takes `models=` (model objects, folders or Hub ids), not predictions/references")
+    def compute(self, *, models=None, model=None, predictions=ABSENT, references=ABSENT, **kwargs):
+        """Like `evaluate.Metric.compute`, but `models` (or one `model`) may also hold model objects (analysed
+        in-process); under `evaluate.combine` the other hf-tdiag modules' options and inputs are ignored."""
+        if any(v is not None and v is not ABSENT for v in (predictions, references)):
+            raise ValueError(
+                "schatten_bound: takes `models=` (model objects, folders or Hub ids), not predictions/references"
+            )
+        kwargs = route_options(
+            "schatten_bound", kwargs, in_combine=called_by_combine(predictions, references), inputs=()
+        )
+        if model is not None:
+            if models is not None:
+                raise ValueError("schatten_bound: give models= or model=, not both")
+            models = [model]
         if models is None:
             return super().compute(**kwargs)
         items = list(models) if isinstance(models, (list, tuple)) else [models]
@@ -82,18 +101,32 @@ class SchattenBound(evaluate.Metric):
         for m in items:
             if not isinstance(m, (str, os.PathLike, torch.nn.Module)):
                 raise TypeError(f"models: expected model objects, folders or Hub ids, got {type(m).__name__}")
-        return self._compute(models=items, **kwargs)
+        with kept_modes(*items):
+            return self._compute(models=items, **kwargs)
 
-    def _compute(self, models, L_phi=DEFAULT_L_PHI, p_grid_m=None, rank_tol=DEFAULT_RANK_TOL, return_reports=False):
+    def _compute(
+        self,
+        models,
+        L_phi=DEFAULT_L_PHI,
+        p_grid_m=None,
+        rank_tol=DEFAULT_RANK_TOL,
+        return_report=False,
+        return_reports=None,
+    ):
         reports = [spectrum_bounds(m, L_phi=L_phi, p_grid_m=p_grid_m, rank_tol=rank_tol) for m in models]
-        out = {
-            "model": [r.model for r in reports],
-            "ours": [r.ours for r in reports],
-            "edelman": [r.edelman for r in reports],
-            "num_layers": [r.num_layers for r in reports],
-            "hidden_size": [r.hidden_size for r in reports],
-            "num_heads": [r.num_heads for r in reports],
-        }
-        if return_reports:
-            out["reports"] = [r.to_dict() for r in reports]
+        rows = [_scalars(r) for r in reports]
+        out = rows[0] if len(rows) == 1 else {k: [row.get(k) for row in rows] for k in rows[0]}
+        if return_report or return_reports:
+            dicts = [r.to_dict() for r in reports]
+            out["report"] = dicts[0] if len(dicts) == 1 else dicts
         return out
+
+
+def _scalars(report):
+    """One model's numbers: the two bounds, the architecture sizes and the mean chosen p's."""
+    summary = report.summary()
+    for old, new in (("ours", "schatten_bound"), ("edelman", "edelman_bound")):
+        if old in summary:
+            summary[new] = summary.pop(old)
+    first = {"schatten_bound": summary.pop("schatten_bound"), "edelman_bound": summary.pop("edelman_bound")}
+    return {**first, **flat_scalars(summary)}

@@ -3,11 +3,11 @@
 Thin wrapper over :func:`hf_tdiag.layer_srr` (probes) and :mod:`hf_tdiag.measures.coding_rate` (measures).
 """
 
-
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
-from hf_tdiag.diagnostics.srr import TERMS
+from hf_tdiag.metrics.combining import per_layer_scalars
 from hf_tdiag.diagnostics.srr import layer_srr
+from hf_tdiag.diagnostics.settings import SRRSettings
 
 _CITATION = """\
 @inproceedings{yu2023whitebox,
@@ -50,19 +50,20 @@ Args:
     include_mid (`bool`, default True): CRATE only, also measure Z^{l+1/2}.
     batch_size (`int`, default 32), max_length (`int`, default 128, texts only), tokenizer (optional).
     accelerator (optional): an accelerate.Accelerator to shard and gather across processes.
-    return_report (`bool`, default False): also return the full report dict (settings, std, all states).
+    return_report (`bool`, default False): also return the full report (`SRRReport.to_dict()`) as `report`.
     progress (`bool`, default True): show a progress bar.
+    In `evaluate.combine`, every option may carry the prefix `srr_` (`srr_eps=0.2`); options of the other
+    hf-tdiag modules are ignored there.
 Returns:
-    layers: block numbers 1..L; R, Rc, sparsity, srr: per-layer means at the block outputs Z^l; R_std, Rc_std,
-    sparsity_std, srr_std: per-layer standard deviations over samples; embeddings: {term: mean} of Z^0;
-    input_R, ... : per-layer means at the block inputs Z^{l-1}; mid_R, mid_Rc, mid_sparsity, mid_srr
-    (CRATE): per-layer means at Z^{l-1/2}; summary: averages over layers and last-layer values;
-    num_samples; settings; report (when return_report=True).
+    A flat dict of scalars. At the block outputs Z^l (l = 1..L): `R_layer_l`, `Rc_layer_l`, `sparsity_layer_l`,
+    `srr_layer_l` (means over samples); `<term>_mean_over_layers` and `<term>_last_layer`; the same summaries of
+    the block inputs (`input_...`) and of CRATE's Z^{l-1/2} (`mid_...`); `embeddings_<term>` (Z^0);
+    `num_samples`. With return_report=True also `report`: std, every state, settings.
 Examples:
     >>> import evaluate, hf_tdiag
     >>> srr = evaluate.load(hf_tdiag.metric_path("srr"))
     >>> out = srr.compute(model="path/to/crate", images=images)  # doctest: +SKIP
-    >>> out["srr"]  # one value per layer  # doctest: +SKIP
+    >>> out["srr_layer_1"], out["srr_mean_over_layers"]  # doctest: +SKIP
 """
 
 
@@ -85,14 +86,14 @@ class SRR(ModelInputsMixin, evaluate.Measurement):
         inputs=None,
         pixel_values=None,
         model=None,
-        source="query",
-        measurement="design",
-        precision="auto",
-        eps=0.1,
-        lam=1.0,
-        apply_layernorm=False,
-        include_mid=True,
-        batch_size=32,
+        source=SRRSettings.source,
+        measurement=SRRSettings.measurement,
+        precision=SRRSettings.precision,
+        eps=SRRSettings.eps,
+        lam=SRRSettings.lam,
+        apply_layernorm=SRRSettings.apply_layernorm,
+        include_mid=SRRSettings.include_mid,
+        batch_size=SRRSettings.batch_size,
         max_length=128,
         tokenizer=None,
         accelerator=None,
@@ -116,19 +117,8 @@ class SRR(ModelInputsMixin, evaluate.Measurement):
             accelerator=accelerator,
             progress=progress,
         )
-        primary = report.states[0]
-        out = {"layers": report.layers}
-        for term in TERMS:
-            out[term] = report.mean[primary][term]
-            out[f"{term}_std"] = report.std[primary][term]
-        if report.embeddings is not None:
-            out["embeddings"] = dict(report.embeddings["mean"])
-        for state in report.states[1:]:
-            for term in TERMS:
-                out[f"{state}_{term}"] = report.mean[state][term]
-        out["summary"] = report.summary()
-        out["num_samples"] = report.num_samples
-        out["settings"] = report.settings
+        out = {**report.summary(), **per_layer_scalars(report.mean[report.states[0]], report.layers)}
+        out["num_samples"] = int(report.num_samples)
         if return_report:
             out["report"] = report.to_dict()
         return out
