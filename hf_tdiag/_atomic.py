@@ -28,6 +28,13 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def _naming(err: OSError, path: str) -> OSError:
+    """``err`` with ``path`` as its file name (the same OSError subclass, from the errno), so the message names it."""
+    if err.errno is None:
+        return OSError(f"could not write {path!r}: {err}")
+    return OSError(err.errno, err.strerror or str(err), path)
+
+
 @contextlib.contextmanager
 def atomic_open(
     path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8", newline: str | None = None
@@ -39,8 +46,11 @@ def atomic_open(
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path!r} is a folder; expected a file path")
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.path.basename(path)}-", dir=directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.path.basename(path)}-", dir=directory)
+    except OSError as err:
+        raise _naming(err, path) from err
     try:
         kwargs = {} if "b" in mode else {"encoding": encoding, "newline": newline}
         with os.fdopen(fd, mode, **kwargs) as fh:
@@ -52,9 +62,11 @@ def atomic_open(
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
         _fsync_dir(directory)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename is None:
+            raise _naming(err, path) from err  # e.g. a full disk: "[Errno 28] No space left on device: 'out/x.json'"
         raise
 
 

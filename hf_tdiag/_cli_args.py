@@ -20,8 +20,10 @@ import argparse
 import re
 import textwrap
 
+from .diagnostics.settings import ConceptSettings
+
 MAX_SAMPLES = 64  # inputs measured by srr, concepts, attention-svm and report unless --max-samples says otherwise
-NUM_CONCEPTS = 8  # Semi-NMF concepts k in concepts, report and the concept-fidelity recipe
+NUM_CONCEPTS = ConceptSettings.n_concepts  # Semi-NMF concepts k in concepts, report and the concept-fidelity recipe
 
 
 def normalize_flag(token: str) -> str:
@@ -142,9 +144,21 @@ def device(text: str) -> str:
     import torch
 
     try:
-        torch.device(text)
+        dev = torch.device(text)
     except RuntimeError:
         raise argparse.ArgumentTypeError(f"expected a torch device such as cpu, cuda or cuda:0, got {text!r}") from None
+    if dev.type == "meta":
+        raise argparse.ArgumentTypeError(f"{text!r} holds no data and cannot run a model; use cpu or cuda")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine; use --device cpu")
+        if dev.index is not None and dev.index >= count:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}"
+            )
+    if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise argparse.ArgumentTypeError(f"{text!r}: MPS is not available on this machine; use --device cpu")
     return text
 
 
@@ -153,6 +167,9 @@ def add_output_dir(parser, default: str | None, help: str, *aliases: str, requir
     parser.add_argument(
         "--output-dir", *aliases, type=output_dir, default=default, required=required, metavar="DIR", help=help
     )
+    from ._outputs import add_overwrite_flag
+
+    add_overwrite_flag(parser)  # a folder holding another run's results is refused without it
 
 
 def add_input_flags(parser, *, texts: bool = True, required: bool = True, max_samples: int = MAX_SAMPLES) -> None:
@@ -179,6 +196,29 @@ def add_input_flags(parser, *, texts: bool = True, required: bool = True, max_sa
         metavar="N",
         help=f"number of inputs measured (default {max_samples})",
     )
+
+
+def add_setting_flag(parser, settings_cls, name: str, *aliases: str, type=None, flag: str | None = None, **kwargs):
+    """One flag from a settings field (:mod:`hf_tdiag.diagnostics.settings`): ``--<name>`` hyphenated (or
+    ``flag``), its default, help text and choices read from ``settings_cls``; ``type`` is the argparse parser of
+    the value (default by the field's type: :func:`finite_float` for floats, :func:`positive_int` for ints, else ``str``).
+    Booleans become a switch to the non-default value: ``--<name>`` for a False default, ``--no-<name>`` for True.
+    A field whose default is None says in its help what None means.
+    """
+    meta, default = settings_cls.field_metadata(name), settings_cls.defaults()[name]
+    kwargs.setdefault("dest", name)
+    if isinstance(default, bool):
+        flag = flag or ("--no-" if default else "--") + name.replace("_", "-")
+        action = "store_false" if default else "store_true"
+        kwargs.setdefault("help", f"turn off: {meta['help']}" if default else meta["help"])
+        return parser.add_argument(flag, *aliases, action=action, **kwargs)
+    if type is None:  # from the field's annotation ("int | None" -> positive_int)
+        annotation = str(settings_cls.__dataclass_fields__[name].type)
+        type = finite_float if "float" in annotation else positive_int if "int" in annotation else str
+    kwargs.setdefault("help", meta["help"] if default is None else f"{meta['help']} (default {default})")
+    if "choices" in meta:
+        kwargs.setdefault("choices", list(meta["choices"]))
+    return parser.add_argument(flag or "--" + name.replace("_", "-"), *aliases, type=type, default=default, **kwargs)
 
 
 def add_threads_flag(parser) -> None:

@@ -12,6 +12,11 @@ the source). ``load_images(spec)`` picks the loader from ``spec``:
 Array images (:func:`to_pil`): ``uint8`` and other integer arrays hold values 0..255; ``bool`` arrays are 0/255;
 float arrays whose values all lie in [0, 1] are scaled by 255 (the matplotlib / torchvision convention), other float
 arrays hold values 0..255. Anything outside 0..255, or NaN, is an error naming the input (never silently clipped).
+
+Image files and PIL images (:func:`normalize_image`, used by every path that reads an image: the command line,
+the evaluate modules, the report, the Space and the trainer): the EXIF orientation is applied; 16-bit images
+(PNG, TIFF) are scaled by their real range, 0..65535 -> 0..255; float images (TIFF mode ``F``) and 32-bit integer
+images follow the array rule above, so one whose values are not in [0, 1] or 0..255 is refused, never clipped.
 """
 
 from __future__ import annotations
@@ -83,6 +88,41 @@ def _decode(data, name: str, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
         image.load()
     except (OSError, ValueError) as err:
         raise UserInputError(f"{name}: the image file is damaged or truncated ({err})") from None
+    try:
+        return normalize_image(image, name)
+    except ValueError as err:
+        raise UserInputError(str(err)) from None
+
+
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+_EXIF_ORIENTATION = 0x0112
+
+
+def normalize_image(image: Image.Image, name: str = "image") -> Image.Image:
+    """The image as it should be seen: EXIF orientation applied (``ImageOps.exif_transpose``), 16-bit modes scaled
+    to 8 bits by 255/65535, float and 32-bit integer modes by the array rule (values in [0, 1] or 0..255, else a
+    ValueError naming the input); 8-bit modes are returned as they are."""
+    from PIL import ImageOps
+
+    fmt = getattr(image, "format", None)
+    try:
+        orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
+    except Exception:  # noqa: BLE001 - a damaged EXIF block: the pixels are still usable as stored
+        orientation = 1
+    if orientation not in (None, 1):
+        image = ImageOps.exif_transpose(image)
+    mode = image.mode
+    if mode in _SIXTEEN_BIT_MODES or (mode == "I" and fmt == "PNG"):  # Pillow opens 16-bit PNGs as mode I
+        arr = np.asarray(image).astype(np.float64)
+        if arr.size and (arr.min() < 0 or arr.max() > 65535):
+            raise ValueError(f"{name}: a 16-bit image with values outside 0..65535 ({arr.min():g} to {arr.max():g})")
+        return Image.fromarray(np.rint(arr * (255.0 / 65535.0)).astype(np.uint8))
+    if mode in ("I", "F"):
+        words = "a float" if mode == "F" else "a 32-bit integer"
+        try:
+            return Image.fromarray(_array_to_uint8(np.asarray(image), name))
+        except ValueError as err:
+            raise ValueError(f"{err} ({words} image; save it with 8 or 16 bits per channel)") from None
     return image
 
 
@@ -112,7 +152,7 @@ def to_pil(value, name: str = "image") -> Image.Image:
     """One image as a PIL image: a PIL image as is, an encoded file (path, bytes, or a ``datasets`` ``{"bytes",
     "path"}`` dict), or a ``(H, W)`` / ``(H, W, C)`` / ``(C, H, W)`` array (values as in the module docstring)."""
     if isinstance(value, Image.Image):
-        return value
+        return normalize_image(value, name)
     if isinstance(value, dict) and ("bytes" in value or "path" in value):
         label = f"{name} {os.path.basename(value['path'])!r}" if value.get("path") else name
         return _decode(value["bytes"] if value.get("bytes") is not None else value["path"], label)
@@ -136,7 +176,10 @@ def open_image(path, *, max_pixels: int = MAX_IMAGE_PIXELS, max_bytes: int = MAX
         raise UserInputError("image: no image given; upload an image or pick a digits example")
     if isinstance(path, Image.Image):
         check_image_size(path, max_pixels)
-        return path
+        try:
+            return normalize_image(path)
+        except ValueError as err:
+            raise UserInputError(str(err)) from None
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise UserInputError(f"image: file not found: {os.path.basename(path)!r}")
@@ -385,6 +428,7 @@ __all__ = [
     "images_from_folder",
     "is_saved_dataset",
     "load_images",
+    "normalize_image",
     "open_dataset",
     "open_image",
     "pick_split",

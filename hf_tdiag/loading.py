@@ -316,6 +316,9 @@ def pixel_values_for(images: list, loaded: LoadedModel) -> torch.Tensor:
         raise ValueError("images: expected at least one image, got none")
     channels = int(getattr(loaded.config, "num_channels", 3))
     mode = "L" if channels == 1 else "RGB"
+    from .inputs import to_pil  # one converter: EXIF orientation, 16-bit and float images scaled or refused
+
+    images = [to_pil(im, f"images[{i}]") for i, im in enumerate(images)]
     converted = [im.convert(mode) if getattr(im, "mode", mode) != mode else im for im in images]
     pixel_values = loaded.processor(images=converted, return_tensors="pt")["pixel_values"]
     if pixel_values.shape[1] != channels:

@@ -10,11 +10,12 @@ from .._cli_args import (
     add_input_flags,
     add_output_dir,
     add_threads_flag,
+    add_setting_flag,
     add_trust_remote_code_flag,
-    finite_float,
     plain,
     positive_int,
 )
+from ..diagnostics.settings import AttentionSVMSettings
 
 
 def _max_queries(text: str) -> int | None:
@@ -46,22 +47,21 @@ def register(subparsers) -> None:
     p.add_argument("--head", default="0", help="head index, 0-based as in Transformers, or 'all' (default 0)")
     add_input_flags(p, max_samples=8)
     p.add_argument("--queries", default="all", help="'all', 'cls' or comma-separated token positions (default all)")
-    p.add_argument(
-        "--max-queries",
+    add_setting_flag(
+        p,
+        AttentionSVMSettings,
+        "max_queries",
         type=_max_queries,
-        default=64,
-        help="queries sampled for the SVM: a number, or 'all' (0 also means all; default 64)",
+        help="queries sampled for the SVM: a number, or 'all' (0 also means all; "
+        f"default {AttentionSVMSettings.max_queries})",
     )
-    p.add_argument("--norm", default="fro", choices=["fro", "nuc"], help="SVM norm (default fro; nuc needs cvxpy)")
-    p.add_argument(
-        "--one-hot-threshold",
-        type=finite_float,
-        default=0.9,
-        help="max attention prob counted as one-hot (default 0.9)",
+    add_setting_flag(
+        p, AttentionSVMSettings, "norm", help=f"SVM norm (default {AttentionSVMSettings.norm}; nuc needs cvxpy)"
     )
+    add_setting_flag(p, AttentionSVMSettings, "one_hot_threshold")
     p.add_argument("--no-bias", action="store_true", help="do not augment queries with a constant for the query bias")
     p.add_argument("--max-length", type=positive_int, default=128, help="token limit for --texts (default 128)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the query sampling (default 0)")
+    add_setting_flag(p, AttentionSVMSettings, "seed", type=int)
     add_device_flag(p)
     add_threads_flag(p)
     add_output_dir(p, "attention_svm_out", "where attention_svm.json and the figures go (default attention_svm_out)")
@@ -101,13 +101,20 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from hf_tdiag._atomic import write_json
+    from hf_tdiag._outputs import claim_args
     from hf_tdiag._threads import model_threads, torch_threads
     from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
     from hf_tdiag.loading import load_model
-    from hf_tdiag.probes.architecture import describe
+    from hf_tdiag.probes.describe import describe
     from hf_tdiag.viz import save_figure
     from hf_tdiag.viz.attention_svm import plot_head_diagnostic
 
+    claim_args(
+        args,
+        ["attention_svm.json"],
+        inputs=[args.model, getattr(args, "images", None), getattr(args, "texts", None)],
+        stale=["attention_svm_l*_h*.png"],
+    )
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     loaded = load_model(args.model, eager_attention=False, trust_remote_code=args.trust_remote_code)
     loaded.model.to(device)

@@ -6,10 +6,10 @@ import argparse
 import os
 
 from .._cli_args import (
-    NUM_CONCEPTS,
     add_device_flag,
     add_input_flags,
     add_output_dir,
+    add_setting_flag,
     add_threads_flag,
     add_trust_remote_code_flag,
     finite_float,
@@ -17,6 +17,7 @@ from .._cli_args import (
     plain,
     positive_int,
 )
+from ..diagnostics.settings import ConceptSettings
 
 
 def _write_results(output_dir: str, json_name: str, out: dict, table: str) -> None:
@@ -57,9 +58,7 @@ def register(subparsers) -> None:
         metavar="all|L1,L2,...",
         help="layer sweep: 'all' (0..L) or a comma-separated list; one fit per layer",
     )
-    p.add_argument(
-        "--concepts", type=positive_int, default=NUM_CONCEPTS, help=f"number of concepts k (default {NUM_CONCEPTS})"
-    )
+    add_setting_flag(p, ConceptSettings, "n_concepts", "--n-concepts", flag="--concepts", dest="concepts")
     p.add_argument(
         "--gram-weight",
         "--gram-weights",
@@ -71,10 +70,10 @@ def register(subparsers) -> None:
     p.add_argument("--supervised", action="store_true", help="also fit classifier-supervised concepts (FACE-like)")
     p.add_argument("--kl-weight", type=finite_float, default=10.0, help="lambda of the supervised fit (default 10)")
     add_input_flags(p)
-    p.add_argument(
-        "--max-tokens",
-        type=positive_int,
-        default=None,
+    add_setting_flag(
+        p,
+        ConceptSettings,
+        "max_tokens",
         help="texts: cut every text to this many tokens (default: the shortest text's count); a text "
         "file may give labels as 'label<TAB>text' lines",
     )
@@ -87,14 +86,9 @@ def register(subparsers) -> None:
         default=100,
         help="joint-objective / supervised iterations (default 100)",
     )
-    p.add_argument("--no-bound", action="store_true", help="skip both bounds and their constants")
-    p.add_argument(
-        "--power-iters",
-        type=positive_int,
-        default=20,
-        help="power-iteration steps of the estimated constants (default 20)",
-    )
-    p.add_argument("--batch-size", type=positive_int, default=64, help="inputs per forward pass (default 64)")
+    add_setting_flag(p, ConceptSettings, "bounds", "--no-bounds", flag="--no-bound")
+    add_setting_flag(p, ConceptSettings, "power_iters")
+    add_setting_flag(p, ConceptSettings, "batch_size")
     add_device_flag(p)
     add_threads_flag(p)
     p.add_argument("--no-figures", action="store_true", help="write only the JSON and the table")
@@ -233,7 +227,7 @@ def _run_sweep(args, model, inputs, opts, source, threads) -> int:
             None,
             est,
             layers=layers,
-            bounds=not args.no_bound,
+            bounds=args.bounds,
             power_iters=args.power_iters,
             batch_size=args.batch_size,
             **opts,
@@ -280,7 +274,7 @@ def _figures(args, model, pixels, out, estimators, layer, threads):
                 os.path.join(args.output_dir, "top_patches.png"),
             ),
         ]
-    if not args.no_bound:
+    if args.bounds:
         paths.append(save_figure(plot_kl_vs_bound(out["runs"]), os.path.join(args.output_dir, "kl_vs_bound.png")))
     sweep = [
         {
@@ -298,14 +292,22 @@ def _figures(args, model, pixels, out, estimators, layer, threads):
 
 
 def run(args: argparse.Namespace) -> int:
+    if any(mu < 0 for mu in args.gram_weight):
+        raise ValueError(f"--gram-weight: expected values >= 0, got {args.gram_weight}")
+    from hf_tdiag._outputs import claim_args
+
+    claim_args(
+        args,
+        ["sweep.json" if args.layers is not None else "concepts.json", "table.txt"],
+        inputs=[args.model, getattr(args, "images", None), getattr(args, "texts", None)],
+        stale=["sweep.png", "heatmaps.png", "top_patches.png", "kl_vs_bound.png", "mu_sweep.png"],
+    )
     import torch
 
     from hf_tdiag._threads import model_threads, torch_threads
-    from hf_tdiag.diagnostics.concepts import compare_concepts
+    from hf_tdiag.diagnostics.concept_compare import compare_concepts
     from hf_tdiag.loading import load_model
 
-    if any(mu < 0 for mu in args.gram_weight):
-        raise ValueError(f"--gram-weight: expected values >= 0, got {args.gram_weight}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     loaded = load_model(args.model, eager_attention=False, trust_remote_code=args.trust_remote_code)
     model = loaded.model.to(device)
@@ -327,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
             max_iter=args.max_iter,
             refine_iter=args.refine_iter,
             supervised_iter=args.refine_iter,
-            bounds=not args.no_bound,
+            bounds=args.bounds,
             power_iters=args.power_iters,
             batch_size=args.batch_size,
             **opts,

@@ -77,6 +77,18 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hf_tdiag._outputs import claim_args
+
+    page = args.output or os.path.join(args.output_dir, "report.html")
+    if os.path.splitext(page)[1].lower() not in (".html", ".htm"):
+        raise ValueError(f"--output: expected a file name ending in .html, got {page!r}")
+    page_name = os.path.basename(page)
+    claim_args(
+        args,
+        [page_name, os.path.splitext(page_name)[0] + ".json"],
+        inputs=[args.model, args.images, args.texts],
+        folder=os.path.dirname(page) or ".",
+    )
     from hf_tdiag._threads import model_threads, torch_threads
     from hf_tdiag.loading import load_model
     from hf_tdiag.report.inputs import inputs_from_args
@@ -95,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     )
     with torch_threads(model_threads(args.threads, loaded.model, next(loaded.model.parameters()).device)):
         report = build_report(loaded, inputs, sections=args.sections, options=options, title=args.title)
-    html_path, json_path = report.save(args.output or os.path.join(args.output_dir, "report.html"))
+    html_path, json_path = report.save(page)
     for section in report.sections:
         line = f"  {section.key:<10} {section.status}"
         if section.note:

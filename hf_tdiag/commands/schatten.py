@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._cli_args import add_output_dir, add_trust_remote_code_flag, finite_float, plain, positive_int
-from .._defaults import DEFAULT_L_PHI
+from .._cli_args import add_output_dir, add_setting_flag, add_threads_flag, add_trust_remote_code_flag, plain
+from ..diagnostics.settings import SchattenSettings
 
 
 def register(subparsers) -> None:
@@ -20,26 +20,11 @@ def register(subparsers) -> None:
         ),
     )
     p.add_argument("models", nargs="+", metavar="MODEL", help="local folders or Hub ids")
-    p.add_argument(
-        "--l-phi",
-        "--L-phi",
-        type=finite_float,
-        default=DEFAULT_L_PHI,
-        help=f"FFN activation Lipschitz constant L_phi (default {DEFAULT_L_PHI}, GELU)",
-    )
-    p.add_argument(
-        "--p-grid-m", type=positive_int, default=None, help="p grid {0, 1/m, ..., 2}; default m = ceil(L + ln N)"
-    )
-    p.add_argument("--rank-tol", type=finite_float, default=1e-10, help="rank threshold factor (default 1e-10)")
-    p.add_argument(
-        "--threads",
-        "--workers",
-        dest="workers",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="threads solving the spectra, each with single-threaded BLAS (default: by matrix size)",
-    )
+    add_setting_flag(p, SchattenSettings, "L_phi", "--L-phi", flag="--l-phi", dest="l_phi")
+    add_setting_flag(p, SchattenSettings, "p_grid_m")
+    add_setting_flag(p, SchattenSettings, "rank_tol")
+    add_setting_flag(p, SchattenSettings, "num_workers", "--workers", dest="workers", metavar="N")
+    add_threads_flag(p)
     add_output_dir(
         p,
         "schatten_out",
@@ -105,34 +90,46 @@ def print_breakdown(report) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hf_tdiag._atomic import write_csv, write_json
+    from hf_tdiag._outputs import claim_args
     from hf_tdiag.diagnostics.schatten import spectrum_bounds
     from hf_tdiag.viz.schatten import model_label
 
+    dest = _destinations(args)
+    if dest["json"] == os.path.join(args.output_dir, "schatten.json"):
+        written = ["schatten.json", "schatten.csv", "matrices.csv"]
+        claim_args(args, written, inputs=[args.models], stale=["[0-9][0-9]_*.png"])  # figures: 00_<model>_<kind>.png
+    else:  # the old per-file flags: each file's folder
+        for key in ("json", "csv", "matrices_csv"):
+            if dest[key]:
+                folder = os.path.dirname(dest[key]) or "."
+                claim_args(args, [os.path.basename(dest[key])], inputs=[args.models], folder=folder)
+    from hf_tdiag._threads import torch_threads
+
     reports = []
-    for model in args.models:
-        reports.append(
-            spectrum_bounds(
-                model,
-                L_phi=args.l_phi,
-                p_grid_m=args.p_grid_m,
-                rank_tol=args.rank_tol,
-                num_workers=args.workers,
-                progress=True,
-                trust_remote_code=args.trust_remote_code,
+    with torch_threads(args.threads):
+        for model in args.models:
+            reports.append(
+                spectrum_bounds(
+                    model,
+                    L_phi=args.l_phi,
+                    p_grid_m=args.p_grid_m,
+                    rank_tol=args.rank_tol,
+                    num_workers=args.workers,
+                    progress=True,
+                    trust_remote_code=args.trust_remote_code,
+                )
             )
-        )
     header = f"{'model':<44} {'L':>3} {'N':>5} {'H':>3} {'B_ours':>12} {'B_Edelman':>12} {'ratio':>9}"
     print(header)
     print("-" * len(header))
     for r in reports:
         print(
-            f"{model_label(r.model)[-44:]:<44} {r.num_layers:>3} {r.hidden_size:>5} {r.num_heads:>3} {r.ours:>12.6g} "
-            f"{r.edelman:>12.6g} {r.edelman / r.ours:>9.3g}"
+            f"{model_label(r.model)[-44:]:<44} {r.num_layers:>3} {r.hidden_size:>5} {r.num_heads:>3} "
+            f"{r.schatten_bound:>12.6g} {r.edelman_bound:>12.6g} {r.edelman_bound / r.schatten_bound:>9.3g}"
         )
     for r in reports:
         if args.breakdown or r.degenerate:
             print_breakdown(r)
-    dest = _destinations(args)
     if dest["json"]:
         print(f"wrote {write_json(dest['json'], [r.to_dict() for r in reports], indent=None)}")
     if dest["csv"]:

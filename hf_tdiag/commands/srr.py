@@ -9,12 +9,13 @@ from .._cli_args import (
     add_device_flag,
     add_input_flags,
     add_output_dir,
+    add_setting_flag,
     add_threads_flag,
     add_trust_remote_code_flag,
-    finite_float,
     plain,
     positive_int,
 )
+from ..diagnostics.settings import SRRSettings
 
 
 def register(subparsers) -> None:
@@ -30,31 +31,21 @@ def register(subparsers) -> None:
     )
     p.add_argument("models", nargs="+", metavar="MODEL", help="local model folders or Hub ids")
     add_input_flags(p)
-    p.add_argument(
-        "--source",
-        default="query",
-        choices=["query", "key", "value", "all"],
-        help="projection giving U for non-CRATE models (default query; 'all' = one curve per source)",
+    sources = [*SRRSettings.field_metadata("source")["choices"], "all"]
+    add_setting_flag(
+        p,
+        SRRSettings,
+        "source",
+        choices=sources,
+        help=f"projection giving U for non-CRATE models (default {SRRSettings.source}; 'all' = one curve per source)",
     )
-    p.add_argument(
-        "--measurement",
-        default="design",
-        choices=["design", "official"],
-        help="design: layer l = output Z^l of block l with U^l (default); official: the official CRATE "
-        "hooks (Rc of each block's qkv output with unit-norm tokens per head, sparsity at the ISTA output)",
-    )
-    p.add_argument(
-        "--precision",
-        default="auto",
-        choices=["auto", "float64"],
-        help="auto: float32 Gram matrices where a condition check keeps them within 1e-6 of float64 "
-        "(default); float64: every Gram matrix in float64",
-    )
-    p.add_argument("--eps", type=finite_float, default=0.1, help="epsilon of the coding rates (default 0.1)")
-    p.add_argument("--lam", type=finite_float, default=1.0, help="weight of the sparsity term (default 1.0)")
-    p.add_argument("--layernorm", action="store_true", help="measure LN(Z) with each block's pre-attention LayerNorm")
-    p.add_argument("--no-mid", action="store_true", help="CRATE: skip the states Z^{l-1/2} after attention")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="inputs per forward pass (default 32)")
+    add_setting_flag(p, SRRSettings, "measurement")
+    add_setting_flag(p, SRRSettings, "precision")
+    add_setting_flag(p, SRRSettings, "eps")
+    add_setting_flag(p, SRRSettings, "lam", "--srr-lambda")
+    add_setting_flag(p, SRRSettings, "apply_layernorm", "--apply-layernorm", flag="--layernorm")
+    add_setting_flag(p, SRRSettings, "include_mid", flag="--no-mid")
+    add_setting_flag(p, SRRSettings, "batch_size")
     p.add_argument("--max-length", type=positive_int, default=128, help="token limit for --texts (default 128)")
     add_device_flag(p)
     add_threads_flag(p)
@@ -86,6 +77,17 @@ def _inputs(args, loaded):
     return LazyBatches(images, args.batch_size, lambda chunk: pixel_values_for(chunk, loaded)), len(images)
 
 
+def _model_labels(specs: list[str]) -> list[str]:
+    """One label per model: its folder name, with as many parent folders as needed to tell models apart
+    (``a/model`` and ``b/model`` stay two rows); the whole spec when even that repeats."""
+    parts = [os.path.normpath(s).split(os.sep) if s.strip("/") else [s] for s in specs]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        labels = ["/".join(p[-depth:]) or s for p, s in zip(parts, specs)]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [f"{s} [{i + 1}]" for i, s in enumerate(specs)]  # the same model given twice
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -97,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.labels is not None and len(args.labels) != len(args.models):
         raise ValueError(f"--labels: expected {len(args.models)} labels (one per MODEL), got {len(args.labels)}")
+    from hf_tdiag._outputs import claim_args
+
+    claim_args(args, ["srr.json", "srr.png"], inputs=[args.models, args.images, args.texts])
+    names = _model_labels(args.models) if args.labels is None else list(args.labels)
+    if len(set(names)) != len(names):
+        raise ValueError(f"--labels: expected one distinct label per MODEL, got {names}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     reports = {}
     for i, spec in enumerate(args.models):
@@ -105,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         inputs, count = _inputs(args, loaded)
         is_crate = loaded.model_type == "crate"
         sources = ["query"] if is_crate else (["query", "key", "value"] if args.source == "all" else [args.source])
-        base = args.labels[i] if args.labels else (os.path.basename(spec.rstrip("/")) or spec)
+        base = names[i]
         if is_crate and getattr(loaded.config, "variant", None) and not args.labels:
             base = f"{base} ({loaded.config.variant})"
         for source in sources:
@@ -120,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
                     precision=args.precision,
                     eps=args.eps,
                     lam=args.lam,
-                    apply_layernorm=args.layernorm,
-                    include_mid=not args.no_mid,
+                    apply_layernorm=args.apply_layernorm,
+                    include_mid=args.include_mid,
                     batch_size=args.batch_size,
                 )
     json_path = write_json(

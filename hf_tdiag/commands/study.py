@@ -126,7 +126,15 @@ def run(args: argparse.Namespace) -> int:
         settings.max_examples = args.max_samples
     if args.summarize_only:
         keys = {run_key(hp, grid.fixed, settings) for hp in grid.runs()}
-        records = [r for r in load_records(out) if r["key"] in keys]
+        cached_all = load_records(out)
+        records = [r for r in cached_all if r["key"] in keys]
+        if len(cached_all) > len(records):
+            print(
+                f"note: {len(cached_all) - len(records)} cached run(s) in {out} were trained or measured with other "
+                "settings than these (grid axes, --set values or --max-samples) and are not counted; pass the "
+                "settings they used, or run without --summarize-only to measure with these",
+                file=sys.stderr,
+            )
         summary = summarize(grid, records, out, settings=settings, plot=not args.no_figures, cached=len(records))
     else:
         try:
@@ -142,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
                 threads=args.threads,
                 executor=args.executor,
                 executor_options=executor_options(args),
+                overwrite=getattr(args, "overwrite_output_dir", False),
             )
         except (StudyLockedError, ImportError) as err:  # a running study in the folder; the Ray extra missing
             print(f"error: {err}", file=sys.stderr)

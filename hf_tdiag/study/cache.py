@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
@@ -53,13 +54,24 @@ def write_json_atomic(path: str, obj: Any) -> None:
 
 
 def read_record(path: str, key: str) -> dict | None:
-    """The finished run stored at ``path`` if it is a complete record of run ``key``, else ``None``."""
+    """The finished run stored at ``path`` if it is a complete record of run ``key``, else ``None`` (with a
+    warning naming the file when one is there but damaged: truncated, not a record, or another run's)."""
     try:
         with open(path, encoding="utf-8") as f:
             rec = json.load(f)
-    except (OSError, ValueError):
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        warnings.warn(
+            f"study: the run record {path!r} is damaged ({err}); the run counts as not finished", stacklevel=2
+        )
         return None
     if not isinstance(rec, dict) or rec.get("key") != key or "train" not in rec or "measures" not in rec:
+        warnings.warn(
+            f"study: {path!r} is not a complete record of run {key} (missing key, train or measures); the run "
+            "counts as not finished",
+            stacklevel=2,
+        )
         return None
     return rec
 

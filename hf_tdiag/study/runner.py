@@ -43,6 +43,34 @@ def _plan(
     return specs, records
 
 
+def _check_study_file(study_dir: str, grid: StudyGrid, overwrite: bool) -> None:
+    """Refuse a folder whose ``study.json`` describes another grid (unless ``overwrite``): its table would be
+    replaced by this one's. The cached runs stay either way (their keys tell them apart)."""
+    import json
+
+    path = os.path.join(study_dir, "study.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            old = json.load(fh).get("grid")
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, AttributeError) as err:
+        if not overwrite:
+            raise ValueError(
+                f"study_dir: {path!r} cannot be read ({err}); pass --overwrite-output-dir (overwrite=True) to replace "
+                "it, or choose another folder"
+            ) from None
+        return
+    new = json.loads(json.dumps(grid.to_dict(), default=str))
+    if old != new and not overwrite:
+        name = old.get("name") if isinstance(old, dict) else old
+        raise ValueError(
+            f"study_dir: {study_dir!r} holds a study of another grid ({name!r}, other axes or settings than "
+            f"{grid.name!r}); pass --overwrite-output-dir (overwrite=True) to replace its study.json and tables "
+            "(cached runs are kept), or choose another folder"
+        )
+
+
 def _run_uncached(
     grid,
     study_dir,
@@ -57,10 +85,12 @@ def _run_uncached(
     progress,
     on_record,
     executor_options,
+    overwrite=False,
 ):
     """Train every uncached run (at most ``limit``); return all records in grid order, the cached count, the failures."""
     from tqdm.auto import tqdm
 
+    _check_study_file(study_dir, grid, overwrite)
     os.makedirs(os.path.join(study_dir, "runs"), exist_ok=True)
     write_json_atomic(
         os.path.join(study_dir, "study.json"),
@@ -104,6 +134,7 @@ def run_study(
     threads: int | None = None,
     executor: str = "local",
     executor_options: dict | None = None,
+    overwrite: bool = False,
 ) -> dict:
     """Run (or continue) a study: train every uncached run of ``grid``, then write the table and plots.
 
@@ -117,7 +148,8 @@ def run_study(
     ``jobs == 1``); results are reproducible bit for bit only at equal thread
     counts. ``executor`` names who runs the runs: ``"local"`` or ``"ray"``, with ``executor_options``
     for it (Ray: ``address``, ``num_cpus``, ``num_gpus``, ``max_retries``; see :mod:`hf_tdiag.study.executors`).
-    Only one study runs in a folder at a time: a second one raises :class:`StudyLockedError`.
+    Only one study runs in a folder at a time: a second one raises :class:`StudyLockedError`. A folder whose
+    ``study.json`` describes another grid is refused unless ``overwrite``.
     Returns a summary with the table and the output paths.
     """
     grid = resolve_grid(grid)
@@ -139,5 +171,6 @@ def run_study(
             progress=progress,
             on_record=on_record,
             executor_options=dict(executor_options or {}),
+            overwrite=overwrite,
         )
         return summarize(grid, records, study_dir, settings=settings, plot=plot, cached=cached, failures=failures)

@@ -113,6 +113,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     opt.add_argument(
         "--output-dir", type=output_dir, required=True, help="Where to save the model, results and checkpoints."
     )
+    opt.add_argument(
+        "--overwrite-output-dir",
+        action="store_true",
+        help="Replace another run's model, checkpoints and results in --output-dir (removed before training); "
+        "default: refuse such a folder. Resuming from a checkpoint of the folder needs no flag.",
+    )
     opt.add_argument("--num-train-epochs", type=int, default=None, help="Epochs (default 40 on digits, else 3).")
     opt.add_argument("--max-train-steps", type=int, default=None, help="Optimizer steps; overrides the epochs.")
     opt.add_argument("--per-device-train-batch-size", type=int, default=64)

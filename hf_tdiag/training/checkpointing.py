@@ -8,6 +8,12 @@ leaves one that ``--resume-from-checkpoint latest`` would pick and fail on. A ch
 truncated or edited ``trainer_state.json``) is never silently ignored: ``latest`` falls back to the newest
 intact one and says so, or stops with an error naming the damaged files.
 Old checkpoints are renamed away before they are deleted for the same reason.
+
+Each run has a ``run_id`` stored in its checkpoints' state: rotation deletes only the current run's checkpoints,
+and a resumed run keeps the id of the checkpoint it resumed. The state also records the settings the run trains
+with (:func:`training_settings`); resuming with a different value of one of them is refused
+(:func:`changed_settings`), since the restored optimizer and schedule would keep the old value while the tracker
+config and the model card recorded the new one.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import uuid
 import warnings
 from collections.abc import Callable
 
@@ -29,6 +36,58 @@ _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
 REQUIRED_STATE_KEYS = ("completed_steps", "epoch", "batches_in_epoch")
+RUN_ID_KEY = "run_id"
+SETTINGS_KEY = "settings"
+# arguments that may differ on resume: where and how often things are written or logged, evaluation-only sizes,
+# and the resume/overwrite flags themselves; every other argument is part of what the checkpoint trained with
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "output_dir",
+        "overwrite_output_dir",
+        "resume_from_checkpoint",
+        "checkpointing_steps",
+        "checkpoints_total_limit",
+        "with_tracking",
+        "report_to",
+        "logging_steps",
+        "disable_tqdm",
+        "push_to_hub",
+        "hub_model_id",
+        "hub_token",
+        "hub_private_repo",
+        "dataloader_num_workers",
+        "num_threads",
+        "per_device_eval_batch_size",
+        "layer_srr_samples",
+        "print_results",
+        "func",
+        "command",
+    }
+)
+
+
+def new_run_id() -> str:
+    """A fresh run id (12 hex digits)."""
+    return uuid.uuid4().hex[:12]
+
+
+def _plain(value):
+    return value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+
+
+def training_settings(args) -> dict:
+    """The arguments a checkpoint fixes (every one not in :data:`RESUME_MAY_CHANGE`), JSON-ready."""
+    return {k: _plain(v) for k, v in sorted(vars(args).items()) if k not in RESUME_MAY_CHANGE}
+
+
+def changed_settings(state: dict, args) -> list[str]:
+    """``name: checkpoint value -> given value`` for each stored setting ``args`` changes (empty for a checkpoint
+    written before settings were stored)."""
+    stored = state.get(SETTINGS_KEY)
+    if not isinstance(stored, dict):
+        return []
+    now = training_settings(args)
+    return [f"{k}: {stored[k]!r} -> {now[k]!r}" for k in sorted(stored) if k in now and stored[k] != now[k]]
 
 
 def state_problem(path: str) -> str | None:
@@ -152,11 +211,24 @@ def clean_partial(output_dir: str) -> None:
             shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
 
 
-def rotate_checkpoints(output_dir: str, keep: int) -> list[str]:
-    """Keep the newest ``keep`` complete checkpoints; return the removed paths."""
+def run_id_of(path: str) -> str | None:
+    """The run id stored in a checkpoint's state (None for a checkpoint written before run ids, or damaged)."""
+    try:
+        with open(os.path.join(path, STATE_FILE), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data.get(RUN_ID_KEY) if isinstance(data, dict) else None
+
+
+def rotate_checkpoints(output_dir: str, keep: int, run_id: str | None = None) -> list[str]:
+    """Keep the newest ``keep`` complete checkpoints (of the run ``run_id`` only, when given: another run's
+    checkpoints are never deleted); return the removed paths."""
     if keep is None:
         return []
     found = list_checkpoints(output_dir)
+    if run_id is not None:
+        found = [(step, path) for step, path in found if run_id_of(path) == run_id]
     removed = [path for _, path in found[: max(0, len(found) - keep)]]
     for path in removed:
         _remove(path)
@@ -164,21 +236,28 @@ def rotate_checkpoints(output_dir: str, keep: int) -> list[str]:
 
 
 def save_checkpoint(accelerator, output_dir: str, step: int, state: dict, keep: int | None = None) -> str:
-    """``accelerator.save_state`` into ``output_dir/checkpoint-<step>`` atomically; every process must call it."""
+    """``accelerator.save_state`` into ``output_dir/checkpoint-<step>`` atomically; every process must call it.
+    Rotation (``keep``) counts only the checkpoints of ``state["run_id"]`` when the state has one. A failed write
+    (a full disk) is an OSError naming the checkpoint folder; the torn ``.tmp-`` folder is removed."""
     final = os.path.join(output_dir, f"{CHECKPOINT_PREFIX}{step}")
     tmp = os.path.join(output_dir, f"{_TMP_PREFIX}{CHECKPOINT_PREFIX}{step}")
     if accelerator.is_main_process:
         os.makedirs(output_dir, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(tmp)
+    try:
+        accelerator.save_state(tmp)
+    except (OSError, RuntimeError) as err:  # torch reports a full disk as an inline_container RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = getattr(err, "strerror", None) or " ".join(str(err).split())[:200]
+        raise OSError(f"checkpoint: could not write {final!r} ({reason}); free space or choose another folder") from err
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         write_json(os.path.join(tmp, STATE_FILE), {**state, "step": int(step)})
         if os.path.exists(final):
             _remove(final)
         os.replace(tmp, final)
-        rotate_checkpoints(output_dir, keep)
+        rotate_checkpoints(output_dir, keep, state.get(RUN_ID_KEY))
     accelerator.wait_for_everyone()
     return final
 
@@ -190,8 +269,58 @@ def load_checkpoint(accelerator, path: str) -> dict:
     return state
 
 
+def _inside(path: str, folder: str) -> bool:
+    return os.path.dirname(os.path.abspath(os.path.normpath(path))) == os.path.abspath(folder)
+
+
+def claim_training_dir(args, *, is_main: bool = True, notify: Callable[[str], None] | None = print) -> str | None:
+    """Before any work: refuse an output folder holding another run's model, checkpoints or results unless
+    ``args.overwrite_output_dir`` (then the previous run's files are removed), and check it can be written.
+    Resuming from a checkpoint inside the folder continues that run, so its files are not another run's; a resume
+    whose settings differ from the checkpoint's (:func:`changed_settings`) is refused. Returns the checkpoint
+    resumed from (None for a fresh run)."""
+    from .._outputs import MODEL_PATTERNS, RESULT_PATTERNS, TRAIN_PATTERNS, check_writable, claim_output_dir
+
+    output_dir = os.fspath(args.output_dir)
+    inputs = [getattr(args, k, None) for k in ("model_name_or_path", "train_dir", "validation_dir", "dataset_path")]
+    inputs = [p for p in inputs if isinstance(p, (str, os.PathLike)) and os.path.exists(p)]
+    spec = getattr(args, "resume_from_checkpoint", None)
+    path = resolve_checkpoint(spec, output_dir, notify=lambda text: None) if spec else None  # resume() reports
+    if path is not None:
+        changed = changed_settings(read_state(path), args)
+        if changed:
+            raise ValueError(
+                f"resume_from_checkpoint: {path!r} was trained with other settings ({'; '.join(changed)}); the "
+                "restored optimizer and schedule would keep the checkpoint's values. Resume with the same settings, "
+                f"or start a new run (another --output-dir, or --overwrite-output-dir without --resume-from-checkpoint)"
+            )
+        if _inside(path, output_dir):
+            if is_main:
+                check_writable(output_dir)
+            return path
+        inputs.append(path)
+    claim_output_dir(
+        output_dir,
+        overwrite=bool(getattr(args, "overwrite_output_dir", False)),
+        inputs=inputs,
+        stale=(*TRAIN_PATTERNS, *MODEL_PATTERNS, *RESULT_PATTERNS),
+        model_output=True,
+        notify=notify,
+        remove=is_main,
+    )
+    return path
+
+
 __all__ = [
     "CHECKPOINT_PREFIX",
+    "RUN_ID_KEY",
+    "SETTINGS_KEY",
+    "RESUME_MAY_CHANGE",
+    "changed_settings",
+    "claim_training_dir",
+    "new_run_id",
+    "run_id_of",
+    "training_settings",
     "STATE_FILE",
     "is_complete_checkpoint",
     "state_problem",

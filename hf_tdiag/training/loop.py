@@ -33,7 +33,18 @@ from .._atomic import write_json
 from .._threads import pick_threads, torch_threads
 from . import srr_tracking
 from .args import is_digits, make_args
-from .checkpointing import clean_partial, load_checkpoint, resolve_checkpoint, save_checkpoint
+from .checkpointing import (
+    RUN_ID_KEY,
+    SETTINGS_KEY,
+    claim_training_dir,
+    clean_partial,
+    load_checkpoint,
+    new_run_id,
+    resolve_checkpoint,
+    run_id_of,
+    save_checkpoint,
+    training_settings,
+)
 from .data import build_datasets, load_raw_data
 from .gap import evaluate_classifier, generalization_gap
 from .model import build_model_and_processor, image_size_of
@@ -82,6 +93,8 @@ class TrainingRun:
     stopped_at_target: bool = False
     srr_last: float | None = None
     progress: Any = None
+    run_id: str = ""  # checkpoints of this run carry it; rotation deletes only those
+    settings: dict = field(default_factory=dict)  # what the checkpoints record as trained with (resume check)
 
     @property
     def config(self):
@@ -95,8 +108,18 @@ class TrainingRun:
 
 
 # ---------------------------------------------------------------------------------------------- entry point
-def train(args_or_kwargs=None, *, after_fit: Sequence[AfterFit] | None = None, **kwargs) -> dict:
+def train(
+    args_or_kwargs=None,
+    *,
+    after_fit: Sequence[AfterFit] | None = None,
+    train_dataset=None,
+    eval_dataset=None,
+    **kwargs,
+) -> dict:
     """Train a CRATE classifier; ``args_or_kwargs``: argv list, ``argparse.Namespace`` or mapping (+ keyword flags).
+
+    ``train_dataset`` / ``eval_dataset``: data objects instead of the dataset flags (a ``datasets.Dataset``,
+    ``DatasetDict``, ``IterableDataset`` or torch ``Dataset``; :mod:`hf_tdiag.training.data`).
 
     ``after_fit``: steps run on the trained model before the model card is written, each
     ``step(run) -> dict`` merged into the results; ``None`` (default) runs the per-layer SRR report
@@ -105,13 +128,16 @@ def train(args_or_kwargs=None, *, after_fit: Sequence[AfterFit] | None = None, *
     ``<output_dir>/all_results.json`` on the main process. The caller's torch thread count is restored.
     """
     args = make_args(args_or_kwargs, **kwargs)
-    _resolve_defaults(args)
+    data = (train_dataset, eval_dataset)
+    _resolve_defaults(args, digits=is_digits(args) and train_dataset is None)
+    settings, run_id = _claim_output_dir(args)  # before any work: never another run's folder, never unwritable
     if after_fit is None:
         from .srr_tracking import layer_srr_step
 
         after_fit = [layer_srr_step]
     with torch_threads():  # prepare may set the count for small CPU models; the caller's comes back
-        run = prepare(args)
+        run = prepare(args, data)
+        run.settings, run.run_id = settings, run_id
         resume(run)
         _announce(run)
         if args.track_srr_every and not run.srr_history:
@@ -129,8 +155,17 @@ def train(args_or_kwargs=None, *, after_fit: Sequence[AfterFit] | None = None, *
         return finish(run, after_fit)
 
 
-def _resolve_defaults(args) -> None:
-    digits = is_digits(args)
+def _claim_output_dir(args) -> tuple[dict, str]:
+    """The settings recorded in the checkpoints and the run id (the resumed checkpoint's, else a new one), after
+    :func:`hf_tdiag.training.checkpointing.claim_training_dir` accepted the output folder."""
+    from accelerate import PartialState
+
+    settings = training_settings(args)  # before prepare() resolves the step budget
+    resumed = claim_training_dir(args, is_main=PartialState().is_main_process)
+    return settings, (run_id_of(resumed) if resumed else None) or new_run_id()
+
+
+def _resolve_defaults(args, digits: bool) -> None:
     if args.num_train_epochs is None:
         args.num_train_epochs = DIGITS_EPOCHS if digits else DEFAULT_EPOCHS
     if args.learning_rate is None:
@@ -217,8 +252,9 @@ def _schedule(args, accelerator, optimizer, batches_per_epoch: int):
     )
 
 
-def prepare(args) -> TrainingRun:
-    """Accelerator, data, model, optimizer and schedule, all through ``accelerator.prepare``; trackers started."""
+def prepare(args, data=(None, None)) -> TrainingRun:
+    """Accelerator, data (``data``: the train/eval data objects, else the flags), model, optimizer and schedule, all
+    through ``accelerator.prepare``; trackers started."""
     from accelerate.utils import DistributedType, set_seed
 
     start_time = time.time()
@@ -234,7 +270,7 @@ def prepare(args) -> TrainingRun:
     accelerator.wait_for_everyone()
     set_seed(args.seed)
 
-    raw = load_raw_data(args)
+    raw = load_raw_data(args, *data)
     model, processor, preset = build_model_and_processor(args, raw)
     threads = _set_threads(args, accelerator, sum(p.numel() for p in model.parameters()))
     datasets_ = build_datasets(args, raw, processor, model.config.num_channels, image_size_of(model.config))
@@ -451,6 +487,8 @@ def checkpoint(run: TrainingRun, epoch: int, batches_in_epoch: int) -> str:
         "epoch_loss_sum": run.loss_sum,
         "epoch_loss_count": run.loss_count,
         "seed": run.args.seed,
+        RUN_ID_KEY: run.run_id or None,
+        SETTINGS_KEY: run.settings or None,
     }
     return save_checkpoint(
         run.accelerator, run.args.output_dir, run.completed_steps, state, keep=run.args.checkpoints_total_limit
