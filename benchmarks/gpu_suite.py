@@ -235,7 +235,7 @@ def srr_profile_section(device: torch.device, smoke: bool) -> dict:
 
     from hf_tdiag import CrateConfig, CrateForImageClassification
     from hf_tdiag.diagnostics.srr import batch_srr_values
-    from hf_tdiag.probes.architecture import describe
+    from hf_tdiag.probes.describe import describe
     from hf_tdiag.probes.subspaces import subspaces
     from hf_tdiag.probes.token_states import token_states
 

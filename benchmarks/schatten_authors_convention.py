@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from test_schatten_reference import dense_reference_from_matrices  # noqa: E402
 
 import hf_tdiag  # noqa: E402
-from hf_tdiag.probes.bert_weights import encoder_weights  # noqa: E402
+from hf_tdiag.probes.block_matrices import encoder_weights  # noqa: E402
 
 
 def explicit_matrices(model) -> list[dict]:

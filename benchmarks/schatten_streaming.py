@@ -109,10 +109,10 @@ def build_checkpoint(folder: str, shape: dict, shard: str) -> dict:
 def largest_layer_bytes(folder: str) -> dict:
     """Bytes as stored of every block's weight tensors (read from the shard headers), and the largest."""
     from hf_tdiag.probes.checkpoint import open_checkpoint
-    from hf_tdiag.probes.decoders import decoder_layout
+    from hf_tdiag.probes.describe import describe
 
     ckpt = open_checkpoint(folder)
-    layout = decoder_layout(ckpt.meta_model)
+    layout = describe(ckpt.meta_model).decoder_layout()
     per = [layout.layer_bytes(i, ckpt.nbytes) for i in range(layout.num_layers)]
     return {"per_layer": per, "largest": max(per)}
 

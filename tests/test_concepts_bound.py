@@ -330,7 +330,7 @@ def test_kl_is_recomputed_by_a_hooked_full_forward():
 
     with torch.no_grad():
         p = torch.softmax(model(X).logits.double(), -1)
-        from hf_tdiag.probes.architecture import describe
+        from hf_tdiag.probes.describe import describe
 
         block1 = describe(model).encoder_layers[0]  # block 1's output = hidden_states[1]
         handle = block1.register_forward_hook(swap)

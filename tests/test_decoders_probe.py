@@ -6,8 +6,8 @@ import torch
 from decoder_models import build, decoder_dirs, decoder_models  # noqa: F401  (fixtures)
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
-from hf_tdiag.probes.architecture import describe
-from hf_tdiag.probes.decoders import decoder_layout, model_getter
+from hf_tdiag.probes.decoders import model_getter
+from hf_tdiag.probes.describe import describe
 from hf_tdiag.probes.subspaces import subspaces
 from hf_tdiag.probes.token_states import token_states
 
@@ -20,7 +20,7 @@ def test_families_and_shapes(decoder_models):
         "qwen2": ("llama", 4, 1, 8, 40, True, "rmsnorm", True, True),
     }
     for name, model in decoder_models.items():
-        lay = decoder_layout(model)
+        lay = describe(model).decoder_layout()
         got = (
             lay.family,
             lay.num_heads,
@@ -35,13 +35,13 @@ def test_families_and_shapes(decoder_models):
         assert got == expect[name], name
         assert lay.num_layers == model.config.num_hidden_layers and lay.model_type == name
         # the base model's layout names the same tensors without the head's prefix
-        base = decoder_layout(model.base_model)
+        base = describe(model.base_model).decoder_layout()
         assert all(lay.refs[0][r].name.endswith(base.refs[0][r].name) for r in lay.refs[0])
 
 
 def test_gpt2_fused_weights_sliced_by_hand(decoder_models):
     model = decoder_models["gpt2"]
-    lay, get = decoder_layout(model), model_getter(model)
+    lay, get = describe(model).decoder_layout(), model_getter(model)
     c = model.transformer.h[1].attn.c_attn
     W, b = c.weight.detach(), c.bias.detach()  # Conv1D: y = x W + b, W (32, 96)
     assert torch.equal(lay.weight(1, "query", get), W[:, :32].T)
@@ -63,7 +63,7 @@ def test_gpt2_fused_weights_sliced_by_hand(decoder_models):
 
 
 def test_gqa_sharing_explicit(decoder_models):
-    lay = decoder_layout(decoder_models["llama"])
+    lay = describe(decoder_models["llama"]).decoder_layout()
     assert [lay.kv_head(h) for h in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert lay.query_heads(1) == [4, 5, 6, 7] and lay.group_size == 4
     assert lay.describe()["kv_head_of_query_head"] == [0, 0, 0, 0, 1, 1, 1, 1]
@@ -75,7 +75,7 @@ def test_gqa_heads_use_the_shared_kv_head_the_model_uses():
     """Zero K/V head 1's key rows: exactly the query heads the layout maps to it get uniform attention in the model."""
     model = build("llama")
     model.config._attn_implementation = "eager"
-    lay, get = decoder_layout(model), model_getter(model)
+    lay, get = describe(model).decoder_layout(), model_getter(model)
     attn = model.model.layers[0].self_attn
     p = lay.head_dim
     with torch.no_grad():
@@ -99,13 +99,13 @@ def test_gqa_heads_use_the_shared_kv_head_the_model_uses():
 
 def test_gated_mlp_and_subspaces(decoder_models):
     model = decoder_models["mistral"]
-    lay, get = decoder_layout(model), model_getter(model)
+    lay, get = describe(model).decoder_layout(), model_getter(model)
     mlp = model.model.layers[1].mlp
     assert torch.equal(lay.weight(1, "ffn_gate", get), mlp.gate_proj.weight)
-    assert torch.equal(lay.weight(1, "ffn_up", get), mlp.up_proj.weight)
-    assert torch.equal(lay.weight(1, "ffn_down", get), mlp.down_proj.weight)
+    assert torch.equal(lay.weight(1, "ffn_in", get), mlp.up_proj.weight)
+    assert torch.equal(lay.weight(1, "ffn_out", get), mlp.down_proj.weight)
     arch = describe(model)
-    assert arch.num_kv_heads == 2 and arch.layers[1].extra["gate"] is mlp.gate_proj
+    assert arch.num_kv_heads == 2 and arch.layers[1].ffn_gate is mlp.gate_proj
     assert [u.shape for u in subspaces(model, "key")] == [(2, 32, 8)] * 2
     assert [u.shape for u in subspaces(model, "query")] == [(4, 32, 8)] * 2
 
@@ -140,8 +140,6 @@ def test_unsupported_decoder_is_a_clear_error():
         GPTNeoXConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=64)
     )
     with pytest.raises(ValueError, match="not a supported decoder.*query_key_value"):
-        decoder_layout(model)
-    with pytest.raises(ValueError, match="decoder"):
         describe(model)
     with pytest.raises(TypeError, match="model"):
-        decoder_layout("gpt2")
+        describe("gpt2")

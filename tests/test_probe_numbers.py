@@ -30,15 +30,14 @@ from hf_tdiag.diagnostics.concepts import compare_concepts
 from hf_tdiag.diagnostics.schatten import SpectrumBoundReport, spectrum_bounds
 from hf_tdiag.diagnostics.srr import batch_srr_values, layer_srr
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
-from hf_tdiag.probes.architecture import describe
-from hf_tdiag.probes.attention_heads import decoder_kind, head_weights
-from hf_tdiag.probes.bert_weights import encoder_weights
+from hf_tdiag.probes.attention_heads import head_weights
+from hf_tdiag.probes.block_matrices import encoder_weights
 from hf_tdiag.probes.checkpoint import open_checkpoint
 from hf_tdiag.probes.concept_constants import alpha_constants
 from hf_tdiag.probes.concept_decoder import decoder_block_forward
 from hf_tdiag.probes.concept_model import concept_model_parts, layer_activations, text_encoding
 from hf_tdiag.probes.concept_text import encode_texts
-from hf_tdiag.probes.decoders import decoder_layout
+from hf_tdiag.probes.describe import describe
 
 
 def _bert(heads=2, layers=2, hidden=16, cls=BertModel, seed=0, **kw):
@@ -107,7 +106,7 @@ def test_decoder_head_index_errors_name_the_argument():
             head_weights(bert, layer, head)
     with pytest.raises(TypeError, match="config"):
         head_weights(torch.nn.Linear(2, 2), 0, 0)  # a module, but not a Transformers model
-    assert (decoder_kind(model), decoder_kind(build("llama")), decoder_kind(bert)) == ("gpt2", "llama", None)
+    assert (describe(model).family, describe(build("llama")).family, describe(bert).decoder) == ("gpt2", "llama", None)
 
 
 @pytest.mark.parametrize("unscaled, by_layer", [(False, False), (True, False), (False, True)])
@@ -304,7 +303,7 @@ def test_a_multimodal_models_text_config_describes_its_language_model():
     )
     model = LlavaForConditionalGeneration(LlavaConfig(text_config=tc, vision_config=vc, image_token_index=63))
     assert getattr(model.config, "hidden_size", None) is None  # the sizes live in the text config only
-    lay = decoder_layout(model)
+    lay = describe(model).decoder_layout()
     assert (lay.hidden_size, lay.num_heads, lay.num_kv_heads, lay.num_layers) == (32, 4, 2, 2)
     assert lay.activation == "gelu"  # the config's activation, not Llama's usual silu
     assert lay.layers_path == "model.language_model.layers"
@@ -314,14 +313,14 @@ def test_decoder_layout_checks_the_config_against_the_weights():
     model = LlamaForCausalLM(
         LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=4, intermediate_size=48, vocab_size=64)
     )
-    assert decoder_layout(model).activation == "silu"
+    assert describe(model).decoder_layout().activation == "silu"
     model.config.hidden_size = 48
     with pytest.raises(ValueError, match="hidden size 48 differs from the block width 32"):
-        decoder_layout(model)
+        describe(model)
 
 
 def test_query_heads_of_each_kv_head_and_the_bad_index():
-    lay = decoder_layout(build("llama"))  # 8 query heads, 2 K/V heads
+    lay = describe(build("llama")).decoder_layout()  # 8 query heads, 2 K/V heads
     assert lay.query_heads(0) == [0, 1, 2, 3] and lay.query_heads(1) == [4, 5, 6, 7]
     with pytest.raises(ValueError, match="kv_head"):
         lay.query_heads(2)

@@ -193,7 +193,7 @@ def test_weight_to_subspaces_by_hand():
 def test_layer_projection_is_the_blocks_own_linear():
     from transformers import ViTConfig, ViTModel
 
-    from hf_tdiag.probes.architecture import describe
+    from hf_tdiag.probes.describe import describe
     from hf_tdiag.probes.subspaces import layer_projection
 
     crate = _tiny_crate(layers=3)

@@ -25,7 +25,7 @@ from transformers import (
 )
 
 import hf_tdiag
-from hf_tdiag.probes.bert_weights import encoder_weights
+from hf_tdiag.probes.block_matrices import encoder_weights
 
 L, H, A, FF = 2, 64, 2, 256
 SMALL = dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, intermediate_size=FF)

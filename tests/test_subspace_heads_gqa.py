@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaModel
 
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
-from hf_tdiag.probes.architecture import describe
+from hf_tdiag.probes.describe import describe
 from hf_tdiag.probes.subspaces import subspace_heads, subspaces
 
 

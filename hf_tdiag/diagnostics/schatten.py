@@ -1,6 +1,6 @@
 """``hf_tdiag.spectrum_bounds``: spectrum-adaptive Schatten and Edelman bound proxies of an encoder or a decoder.
 
-Wires the weight probe (:mod:`hf_tdiag.probes.bert_weights`) to the math in
+Wires the weight probe (:mod:`hf_tdiag.probes.block_matrices`) to the math in
 :mod:`hf_tdiag.measures.schatten`. Per layer ℓ and head h (row-vector
 orientation, PyTorch weights ``(out, in)``):
 
@@ -67,7 +67,7 @@ from tqdm.auto import tqdm
 from .._threads import torch_threads
 from .._validation import positive_float, positive_int, real
 from ..measures import schatten as S
-from ..probes.bert_weights import EncoderWeights, encoder_weights
+from ..probes.block_matrices import EncoderWeights, encoder_weights
 from ..probes.spectrum_sources import DecoderSource, EncoderSource, ffn_job, head_job
 from .report import FLOAT, INT, STR, typed_frame
 
@@ -528,26 +528,25 @@ def _source(model_or_path, streaming: bool, load_kwargs):
                 f"Hub id, got {type(model_or_path).__name__}"
             )
         from ..probes.checkpoint import open_checkpoint
-        from ..probes.decoders import decoder_layout
+        from ..probes.describe import describe
 
         kwargs = dict(load_kwargs)
         trust = kwargs.pop("trust_remote_code", False)
         if kwargs:
             raise TypeError(f"load_kwargs: streaming=True takes only trust_remote_code, got {sorted(kwargs)}")
         ckpt = open_checkpoint(model_or_path, trust_remote_code=trust)
-        layout = decoder_layout(ckpt.meta_model)
+        layout = describe(ckpt.meta_model).decoder_layout()
         return DecoderSource(layout, open_tensors=ckpt.tensors), ckpt.source, 1
     model, name = _model_and_name(model_or_path, load_kwargs)
-    from ..probes.decoders import decoder_layout, find_decoder, model_getter
+    from ..probes.decoders import model_getter
+    from ..probes.describe import describe
 
-    if isinstance(model, torch.nn.Module) and find_decoder(model) is not None:
-        layout = decoder_layout(model)
+    desc = describe(model)
+    if desc.decoder is not None:
         device = next(model.parameters()).device
-        source = DecoderSource(layout, get=model_getter(model), device=device)
+        source = DecoderSource(desc.decoder, get=model_getter(model), device=device)
     else:
-        if isinstance(model, torch.nn.Module) and any(getattr(m, "is_causal", False) is True for m in model.modules()):
-            decoder_layout(model)  # a causal model of an unsupported layout: the decoder error names what is expected
-        w = encoder_weights(model)
+        w = encoder_weights(desc)
         for i in range(w.num_layers):
             _check_finite(w, i, ("query", "key", "value", "attn_output", "ffn_in", "ffn_out"))
         source = EncoderSource(w)

@@ -53,7 +53,7 @@ from ..measures.coding_rate import (
     official_compression_rate,
     sparsity,
 )
-from ..probes.architecture import describe
+from ..probes.describe import describe
 from ..probes.subspaces import check_source, subspace_heads, subspaces
 from ..probes.token_states import model_device, token_states
 from .report import FLOAT, INT, STR, read_json_text, typed_frame

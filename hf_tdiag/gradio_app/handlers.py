@@ -140,7 +140,7 @@ def _grid(loaded: LoadedModel, pixel_values: torch.Tensor) -> tuple[int, int]:
 def model_summary(spec, progress=gr.Progress(track_tqdm=True)) -> str:
     """Markdown describing the loaded model (family, size, labels)."""
     loaded = get_model(spec)
-    from hf_tdiag.probes.architecture import describe
+    from hf_tdiag.probes.describe import describe
 
     arch = describe(loaded.model)
     params = sum(p.numel() for p in loaded.model.parameters())

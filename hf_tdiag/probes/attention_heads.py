@@ -1,6 +1,8 @@
 """One attention head's query/key weights and the module whose input is that head's input, for encoders and decoders.
 
-* encoders (CRATE, ViT-like, BERT-like): through :func:`hf_tdiag.probes.architecture.describe`;
+Every model is read through :func:`hf_tdiag.probes.describe.describe`:
+
+* encoders (CRATE, ViT-like, BERT-like): bidirectional, the head's rows of the query / key projections;
 * GPT-2 (``model_type`` ``gpt2``): the fused ``attn.c_attn`` (a ``Conv1D``, ``y = x W + b`` with
   ``W (d, 3d)``: query columns ``h·p:(h+1)·p``, key columns ``d + h·p:…``), causal, learned absolute positions;
 * Llama-style decoders (``self_attn.q_proj/k_proj``, grouped K/V heads, rotary position embedding):
@@ -8,8 +10,7 @@
   ``x_tᵀ W_Kᵀ R_{q−t} W_Q x_q /√p`` with a rotation ``R`` that depends on the offset, so ``W_Kᵀ W_Q/√p`` is
   its form at offset 0 (``rotary=True`` says so).
 
-Decoders are found by :mod:`hf_tdiag.probes.decoders` (one adapter per family, from the modules). This module only
-locates modules and slices weights; it does no math.
+This module only locates modules and slices weights; it does no math.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import torch
 from torch import nn
 
 from .._validation import integer
-from .architecture import describe
-from .decoders import decoder_layout, find_decoder, model_getter
+from .decoders import model_getter
+from .describe import Description, describe
 
-__all__ = ["HeadWeights", "head_weights", "decoder_kind", "num_blocks"]
+__all__ = ["HeadWeights", "head_weights", "num_blocks"]
 
 
 @dataclass
@@ -45,20 +46,12 @@ class HeadWeights:
     apply_rotary: object = None  # the modeling file's apply_rotary_pos_emb(q, k, cos, sin)
 
 
-def decoder_kind(model: nn.Module) -> str | None:
-    """``"gpt2"`` or ``"llama"`` for the supported causal decoders (:mod:`hf_tdiag.probes.decoders`), None otherwise."""
-    if getattr(model, "config", None) is None:
-        return None
-    found = find_decoder(model)
-    return None if found is None else found[0]
-
-
-def _decoder_head(model: nn.Module, layer: int, head: int) -> HeadWeights:
-    layout = decoder_layout(model)
+def _decoder_head(model: nn.Module, desc: Description, layer: int, head: int) -> HeadWeights:
+    layout = desc.decoder
     get = model_getter(model)
     hw = layout.head(layer, head, get)  # checks layer and head (DecoderLayout.head / kv_head)
     p = layout.head_dim
-    input_module = model.get_submodule(layout.modules[layer]["query"])
+    input_module = model.get_submodule(desc.layers[layer].paths["query"])
     if layout.family == "gpt2":
         config = model.config
         scale = p**-0.5 if getattr(config, "scale_attn_weights", True) else 1.0
@@ -76,7 +69,7 @@ def _decoder_head(model: nn.Module, layer: int, head: int) -> HeadWeights:
             rotary=False,
             input_module=input_module,
         )
-    attn = _parent_module(model, layout.modules[layer]["query"])
+    attn = _parent_module(model, desc.layers[layer].paths["query"])
     rotary = next((m for n, m in model.named_modules() if n.endswith("rotary_emb")), None)
     apply = getattr(importlib.import_module(type(attn).__module__), "apply_rotary_pos_emb", None)
     if rotary is None or apply is None:
@@ -110,8 +103,6 @@ def _parent_module(model: nn.Module, path: str) -> nn.Module:
 
 def num_blocks(model: nn.Module) -> int:
     """The number L of transformer blocks (encoder or decoder layers) of ``model``."""
-    if decoder_kind(model) is not None:
-        return decoder_layout(model).num_layers
     return describe(model).num_layers
 
 
@@ -120,9 +111,11 @@ def head_weights(model: nn.Module, layer: int, head: int) -> HeadWeights:
     and the module to hook for its input."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a Transformers model (torch.nn.Module), got {type(model).__name__}")
-    if decoder_kind(model) is not None:
-        return _decoder_head(model, layer, head)
+    if getattr(model, "config", None) is None:
+        raise TypeError(f"model: expected a Transformers model with a .config, got {type(model).__name__}")
     arch = describe(model)
+    if arch.decoder is not None:
+        return _decoder_head(model, arch, layer, head)
     integer(layer, "layer", low=0, high=arch.num_layers)
     handles = arch.layers[layer]
     integer(head, "head", low=0, high=handles.num_heads)

@@ -45,23 +45,23 @@ __all__ = ["certified_constants", "estimate_constants", "block_lipschitz_certifi
 # --------------------------------------------------------------------------- what each block is made of
 
 
-def _block_norms(cm: ConceptModel, block) -> tuple:
+def _block_norms(h) -> tuple:
     """The block's two LayerNorms in forward order (pre-norm: before/after; post-norm: attention/output)."""
-    if cm.family == "bert":
-        return block.attention.output.LayerNorm, block.output.LayerNorm
-    return block.layernorm_before, block.layernorm_after
+    if h.attention_norm is None:
+        return h.attention_post_norm, h.ffn_post_norm
+    return h.attention_norm, h.ffn_norm
 
 
 @torch.no_grad()
-def _norm_inputs(cm: ConceptModel, block, Z: torch.Tensor) -> list:
+def _norm_inputs(cm: ConceptModel, h, Z: torch.Tensor) -> list:
     """``[(input, output)]`` of the block's two LayerNorms when the block runs on the data states ``Z``."""
     seen = []
     hooks = [
         m.register_forward_hook(lambda mod, inp, out: seen.append((inp[0].detach(), out.detach())))
-        for m in _block_norms(cm, block)
+        for m in _block_norms(h)
     ]
     try:
-        cm.block_forward(block, Z)
+        cm.block_forward(h.block, Z)
     finally:
         for hook in hooks:
             hook.remove()
@@ -109,8 +109,8 @@ def block_lipschitz_certified(
     suffix block), which bounds ``‖Y‖_F`` independently of the radius.
     """
     h = cm.arch.layers[index]
-    (y1, x1), (y2, _) = _norm_inputs(cm, h.block, Z)
-    ln1, ln2 = _block_norms(cm, h.block)
+    (y1, x1), (y2, _) = _norm_inputs(cm, h, Z)
+    ln1, ln2 = _block_norms(h)
     T, d = Z.shape[-2], Z.shape[-1]
     e = radius.double().to(Z.device)
     e = e[:, None].expand(-1, T) if e.ndim == 1 else e
@@ -118,7 +118,7 @@ def block_lipschitz_certified(
         cap = math.sqrt(T) * layernorm_output_norm(ln2.weight, ln2.bias, d) if capped_input else None
         l_att, d_att = _attention(h, Z, e, cap)
         l_ln1, e_mid = _ln(ln1, y1, e + d_att)
-        l_ffn = feed_forward_lipschitz(h.intermediate.weight, h.ffn_output.weight, cm.model.config.hidden_act)
+        l_ffn = feed_forward_lipschitz(h.ffn_in.weight, h.ffn_out.weight, cm.model.config.hidden_act)
         l_ln2, e_out = _ln(ln2, y2, (1 + l_ffn) * e_mid)
         lip = l_ln1 * (1 + l_att) * l_ln2 * (1 + l_ffn)
     else:  # pre-norm: Z½ = Z + Attn(LN1(Z)); CRATE Z⁺ = ISTA(LN2(Z½)), ViT Z⁺ = Z½ + FFN(LN2(Z½))
@@ -127,10 +127,10 @@ def block_lipschitz_certified(
         sub1, e_mid = 1 + l_att * l_ln1, e + d_att
         l_ln2, e_y = _ln(ln2, y2, e_mid)
         if cm.family == "crate":
-            l_ista = ista_lipschitz(h.extra["ista"].weight, h.extra["ista"].step_size)
+            l_ista = ista_lipschitz(h.ista.weight, h.ista.step_size)
             lip, e_out = sub1 * l_ista * l_ln2, l_ista * e_y
         else:
-            l_ffn = feed_forward_lipschitz(h.intermediate.weight, h.ffn_output.weight, cm.model.config.hidden_act)
+            l_ffn = feed_forward_lipschitz(h.ffn_in.weight, h.ffn_out.weight, cm.model.config.hidden_act)
             lip, e_out = sub1 * (1 + l_ffn * l_ln2), e_mid + l_ffn * e_y
     # each token moves at most the whole Frobenius distance, which the Lipschitz bound also controls
     return lip, torch.minimum(e_out, (lip * e.norm(dim=-1))[:, None])
@@ -193,7 +193,7 @@ def alpha_constants(cm: ConceptModel, layer: int, Z: torch.Tensor, radius: torch
     if norm is None:  # post-norm: the attention reads Z itself
         x_op = op_norm(Z)
         return gain * (x_op + e.norm(dim=-1)), gain * x_op
-    (_, X), _ = _norm_inputs(cm, h.block, Z)
+    (_, X), _ = _norm_inputs(cm, h, Z)
     g2 = float(norm.weight.detach().double().abs().max()) ** 2 if norm.weight is not None else 1.0
     Zd = Z.double()
     m = (Zd - Zd.mean(-1, keepdim=True)).norm(dim=-1)

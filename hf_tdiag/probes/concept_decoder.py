@@ -99,7 +99,7 @@ def decoder_block_forward(cm, block: nn.Module, hidden: torch.Tensor) -> torch.T
 def final_norm(model: nn.Module, arch) -> nn.Module:
     """The decoder's final norm (``ln_f`` / ``norm``), found as the base model's norm child after the blocks."""
     base = arch.base_model
-    for name in ("ln_f", "norm"):  # GPT-2; Llama, Mistral, Qwen2, Gemma (the decoders decoder_layout accepts)
+    for name in ("ln_f", "norm"):  # GPT-2; Llama, Mistral, Qwen2, Gemma (the decoders describe() accepts)
         mod = getattr(base, name, None)
         if isinstance(mod, nn.Module) and getattr(mod, "weight", None) is not None:
             return mod

@@ -21,8 +21,8 @@ from torch import nn
 
 from .._validation import integer
 from ..models.crate.configuration_crate import size_pair
-from .architecture import describe
 from .concept_decoder import DecoderConceptModel, decoder_block_forward, final_norm
+from .describe import describe
 from .token_states import model_device, model_dtype
 
 _SUPPORTED = (

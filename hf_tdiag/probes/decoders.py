@@ -1,17 +1,9 @@
-"""Decoder LLMs: where each block's attention and MLP weights are, found from the module tree.
+"""Decoder LLMs: the tensor-name layout of a decoder's blocks, read from a model or streamed from a checkpoint.
 
-One adapter per family, chosen from the modules (not from a list of model names):
-
-* ``gpt2`` — blocks whose attention is one fused ``Conv1D`` ``attn.c_attn`` (``y = x W + b`` with
-  ``W (d, 3d)``: the query, key and value are its column blocks), output ``attn.c_proj``, MLP
-  ``mlp.c_fc`` / ``mlp.c_proj`` (``Conv1D``); LayerNorm, learned absolute positions, one K/V head per
-  query head. GPT-2 and models that copy its layout.
-* ``llama`` — blocks with separate ``self_attn.q_proj / k_proj / v_proj / o_proj`` ``nn.Linear``
-  projections and an MLP of ``gate_proj / up_proj / down_proj`` (gated:
-  ``down(act(gate x) ⊙ up x)``) or ``up_proj / down_proj`` (plain); RMSNorm, rotary position
-  embedding (a parameter-free rotation of q and k, not a weight), grouped-query attention with
-  ``H_kv ≤ H`` K/V heads. Llama, Mistral, Qwen2/Qwen3, Gemma/Gemma2/Gemma3 (text) and models that copy
-  the layout.
+The decoder family adapters (:mod:`hf_tdiag.probes.families.gpt2`, :mod:`hf_tdiag.probes.families.llama`) find
+the blocks and build a :class:`DecoderLayout` — per block, role (:data:`hf_tdiag.probes.describe.ROLES`) →
+:class:`TensorRef` — which :func:`hf_tdiag.probes.describe.describe` returns as ``Description.decoder``. This
+module holds the layout, the helpers the decoder adapters share, and :func:`model_getter`.
 
 **Grouped-query attention.** Query head ``h`` reads K/V head ``g(h) = h // (H / H_kv)`` — what
 Transformers' ``repeat_kv`` does: K/V head ``g`` serves query heads ``g·H/H_kv … (g+1)·H/H_kv − 1``.
@@ -40,9 +32,11 @@ __all__ = [
     "TensorRef",
     "DecoderLayout",
     "DecoderHead",
-    "decoder_layout",
-    "find_decoder",
+    "decoder_description",
+    "heads_layout",
     "model_getter",
+    "not_a_decoder",
+    "text_config",
     "DECODER_EXPECTED",
 ]
 
@@ -53,7 +47,7 @@ DECODER_EXPECTED = (
 )
 
 ATTENTION_ROLES = ("query", "key", "value", "attn_output")
-GATED_ROLES = ("ffn_gate", "ffn_up", "ffn_down")
+GATED_ROLES = ("ffn_gate", "ffn_in", "ffn_out")
 PLAIN_ROLES = ("ffn_in", "ffn_out")
 
 
@@ -117,7 +111,6 @@ class DecoderLayout:
     tied_embeddings: bool
     layers_path: str  # e.g. "model.layers" or "transformer.h"
     refs: list[dict[str, TensorRef]] = field(default_factory=list)
-    modules: list[dict[str, str]] = field(default_factory=list)  # role -> module path (the module that computes it)
 
     @property
     def causal(self) -> bool:
@@ -154,7 +147,7 @@ class DecoderLayout:
 
     def weight(self, layer: int, role: str, get: Callable[[str], torch.Tensor]) -> torch.Tensor:
         """Block ``layer``'s ``(out, in)`` weight of ``role`` (query ``(H·p, d)``, key/value ``(H_kv·p, d)``,
-        attn_output ``(d, H·p)``, ffn_gate/ffn_up/ffn_in ``(I, d)``, ffn_down/ffn_out ``(d, I)``)."""
+        attn_output ``(d, H·p)``, ffn_gate/ffn_in ``(I, d)``, ffn_out ``(d, I)``)."""
         integer(layer, "layer", low=0, high=self.num_layers)
         if role not in self.refs[layer]:
             raise ValueError(f"role: expected one of {sorted(self.refs[layer])}, got {role!r}")
@@ -230,207 +223,6 @@ class DecoderLayout:
             "layers_path": self.layers_path,
             "kv_head_of_query_head": [self.kv_head(h) for h in range(self.num_heads)],
         }
-
-
-def _is_conv1d(module) -> bool:
-    """Transformers' ``Conv1D`` (a linear layer storing ``W (in, out)``), recognised by its attributes."""
-    w = getattr(module, "weight", None)
-    return (
-        isinstance(module, nn.Module)
-        and not isinstance(module, nn.Linear)
-        and isinstance(w, torch.Tensor)
-        and w.ndim == 2
-        and getattr(module, "nf", None) == w.shape[1]
-    )
-
-
-def _sub(module: nn.Module, path: str):
-    for part in path.split("."):
-        module = getattr(module, part, None)
-        if module is None:
-            return None
-    return module
-
-
-def _block_kind(block: nn.Module) -> str | None:
-    if (
-        _is_conv1d(_sub(block, "attn.c_attn"))
-        and _is_conv1d(_sub(block, "mlp.c_fc"))
-        and _is_conv1d(_sub(block, "mlp.c_proj"))
-    ):
-        return "gpt2"
-    attn = getattr(block, "self_attn", None)
-    if attn is not None and all(
-        isinstance(getattr(attn, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")
-    ):
-        mlp = getattr(block, "mlp", None)
-        if mlp is not None and all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("up_proj", "down_proj")):
-            return "llama"
-    return None
-
-
-def find_decoder(model: nn.Module) -> tuple[str, str, nn.ModuleList] | None:
-    """``(family, path, blocks)`` of the decoder block list of ``model``, or None when it has no such list."""
-    found = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module):
-            kinds = {_block_kind(b) for b in module}
-            if len(kinds) == 1 and None not in kinds:
-                found.append((kinds.pop(), name, module))
-    if len(found) > 1:
-        raise ValueError(
-            f"model: found several decoder block lists {[f[1] for f in found]} in {type(model).__name__}; "
-            "pass the decoder sub-model itself"
-        )
-    return found[0] if found else None
-
-
-def _config_value(config, *names):
-    for n in names:
-        v = getattr(config, n, None)
-        if v is not None:
-            return v
-    return None
-
-
-def _text_config(model: nn.Module):
-    config = getattr(model, "config", None)
-    if config is None:
-        raise TypeError(f"model: expected a Transformers model with a .config, got {type(model).__name__}")
-    getter = getattr(config, "get_text_config", None)
-    return getter() if callable(getter) else config
-
-
-def _heads_layout(config, q_out: int, k_out: int, hidden: int, where: str) -> tuple[int, int, int]:
-    H = _config_value(config, "num_attention_heads", "n_head")
-    if not isinstance(H, int) or H < 1:
-        raise ValueError(f"model: config has no number of attention heads (num_attention_heads / n_head); {where}")
-    p = _config_value(config, "head_dim")
-    p = p if isinstance(p, int) and p > 0 else hidden // H
-    if q_out != H * p:
-        raise ValueError(f"model: {where} query projection has {q_out} outputs, expected {H} heads x {p} = {H * p}")
-    if k_out % p:
-        raise ValueError(f"model: {where} key projection has {k_out} outputs, not a multiple of head_dim {p}")
-    H_kv = k_out // p
-    cfg_kv = _config_value(config, "num_key_value_heads")
-    if (isinstance(cfg_kv, int) and cfg_kv != H_kv) or H % H_kv:
-        raise ValueError(
-            f"model: {where} has {H_kv} key/value heads (config.num_key_value_heads = {cfg_kv}) for {H} query heads; "
-            "expected a divisor of the number of query heads"
-        )
-    return H, H_kv, p
-
-
-def _gpt2_refs(path: str, i: int, d: int) -> tuple[dict[str, TensorRef], dict[str, str]]:
-    b = f"{path}.{i}" if path else str(i)
-    qkv = f"{b}.attn.c_attn"
-    refs = {
-        role: TensorRef(f"{qkv}.weight", True, (k * d, (k + 1) * d), f"{qkv}.bias")
-        for k, role in enumerate(("query", "key", "value"))
-    }
-    refs["attn_output"] = TensorRef(f"{b}.attn.c_proj.weight", True, None, f"{b}.attn.c_proj.bias")
-    refs["ffn_in"] = TensorRef(f"{b}.mlp.c_fc.weight", True, None, f"{b}.mlp.c_fc.bias")
-    refs["ffn_out"] = TensorRef(f"{b}.mlp.c_proj.weight", True, None, f"{b}.mlp.c_proj.bias")
-    modules = {
-        "query": qkv,
-        "key": qkv,
-        "value": qkv,
-        "attn_output": f"{b}.attn.c_proj",
-        "ffn_in": f"{b}.mlp.c_fc",
-        "ffn_out": f"{b}.mlp.c_proj",
-        "attention_norm": f"{b}.ln_1",
-    }
-    return refs, modules
-
-
-def _linear_ref(block: nn.Module, b: str, rel: str) -> TensorRef:
-    lin = _sub(block, rel)
-    return TensorRef(f"{b}.{rel}.weight", False, None, f"{b}.{rel}.bias" if lin.bias is not None else None)
-
-
-def _llama_refs(block: nn.Module, path: str, i: int, gated: bool) -> tuple[dict[str, TensorRef], dict[str, str]]:
-    b = f"{path}.{i}" if path else str(i)
-    rel = {
-        "query": "self_attn.q_proj",
-        "key": "self_attn.k_proj",
-        "value": "self_attn.v_proj",
-        "attn_output": "self_attn.o_proj",
-    }
-    rel.update(
-        {"ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-        if gated
-        else {"ffn_in": "mlp.up_proj", "ffn_out": "mlp.down_proj"}
-    )
-    refs = {role: _linear_ref(block, b, r) for role, r in rel.items()}
-    modules = {role: f"{b}.{r}" for role, r in rel.items()}
-    if getattr(block, "input_layernorm", None) is not None:
-        modules["attention_norm"] = f"{b}.input_layernorm"
-    return refs, modules
-
-
-def decoder_layout(model: nn.Module) -> DecoderLayout:
-    """The :class:`DecoderLayout` of a GPT-2- or Llama-family decoder; ValueError naming what was found otherwise."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module (a Transformers model), got {type(model).__name__}")
-    config = _text_config(model)
-    found = find_decoder(model)
-    if found is None:
-        raise ValueError(
-            f"model: {type(model).__name__} (model_type {getattr(config, 'model_type', None)!r}) is not a supported "
-            f"decoder; expected {DECODER_EXPECTED}. Fused q/k/v ('qkv_proj', 'query_key_value'), mixture-of-experts "
-            "MLPs and cross-attention decoders are not supported"
-        )
-    family, path, blocks = found
-    first = blocks[0]
-    hidden = _config_value(config, "hidden_size", "n_embd")
-    if family == "gpt2":
-        d = first.attn.c_attn.weight.shape[0]
-        if first.attn.c_attn.weight.shape[1] != 3 * d:
-            raise ValueError(
-                f"model: {path}.0.attn.c_attn has {first.attn.c_attn.weight.shape[1]} outputs, expected 3 x {d}"
-            )
-        H, H_kv, p = _heads_layout(config, d, d, d, f"block 0 of {path}")
-        per = [_gpt2_refs(path, i, d) for i in range(len(blocks))]
-        inter = first.mlp.c_fc.weight.shape[1]
-        gated, act, norm, rotary = (
-            False,
-            str(_config_value(config, "activation_function") or "gelu_new"),
-            "layernorm",
-            False,
-        )
-    else:
-        q, k = first.self_attn.q_proj, first.self_attn.k_proj
-        d = q.in_features
-        H, H_kv, p = _heads_layout(config, q.out_features, k.out_features, d, f"block 0 of {path}")
-        gated = isinstance(getattr(first.mlp, "gate_proj", None), nn.Linear)
-        per = [_llama_refs(b, path, i, gated) for i, b in enumerate(blocks)]
-        inter = first.mlp.up_proj.out_features
-        act = str(_config_value(config, "hidden_activation", "hidden_act") or "silu")
-        norm_mod = getattr(first, "input_layernorm", None)
-        norm = "layernorm" if isinstance(norm_mod, nn.LayerNorm) else "rmsnorm"
-        rotary = any(n.endswith("rotary_emb") for n, _ in model.named_modules())
-    if isinstance(hidden, int) and hidden != d:
-        raise ValueError(f"model: config hidden size {hidden} differs from the block width {d} read from {path}.0")
-    qk_norm = family == "llama" and any(getattr(first.self_attn, n, None) is not None for n in ("q_norm", "k_norm"))
-    return DecoderLayout(
-        family=family,
-        model_type=str(getattr(config, "model_type", "") or type(model).__name__),
-        num_layers=len(blocks),
-        hidden_size=d,
-        num_heads=H,
-        num_kv_heads=H_kv,
-        head_dim=p,
-        intermediate_size=inter,
-        gated=gated,
-        activation=act,
-        norm=norm,
-        rotary=rotary,
-        qk_norm=qk_norm,
-        tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-        layers_path=path,
-        refs=[r for r, _ in per],
-        modules=[m for _, m in per],
-    )
 
 
 def not_a_decoder(model: nn.Module, model_type) -> ValueError:

@@ -48,10 +48,12 @@ ROLES: dict[str, str] = {
     "ffn_in": "first FFN matrix (I, d) (a gated MLP's up projection)",
     "ffn_out": "second FFN matrix (d, I) (a gated MLP's down projection)",
     "ista": "CRATE's ISTA dictionary D (d, d), in place of the FFN",
-    "attention_norm": "the attention sub-layer's norm (pre-norm: before attention; post-norm: after its residual sum)",
-    "ffn_norm": "the FFN / ISTA sub-layer's norm (pre-norm: before it; post-norm: after its residual sum)",
+    "attention_norm": "pre-norm blocks: the norm of the attention input (the pre-attention LayerNorm / RMSNorm)",
+    "ffn_norm": "pre-norm blocks: the norm of the FFN / ISTA input",
+    "attention_post_norm": "post-norm blocks: the norm of the attention sub-layer's residual sum LN(z + attn(z))",
+    "ffn_post_norm": "post-norm blocks: the norm of the FFN sub-layer's residual sum (the block output)",
 }
-NORM_ROLES = ("attention_norm", "ffn_norm")
+NORM_ROLES = ("attention_norm", "ffn_norm", "attention_post_norm", "ffn_post_norm")
 MATRIX_ROLES = tuple(r for r in ROLES if r not in NORM_ROLES)
 
 #: family -> role -> module names (relative to one block) accepted for that role; filled by :func:`register`
@@ -126,6 +128,8 @@ class BlockHandles:
     ista: nn.Module | None = None
     attention_norm: nn.Module | None = None
     ffn_norm: nn.Module | None = None
+    attention_post_norm: nn.Module | None = None
+    ffn_post_norm: nn.Module | None = None
     num_kv_heads: int | None = None  # K/V heads (grouped-query attention: fewer than num_heads); None = num_heads
     paths: dict[str, str] = field(default_factory=dict)
 

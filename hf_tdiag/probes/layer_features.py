@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .architecture import describe
+from .describe import describe
 from .token_states import token_states
 
 

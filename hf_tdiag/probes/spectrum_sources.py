@@ -5,8 +5,8 @@ and Ṽ_h). A source hands a job only the tensors it needs (:meth:`tensors`), so
 safetensors shards holds one job's weights at a time; the same jobs on an instantiated model give the same numbers
 bit for bit (same tensors, same chunking, same order of operations).
 
-* :class:`EncoderSource` — BERT-like / ViT-like encoders and CRATE (:mod:`hf_tdiag.probes.bert_weights`).
-* :class:`DecoderSource` — GPT-2 and Llama-family decoders (:mod:`hf_tdiag.probes.decoders`), reading through
+* :class:`EncoderSource` — BERT-like / ViT-like encoders and CRATE (:mod:`hf_tdiag.probes.block_matrices`).
+* :class:`DecoderSource` — GPT-2 and Llama-family decoders (``describe(model).decoder``), reading through
   ``open_tensors(names)`` (a model's parameters, or :meth:`hf_tdiag.probes.checkpoint.Checkpoint.tensors`).
   Heads come per K/V group: query heads ``g·G … (g+1)·G − 1`` with their shared K/V head ``g`` (``G = H/H_kv``).
   Gated MLPs give M_in as two row blocks ``[W_gate; W_up]`` (PyTorch ``(out, in)`` layout), i.e. the row-vector
@@ -46,7 +46,7 @@ class SourceShapes:
 
 
 class EncoderSource:
-    """Jobs over an :class:`~hf_tdiag.probes.bert_weights.EncoderWeights` (tensors already in memory)."""
+    """Jobs over an :class:`~hf_tdiag.probes.block_matrices.EncoderWeights` (tensors already in memory)."""
 
     def __init__(self, weights):
         w = weights
@@ -127,8 +127,8 @@ class DecoderSource:
         if kind == "heads":
             return ("query", "key", "value", "attn_output")
         if kind == "in":
-            return ("ffn_gate", "ffn_up") if lay.gated else ("ffn_in",)
-        return ("ffn_down",) if lay.gated else ("ffn_out",)
+            return ("ffn_gate", "ffn_in") if lay.gated else ("ffn_in",)
+        return ("ffn_out",)
 
     def names(self, layer: int, kind: str) -> list[str]:
         """The tensors job ``(layer, kind)`` reads (weights only; biases are not part of the bound)."""

@@ -2,11 +2,11 @@
 
 CRATE: ``U_k`` is block ℓ's shared projection, ``U_k = qkv.weight[k·p:(k+1)·p]ᵀ``.
 Other encoders (ViT, DeiT, BERT, RoBERTa, … any model whose blocks expose
-query/key/value linears, found by :mod:`hf_tdiag.probes.architecture`):
+query/key/value linears, found by :func:`hf_tdiag.probes.describe.describe`):
 ``U_k`` is head k's slice of the ``query``, ``key`` or ``value`` projection
 (Hu, Zou & Xu 2024). Biases are not part of ``U``.
 
-Decoders (:mod:`hf_tdiag.probes.decoders`; GPT-2, Llama, Mistral, Qwen2, …) with ``H`` query heads and
+Decoders (:mod:`hf_tdiag.probes.families`; GPT-2, Llama, Mistral, Qwen2, …) with ``H`` query heads and
 ``H_kv`` key/value heads (grouped-query attention, ``H_kv`` divides ``H``; GPT-2 and multi-head models have
 ``H_kv = H``):
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .architecture import Architecture, describe
+from .describe import Description, describe
 
 SOURCES = ("query", "key", "value")
 
@@ -49,7 +49,7 @@ def weight_to_subspaces(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
     return weight.reshape(out_features // head_dim, head_dim, d).transpose(1, 2)
 
 
-def subspace_heads(arch: Architecture, source: str = "query") -> dict:
+def subspace_heads(arch: Description, source: str = "query") -> dict:
     """What ``U`` is for ``source``: ``num_subspaces`` K, ``head_dim`` p and, per subspace k, the query heads that read
     it (``[[k]]`` without grouped-query attention; a GQA K/V head lists every query head sharing it)."""
     check_source(source)
@@ -64,7 +64,7 @@ def subspace_heads(arch: Architecture, source: str = "query") -> dict:
     }
 
 
-def layer_projection(arch: Architecture, index: int, source: str = "query") -> nn.Linear:
+def layer_projection(arch: Description, index: int, source: str = "query") -> nn.Linear:
     """The ``nn.Linear`` whose rows are block ``index``'s ``U_kᵀ`` (CRATE: the shared ``qkv``)."""
     check_source(source)
     return getattr(arch.layers[index], source)

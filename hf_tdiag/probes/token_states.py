@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .architecture import Architecture, describe
+from .describe import Description, describe
 from .subspaces import check_source, layer_projection
 
 _NON_INPUT_KEYS = ("labels", "label", "label_ids")
@@ -171,7 +171,7 @@ def token_states(
     apply_layernorm: bool = False,
     mid: bool = True,
     projection_source: str | None = None,
-    arch: Architecture | None = None,
+    arch: Description | None = None,
     grad: bool = False,
 ) -> TokenStates:
     """Run ``model`` on ``batch`` once and return every block's token states (see module docstring).
@@ -232,5 +232,5 @@ def token_states(
         token_mask=token_mask,
         layernorm_applied=any(n is not None for n in norms),
         source_outputs=source_outputs,
-        causal=bool(getattr(arch, "causal", False)),
+        causal=arch.causal,
     )

@@ -58,7 +58,7 @@ def _crate_output_matrices(model: nn.Module) -> dict[str, torch.Tensor]:
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) != "crate":
         return {}
-    from .architecture import describe
+    from .describe import describe
 
     param_ids = {id(p) for p in model.parameters()}
     names = {id(m): n for n, m in model.named_modules()}
@@ -69,7 +69,7 @@ def _crate_output_matrices(model: nn.Module) -> dict[str, torch.Tensor]:
             continue
         if id(w) in param_ids and w is not layer.query.weight:
             continue  # a separate learned matrix (variant "crate"): already listed as a parameter
-        out[f"{names[id(layer.attention_output)]}.output_matrix"] = w
+        out[f"{names[id(layer.attn_output)]}.output_matrix"] = w
     return out
 
 

@@ -151,7 +151,7 @@ def _skip(key: str, title: str, reason: str) -> Section:
 
 
 def _arch(loaded: LoadedModel):
-    from hf_tdiag.probes.architecture import describe
+    from hf_tdiag.probes.describe import describe
 
     return describe(loaded.model)
 

@@ -35,11 +35,11 @@ VIT_ROLES = {
 }
 BERT_ROLES = {
     **_LINEARS,
-    "attention_norm": ("attention.output.LayerNorm", "sa_layer_norm"),
-    "ffn_norm": ("output.LayerNorm", "output_layer_norm"),
+    "attention_post_norm": ("attention.output.LayerNorm", "sa_layer_norm"),
+    "ffn_post_norm": ("output.LayerNorm", "output_layer_norm"),
 }
 _PROJECTIONS = ("query", "key", "value")
-_FFN_ROLES = ("ffn_in", "ffn_out", "ffn_norm")  # never a module under an 'attention' segment
+_FFN_ROLES = ("ffn_in", "ffn_out", "ffn_norm", "ffn_post_norm")  # never a module under an 'attention' segment
 
 
 def expected_text() -> str:

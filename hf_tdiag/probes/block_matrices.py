@@ -1,0 +1,153 @@
+"""Per-layer, per-head weight matrices of encoders (ViT-like, BERT-like) and CRATE, for spectral analysis.
+
+The blocks and their modules come from :func:`hf_tdiag.probes.describe.describe` (one role vocabulary, one
+role table; the accepted names are listed in :mod:`hf_tdiag.probes.families.encoders`). CRATE: Q = K = V = the
+shared projection ``attention.qkv`` split by head, the output matrix is ``attention.output_matrix()`` (every
+variant), and the ISTA dictionary ``ista.weight`` takes the place of the first FFN matrix with no second one.
+Decoders are read through their :class:`~hf_tdiag.probes.decoders.DecoderLayout` instead (``describe(model).decoder``).
+
+Everything returned is a detached view of the model's parameters in PyTorch ``(out, in)`` layout (no copies, no
+dtype or device change); per-head splits are reshapes only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .describe import BlockHandles, Description, describe
+from .families.encoders import expected_text
+
+__all__ = ["EncoderWeights", "LayerWeights", "encoder_weights"]
+
+
+@dataclass
+class LayerWeights:
+    """One encoder layer's matrices, PyTorch ``(out, in)`` layout.
+
+    ``query/key/value``: ``(H·d_h, N)``; ``attn_output``: ``(N, H·d_h)``;
+    ``ffn_in``: ``(I, N)`` (CRATE: the ISTA dictionary ``D``, ``(N, N)``);
+    ``ffn_out``: ``(N, I)``, or ``None`` where the block has no second FFN matrix (CRATE).
+    ``names`` maps each role to the module path it was read from.
+    """
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    attn_output: torch.Tensor
+    ffn_in: torch.Tensor
+    ffn_out: torch.Tensor | None
+    names: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class EncoderWeights:
+    """The encoder's layers plus the shapes the bound needs.
+
+    ``family`` is ``"bert-like"`` (BERT/RoBERTa/ELECTRA/DistilBERT/ViT/DeiT layout) or ``"crate"``;
+    ``ffn_in_type`` names the role of ``ffn_in`` in reports (``"m_in"``, or ``"ista"`` for CRATE).
+    """
+
+    family: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    intermediate_size: int
+    ffn_in_type: str
+    layers: list[LayerWeights]
+    layer_paths: list[str]
+
+    def heads(self, layer: int, role: str) -> torch.Tensor:
+        """Per-head rows ``(H, d_h, N)``: W_Q,h / W_K,h / W_V,h (role query/key/value) or the rows of (W_O)ᵀ (role attn_output)."""
+        lw = self.layers[layer]
+        if role in ("query", "key", "value"):
+            w = getattr(lw, role)
+        elif role == "attn_output":
+            w = lw.attn_output.mT
+        else:
+            raise ValueError(f"role: expected one of 'query', 'key', 'value', 'attn_output', got {role!r}")
+        return w.reshape(self.num_heads, self.head_dim, self.hidden_size)
+
+
+def _w(linear: nn.Module) -> torch.Tensor:
+    return linear.weight.detach()
+
+
+def _layer(desc: Description, h: BlockHandles) -> LayerWeights:
+    """One block's matrices; CRATE's ISTA dictionary stands in for ``ffn_in``."""
+    ista = h.ista is not None
+    needed = ("attn_output", "ista") if ista else ("attn_output", "ffn_in", "ffn_out")
+    missing = [role for role in needed if h.module(role) is None]
+    if missing:
+        raise ValueError(
+            f"model: unsupported architecture {desc.model_type!r}: block {h.index + 1} at {h.path!r} has no "
+            f"{'/'.join(missing)} module (accepted names: {expected_text()})"
+        )
+    names = {role: h.paths[role] for role in ("query", "key", "value")}
+    if ista:
+        names.update(attn_output=f"{h.paths['attn_output']}.output_matrix()", ffn_in=f"{h.paths['ista']}.weight")
+    else:
+        names.update({role: h.paths[role] for role in ("attn_output", "ffn_in", "ffn_out")})
+    return LayerWeights(
+        query=_w(h.query),
+        key=_w(h.key),
+        value=_w(h.value),
+        attn_output=h.output_weight().detach(),
+        ffn_in=_w(h.ista if ista else h.ffn_in),
+        ffn_out=None if ista else _w(h.ffn_out),
+        names=names,
+    )
+
+
+def _check_shapes(layers: list[LayerWeights], num_heads: int) -> tuple[int, int, int]:
+    """``(N, H·d_h, I)`` shared by every layer, or a ValueError naming the layer and matrix that differ."""
+    q = layers[0].query
+    n, inner = q.shape[1], q.shape[0]
+    if inner % num_heads:
+        raise ValueError(f"model: projection width {inner} is not divisible by the number of heads {num_heads}")
+    inter = layers[0].ffn_in.shape[0]
+    for i, lw in enumerate(layers):
+        expect = {"query": (inner, n), "key": (inner, n), "value": (inner, n), "attn_output": (n, inner)}
+        expect["ffn_in"] = (inter, n)
+        if lw.ffn_out is not None:
+            expect["ffn_out"] = (n, inter)
+        for role, shape in expect.items():
+            got = tuple(getattr(lw, role).shape)
+            if got != shape:
+                raise ValueError(
+                    f"model: layer {i} {role} ({lw.names.get(role, role)}) has shape {got}, expected {shape} "
+                    "(all layers must share hidden size, head layout and FFN width)"
+                )
+    return n, inner, inter
+
+
+def encoder_weights(model: nn.Module | Description) -> EncoderWeights:
+    """The Q, K, V, O and FFN (CRATE: ISTA) weights of every block of an encoder (see module docstring)."""
+    desc = model if isinstance(model, Description) else describe(model)
+    if desc.decoder is not None:
+        raise ValueError(
+            f"model: {desc.model_type!r} is a decoder; its weights are read through describe(model).decoder"
+        )
+    layers = [_layer(desc, h) for h in desc.layers]
+    num_heads = desc.layers[-1].num_heads
+    n, inner, inter = _check_shapes(layers, num_heads)
+    crate = desc.layers[0].ista is not None
+    family = (
+        "crate" if crate and desc.family == "crate" else "bert-like" if desc.family in ("vit", "bert") else desc.family
+    )
+    return EncoderWeights(
+        family=family,
+        model_type=desc.model_type,
+        num_layers=len(layers),
+        hidden_size=n,
+        num_heads=num_heads,
+        head_dim=inner // num_heads,
+        intermediate_size=inter,
+        ffn_in_type="ista" if crate else "m_in",
+        layers=layers,
+        layer_paths=[h.path for h in desc.layers],
+    )
