@@ -32,6 +32,7 @@ MODULE_OPTIONS: dict[str, tuple[str, ...]] = {
         "layer head queries max_queries one_hot_threshold norm include_bias seed max_length tokenizer "
         "return_report return_arrays progress".split()
     ),
+    "objective_ledger": tuple("eps tolerance batch_size return_report".split()),
 }
 
 #: what a module reads its model and inputs from (each module takes the ones it needs)

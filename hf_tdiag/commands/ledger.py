@@ -1,0 +1,89 @@
+"""``hf-tdiag ledger MODEL --images DIR | --dataset NAME``: the objective each block of a white-box model was
+derived to decrease, before and after each of its steps."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .._cli_args import (
+    add_device_flag,
+    add_input_flags,
+    add_output_dir,
+    add_setting_flag,
+    add_threads_flag,
+    add_trust_remote_code_flag,
+    finite_float,
+    plain,
+)
+from ..diagnostics.settings import SRRSettings
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "ledger",
+        help="objective ledger of a white-box model (CRATE, CRATE-α, CRATE-MAE, ToST): does each step decrease "
+        "the objective it was derived from?",
+        description=plain(
+            "For every block, measure the objective of each step before and after it on the given images: "
+            "Rc(Z; U) across MSSA, the LASSO objective across each ISTA step (CRATE's one, CRATE-α's two), ToST's "
+            "variational compression objective across TSSA; flag the steps that increase theirs. Writes "
+            "ledger.json, ledger.csv and ledger.png. Models that are not white-box are refused."
+        ),
+    )
+    p.add_argument("model", metavar="MODEL", help="a local model folder (save_pretrained) or a Hub id")
+    add_input_flags(p, texts=False)
+    add_setting_flag(p, SRRSettings, "eps")
+    add_setting_flag(p, SRRSettings, "batch_size")
+    p.add_argument(
+        "--tolerance",
+        type=finite_float,
+        default=1e-6,
+        help="relative increase that counts as increasing (default 1e-6)",
+    )
+    add_device_flag(p)
+    add_threads_flag(p)
+    add_output_dir(p, "ledger_out", "where ledger.json, ledger.csv and ledger.png go (default ledger_out)")
+    add_trust_remote_code_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from hf_tdiag._atomic import write_text
+    from hf_tdiag._outputs import claim_args
+    from hf_tdiag._threads import model_threads, torch_threads
+    from hf_tdiag.diagnostics.objective_ledger import objective_ledger
+    from hf_tdiag.inputs import LazyBatches, load_images
+    from hf_tdiag.loading import load_model, pixel_values_for
+    from hf_tdiag.viz import save_figure
+
+    if args.tolerance < 0:
+        raise ValueError(f"--tolerance: expected a number >= 0, got {args.tolerance}")
+    claim_args(args, ["ledger.json", "ledger.csv", "ledger.png"], inputs=[args.model, args.images])
+    if args.images is not None and not os.path.isdir(args.images):
+        raise ValueError(f"images: expected a folder, got {args.images!r}")
+    loaded = load_model(args.model, eager_attention=False, trust_remote_code=args.trust_remote_code)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    loaded.model.to(device)
+    images = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images
+    batches = LazyBatches(images, args.batch_size, lambda chunk: pixel_values_for(chunk, loaded))
+    with torch_threads(model_threads(args.threads, loaded.model, device)):
+        report = objective_ledger(loaded.model, batches, eps=args.eps, tolerance=args.tolerance)
+    json_path = os.path.join(args.output_dir, "ledger.json")
+    report.to_json(json_path)
+    csv_path = write_text(os.path.join(args.output_dir, "ledger.csv"), report.to_pandas().to_csv(index=False))
+    png_path = save_figure(report.plot(), os.path.join(args.output_dir, "ledger.png"))
+    print(f"{'block':>5} {'step':<7} {'objective':<9} {'before':>12} {'after':>12} {'change':>12}")
+    for s in report.steps:
+        flag = "  INCREASES" if s.increased else ""
+        print(f"{s.layer:>5} {s.step:<7} {s.objective:<9} {s.before:>12.6g} {s.after:>12.6g} {s.change:>12.4g}{flag}")
+    summary = report.summary()
+    print(
+        f"{report.model_type}: {int(summary['num_increasing_steps'])} of {int(summary['num_steps'])} steps increase "
+        f"their objective ({report.num_samples} images)"
+    )
+    for path in (json_path, csv_path, png_path):
+        print(f"wrote {path}")
+    return 0
