@@ -1,0 +1,278 @@
+"""Task heads on the text CRATE: masked LM, causal LM (with generation), sequence/token classification, extractive
+question answering and multiple choice.
+
+The heads follow Transformers' BERT/GPT-2 conventions (``labels`` with -100 ignored, ``loss_function`` by class-name
+suffix). The LM head is ``decoder(h)`` tied to the token embeddings, or ``decoder(LN(GELU(dense(h))))`` with
+``config.lm_head_transform`` (the RoBERTa-shaped head of Transformers PR #27759).
+
+This file imports only torch, transformers and its sibling modules so that ``save_pretrained`` can ship it for
+``trust_remote_code`` loading.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.generation import GenerationMixin
+from transformers.modeling_outputs import (
+    CausalLMOutputWithPast,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.modeling_utils import slice_logits_to_keep
+from transformers.utils.generic import can_return_tuple
+
+from .configuration_crate_text import CrateTextConfig
+from .modeling_crate_text import CrateTextModel, CrateTextModelOutput, CrateTextPreTrainedModel, pooled_token
+
+
+class CrateTextLMHead(nn.Module):
+    """Vocabulary logits: ``decoder(h)``, or ``decoder(LN(GELU(dense(h))))`` with ``lm_head_transform``."""
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__()
+        if config.lm_head_transform:
+            self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+            self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.head_layer_norm_eps)
+        else:
+            self.dense = self.layer_norm = None
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.dense is not None:
+            hidden = self.layer_norm(F.gelu(self.dense(hidden)))
+        return self.decoder(hidden)
+
+
+_TIED = {"lm_head.decoder.weight": "crate.embeddings.word_embeddings.weight"}
+
+
+def _base_call(model, **kwargs) -> CrateTextModelOutput:
+    return model.crate(**{k: v for k, v in kwargs.items() if v is not None or k in ("input_ids", "inputs_embeds")})
+
+
+class CrateTextForMaskedLM(CrateTextPreTrainedModel):
+    """Bidirectional CRATE with the LM head; ``labels`` of masked positions (others -100) give the MLM loss."""
+
+    _tied_weights_keys = _TIED
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__(config)
+        if config.is_decoder:
+            raise ValueError("CrateTextForMaskedLM needs bidirectional attention: set config.is_decoder=False")
+        self.crate = CrateTextModel(config, add_pooling_layer=False)
+        self.lm_head = CrateTextLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, value):
+        self.lm_head.decoder = value
+
+    @can_return_tuple
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+        labels=None, **kwargs,
+    ) -> MaskedLMOutput:  # fmt: skip
+        out = _base_call(
+            self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, **kwargs,
+        )  # fmt: skip
+        logits = self.lm_head(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+class CrateTextForCausalLM(CrateTextPreTrainedModel, GenerationMixin):
+    """Causal CRATE language model (CRATE-LM / CRATE-GPT) with a KV cache; ``generate`` supports every strategy."""
+
+    _tied_weights_keys = _TIED
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__(config)
+        if not config.is_decoder:
+            raise ValueError("CrateTextForCausalLM needs causal attention: set config.is_decoder=True")
+        self.crate = CrateTextModel(config, add_pooling_layer=False)
+        self.lm_head = CrateTextLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, value):
+        self.lm_head.decoder = value
+
+    @can_return_tuple
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+        cache=None, use_cache=None, labels=None, logits_to_keep: int | torch.Tensor = 0, **kwargs,
+    ) -> CausalLMOutputWithPast:  # fmt: skip
+        if cache is None:
+            cache = kwargs.pop("past_key_values", None)
+        out = _base_call(
+            self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, cache=cache, use_cache=use_cache, **kwargs,
+        )  # fmt: skip
+        logits = self.lm_head(slice_logits_to_keep(out.last_hidden_state, logits_to_keep))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+
+
+class CrateTextClassificationHead(nn.Module):
+    """``out_proj(dropout(tanh(dense(dropout(h_pooled)))))`` on one token per sequence (PR #27759's head)."""
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__()
+        drop = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(drop)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, token: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(token)))))
+
+
+class CrateTextForSequenceClassification(CrateTextPreTrainedModel):
+    """Sequence classification/regression on the first token (encoders) or the last attended token (decoders)."""
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.crate = CrateTextModel(config, add_pooling_layer=False)
+        self.classifier = CrateTextClassificationHead(config)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+        labels=None, **kwargs,
+    ) -> SequenceClassifierOutput:  # fmt: skip
+        out = _base_call(
+            self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, use_cache=False if self.config.is_decoder else None,
+            **kwargs,
+        )  # fmt: skip
+        token = pooled_token(out.last_hidden_state, attention_mask, self.config.is_decoder)
+        logits = self.classifier(token)
+        loss = self.loss_function(labels, logits, self.config, **kwargs) if labels is not None else None
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+
+
+class CrateTextForTokenClassification(CrateTextPreTrainedModel):
+    """Per-token labels (e.g. NER): dropout + linear on every token state."""
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.crate = CrateTextModel(config, add_pooling_layer=False)
+        drop = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(drop)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+        labels=None, **kwargs,
+    ) -> TokenClassifierOutput:  # fmt: skip
+        out = _base_call(
+            self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, use_cache=False if self.config.is_decoder else None,
+            **kwargs,
+        )  # fmt: skip
+        logits = self.classifier(self.dropout(out.last_hidden_state))
+        loss = self.loss_function(logits, labels, self.config, **kwargs) if labels is not None else None
+        return TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+
+
+class CrateTextForQuestionAnswering(CrateTextPreTrainedModel):
+    """Extractive QA: start/end logits from a linear map of each token state (``num_labels`` must be 2)."""
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__(config)
+        if config.num_labels != 2:
+            raise ValueError(f"CrateTextForQuestionAnswering needs num_labels=2 (start, end), got {config.num_labels}")
+        self.crate = CrateTextModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+        start_positions=None, end_positions=None, **kwargs,
+    ) -> QuestionAnsweringModelOutput:  # fmt: skip
+        out = _base_call(
+            self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, use_cache=False if self.config.is_decoder else None,
+            **kwargs,
+        )  # fmt: skip
+        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+        return QuestionAnsweringModelOutput(
+            loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=out.hidden_states,
+            attentions=out.attentions,
+        )  # fmt: skip
+
+
+class CrateTextForMultipleChoice(CrateTextPreTrainedModel):
+    """Multiple choice: inputs ``(B, C, N)``; the pooled token of each choice scored by one linear unit."""
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__(config)
+        self.crate = CrateTextModel(config, add_pooling_layer=True)
+        drop = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(drop)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+        labels=None, **kwargs,
+    ) -> MultipleChoiceModelOutput:  # fmt: skip
+        reference = input_ids if input_ids is not None else inputs_embeds
+        if reference is None or reference.ndim < 3:
+            raise ValueError("CrateTextForMultipleChoice: input_ids must have shape (batch, num_choices, seq_len)")
+        choices = reference.shape[1]
+
+        def flat(t, keep=1):
+            return None if t is None else t.reshape(-1, *t.shape[2:]) if t.ndim > keep + 1 else t
+
+        out = _base_call(
+            self, input_ids=flat(input_ids), attention_mask=flat(attention_mask), token_type_ids=flat(token_type_ids),
+            position_ids=flat(position_ids), inputs_embeds=flat(inputs_embeds, keep=2),
+            use_cache=False if self.config.is_decoder else None, **kwargs,
+        )  # fmt: skip
+        logits = self.classifier(self.dropout(out.pooler_output)).view(-1, choices)
+        loss = F.cross_entropy(logits, labels) if labels is not None else None
+        return MultipleChoiceModelOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+
+
+__all__ = [
+    "CrateTextLMHead",
+    "CrateTextForMaskedLM",
+    "CrateTextForCausalLM",
+    "CrateTextForSequenceClassification",
+    "CrateTextForTokenClassification",
+    "CrateTextForQuestionAnswering",
+    "CrateTextForMultipleChoice",
+]
