@@ -54,7 +54,7 @@ def pushed(tmp_path_factory):
             str(out),
             "--push_to_hub",
             "--hub_model_id",
-            REPO,
+            REPO.split("/")[1],  # a bare name: the Hub puts it under the token's user
             "--hidden_size",
             "16",
             "--num_hidden_layers",
@@ -87,6 +87,8 @@ def pushed(tmp_path_factory):
         )
         assert reload.returncode == 0, reload.stderr[-4000:]
         yield {
+            "url": hub.url,
+            "stdout": proc.stdout,
             "out": out,
             "files": hub.files(REPO),
             "commits": hub.commits(REPO),
@@ -139,3 +141,40 @@ def test_pushed_repo_loads_with_trust_remote_code_and_gives_the_same_logits(push
     with torch.no_grad():
         expected = model(pixel_values=x).logits
     torch.testing.assert_close(torch.tensor(info["logits"]), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_push_prints_the_url_and_the_card_names_the_resolved_repo(pushed):
+    assert f"pushed to the Hub: {pushed['url']}/{REPO}" in pushed["stdout"]
+    card = pushed["files"]["README.md"].decode()
+    assert f'from_pretrained("{REPO}")' in card and 'from_pretrained("crate-digits-tiny")' not in card
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once the socket is closed
+
+
+@pytest.mark.slow
+def test_unreachable_hub_fails_before_training_naming_offline_mode_and_the_folder(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}", "HF_HUB_OFFLINE": "0"}
+    env.update(HF_HOME=str(tmp_path / "hf_home"), PYTHONPATH=ROOT, HF_TOKEN="hf_local_test_token")
+    cmd = [sys.executable, os.path.join(ROOT, "recipes", "train_crate.py"), "--output_dir", str(out)]
+    cmd += ["--push_to_hub", "--hub_model_id", "x", "--max_train_steps", "1", "--disable_tqdm"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    message = proc.stderr.strip().splitlines()[-1]
+    assert "is unreachable (" in message and "127.0.0.1" in message
+    assert "HF_HUB_OFFLINE" in message and "from_pretrained(<folder>)" in message and str(out) in message
+    assert not (out / "model.safetensors").exists()  # it failed before training, not after
+
+
+def test_offline_mode_refuses_a_push_at_once_naming_the_local_folder(tmp_path, monkeypatch):
+    from hf_tdiag.training.hub import HubUnreachableError, check_hub_reachable
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubUnreachableError, match=r"HF_HUB_OFFLINE is set.*from_pretrained\(<folder>\)"):
+        check_hub_reachable(endpoint="http://127.0.0.1:9", output_dir=str(tmp_path))

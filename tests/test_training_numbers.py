@@ -201,6 +201,7 @@ def test_publish_fills_in_what_is_not_given_from_the_output_folder_and_pushes_th
 
     monkeypatch.setattr(huggingface_hub, "HfApi", Api)
     monkeypatch.setattr(huggingface_hub, "ModelCard", Card)
+    monkeypatch.setattr(hub, "check_hub_reachable", lambda **kwargs: "https://hub.test")  # no network here
     monkeypatch.setattr(
         loading, "load_pretrained", lambda path, cls, name: log.append(("model-load", path)) or Pushes("model")
     )

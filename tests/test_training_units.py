@@ -327,7 +327,8 @@ def test_model_card_has_no_local_paths_and_names_the_hub_base_model(tmp_path):
         text = str(card)
         assert str(tmp_path) not in text, [line for line in text.splitlines() if str(tmp_path) in line]
         assert card.data.base_model == expected
-        assert card.data.eval_results[0].dataset_type == "my data" and card.data.model_name.endswith("on my data")
+        assert card.data.eval_results[0].dataset_type == "imagefolder" and card.data.model_name.endswith("on my data")
+        assert card.data.eval_results[0].dataset_name == "my data" and card.data.datasets is None  # not on the Hub
         assert ("Fine-tuned from:** [`someone/crate-base`]" in text) == (expected is not None)
         assert ("local checkpoint `base-run`" in text) == (expected is None)
         assert "`--srr_layer last` would choose the block output" in text  # the regulariser's choice, recorded

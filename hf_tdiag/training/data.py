@@ -5,6 +5,10 @@ Sources, in the order the flags are checked:
 * ``--dataset_path``: a ``DatasetDict`` written with ``save_to_disk``;
 * ``--dataset_name``: anything ``datasets.load_dataset`` accepts (a Hub id such as ``cifar10``, a local folder);
 * ``--train_dir`` / ``--validation_dir``: local image folders with one sub-folder per class (``imagefolder``);
+* ``train(train_dataset=..., eval_dataset=...)``: a ``datasets.Dataset``, ``DatasetDict``, ``IterableDataset`` or
+  a torch ``Dataset`` of ``(image, label)`` pairs or dicts (the last two read once into memory), with the image
+  column ``image``/``img`` and the label column ``label``/``labels`` as in Transformers'
+  ``run_image_classification.py`` (``--image-column-name`` / ``--label-column-name`` pick others);
 * none of them: scikit-learn's 8x8 digits (shipped with scikit-learn, works offline) with a fixed stratified
   80/20 train/test split (``random_state=0``), 1437 training and 360 test images.
 
@@ -15,6 +19,7 @@ them), then :func:`build_datasets` wraps them into torch datasets that apply aug
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +33,11 @@ from .augment import build_augmentation
 
 _IMAGE_COLUMNS = ("image", "img", "pixel_values", "picture")
 _LABEL_COLUMNS = ("label", "labels", "fine_label", "class", "target")
+_EVAL_SPLITS = ("validation", "valid", "val", "test")
+_SPLIT_FOLDERS = ("train", "training")
+# builders whose name is not a dataset's (a local folder or file, an in-memory generator)
+_LOCAL_BUILDERS = ("imagefolder", "audiofolder", "parquet", "json", "csv", "arrow", "text", "generator", "webdataset")
+IN_MEMORY = "in-memory"
 
 
 @dataclass
@@ -83,8 +93,6 @@ def _pick_column(columns, wanted, candidates, what, flag) -> str:
 
 
 def _load_hf(args) -> RawImageData:
-    import datasets
-
     if args.dataset_path:
         if not os.path.isdir(args.dataset_path):
             raise FileNotFoundError(f"dataset_path: {args.dataset_path!r} is not a folder written with save_to_disk")
@@ -96,11 +104,26 @@ def _load_hf(args) -> RawImageData:
     else:
         ds = image_folder_splits(args.train_dir, args.validation_dir)
         dataset_id = os.path.abspath(args.train_dir)
+    if args.dataset_name:
+        name = args.dataset_name
+    else:
+        folder = os.path.normpath(args.dataset_path or args.train_dir)
+        name = os.path.basename(folder)
+        if args.train_dir and name.lower() in _SPLIT_FOLDERS:  # data/flowers/train: the dataset is "flowers"
+            name = os.path.basename(os.path.dirname(folder)) or name
+    return _raw_from_splits(ds, args, dataset_id, name)
+
+
+def _raw_from_splits(ds, args, dataset_id: str, name: str) -> RawImageData:
+    """Images and label names from a ``Dataset``/``DatasetDict``: the train split, an evaluation split (or a
+    held-out fraction of train), the image and label columns, the label names and the image size/channels."""
+    import datasets
+
     if isinstance(ds, datasets.Dataset):
         ds = datasets.DatasetDict({"train": ds})
     if "train" not in ds:
         raise ValueError(f"dataset: expected a 'train' split, got splits {list(ds)}")
-    eval_split = next((s for s in ("validation", "valid", "val", "test") if s in ds), None)
+    eval_split = next((s for s in _EVAL_SPLITS if s in ds), None)
     train = ds["train"]
     if eval_split is None:
         if not 0 < args.train_val_split < 1:
@@ -132,7 +155,7 @@ def _load_hf(args) -> RawImageData:
     first = to_pil(train[0][image_column], image_column)
     channels = 1 if first.mode in ("L", "1", "I", "F", "I;16") else 3
     return RawImageData(
-        name=args.dataset_name or os.path.basename(os.path.normpath(args.dataset_path or args.train_dir)),
+        name=name,
         dataset_id=dataset_id,
         train=train,
         eval=evaluation,
@@ -145,10 +168,76 @@ def _load_hf(args) -> RawImageData:
     )
 
 
-def load_raw_data(args) -> RawImageData:
-    """Images and label names from the dataset flags of ``args`` (digits when none is set)."""
+def _row(item, name: str) -> dict:
+    """One torch-dataset item as a row: ``(image, label)`` pairs or dicts with image and label columns."""
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        return {"image": to_pil(item[0], name), "label": int(item[1])}
+    if not isinstance(item, Mapping):
+        raise TypeError(f"{name}: expected (image, label) pairs or dicts of columns, got {type(item).__name__}")
+    image = next((k for k in _IMAGE_COLUMNS if k in item), None)
+    label = next((k for k in _LABEL_COLUMNS if k in item), None)
+    if image is None or label is None:
+        raise ValueError(
+            f"{name}: expected an image column ({', '.join(_IMAGE_COLUMNS)}) and a label column "
+            f"({', '.join(_LABEL_COLUMNS)}), got {list(item)}"
+        )
+    return {image: to_pil(item[image], f"{name}[{image!r}]"), label: int(item[label])}
+
+
+def as_hf_dataset(data, name: str):
+    """A ``datasets.Dataset`` of ``data``: a ``Dataset`` as is, an ``IterableDataset`` or a torch ``Dataset`` read
+    once into memory (the trainer needs the length and random access, for epoch shuffling and exact resume)."""
+    import datasets
+
+    if isinstance(data, datasets.Dataset):
+        return data
+    if isinstance(data, datasets.IterableDataset):
+        rows = list(data)
+        features = data.features
+        return datasets.Dataset.from_list(rows, features=features) if features else datasets.Dataset.from_list(rows)
+    if isinstance(data, Dataset) and hasattr(data, "__len__"):
+        return datasets.Dataset.from_list([_row(data[i], f"{name}[{i}]") for i in range(len(data))])
+    raise TypeError(
+        f"{name}: expected a datasets.Dataset, DatasetDict, IterableDataset or a sized torch Dataset, "
+        f"got {type(data).__name__}"
+    )
+
+
+def _object_id(data) -> str:
+    """The Hub name a ``datasets`` object was loaded from (``in-memory`` for local builders and torch datasets)."""
+    info = getattr(data, "info", None)
+    if info is None and hasattr(data, "values"):  # a DatasetDict: its splits' info
+        info = getattr(next(iter(data.values()), None), "info", None)
+    name = getattr(info, "dataset_name", None)
+    return name if isinstance(name, str) and name and name not in _LOCAL_BUILDERS else IN_MEMORY
+
+
+def _load_objects(args, train_dataset, eval_dataset) -> RawImageData:
+    """``train(train_dataset=..., eval_dataset=...)``: the data objects as the flags' datasets are read."""
+    import datasets
+
+    if isinstance(train_dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        splits = {k: as_hf_dataset(v, f"train_dataset[{k!r}]") for k, v in train_dataset.items()}
+        if eval_dataset is not None:
+            splits = {k: v for k, v in splits.items() if k not in _EVAL_SPLITS}
+    else:
+        splits = {"train": as_hf_dataset(train_dataset, "train_dataset")}
+    if eval_dataset is not None:
+        if isinstance(eval_dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+            raise TypeError("eval_dataset: expected one split (a Dataset), got a DatasetDict; pass eval_dataset[split]")
+        splits["validation"] = as_hf_dataset(eval_dataset, "eval_dataset")
+    dataset_id = _object_id(train_dataset)
+    return _raw_from_splits(datasets.DatasetDict(splits), args, dataset_id, dataset_id)
+
+
+def load_raw_data(args, train_dataset=None, eval_dataset=None) -> RawImageData:
+    """Images and label names from the data objects, else the dataset flags of ``args`` (digits when none is set)."""
     from .args import is_digits
 
+    if train_dataset is not None:
+        return _load_objects(args, train_dataset, eval_dataset)
+    if eval_dataset is not None:
+        raise ValueError("eval_dataset: given without train_dataset; pass train_dataset too")
     if is_digits(args):
         raw = _load_digits()
         if args.max_train_samples:
@@ -269,6 +358,8 @@ __all__ = [
     "ProcessedImageDataset",
     "digits_split",
     "load_raw_data",
+    "as_hf_dataset",
+    "IN_MEMORY",
     "build_datasets",
     "resolve_augmentation",
 ]

@@ -129,6 +129,10 @@ def train(
     """
     args = make_args(args_or_kwargs, **kwargs)
     data = (train_dataset, eval_dataset)
+    if args.push_to_hub:  # before any work: an unreachable Hub fails now, not after the training
+        from .hub import check_hub_reachable
+
+        check_hub_reachable(output_dir=args.output_dir)
     _resolve_defaults(args, digits=is_digits(args) and train_dataset is None)
     settings, run_id = _claim_output_dir(args)  # before any work: never another run's folder, never unwritable
     if after_fit is None:
@@ -165,7 +169,8 @@ def _claim_output_dir(args) -> tuple[dict, str]:
     return settings, (run_id_of(resumed) if resumed else None) or new_run_id()
 
 
-def _resolve_defaults(args, digits: bool) -> None:
+def _resolve_defaults(args, digits: bool | None = None) -> None:
+    digits = is_digits(args) if digits is None else digits  # (False when data objects are given)
     if args.num_train_epochs is None:
         args.num_train_epochs = DIGITS_EPOCHS if digits else DEFAULT_EPOCHS
     if args.learning_rate is None:
@@ -567,10 +572,14 @@ def _publish(run: TrainingRun, results: dict) -> None:
             repo_id,
             model=run.unwrapped,
             processor=run.processor,
-            card=card,
+            # the card again for the repo id the Hub resolved (namespace/name): its usage snippet names the repo
+            card=lambda hub_id: build_model_card(
+                run.config, results, args, run.raw, preset=run.preset, output_dir=args.output_dir, repo_id=hub_id
+            ),
             token=args.hub_token,
             private=args.hub_private_repo,
         )
+        run.accelerator.print(f"pushed to the Hub: {results['hub_url']}")
 
 
 def finish(run: TrainingRun, after_fit: Sequence[AfterFit] = ()) -> dict:

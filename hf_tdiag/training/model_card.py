@@ -16,6 +16,7 @@ import shlex
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..models.crate.configuration_crate import size_pair
+from .data import IN_MEMORY
 
 TEMPLATE_NAME = "crate_model_card.jinja"
 
@@ -54,7 +55,16 @@ def _public(value):
 
 
 def _is_hub_id(value) -> bool:
-    return isinstance(value, str) and bool(value) and value != "sklearn-digits" and not _is_local(value)
+    return (
+        isinstance(value, str) and bool(value) and value not in ("sklearn-digits", IN_MEMORY) and not _is_local(value)
+    )
+
+
+def _dataset_type(args, raw) -> str:
+    """The card's dataset type: the Hub id, ``sklearn-digits``, ``imagefolder`` or ``in-memory``; else the name."""
+    if _is_hub_id(raw.dataset_id) or raw.dataset_id == IN_MEMORY or raw.is_digits:
+        return raw.dataset_id
+    return "imagefolder" if getattr(args, "train_dir", None) else _public(raw.dataset_id)
 
 
 def _command(args) -> str:
@@ -79,7 +89,7 @@ def _card_data(variant: str, model_name: str, results: dict, args, raw) -> Model
     common = dict(
         task_type="image-classification",
         task_name="Image Classification",
-        dataset_type=_public(raw.dataset_id),
+        dataset_type=_dataset_type(args, raw),
         dataset_name=_public(raw.name),
         dataset_split=raw.eval_split,
     )
