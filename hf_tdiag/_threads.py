@@ -1,8 +1,35 @@
-"""torch's intra-op thread count for the length of a block."""
+"""Thread counts: torch's for the length of a block, and the thread policy of the measures.
+
+**The policy** (:func:`measure_threads`, the one place it is decided). Every measure in :mod:`hf_tdiag.measures`
+runs its CPU work inside ``measure_threads(kind)``, which sets ``torch.set_num_threads`` and, when threadpoolctl
+is installed, the BLAS libraries' limits (NumPy's and SciPy's OpenBLAS/MKL) for the call and restores both
+afterwards — on errors too, and whatever the block itself set:
+
+* ``"small"`` — batched factorizations and solves of small matrices (Cholesky, triangular solves, ``eigvalsh``,
+  SVDs of a few hundred rows, the Att-SVM's active-set and Newton steps): **one thread**. Each factorization is
+  too small to split, and the threads' synchronisation is what collapses on a busy machine (measured on 2 cores
+  with one kept busy: ``cholesky_ex`` on 192 matrices of 197×197 took 2.8 s at 2 threads against 0.11 s at 1).
+* ``"dense"`` — large matrix products (the SRR's head projections and Gram matrices): the caller's torch thread
+  count, but never more than the cores idle right now (:func:`idle_cores`: this process's cores minus the other
+  runnable tasks the kernel counts), so a core kept busy by another process is not waited for.
+
+Pools of independent single-threaded jobs (:func:`hf_tdiag.spectrum_bounds`' workers, each at one BLAS thread)
+keep torch's count: their threads never wait for each other, so a busy core only slows them in proportion.
+
+So a measure at torch's default thread count runs like at one thread wherever threads do not pay, and uses the
+idle cores where they do. Scopes nest (an inner ``"small"`` inside a ``"dense"`` call); a count the caller set
+below the policy's is kept. Not for GPU work (nothing is set for CUDA tensors' kernels; the host side is
+tiny). torch's thread count is process-wide: measures called from several Python threads at once share it.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
+import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import torch
@@ -48,3 +75,101 @@ def pick_threads(requested: int | None = None, *, device="cpu", num_parameters: 
 def model_threads(requested: int | None, model, device) -> int | None:
     """:func:`pick_threads` for a ``torch.nn.Module`` on ``device``."""
     return pick_threads(requested, device=device, num_parameters=sum(p.numel() for p in model.parameters()))
+
+
+# ---------------------------------------------------------------------------------------------- the policy
+
+KINDS = ("small", "dense")
+_IDLE_TTL_S = 0.5  # idle_cores() is read at most this often (three reads of /proc/loadavg, ~0.1 ms)
+_idle_cache: dict[str, float] = {"at": -1.0, "value": 0.0}
+_controller: list = []  # [(len(sys.modules) when made, threadpoolctl.ThreadpoolController)]
+_controller_lock = threading.Lock()
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _other_runnable() -> int:
+    """Runnable tasks other than the calling thread: the smallest of three reads of ``/proc/loadavg``'s running
+    count 1 ms apart (a just-finished parallel region's spinning workers drop out), minus one; elsewhere the
+    rounded 1-minute load average."""
+    try:
+        counts = []
+        for i in range(3):
+            if i:
+                time.sleep(0.001)
+            with open("/proc/loadavg", encoding="ascii") as fh:
+                counts.append(int(fh.read().split()[3].split("/")[0]))
+        return max(0, min(counts) - 1)
+    except (OSError, ValueError, IndexError):
+        try:
+            return int(round(os.getloadavg()[0]))
+        except (AttributeError, OSError):
+            return 0
+
+
+def idle_cores() -> int:
+    """Cores idle right now (at least 1): :func:`usable_cores` minus the other runnable tasks, re-read at most
+    every 0.5 s."""
+    now = time.monotonic()
+    if now - _idle_cache["at"] > _IDLE_TTL_S:
+        _idle_cache["value"] = max(1, usable_cores() - _other_runnable())
+        _idle_cache["at"] = now
+    return int(_idle_cache["value"])
+
+
+def policy_threads(kind: str = "small") -> int:
+    """The thread count :func:`measure_threads` runs ``kind`` at: 1 for ``"small"``; for ``"dense"`` torch's
+    current count capped by :func:`idle_cores`."""
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {list(KINDS)}, got {kind!r}")
+    current = torch.get_num_threads()
+    if kind == "small" or current <= 1:
+        return 1
+    return max(1, min(current, idle_cores()))
+
+
+def _blas_controller():
+    """A threadpoolctl controller of the loaded BLAS libraries (re-made when modules were imported since it was:
+    a library loaded later would escape its limits); None without threadpoolctl."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    with _controller_lock:
+        if not _controller or _controller[0][0] != len(sys.modules):
+            _controller[:] = [(len(sys.modules), ThreadpoolController())]
+        return _controller[0][1]
+
+
+@contextlib.contextmanager
+def measure_threads(kind: str = "small") -> Iterator[int]:
+    """Run the block at :func:`policy_threads` ``(kind)`` torch and BLAS threads; restore both afterwards.
+
+    Yields the count used. See the module docstring for the policy."""
+    n = policy_threads(kind)
+    controller = _blas_controller()
+    limits = controller.limit(limits=n, user_api="blas") if controller is not None else contextlib.nullcontext()
+    with limits, torch_threads(n):
+        yield n
+
+
+def threaded(kind: str):
+    """Decorator: the function runs inside :func:`measure_threads` ``(kind)``."""
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {list(KINDS)}, got {kind!r}")
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with measure_threads(kind):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate

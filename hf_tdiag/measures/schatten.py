@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .._defaults import DEFAULT_L_PHI, DEFAULT_RANK_TOL  # noqa: E402  (re-exported)
+from .._threads import threaded
 from .._validation import all_finite, positive_int, real
 
 # A Gram matrix gives σᵢ with relative error ~ eps·(σ₁/σᵢ)²; we use it only when
@@ -75,6 +76,7 @@ def _p_values(ps, name: str = "ps") -> torch.Tensor:
     return t
 
 
+@threaded("dense")
 def singular_values(matrix, *, method: str = "auto", check: bool = True) -> torch.Tensor:
     """σ(W): float64 singular values of ``(..., m, n)`` matrices, descending, ``min(m, n)`` per matrix.
 
@@ -129,6 +131,7 @@ def _gram_eigenvalues(w: torch.Tensor) -> torch.Tensor:
     return torch.stack(out).reshape(*w.shape[:-2], -1)
 
 
+@threaded("small")
 def low_rank_product_spectrum(left, right, *, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """σ(AB) and the column norms ‖(AB)_{:,j}‖₂ of ``A (..., n, r) @ B (..., r, m)`` without forming AB.
 
@@ -163,24 +166,25 @@ def chunk_rows(num_cols: int, chunk_entries: int | None = None) -> int:
 
 
 def streamed_gram(chunks, on_chunk=None) -> torch.Tensor:
-    """G = Σ_c A_cᵀ A_c of the row blocks ``A_c (r_c, n)`` of a tall matrix A, upper triangle, float64 ``(n, n)``.
+    """G = Σ_c A_cᵀ A_c of the row blocks ``A_c (r_c, n)`` of a tall matrix A, float64 ``(n, n)`` (symmetric).
 
-    BLAS ``dsyrk`` accumulates in place (no ``n×n`` temporary), one block at a time, so A is never held whole;
-    the lower triangle is left unspecified. ``on_chunk(A_c)`` (float64) is called on every block as it passes.
+    One block at a time, so A is never held whole: NumPy's ``A_cᵀA_c`` (BLAS ``dsyrk``) into one reused ``n×n``
+    buffer, added to G in place. NumPy releases the GIL in both (SciPy's f2py ``dsyrk`` wrapper does not, which
+    serialised the thread pool of :func:`hf_tdiag.spectrum_bounds`). ``on_chunk(A_c)`` (float64) sees every block.
     """
-    from scipy.linalg.blas import dsyrk
-
-    gram = None
+    gram = buf = None
     for c in chunks:
         c = c.detach().to(torch.float64).cpu()
         if on_chunk is not None:
             on_chunk(c)
         x = c.numpy()
-        # a C-ordered block is the Fortran-ordered A_cᵀ: dsyrk(trans=0) of it is A_cᵀ A_c without a copy
-        x, trans = (x.T, 0) if x.flags.c_contiguous else (np.asfortranarray(x), 1)
         if gram is None:
-            gram = np.zeros((c.shape[1], c.shape[1]), dtype=np.float64, order="F")
-        gram = dsyrk(1.0, x, beta=1.0, c=gram, trans=trans, lower=0, overwrite_c=1)
+            gram = x.T @ x  # NumPy routes a matrix times its own transpose to dsyrk
+            continue
+        if buf is None:
+            buf = np.empty_like(gram)
+        np.matmul(x.T, x, out=buf)
+        gram += buf
     return torch.from_numpy(gram)
 
 
@@ -195,6 +199,7 @@ def streamed_r_factor(chunks, on_chunk=None) -> torch.Tensor:
     return r
 
 
+@threaded("dense")
 def streamed_singular_values(make_chunks, method: str = "auto", on_chunk=None) -> torch.Tensor:
     """σ of a tall matrix ``(m, n)``, ``m ≥ n``, given as row blocks: ``make_chunks()`` yields them anew on each call.
 
@@ -206,10 +211,8 @@ def streamed_singular_values(make_chunks, method: str = "auto", on_chunk=None) -
     if method not in ("auto", "svd"):
         raise ValueError(f"method: expected 'auto' or 'svd', got {method!r}")
     if method == "auto":
-        from scipy.linalg import eigvalsh
-
         gram = streamed_gram(make_chunks(), on_chunk)
-        lam = eigvalsh(gram.numpy(), lower=False, overwrite_a=True, check_finite=False, driver="evd")
+        lam = np.linalg.eigvalsh(gram.numpy())  # LAPACK dsyevd, values only, without the GIL
         del gram
         lam = torch.from_numpy(np.array(lam[::-1]))  # a copy: ascontiguousarray keeps a 1-element view's stride
         if float(lam[-1]) >= GRAM_MIN_RATIO * float(lam[0]) and float(lam[0]) > 0:

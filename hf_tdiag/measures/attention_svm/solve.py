@@ -16,6 +16,7 @@ import time
 import numpy as np
 import torch
 
+from ..._threads import threaded
 from .causal import query_layout
 from .certificate import certificate_lp, infeasible_result, zero_feature_result
 from .inputs import check_norm, selection, to_f64, valid_mask
@@ -181,6 +182,7 @@ def _feasible_result(
     )
 
 
+@threaded("small")  # small dense steps: one thread (hf_tdiag._threads)
 def solve(X, Z, set_idx, ref, kind, norm, tol, max_iter, feas_tol, progress, lp_check: bool = True) -> AttSVMResult:
     """Solve the Att-SVM with token sets ``X (B, T, dx)``, queries ``Z (n, dz)`` of set ``set_idx``, grid ``kind``."""
     t0 = time.perf_counter()
