@@ -133,8 +133,8 @@ def measure(folder: str, mode: str) -> dict:
     else:
         report = hf_tdiag.spectrum_bounds(folder, streaming=mode == "streaming")
         out.update(
-            ours=report.ours,
-            edelman=report.edelman,
+            ours=report.schatten_bound,
+            edelman=report.edelman_bound,
             num_matrices=len(report.matrices),
             per_matrix=[m.min_contribution for m in report.matrices],
         )

@@ -259,7 +259,8 @@ def run_compare(args) -> int:
     from hf_tdiag._atomic import write_json, write_text
     from hf_tdiag._threads import model_threads
     from hf_tdiag.commands.concepts import _json_ready, format_table
-    from hf_tdiag.diagnostics.concepts import compare_concepts, layer_activations
+    from hf_tdiag.diagnostics.concept_compare import compare_concepts
+    from hf_tdiag.diagnostics.concepts import layer_activations
     from hf_tdiag.loading import load_model, pixel_values_for
     from hf_tdiag.viz.concepts import (
         plot_concept_heatmaps,

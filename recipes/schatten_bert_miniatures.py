@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         reports[name] = rep
         rows.append({"name": name, **rep.summary(), "seconds": seconds})
         print(
-            f"[{i}/{len(jobs)}] {name}: B_ours {rep.ours:.6g}  B_Edelman {rep.edelman:.6g}  ({seconds:.1f}s)",
+            f"[{i}/{len(jobs)}] {name}: B_ours {rep.schatten_bound:.6g}  B_Edelman {rep.edelman_bound:.6g}  ({seconds:.1f}s)",
             flush=True,
         )
 

@@ -178,8 +178,11 @@ def test_trainer_defaults_equal_the_parser_defaults():
 def test_schatten_old_l_phi_spellings():
     for flag in ("--l-phi", "--l_phi", "--L_phi", "--L-phi"):
         assert _parse(["schatten", "m", flag, "2.5"]).l_phi == 2.5
-    for flag in ("--threads", "--workers"):
+    for flag in ("--num-workers", "--workers", "--num_workers"):
         assert _parse(["schatten", "m", flag, "3"]).workers == 3
+    # --threads means torch threads in every command, as in srr, concepts and attention-svm
+    parsed = _parse(["schatten", "m", "--threads", "2"])
+    assert (parsed.threads, parsed.workers) == (2, None)
 
 
 @pytest.mark.parametrize("command, extra", [("srr", []), ("concepts", []), ("attention-svm", ["--layer", "1"])])

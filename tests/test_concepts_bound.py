@@ -321,7 +321,7 @@ def test_kl_is_recomputed_by_a_hooked_full_forward():
     model = _vit(layers=3)
     X = _digits(6)
     r = concept_fidelity(model, X, 1, 3, progress=False, bounds=False, return_tensors=True)
-    A_hat = r["tensors"]["A_hat"]
+    A_hat = r.tensors["A_hat"]
 
     def swap(module, args, output):
         out = output[0] if isinstance(output, tuple) else output

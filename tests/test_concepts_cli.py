@@ -10,7 +10,8 @@ from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 import hf_tdiag
 from hf_tdiag import CrateConfig, CrateForImageClassification
 from hf_tdiag.cli import main
-from hf_tdiag.diagnostics.concepts import compare_concepts, concept_fidelity
+from hf_tdiag.diagnostics.concept_compare import compare_concepts
+from hf_tdiag.diagnostics.concepts import concept_fidelity
 from hf_tdiag.measures.concepts import SemiNMF, match_concepts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -55,7 +56,8 @@ def test_evaluate_module_matches_the_python_api(tmp_path):
         refine_iter=10,
         power_iters=3,
         progress=False,
-    )
+        return_report=True,
+    )["report"]
     ref = concept_fidelity(
         model, pixels, 1, SemiNMF(4, gram_weight=1.0, max_iter=30, refine_iter=10), power_iters=3, progress=False
     )
@@ -86,8 +88,9 @@ def test_evaluate_module_matches_the_python_api(tmp_path):
         max_iter=30,
         estimate=False,
         progress=False,
+        return_report=True,
         return_per_image=False,
-    )
+    )["report"]
     processed = ViTImageProcessor.from_pretrained(tmp_path / "vit")(images=images, return_tensors="pt")["pixel_values"]
     assert torch.allclose(processed, pixels, atol=0.02)  # the same digits, rounded to uint8 first
     ref2 = concept_fidelity(model, processed, 1, SemiNMF(4, max_iter=30), estimate=False, progress=False)

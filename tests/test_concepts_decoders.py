@@ -52,7 +52,7 @@ def test_kl_matches_the_models_own_forward(decoder_models, family):
     report = hf_tdiag.concept_fidelity(
         model, TEXTS, layer, 3, tokenizer=tok, max_tokens=TOKENS, return_tensors=True, power_iters=5, progress=False
     )
-    t = report["tensors"]
+    t = report.tensors
     enc = encode_texts(tok, TEXTS, max_tokens=TOKENS)
     assert report["n_tokens"] == TOKENS and report["n_images"] == len(TEXTS) and report["modality"] == "text"
     positions = torch.arange(1, TOKENS + 1)  # <s> at 0 is kept aside

@@ -8,7 +8,8 @@ from transformers import BertConfig, BertForSequenceClassification, ViTConfig, V
 
 import hf_tdiag
 from hf_tdiag import CrateConfig, CrateForImageClassification
-from hf_tdiag.diagnostics.concepts import concept_fidelity, layer_activations, suffix_runner, supervised_concepts
+from hf_tdiag.diagnostics.concept_compare import supervised_concepts
+from hf_tdiag.diagnostics.concepts import concept_fidelity, layer_activations, suffix_runner
 from hf_tdiag.measures.concepts import SemiNMF, fidelity_errors, jacobian_spectral_norm, kl_divergence
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -135,7 +136,7 @@ def test_report_matches_direct_computations():
     X = X[:10]
     est = SemiNMF(6, max_iter=40).fit(layer_activations(model, X, 2).patches)
     r = concept_fidelity(model, X, 2, est, power_iters=5, progress=False, return_tensors=True)
-    A, A_hat = r["tensors"]["A"], r["tensors"]["A_hat"]
+    A, A_hat = r.tensors["A"], r.tensors["A_hat"]
     assert torch.allclose(A_hat, est.inverse_transform(est.transform(A)))
     errs = fidelity_errors(A, A_hat)
     assert r["per_image"]["delta_rec"] == pytest.approx(errs["delta_rec"].tolist())

@@ -89,7 +89,7 @@ def test_text_probe_replaces_only_concept_tokens_and_reproduces_the_head(tokeniz
     assert torch.allclose(acts.features, out.pooler_output)
     r = concept_fidelity(model, enc, 1, 4, labels=labels, power_iters=4, progress=False, return_tensors=True)
     # the logits are the fitted head on the pooler output of the unmodified model
-    assert torch.allclose(r["tensors"]["logits"], cm.head(out.pooler_output), atol=1e-5)
+    assert torch.allclose(r.tensors["logits"], cm.head(out.pooler_output), atol=1e-5)
     assert r["modality"] == "text" and r["n_tokens"] == enc["n_tokens"]
     assert r["frac_kl_below_bound_certified"] == 1.0
 
@@ -110,7 +110,8 @@ def test_texts_round_trip_through_the_evaluate_module(tokenizer, tmp_path):
         labels=labels,
         power_iters=3,
         progress=False,
-    )
+        return_report=True,
+    )["report"]
     ref = concept_fidelity(
         model, texts, 1, SemiNMF(4, max_iter=30), tokenizer=tokenizer, labels=labels, power_iters=3, progress=False
     )
@@ -126,10 +127,11 @@ def test_texts_round_trip_through_the_evaluate_module(tokenizer, tmp_path):
         labels=labels,
         power_iters=3,
         progress=False,
+        return_report=True,
         return_per_image=False,
-    )
-    assert sweep["layers"] == [0, 1, 2] and sweep["per_layer"][1]["kl"] == pytest.approx(ref["kl"], rel=1e-5)
-    assert "per_image" not in sweep["per_layer"][0]
+    )["report"]
+    assert sweep["layers"] == [0, 1, 2] and sweep["per_layer"]["1"]["kl"] == pytest.approx(ref["kl"], rel=1e-5)
+    assert "per_image" not in sweep["per_layer"]["0"]
 
 
 def test_cli_layer_sweep_on_texts_and_images(tokenizer, tmp_path, capsys):

@@ -25,10 +25,12 @@ def test_every_l_phi_default_is_the_shared_one(monkeypatch):
     assert _default(schatten.numerical_rank, "rank_tol") == _defaults.DEFAULT_RANK_TOL
     assert {f.name: f.default for f in dataclasses.fields(ReportOptions)}["L_phi"] == _defaults.DEFAULT_L_PHI
     assert {f.name: f.default for f in dataclasses.fields(GridCell)}["L_phi"] == _defaults.DEFAULT_L_PHI
-    # a changed default reaches the command line's parser and its help
+    # a changed default reaches the command line's parser and its help (the flag is built from the settings)
     from hf_tdiag.commands import schatten as command
+    from hf_tdiag.diagnostics.settings import SchattenSettings
 
-    monkeypatch.setattr(command, "DEFAULT_L_PHI", 2.5)
+    field = SchattenSettings.__dataclass_fields__["L_phi"]
+    monkeypatch.setattr(field, "default", 2.5)
     import argparse
 
     parser = argparse.ArgumentParser()

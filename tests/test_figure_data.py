@@ -168,24 +168,24 @@ def test_optimal_p_figure_dots_are_the_records_and_lines_their_layer_means():
         num_layers = 2
         model, model_type, hidden_size, num_heads = "hand", "bert", 8, 2
         matrices = [
-            Rec(0, "qk", 0.5),
-            Rec(0, "qk", 1.5),
-            Rec(1, "qk", 2.0),
-            Rec(1, "qk", 0.0),
-            Rec(0, "v", 0.25),
-            Rec(1, "v", 0.75),
+            Rec(1, "qk", 0.5),
+            Rec(1, "qk", 1.5),
+            Rec(2, "qk", 2.0),
+            Rec(2, "qk", 0.0),
+            Rec(1, "v", 0.25),
+            Rec(2, "v", 0.75),
         ]
 
     fig = VS.plot_optimal_p(Rep())
     ax = fig.axes[0]
     qk_dots, v_dots = ax.collections[:2]
     # two types: offsets −0.04 and +0.04 around each layer
-    np.testing.assert_allclose(qk_dots.get_offsets(), [[-0.04, 0.5], [-0.04, 1.5], [0.96, 2.0], [0.96, 0.0]])
-    np.testing.assert_allclose(v_dots.get_offsets(), [[0.04, 0.25], [1.04, 0.75]])
+    np.testing.assert_allclose(qk_dots.get_offsets(), [[0.96, 0.5], [0.96, 1.5], [1.96, 2.0], [1.96, 0.0]])
+    np.testing.assert_allclose(v_dots.get_offsets(), [[1.04, 0.25], [2.04, 0.75]])
     qk_line, v_line = ax.lines[:2]
     np.testing.assert_allclose(qk_line.get_ydata(), [1.0, 1.0])
     np.testing.assert_allclose(v_line.get_ydata(), [0.25, 0.75])
-    np.testing.assert_allclose(v_line.get_xdata(), [0.04, 1.04])
+    np.testing.assert_allclose(v_line.get_xdata(), [1.04, 2.04])
 
 
 def test_contribution_figure_is_the_mean_over_heads_with_its_minimum_marked(bert_report):
@@ -196,7 +196,7 @@ def test_contribution_figure_is_the_mean_over_heads_with_its_minimum_marked(bert
     grid = np.asarray(report.p_grid)
     np.testing.assert_allclose(grid, np.arange(0, 9) / 4)
     for layer in range(2):
-        heads = [m.contributions for m in report.matrices if m.type == "qk" and m.layer == layer]
+        heads = [m.contributions for m in report.matrices if m.type == "qk" and m.layer == layer + 1]
         assert len(heads) == 2
         mean = (heads[0] + heads[1]) / 2
         curve, marker = qk_ax.lines[2 * layer], qk_ax.lines[2 * layer + 1]

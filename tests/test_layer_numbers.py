@@ -25,9 +25,9 @@ def bert_report():
     return spectrum_bounds(model, p_grid_m=4)
 
 
-def test_schatten_records_stay_0_based_and_the_tables_show_blocks_1_to_L(bert_report):
+def test_schatten_records_and_tables_number_blocks_1_to_L(bert_report):
     L = bert_report.num_layers
-    assert sorted({m.layer for m in bert_report.matrices}) == list(range(L))  # the JSON field: block number - 1
+    assert sorted({m.layer for m in bert_report.matrices}) == list(range(1, L + 1))
     headers, rows = bert_report.breakdown_tables()["layers"]
     assert headers[0] == "layer" and [r[0] for r in rows] == [1, 2, 3]
     # row ℓ carries block ℓ's gain and α (the 0-based arrays at ℓ - 1)

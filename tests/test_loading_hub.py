@@ -94,8 +94,8 @@ def test_from_pretrained_snapshot_and_evaluate_over_http(hub, folders, tmp_path)
         snap = sorted(__import__("os").listdir(snapshot_download("org/crate")))
         images = digits_images(4).images
         srr = evaluate.load(hf_tdiag.metric_path("srr"))
-        hub_srr = srr.compute(model="org/crate", images=images)["srr"]
-        local_srr = srr.compute(model={str(folders / "crate")!r}, images=images)["srr"]
+        hub_srr = srr.compute(model="org/crate", images=images)
+        local_srr = srr.compute(model={str(folders / "crate")!r}, images=images)
         print(json.dumps(dict(same=same, base=type(base).__name__, snap=snap, hub=hub_srr, local=local_srr)))
     """,
         tmp_path,
@@ -247,7 +247,7 @@ def test_commands_take_hub_ids_over_http(hub, folders, tmp_path):
     hub_srr, local_srr = out["srr"]
     assert _numbers(hub_srr) == _numbers(local_srr) and _numbers(hub_srr)
     hub_s, local_s = out["schatten"]
-    assert [r["ours"] for r in hub_s] == [r["ours"] for r in local_s] and len(hub_s) == 2
+    assert [r["schatten_bound"] for r in hub_s] == [r["schatten_bound"] for r in local_s] and len(hub_s) == 2
     assert out["concepts"] == 0 and (tmp_path / "concepts_out" / "concepts.json").is_file()
     assert out["report"] == 0 and "org/crate" in (tmp_path / "report_out" / "report.json").read_text()
     assert {"config.json", "model.safetensors"} <= set(hub.downloads("org/bert"))

@@ -26,7 +26,7 @@ from transformers import (
 )
 
 from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
-from hf_tdiag.diagnostics.concepts import compare_concepts
+from hf_tdiag.diagnostics.concept_compare import compare_concepts
 from hf_tdiag.diagnostics.schatten import SpectrumBoundReport, spectrum_bounds
 from hf_tdiag.diagnostics.srr import batch_srr_values, layer_srr
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification

@@ -200,8 +200,8 @@ def test_report_on_crate_matches_direct_api_calls(crate_dir, crate_report):
         np.testing.assert_allclose(got[state]["srr"], srr.mean[state]["srr"], rtol=1e-9)
 
     bounds = hf_tdiag.spectrum_bounds(loaded.model)
-    assert report.section("schatten").numbers["ours"] == pytest.approx(bounds.ours, rel=1e-12)
-    assert report.section("schatten").numbers["edelman"] == pytest.approx(bounds.edelman, rel=1e-12)
+    assert report.section("schatten").numbers["ours"] == pytest.approx(bounds.schatten_bound, rel=1e-12)
+    assert report.section("schatten").numbers["edelman"] == pytest.approx(bounds.edelman_bound, rel=1e-12)
 
     concepts = report.section("concepts").numbers
     direct = hf_tdiag.concept_fidelity(loaded.model, pv, concepts["layer"], 8, estimate=False, progress=False)
@@ -263,7 +263,7 @@ def test_optimal_p_heatmap_cells_are_the_records_p_opt(bert_dir):
     assert grid.shape == (bounds.num_layers, len(labels))
     for m in bounds.matrices:
         col = labels.index(m.type if m.head is None else f"{m.type} h{m.head}")
-        assert grid[m.layer, col] == m.p_opt
+        assert grid[m.layer - 1, col] == m.p_opt
 
 
 def test_report_argument_errors(crate_dir, tmp_path):

@@ -93,7 +93,7 @@ def test_schatten_table_layers_are_one_based_and_sum_to_the_bound():
     assert heads["head"].notna().all() and frame[~frame.type.isin(["qk", "v"])]["head"].isna().all()
     assert len(frame) == 2 * (2 * 2 + 2)
     # B = sum over matrices of their minimal contribution + sqrt(L) (the bound is the sum of the per-matrix minima)
-    assert math.isclose(frame.min_contribution.sum() + math.sqrt(2), report.ours, rel_tol=1e-9)
+    assert math.isclose(frame.min_contribution.sum() + math.sqrt(2), report.schatten_bound, rel_tol=1e-9)
     # rank and norms against numpy on the stored spectra
     for m, (_, row) in zip(report.matrices, frame.iterrows()):
         assert row["rank"] == len(m.singular_values) and (row["rows"], row["cols"]) == m.shape
@@ -133,3 +133,104 @@ def test_attention_svm_table_one_row_per_query():
     assert frame.svm_margin.min() == pytest.approx(diag.svm_margin, rel=1e-4)
     assert frame.max_prob.between(0, 1).all()
     assert frame.head_margin.min() == pytest.approx(float(diag.head_margins.min()))
+
+
+def _vit():
+    torch.manual_seed(0)
+    cfg = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        attn_implementation="eager",
+    )
+    return ViTModel(cfg).eval()
+
+
+def test_every_diagnostic_returns_a_report_with_the_whole_contract():
+    import hf_tdiag
+    from hf_tdiag.diagnostics.report import ReportContract
+
+    torch.manual_seed(3)
+    crate, x = _crate(), torch.rand(6, 1, 8, 8)
+    reports = [
+        hf_tdiag.layer_srr(crate, x, progress=False),
+        hf_tdiag.spectrum_bounds(crate),
+        hf_tdiag.concept_fidelity(crate, x, 2, 3, power_iters=3, progress=False),
+        hf_tdiag.attention_svm_diagnostic(_vit(), torch.randn(2, 3, 32, 32), 2, 1, max_queries=5),
+    ]
+    expected = [
+        hf_tdiag.SRRReport,
+        hf_tdiag.SchattenReport,
+        hf_tdiag.ConceptFidelityReport,
+        hf_tdiag.AttentionSVMReport,
+    ]
+    for report, cls in zip(reports, expected):
+        assert type(report) is cls and isinstance(report, ReportContract)
+        summary = report.summary()
+        assert summary and all(isinstance(v, (int, float, str, bool, dict, list, type(None))) for v in summary.values())
+        text = report.to_json()
+        back = cls.from_json(text)
+        assert back.to_json() == text
+        pd.testing.assert_frame_equal(back.to_pandas(), report.to_pandas())
+        assert back.summary() == report.summary()
+        layers = report.to_pandas()["layer"]
+        assert str(layers.dtype) == "Int64" and layers.min() >= 0
+
+
+def test_concept_report_table_holds_the_report_numbers_and_sweeps_number_layers():
+    import hf_tdiag
+
+    torch.manual_seed(4)
+    crate, x = _crate(), torch.rand(6, 1, 8, 8)
+    one = hf_tdiag.concept_fidelity(crate, x, 1, 3, power_iters=3, progress=False, return_tensors=True)
+    assert "tensors" not in one and one.tensors["A_hat"].shape == one.tensors["A"].shape
+    row = one.to_pandas().iloc[0]
+    assert row["layer"] == 1 and row["n_concepts"] == 3 and row["kl"] == one["kl"]
+    assert row["bound_certified"] == one["bound_certified"]
+    # the certified bound holds for every input, so its mean is at least the mean KL
+    assert row["bound_certified"] >= row["kl"] and one.summary()["frac_kl_below_bound_certified"] == 1.0
+    sweep = hf_tdiag.concept_fidelity(crate, x, None, 3, layers=[0, 3], power_iters=3, progress=False, bounds=False)
+    frame = sweep.to_pandas()
+    assert frame.layer.tolist() == [0, 3] and frame.bound_certified.isna().all()
+    assert frame.kl.tolist() == [sweep["per_layer"][ell]["kl"] for ell in (0, 3)]
+    assert sweep.summary()["kl_max_over_layers"] == max(frame.kl)
+    back = hf_tdiag.ConceptFidelityReport.from_json(sweep.to_json())
+    assert sorted(back["per_layer"]) == [0, 3] and back.is_sweep
+
+
+def test_schatten_json_of_format_1_reads_with_one_based_layers_and_new_names():
+    import json
+    import warnings
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+    report = spectrum_bounds(BertModel(cfg).eval())
+    old = report.to_dict()
+    del old["format_version"]
+    old["ours"], old["edelman"] = old.pop("schatten_bound"), old.pop("edelman_bound")
+    for m in old["matrices"]:
+        m["layer"] -= 1
+    back = type(report).from_json(json.dumps(old))
+    assert back.schatten_bound == report.schatten_bound and back.edelman_bound == report.edelman_bound
+    assert [m.layer for m in back.matrices] == [m.layer for m in report.matrices]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert report.ours == report.schatten_bound and report.edelman == report.edelman_bound
+    assert [w.category for w in caught] == [DeprecationWarning, DeprecationWarning]
+    with pytest.raises(ValueError, match="format_version"):
+        type(report).from_dict(dict(report.to_dict(), format_version=99))
+
+
+def test_attention_svm_report_round_trip_keeps_the_matrices_when_asked():
+    from hf_tdiag import AttentionSVMReport
+
+    diag = attention_svm_diagnostic(_vit(), torch.randn(2, 3, 32, 32), 1, 0, max_queries=4)
+    back = AttentionSVMReport.from_json(diag.to_json(include_matrices=True))
+    assert torch.equal(back.W_head, diag.W_head.double()) and torch.allclose(back.svm.W, diag.svm.W.double())
+    assert back.svm.num_active == diag.svm.num_active and back.svm.query_margins().tolist() == pytest.approx(
+        diag.svm.query_margins().tolist()
+    )
+    assert AttentionSVMReport.from_json(diag.to_json()).W_head is None

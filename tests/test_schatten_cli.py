@@ -47,22 +47,17 @@ def test_metric_on_folders_objects_and_add_batch(miniatures):
     folder = str(miniatures / "bert_uncased_L-2_H-128_A-2")
     direct = hf_tdiag.spectrum_bounds(folder)
     metric = evaluate.load(hf_tdiag.metric_path("schatten_bound"))
-    out = metric.compute(models=[folder], return_reports=True)
-    assert out["ours"] == [pytest.approx(direct.ours, rel=1e-12)]
-    assert out["edelman"] == [pytest.approx(direct.edelman, rel=1e-12)]
-    assert (
-        out["model"] == [folder]
-        and out["num_layers"] == [2]
-        and out["hidden_size"] == [128]
-        and out["num_heads"] == [2]
-    )
-    assert out["reports"][0]["matrices"][0]["type"] == "qk"
+    out = metric.compute(models=[folder], return_report=True)  # one model: scalars, the full report on request
+    assert out["schatten_bound"] == pytest.approx(direct.schatten_bound, rel=1e-12)
+    assert out["edelman_bound"] == pytest.approx(direct.edelman_bound, rel=1e-12)
+    assert (out["num_layers"], out["hidden_size"], out["num_heads"]) == (2, 128, 2)
+    assert out["report"]["model"] == folder and out["report"]["matrices"][0]["type"] == "qk"
     model = BertModel.from_pretrained(folder)
     ref = dense_reference(model.state_dict(), 2, 2)
     mixed = metric.compute(models=[model, folder], L_phi=1.13)
-    assert mixed["ours"] == [pytest.approx(ref["ours"], rel=1e-9)] * 2
+    assert mixed["schatten_bound"] == [pytest.approx(ref["schatten_bound"], rel=1e-9)] * 2
     metric.add_batch(models=[folder])
-    assert metric.compute()["edelman"] == [pytest.approx(ref["edelman"], rel=1e-9)]
+    assert metric.compute()["edelman_bound"] == pytest.approx(ref["edelman_bound"], rel=1e-9)
     with pytest.raises(ValueError, match="models"):
         metric.compute(models=[])
     with pytest.raises(ValueError, match="predictions"):
@@ -95,12 +90,12 @@ def test_cli_schatten_writes_table_csv_json_and_figures(miniatures, tmp_path, ca
     printed = capsys.readouterr().out
     reports = [hf_tdiag.spectrum_bounds(f, p_grid_m=4) for f in folders]
     for r in reports:
-        assert f"{r.ours:.6g}" in printed and f"{r.edelman:.6g}" in printed
+        assert f"{r.schatten_bound:.6g}" in printed and f"{r.edelman_bound:.6g}" in printed
     with open(tmp_path / "s.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert [float(r["ours"]) for r in rows] == [pytest.approx(r.ours, rel=1e-12) for r in reports]
+    assert [float(r["schatten_bound"]) for r in rows] == [pytest.approx(r.schatten_bound, rel=1e-12) for r in reports]
     data = json.loads((tmp_path / "s.json").read_text())
-    assert [d["edelman"] for d in data] == [pytest.approx(r.edelman, rel=1e-12) for r in reports]
+    assert [d["edelman_bound"] for d in data] == [pytest.approx(r.edelman_bound, rel=1e-12) for r in reports]
     assert data[1]["p_grid"] == [k / 4 for k in range(9)]
     with open(tmp_path / "m.csv", newline="") as fh:
         mrows = list(csv.DictReader(fh))
@@ -145,18 +140,18 @@ def test_miniatures_recipe_on_local_copies(miniatures, tmp_path, capsys):
     assert sorted(rows) == sorted(p.name for p in miniatures.iterdir())
     for name, row in rows.items():
         rep = hf_tdiag.spectrum_bounds(str(miniatures / name))
-        assert float(row["ours"]) == pytest.approx(rep.ours, rel=1e-12)
-        assert float(row["edelman"]) == pytest.approx(rep.edelman, rel=1e-12)
+        assert float(row["schatten_bound"]) == pytest.approx(rep.schatten_bound, rel=1e-12)
+        assert float(row["edelman_bound"]) == pytest.approx(rep.edelman_bound, rel=1e-12)
     # per curve, as the paper: vs width at N = 128 (same L), vs depth at L = 2 (same N)
     val = lambda L, H, k: float(rows[f"bert_uncased_L-{L}_H-{H}_A-{H // 64}"][k])  # noqa: E731
     for L in (1, 2):
         assert val(L, 128, "ours_norm_width") == 1.0
         assert val(L, 64, "edelman_norm_width") == pytest.approx(
-            val(L, 64, "edelman") / val(L, 128, "edelman"), rel=1e-12
+            val(L, 64, "edelman_bound") / val(L, 128, "edelman_bound"), rel=1e-12
         )
     for H in (64, 128):
         assert val(2, H, "edelman_norm_depth") == 1.0
-        assert val(1, H, "ours_norm_depth") == pytest.approx(val(1, H, "ours") / val(2, H, "ours"), rel=1e-12)
+        assert val(1, H, "ours_norm_depth") == pytest.approx(val(1, H, "schatten_bound") / val(2, H, "schatten_bound"), rel=1e-12)
     data = json.loads((out / "miniatures.json").read_text())
     assert data["normalized_at"] == {"hidden_size": 128, "num_layers": 2} and len(data["reports"]) == 4
     full = json.loads((out / "reports" / "bert_uncased_L-2_H-128_A-2.json").read_text())
@@ -179,7 +174,7 @@ def test_scaling_figures_normalise_each_curve_as_the_paper():
     from hf_tdiag.viz.schatten import plot_proxies_vs_depth, plot_proxies_vs_width, scaling_curves
 
     rows = [
-        {"num_layers": L, "hidden_size": N, "ours": 10.0 * L + N, "edelman": 100.0 * L * N}
+        {"num_layers": L, "hidden_size": N, "schatten_bound": 10.0 * L + N, "edelman_bound": 100.0 * L * N}
         for L in (2, 4)
         for N in (64, 128, 256)
     ]
@@ -198,9 +193,9 @@ def test_scaling_figures_normalise_each_curve_as_the_paper():
     assert list(ours_n256.get_ydata()) == pytest.approx([1.0, (40 + 256) / (20 + 256)])
     # a curve without the paper's point is normalised at its smallest x, and the label says so
     curves = scaling_curves([r for r in rows if r["hidden_size"] != 128], "hidden_size")
-    assert curves[(4, "ours")]["at"] == 64 and list(curves[(4, "ours")]["y"]) == pytest.approx([1.0, 296 / 104])
-    with pytest.raises(ValueError, match="edelman"):
-        plot_proxies_vs_width([{"num_layers": 2, "hidden_size": 128, "ours": 1.0}])
+    assert curves[(4, "schatten_bound")]["at"] == 64 and list(curves[(4, "schatten_bound")]["y"]) == pytest.approx([1.0, 296 / 104])
+    with pytest.raises(ValueError, match="edelman_bound"):
+        plot_proxies_vs_width([{"num_layers": 2, "hidden_size": 128, "schatten_bound": 1.0}])
     with pytest.raises(ValueError, match="x_key"):
         scaling_curves(rows, "heads")
 

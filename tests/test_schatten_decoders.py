@@ -85,8 +85,8 @@ def reference(folder, family, **kw):
 
 
 def assert_matches(rep, ref, layers):
-    assert rep.ours == pytest.approx(ref["ours"], rel=1e-9, abs=0)
-    assert rep.edelman == pytest.approx(ref["edelman"], rel=1e-9, abs=0)
+    assert rep.schatten_bound == pytest.approx(ref["ours"], rel=1e-9, abs=0)
+    assert rep.edelman_bound == pytest.approx(ref["edelman"], rel=1e-9, abs=0)
     np.testing.assert_allclose(rep.alpha, ref["alpha"], rtol=1e-9)
     np.testing.assert_allclose([m.min_contribution for m in rep.matrices], ref["mins"], rtol=1e-9)
     np.testing.assert_allclose(rep.contribution_curves, np.array(ref["curves"]), rtol=1e-9)
@@ -136,7 +136,7 @@ def test_streaming_equals_in_memory_exactly(decoder_dirs, decoder_models, family
     loaded = hf_tdiag.spectrum_bounds(folder)  # AutoModel.from_pretrained, then in memory
     model = hf_tdiag.spectrum_bounds(decoder_models[family], num_workers=2)  # the CausalLM object, two workers
     for other in (loaded, model):
-        assert streamed.ours == other.ours and streamed.edelman == other.edelman
+        assert streamed.schatten_bound == other.schatten_bound and streamed.edelman_bound == other.edelman_bound
         assert np.array_equal(streamed.alpha, other.alpha) and np.array_equal(streamed.xi, other.xi)
         for a, b in zip(streamed.matrices, other.matrices):
             assert (a.layer, a.head, a.type, a.shape, a.rank, a.p_opt) == (
@@ -179,11 +179,11 @@ def test_streaming_chunks_large_ffn_and_matches_reference(tmp_path, monkeypatch)
     streamed = hf_tdiag.spectrum_bounds(folder, streaming=True)
     assert calls == {"gram": 4, "tsqr": 1}  # M_in, M_out of 2 layers; one ill-conditioned M_out
     loaded = hf_tdiag.spectrum_bounds(folder)
-    assert streamed.ours == loaded.ours and streamed.edelman == loaded.edelman
+    assert streamed.schatten_bound == loaded.schatten_bound and streamed.edelman_bound == loaded.edelman_bound
     ref, layers = reference(folder, "mistral")
     assert_matches(streamed, ref, layers)
     svd = hf_tdiag.spectrum_bounds(folder, streaming=True, svd_method="svd")
-    assert svd.ours == pytest.approx(ref["ours"], rel=1e-9) and svd.edelman == pytest.approx(ref["edelman"], rel=1e-9)
+    assert svd.schatten_bound == pytest.approx(ref["ours"], rel=1e-9) and svd.edelman_bound == pytest.approx(ref["edelman"], rel=1e-9)
 
 
 def test_gqa_products_use_the_shared_kv_head(tmp_path):
@@ -195,8 +195,8 @@ def test_gqa_products_use_the_shared_kv_head(tmp_path):
         model.model.layers[0].self_attn.v_proj.weight[:p] = 0
     folder = save_sharded(model, tmp_path / "gqa")
     for rep in (hf_tdiag.spectrum_bounds(folder), hf_tdiag.spectrum_bounds(folder, streaming=True)):
-        qk = {m.head: m for m in rep.matrices if m.layer == 0 and m.type == "qk"}
-        v = {m.head: m for m in rep.matrices if m.layer == 0 and m.type == "v"}
+        qk = {m.head: m for m in rep.matrices if m.layer == 1 and m.type == "qk"}
+        v = {m.head: m for m in rep.matrices if m.layer == 1 and m.type == "v"}
         assert [qk[h].rank for h in range(8)] == [8, 8, 8, 8, 0, 0, 0, 0]
         assert [v[h].rank for h in range(8)] == [0, 0, 0, 0, 8, 8, 8, 8]
         # heads sharing a K head differ only through W_Q: same K, different products

@@ -75,18 +75,18 @@ def test_tiny_grid_numbers_cache_and_figures(tmp_path, capsys, one_torch_thread)
         # initialisation: the same seed rebuilds the same weights; trained: the deterministic run again
         model = G.build_model(cell)
         ref_init = dense_reference_from_matrices(vit_matrices(model, cell))
-        assert rec["init"]["ours"] == pytest.approx(ref_init["ours"], rel=1e-9)
-        assert rec["init"]["edelman"] == pytest.approx(ref_init["edelman"], rel=1e-9)
+        assert rec["init"]["schatten_bound"] == pytest.approx(ref_init["schatten_bound"], rel=1e-9)
+        assert rec["init"]["edelman_bound"] == pytest.approx(ref_init["edelman_bound"], rel=1e-9)
         metrics = G.train(model, cell, G.digits_tensors())
         ref = dense_reference_from_matrices(vit_matrices(model, cell))
-        assert rec["trained"]["ours"] == pytest.approx(ref["ours"], rel=1e-9)
-        assert rec["trained"]["edelman"] == pytest.approx(ref["edelman"], rel=1e-9)
+        assert rec["trained"]["schatten_bound"] == pytest.approx(ref["schatten_bound"], rel=1e-9)
+        assert rec["trained"]["edelman_bound"] == pytest.approx(ref["edelman_bound"], rel=1e-9)
         assert rec["trained"]["mean_p_opt_qk"] == pytest.approx(np.mean(ref["p_opt"][ref["types"] == "qk"]), abs=1e-12)
         assert rec["trained"]["frac_p0_m_in"] == np.mean(ref["p_opt"][ref["types"] == "m_in"] == 0)
         assert rec["metrics"]["test_accuracy"] == metrics["test_accuracy"]
     # the full reports read back (spectra included) carry the record's numbers
     rep_init, rep_trained = G.load_report_pair(rec, str(out))
-    assert rep_trained.ours == rec["trained"]["ours"] and rep_init.edelman == rec["init"]["edelman"]
+    assert rep_trained.schatten_bound == rec["trained"]["schatten_bound"] and rep_init.edelman_bound == rec["init"]["edelman_bound"]
     assert [m.p_opt for m in rep_trained.matrices] == list(ref["p_opt"])
     assert rep_trained.to_json() == type(rep_trained).from_json(rep_trained.to_json()).to_json()
     with open(out / "grid.csv", newline="") as fh:
@@ -101,7 +101,7 @@ def test_tiny_grid_numbers_cache_and_figures(tmp_path, capsys, one_torch_thread)
     for stage in ("init", "trained"):  # per-curve normalisation at L = 2 (vs depth); one width: N = 32 (vs width)
         assert float(by[(stage, 2)]["ours_norm_depth"]) == 1.0
         assert float(by[(stage, 1)]["edelman_norm_depth"]) == pytest.approx(
-            float(by[(stage, 1)]["edelman"]) / float(by[(stage, 2)]["edelman"]), rel=1e-12
+            float(by[(stage, 1)]["edelman_bound"]) / float(by[(stage, 2)]["edelman_bound"]), rel=1e-12
         )
         assert float(by[(stage, 1)]["ours_norm_width"]) == 1.0
     for fig in ("proxies_vs_depth", "proxies_vs_width", "p_opt", "spectra"):
@@ -113,7 +113,7 @@ def test_tiny_grid_numbers_cache_and_figures(tmp_path, capsys, one_torch_thread)
     assert recipe.main(["--output-dir", str(out), "--grid", "tiny"]) == 0
     assert "1 trained now" in capsys.readouterr().out
     again = G.load_record(cells[0], str(out))
-    assert again["trained"]["ours"] == pytest.approx(first["trained"]["ours"], rel=1e-12)
+    assert again["trained"]["schatten_bound"] == pytest.approx(first["trained"]["schatten_bound"], rel=1e-12)
     data = json.loads((out / "grid.json").read_text())
     assert len(data["records"]) == 2 and len(data["rows"]) == 4
 
@@ -126,8 +126,8 @@ def test_grid_figures_plot_the_rows():
             {
                 "num_layers": L,
                 "hidden_size": N,
-                "ours": scale * L * N,
-                "edelman": scale * L * L * N,
+                "schatten_bound": scale * L * N,
+                "edelman_bound": scale * L * L * N,
                 **{f"mean_p_opt_{t}": 0.1 * L * scale for t in ("qk", "v", "m_in", "m_out")},
                 **{f"frac_p0_{t}": 0.5 for t in ("qk", "v", "m_in", "m_out")},
             }

@@ -105,8 +105,8 @@ def test_distilbert_and_vit_with_copied_weights_give_the_bert_numbers():
     for other in (distil, vit):
         rep = hf_tdiag.spectrum_bounds(other)
         assert rep.family == "bert-like"
-        assert rep.ours == pytest.approx(ref.ours, rel=1e-12)
-        assert rep.edelman == pytest.approx(ref.edelman, rel=1e-12)
+        assert rep.schatten_bound == pytest.approx(ref.schatten_bound, rel=1e-12)
+        assert rep.edelman_bound == pytest.approx(ref.edelman_bound, rel=1e-12)
     assert encoder_weights(distil).layers[0].names["ffn_out"] == "transformer.layer.0.ffn.lin2"
 
 
@@ -123,8 +123,8 @@ def test_roberta_electra_and_task_heads_match_the_dense_reference(kind):
         )
     rep = hf_tdiag.spectrum_bounds(model)
     ref = dense_reference(model.state_dict(), L, A)
-    assert rep.ours == pytest.approx(ref["ours"], rel=1e-9)
-    assert rep.edelman == pytest.approx(ref["edelman"], rel=1e-9)
+    assert rep.schatten_bound == pytest.approx(ref["ours"], rel=1e-9)
+    assert rep.edelman_bound == pytest.approx(ref["edelman"], rel=1e-9)
 
 
 def _crate(variant, seed=0):
@@ -175,8 +175,8 @@ def test_crate_matches_dense_reference_with_identity_m_out(variant):
     assert rep.family == "crate" and rep.model_type == "crate"
     assert [m.type for m in rep.matrices[: 2 * 2 + 1]] == ["qk", "qk", "v", "v", "ista"]
     assert not rep.by_type("m_out") and len(rep.by_type("ista")) == 2
-    assert rep.ours == pytest.approx(ref["ours"], rel=1e-9)
-    assert rep.edelman == pytest.approx(ref["edelman"], rel=1e-9)
+    assert rep.schatten_bound == pytest.approx(ref["ours"], rel=1e-9)
+    assert rep.edelman_bound == pytest.approx(ref["edelman"], rel=1e-9)
     np.testing.assert_allclose([m.min_contribution for m in rep.matrices], ref["mins"], rtol=1e-9)
     # QK = U_k U_kᵀ is PSD: its singular values are the squared singular values of U_k
     u = model.encoder.layer[0].attention.qkv.weight.detach().double()[:16]
@@ -188,7 +188,7 @@ def test_crate_saved_folder_matches_model_object(tmp_path):
     model.save_pretrained(tmp_path / "crate")
     a = hf_tdiag.spectrum_bounds(model)
     b = hf_tdiag.spectrum_bounds(str(tmp_path / "crate"))
-    assert b.ours == pytest.approx(a.ours, rel=1e-12) and b.edelman == pytest.approx(a.edelman, rel=1e-12)
+    assert b.schatten_bound == pytest.approx(a.schatten_bound, rel=1e-12) and b.edelman_bound == pytest.approx(a.edelman_bound, rel=1e-12)
 
 
 def test_report_fields_and_serialisation(tmp_path):
@@ -209,10 +209,10 @@ def test_report_fields_and_serialisation(tmp_path):
     assert {m.shape for m in rep.by_type("m_in")} == {(H, FF)} and {m.shape for m in rep.by_type("m_out")} == {(FF, H)}
     assert all(m.rank == H // A for m in rep.by_type("qk"))
     ours = sum(m.min_contribution for m in rep.matrices) + np.sqrt(L)
-    assert rep.ours == pytest.approx(ours, rel=1e-12)
+    assert rep.schatten_bound == pytest.approx(ours, rel=1e-12)
     d = json.loads(rep.to_json(tmp_path / "r.json"))
     assert d == json.loads((tmp_path / "r.json").read_text())
-    assert d["ours"] == rep.ours and d["edelman"] == rep.edelman and len(d["matrices"]) == len(rep.matrices)
+    assert d["ours"] == rep.schatten_bound and d["edelman"] == rep.edelman_bound and len(d["matrices"]) == len(rep.matrices)
     assert "singular_values" not in rep.to_dict(include_spectra=False)["matrices"][0]
     assert rep.summary()["num_layers"] == L
     assert rep.layers_path == "encoder.layer" and d["layers_path"] == "encoder.layer"
@@ -225,7 +225,7 @@ def test_l_phi_and_rank_tol_are_passed_through():
     a = hf_tdiag.spectrum_bounds(model, L_phi=1.0)
     ref = dense_reference(model.state_dict(), L, A, L_phi=1.0, p_grid_m=3)
     b = hf_tdiag.spectrum_bounds(model, L_phi=1.0, p_grid_m=3)
-    assert b.ours == pytest.approx(ref["ours"], rel=1e-9) and b.edelman == pytest.approx(ref["edelman"], rel=1e-9)
+    assert b.schatten_bound == pytest.approx(ref["ours"], rel=1e-9) and b.edelman_bound == pytest.approx(ref["edelman"], rel=1e-9)
     assert a.alpha[0] == pytest.approx(hf_tdiag.spectrum_bounds(model).alpha[0] / 1.13, rel=1e-12)
     huge_tol = hf_tdiag.spectrum_bounds(model, rank_tol=0.5)
     assert all(m.rank <= 1 for m in huge_tol.matrices)  # τ = 0.5·N·max(σ₁,1) removes (almost) everything
@@ -297,14 +297,14 @@ def test_worker_threads_give_the_same_report(workers):
     one = hf_tdiag.spectrum_bounds(model, num_workers=1)
     many = hf_tdiag.spectrum_bounds(model, num_workers=workers)
     assert torch.get_num_threads() == threads  # the workers' single-threaded torch is undone on return
-    assert many.ours == pytest.approx(one.ours, rel=1e-13) and many.edelman == pytest.approx(one.edelman, rel=1e-13)
+    assert many.schatten_bound == pytest.approx(one.schatten_bound, rel=1e-13) and many.edelman_bound == pytest.approx(one.edelman_bound, rel=1e-13)
     assert [m.type for m in many.matrices] == [m.type for m in one.matrices]
     for a, b in zip(one.matrices, many.matrices):
         assert (a.layer, a.head, a.type, a.rank) == (b.layer, b.head, b.type, b.rank)
         np.testing.assert_allclose(b.singular_values, a.singular_values, rtol=1e-13, atol=0)
         np.testing.assert_allclose(b.contributions, a.contributions, rtol=1e-13, atol=0)
     ref = dense_reference(model.state_dict(), 3, 3)
-    assert many.ours == pytest.approx(ref["ours"], rel=1e-9) and many.edelman == pytest.approx(ref["edelman"], rel=1e-9)
+    assert many.schatten_bound == pytest.approx(ref["ours"], rel=1e-9) and many.edelman_bound == pytest.approx(ref["edelman"], rel=1e-9)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -203,14 +203,14 @@ def test_fast_path_matches_dense_reference_on_saved_miniature_shapes(tmp_path, L
     reloaded = BertModel.from_pretrained(folder)
     ref = dense_reference(reloaded.state_dict(), L, A)
     assert rep.num_layers == L and rep.hidden_size == H and rep.num_heads == A
-    assert rep.ours == pytest.approx(ref["ours"], rel=1e-9)
-    assert rep.edelman == pytest.approx(ref["edelman"], rel=1e-9)
+    assert rep.schatten_bound == pytest.approx(ref["ours"], rel=1e-9)
+    assert rep.edelman_bound == pytest.approx(ref["edelman"], rel=1e-9)
     np.testing.assert_allclose([m.min_contribution for m in rep.matrices], ref["mins"], rtol=1e-9)
     np.testing.assert_allclose(rep.alpha, ref["alpha"], rtol=1e-9)
     # the in-memory model object gives the same numbers as its saved folder
     direct = hf_tdiag.spectrum_bounds(model)
-    assert direct.ours == pytest.approx(rep.ours, rel=1e-12)
-    assert direct.edelman == pytest.approx(rep.edelman, rel=1e-12)
+    assert direct.schatten_bound == pytest.approx(rep.schatten_bound, rel=1e-12)
+    assert direct.edelman_bound == pytest.approx(rep.edelman_bound, rel=1e-12)
 
 
 def test_dense_reference_agrees_on_low_rank_and_zero_heads():
@@ -226,11 +226,11 @@ def test_dense_reference_agrees_on_low_rank_and_zero_heads():
         layer1.attention.self.key.weight[dh : dh + 10] = 0.0  # QK of head 1 has rank ≤ dh - 10
     rep = hf_tdiag.spectrum_bounds(model)
     ref = dense_reference(model.state_dict(), L, A)
-    assert rep.ours == pytest.approx(ref["ours"], rel=1e-9)
-    assert rep.edelman == pytest.approx(ref["edelman"], rel=1e-9)
+    assert rep.schatten_bound == pytest.approx(ref["ours"], rel=1e-9)
+    assert rep.edelman_bound == pytest.approx(ref["edelman"], rel=1e-9)
     np.testing.assert_allclose([m.min_contribution for m in rep.matrices], ref["mins"], rtol=1e-9, atol=0)
     ranks = {(m.layer, m.head, m.type): m.rank for m in rep.matrices}
-    assert ranks[(0, 0, "qk")] == 0
-    assert ranks[(0, 1, "v")] == 1
-    assert ranks[(1, 1, "qk")] == dh - 10
-    assert ranks[(0, 1, "qk")] == dh
+    assert ranks[(1, 0, "qk")] == 0
+    assert ranks[(1, 1, "v")] == 1
+    assert ranks[(2, 1, "qk")] == dh - 10
+    assert ranks[(1, 1, "qk")] == dh

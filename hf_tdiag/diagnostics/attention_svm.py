@@ -34,120 +34,26 @@ queries); the fraction of queries whose attention is nearly one-hot
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn
 
-from .._validation import integer, non_negative_int
+from .._caller_state import module_modes, restore_modes
+from .._validation import integer
 from ..measures.attention_svm import AttSVMResult, att_svm_self, matrix_correlation
 from ..probes.attention_heads import HeadWeights, head_weights, num_blocks
 from ..probes.token_states import forward_kwargs
-from .report import FLOAT, INT, typed_frame
+from .attention_svm_report import AttentionSVMDiagnostic, AttentionSVMReport
+from .settings import AttentionSVMSettings, resolve
 
-__all__ = ["AttentionSVMDiagnostic", "attention_svm_diagnostic", "block_index", "head_qk", "visible_projection"]
-
-
-@dataclass
-class AttentionSVMDiagnostic:
-    """Result of :func:`attention_svm_diagnostic`."""
-
-    layer: int  # block number 1..L
-    head: int  # 0-based head index
-    family: str
-    norm: str
-    include_bias: bool
-    correlation: float  # corr(W_h, W_mm)
-    correlation_in_span: float  # corr(Π W_h Π, W_mm), W_h restricted to what these inputs can see
-    margin_ratio: float  # min_i γ_i(W_h) / γ(W_mm) ≤ 1
-    head_margins: torch.Tensor  # (n,) min_t (x_α − x_t)ᵀ W_h z / ‖W_h‖ per query (‖·‖ = the SVM's norm)
-    svm_margins: torch.Tensor  # (n,) the same for W_mm / ‖W_mm‖
-    svm_margin: float  # 1 / ‖W_mm‖
-    max_probs: torch.Tensor  # (n,) largest attention probability of each sampled query
-    one_hot_fraction: float  # share of sampled queries with max prob ≥ one_hot_threshold
-    one_hot_fraction_all: float  # the same over every query token of the batch
-    one_hot_threshold: float
-    query_index: torch.Tensor  # (n, 2) (sequence, position) of the sampled queries
-    selected: torch.Tensor  # (n,) attended token of each sampled query
-    W_head: torch.Tensor  # (d, d_z) head matrix in the x_tᵀ W z orientation
-    svm: AttSVMResult
-    causal: bool = False  # decoder head: the causal Att-SVM (constraints over each query's prefix)
-    rotary: bool = False  # rotary head: W_head is the offset-0 form, head margins are true logit gaps
-    extra: dict = field(default_factory=dict)
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-friendly numbers (no large arrays)."""
-        hm = self.head_margins
-        return {
-            "layer": self.layer,
-            "head": self.head,
-            "family": self.family,
-            "norm": self.norm,
-            "include_bias": self.include_bias,
-            "causal": self.causal,
-            "rotary": self.rotary,
-            "num_queries": int(hm.numel()),
-            "feasible": self.svm.feasible,
-            "correlation": self.correlation,
-            "correlation_in_span": self.correlation_in_span,
-            "margin_ratio": self.margin_ratio,
-            "svm_margin": self.svm_margin,
-            "head_margin_min": float(hm.min()) if hm.numel() else math.nan,
-            "head_margin_median": float(hm.median()) if hm.numel() else math.nan,
-            "one_hot_fraction": self.one_hot_fraction,
-            "one_hot_fraction_all": self.one_hot_fraction_all,
-            "one_hot_threshold": self.one_hot_threshold,
-            "svm": self.svm.summary(),
-            **self.extra,
-        }
-
-    def to_pandas(self):
-        """One row per sampled query: ``layer`` (block 1..L), ``head``, ``sequence`` and ``position`` of the query,
-        the ``selected`` (most attended) token, the head's and the SVM's normalized margins and the largest
-        attention probability."""
-        columns = {
-            "layer": INT,
-            "head": INT,
-            "sequence": INT,
-            "position": INT,
-            "selected": INT,
-            "head_margin": FLOAT,
-            "svm_margin": FLOAT,
-            "max_prob": FLOAT,
-        }
-        rows = [
-            {
-                "layer": self.layer,
-                "head": self.head,
-                "sequence": int(seq),
-                "position": int(pos),
-                "selected": int(sel),
-                "head_margin": float(hm),
-                "svm_margin": float(sm),
-                "max_prob": float(mp),
-            }
-            for (seq, pos), sel, hm, sm, mp in zip(
-                self.query_index.tolist(),
-                self.selected.tolist(),
-                self.head_margins.tolist(),
-                self.svm_margins.tolist(),
-                self.max_probs.tolist(),
-            )
-        ]
-        return typed_frame(rows, columns)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Summary plus the per-query arrays as lists."""
-        out = self.summary()
-        out.update(
-            head_margins=[float(x) for x in self.head_margins.tolist()],
-            svm_margins=[float(x) for x in self.svm_margins.tolist()],
-            max_probs=[float(x) for x in self.max_probs.tolist()],
-            query_index=[[int(a), int(b)] for a, b in self.query_index.tolist()],
-            selected=[int(x) for x in self.selected.tolist()],
-        )
-        return out
+__all__ = [
+    "AttentionSVMReport",
+    "AttentionSVMDiagnostic",
+    "attention_svm_diagnostic",
+    "block_index",
+    "head_qk",
+    "visible_projection",
+]
 
 
 def block_index(model: nn.Module, layer) -> int:
@@ -174,14 +80,14 @@ def _capture_head_input(model: nn.Module, module: nn.Module, kwargs: dict) -> to
         captured.append(x.detach())
 
     handle = module.register_forward_pre_hook(hook)
-    was_training = model.training
+    was_training = module_modes(model)  # every submodule's flag
     model.eval()
     try:
         with torch.no_grad():
             model(**kwargs)
     finally:
         handle.remove()
-        model.train(was_training)
+        restore_modes(was_training)
     if not captured:
         raise ValueError("model: the forward pass never reached the requested layer's query projection")
     return captured[0]
@@ -302,14 +208,6 @@ def _head_margins(res: AttSVMResult, X, Z, W_head, logp, norm: str, rotary: bool
     return torch.where(ineq, gaps, torch.full_like(gaps, math.inf)).min(1).values / head_norm
 
 
-def _check_arguments(model, one_hot_threshold, max_queries) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model: expected a Transformers model (torch.nn.Module), got {type(model).__name__}")
-    if not (isinstance(one_hot_threshold, (int, float)) and 0 < one_hot_threshold <= 1):
-        raise ValueError(f"one_hot_threshold: expected a number in (0, 1], got {one_hot_threshold!r}")
-    non_negative_int(max_queries, "max_queries", allow_none=True, none_means=" (None or 0: every query)")
-
-
 def _head_inputs(model, hw: HeadWeights, inputs):
     """``(X (B, N, d) float64, valid (B, N))``: the head's input tokens and the real-token mask."""
     kwargs = forward_kwargs(model, inputs)
@@ -331,14 +229,15 @@ def attention_svm_diagnostic(
     head: int,
     *,
     queries="all",
-    max_queries: int | None = 64,
-    one_hot_threshold: float = 0.9,
-    norm: str = "fro",
-    include_bias: bool | None = None,
-    seed: int = 0,
-    tol: float = 1e-10,
+    settings: AttentionSVMSettings | None = None,
+    max_queries: int | None = AttentionSVMSettings.max_queries,
+    one_hot_threshold: float = AttentionSVMSettings.one_hot_threshold,
+    norm: str = AttentionSVMSettings.norm,
+    include_bias: bool | None = AttentionSVMSettings.include_bias,
+    seed: int = AttentionSVMSettings.seed,
+    tol: float = AttentionSVMSettings.tol,
     progress: bool = False,
-) -> AttentionSVMDiagnostic:
+) -> AttentionSVMReport:
     """Att-SVM diagnostic of head ``head`` (0-based, as Transformers numbers heads) of block ``layer`` (1..L: the
     l-th transformer block, whose input is ``hidden_states[l-1]``) on a batch of ``inputs``.
 
@@ -347,9 +246,30 @@ def attention_svm_diagnostic(
     or a list of positions; at most ``max_queries`` are sampled (seeded) for the SVM
     (``None`` or 0: all, as ``--max-queries 0`` on the command line). Decoder heads (GPT-2, Llama-style) get the causal Att-SVM.
     ``include_bias``: augment queries with a constant 1 so the query bias's key-dependent
-    term is part of the comparison (default: when the query projection has a bias).
+    term is part of the comparison (default: when the query projection has a bias). ``settings``: an
+    :class:`~hf_tdiag.diagnostics.settings.AttentionSVMSettings` holding these keywords (a keyword given with a
+    value other than its default overrides it).
     """
-    _check_arguments(model, one_hot_threshold, max_queries)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a Transformers model (torch.nn.Module), got {type(model).__name__}")
+    s = resolve(
+        AttentionSVMSettings,
+        settings,
+        max_queries=max_queries,
+        one_hot_threshold=one_hot_threshold,
+        norm=norm,
+        include_bias=include_bias,
+        seed=seed,
+        tol=tol,
+    )
+    max_queries, one_hot_threshold, norm, include_bias, seed, tol = (
+        s.max_queries,
+        s.one_hot_threshold,
+        s.norm,
+        s.include_bias,
+        s.seed,
+        s.tol,
+    )
     hw = head_weights(model, block_index(model, layer), head)
     X, valid = _head_inputs(model, hw, inputs)
     logp = _log_probs(hw, X, valid)  # (B, N, N)
@@ -384,7 +304,7 @@ def attention_svm_diagnostic(
     )
     if not res.feasible:
         nan = math.nan
-        return AttentionSVMDiagnostic(
+        return AttentionSVMReport(
             correlation=nan,
             correlation_in_span=nan,
             margin_ratio=nan,
@@ -395,7 +315,7 @@ def attention_svm_diagnostic(
         )
     W_vis, rank_p, rank_s = visible_projection(X, valid, qi, Z[qi[:, 0], qi[:, 1]], W_head)
     corr_span = matrix_correlation(W_vis, res.W) if float(torch.linalg.norm(W_vis)) > 0 else math.nan
-    return AttentionSVMDiagnostic(
+    return AttentionSVMReport(
         correlation=matrix_correlation(W_head, res.W),
         correlation_in_span=corr_span,
         margin_ratio=float(head_margins.min()) * res.objective,

@@ -24,6 +24,7 @@ import copy
 import torch
 from tqdm.auto import tqdm
 
+from .._caller_state import module_modes, restore_modes
 from ..measures.concepts import SemiNMF, fidelity_errors, kl_bound, kl_bound_chain, kl_divergence
 from ..probes.concept_constants import certified_constants, estimate_constants
 from ..probes.concept_decoder import CERTIFIED_NOTE
@@ -37,13 +38,14 @@ from ..probes.concept_model import (
     suffix_runner,
 )
 from ..probes.concept_text import encode_texts, fit_linear_head, pseudo_labels
+from .concept_report import ConceptFidelityReport
+from .settings import ConceptSettings, resolve
 
 __all__ = [
+    "ConceptFidelityReport",
     "concept_fidelity",
     "concept_fidelity_sweep",
     "concept_model_parts",
-    "compare_concepts",
-    "supervised_concepts",
     "layer_activations",
     "suffix_runner",
     "prepare_inputs",
@@ -53,7 +55,7 @@ __all__ = [
 ]
 
 #: the number of concepts k every entry point (Python API, evaluate module, CLI, recipe) uses by default
-DEFAULT_N_CONCEPTS = 8
+DEFAULT_N_CONCEPTS = ConceptSettings.n_concepts
 
 
 def prepare_inputs(
@@ -282,13 +284,13 @@ def fidelity_at_layer(
     batch_size: int = 64,
     return_tensors: bool = False,
     progress: bool = True,
-) -> dict:
+) -> ConceptFidelityReport:
     """The report of :func:`concept_fidelity` for activations already taken at layer ℓ."""
     A = acts.patches
     est, codes, A_hat = _concepts_reconstruction(concepts, A)
     A_hat = A_hat.to(A)
     model = cm.model
-    was_training = model.training
+    was_training = module_modes(model)  # every submodule's flag
     model.eval()
     try:
         logits_a, logits_h = _suffix_logits(cm, acts, layer, A, A_hat, batch_size, progress)
@@ -299,39 +301,34 @@ def fidelity_at_layer(
         if bounds:
             _bound_report(report, cm, acts, layer, A_hat, errs, kl, power_iters, max_images_for_constants, progress)
     finally:
-        model.train(was_training)
+        restore_modes(was_training)
+    tensors = None
     if return_tensors:
-        report["tensors"] = {
-            "A": A,
-            "A_hat": A_hat,
-            "codes": codes,
-            "logits": logits_a,
-            "logits_hat": logits_h,
-            "concepts": est,
-        }
-    return report
+        tensors = {"A": A, "A_hat": A_hat, "codes": codes, "logits": logits_a, "logits_hat": logits_h, "concepts": est}
+    return ConceptFidelityReport(report, tensors=tensors)
 
 
 def concept_fidelity(
     model,
     inputs,
     layer: int | None = None,
-    concepts=DEFAULT_N_CONCEPTS,
+    concepts=None,
     *,
+    settings: ConceptSettings | None = None,
     layers=None,
-    bounds: bool = True,
+    bounds: bool = ConceptSettings.bounds,
     estimate: bool | None = None,
     tokenizer=None,
-    max_tokens: int | None = None,
+    max_tokens: int | None = ConceptSettings.max_tokens,
     labels=None,
     head=None,
-    n_clusters: int = 4,
-    power_iters: int = 20,
-    max_images_for_constants: int = 32,
-    batch_size: int = 64,
+    n_clusters: int = ConceptSettings.n_clusters,
+    power_iters: int = ConceptSettings.power_iters,
+    max_images_for_constants: int = ConceptSettings.max_images_for_constants,
+    batch_size: int = ConceptSettings.batch_size,
     return_tensors: bool = False,
     progress: bool = True,
-) -> dict:
+) -> ConceptFidelityReport:
     """Fidelity report of concepts at layer ℓ (or, with ``layers="all"`` or a list, the layer sweep).
 
     ``inputs``: pixel values ``(images, C, H, W)`` (or a dict/BatchFeature with ``pixel_values``) for image
@@ -341,12 +338,29 @@ def concept_fidelity(
     ``n_clusters``); ``head``: a ``nn.Linear`` to use instead. ``concepts``: a fitted
     :class:`~hf_tdiag.measures.concepts.SemiNMF` (codes via ``transform``), an unfitted one (fitted here), an int
     (plain Semi-NMF with that many concepts), a dictionary tensor ``(k, d)`` or any object with
-    ``reconstruct(A) -> Â``. Returns per-input lists and means: ``delta_rec`` (absolute and relative),
+    ``reconstruct(A) -> Â``. Returns a :class:`~hf_tdiag.diagnostics.concept_report.ConceptFidelityReport`
+    (``return_tensors``: with the tensors behind the numbers as ``report.tensors``) of per-input lists and means: ``delta_rec`` (absolute and relative),
     ``delta_gram``, ``gram_norm``, the lemma check, the empirical ``kl``, ``top1_agreement``; with ``bounds``
     (``estimate`` is its former name) ``bound_certified``, ``bound_certified_chain``, ``bound_estimated``, their
     terms, ``frac_kl_below_bound_certified``/``_estimated`` and ``constants_certified``/``constants_estimated``.
+    ``concepts=None``: ``settings.n_concepts`` plain Semi-NMF concepts. ``settings``: a
+    :class:`~hf_tdiag.diagnostics.settings.ConceptSettings` holding these keywords (a keyword given with a value other
+    than its default overrides it).
     """
     bounds = bounds if estimate is None else bool(estimate)
+    s = resolve(
+        ConceptSettings,
+        settings,
+        bounds=bounds,
+        max_tokens=max_tokens,
+        n_clusters=n_clusters,
+        power_iters=power_iters,
+        max_images_for_constants=max_images_for_constants,
+        batch_size=batch_size,
+    )
+    concepts = s.n_concepts if concepts is None else concepts
+    bounds, max_tokens, n_clusters, power_iters = s.bounds, s.max_tokens, s.n_clusters, s.power_iters
+    max_images_for_constants, batch_size = s.max_images_for_constants, s.batch_size
     cm, inputs, head_info = prepare_inputs(
         model,
         inputs,
@@ -417,7 +431,7 @@ _SWEEP_KEYS = (
 )
 
 
-def _sweep(cm, inputs, layers, concepts, head_info, options) -> dict:
+def _sweep(cm, inputs, layers, concepts, head_info, options) -> ConceptFidelityReport:
     layers = _sweep_layers(cm, layers)
     _fresh_concepts(concepts)
     per_layer = {}
@@ -436,162 +450,9 @@ def _sweep(cm, inputs, layers, concepts, head_info, options) -> dict:
     }
     if head_info is not None:
         out["head"] = head_info
-    return out
+    return ConceptFidelityReport(out)
 
 
-def concept_fidelity_sweep(model, inputs, concepts=DEFAULT_N_CONCEPTS, layers="all", **kwargs) -> dict:
+def concept_fidelity_sweep(model, inputs, concepts=DEFAULT_N_CONCEPTS, layers="all", **kwargs):
     """``concept_fidelity(model, inputs, concepts=concepts, layers=layers, **kwargs)``: fit and report every layer."""
     return concept_fidelity(model, inputs, None, concepts, layers=layers, **kwargs)
-
-
-def supervised_concepts(
-    model,
-    inputs,
-    layer: int,
-    n_concepts: int,
-    *,
-    kl_weight: float = 1.0,
-    batch_size: int = 64,
-    cm: ConceptModel | None = None,
-    **kwargs,
-):
-    """Fit classifier-supervised concepts at layer ℓ (``L_rec + λ·KL`` through the suffix; FACE-like baseline)."""
-    from ..measures.concepts import ClassifierSupervisedSemiNMF
-
-    if cm is None:
-        cm, inputs, _ = prepare_inputs(model, inputs, batch_size=batch_size)
-    layer = check_layer(cm, layer)
-    acts = layer_activations(model, inputs, layer, batch_size=batch_size, cm=cm)
-    est = ClassifierSupervisedSemiNMF(n_concepts, kl_weight=kl_weight, batch_size=batch_size, **kwargs)
-    suffix = suffix_runner(model, layer, acts.frame, cm, positions=acts.positions)
-    was_training = model.training
-    model.eval()
-    try:
-        est.fit(acts.patches, suffix)
-    finally:
-        model.train(was_training)
-    return est
-
-
-def _agreement(estimators) -> dict:
-    """Hungarian-matched cosine of each dictionary to the supervised one, and the cosine of their refinement moves."""
-    from ..measures.concepts import match_concepts
-
-    ref = estimators["supervised"].components_
-    # every fit shares the deterministic start and MU phase, so the refinements can be compared as moves
-    # away from the plain Semi-NMF dictionary: cosine of vec(W_fit − W_MU) and vec(W_sup − W_MU)
-    base = estimators["supervised"].start_components_
-    agreement = {}
-    for label, est in estimators.items():
-        if label == "supervised":
-            continue
-        m = match_concepts(est.components_, ref)
-        agreement[label] = {
-            "mean_cosine": m["mean_cosine"],
-            "cosine": [float(c) for c in m["cosine"]],
-            "pairs": [[int(a), int(b)] for a, b in zip(m["rows"], m["cols"])],
-        }
-        d_fit = (est.components_ - base.to(est.components_)).flatten().double()
-        d_sup = (ref - base.to(ref)).flatten().double()
-        denom = float(d_fit.norm() * d_sup.norm())
-        agreement[label]["update_cosine"] = float(d_fit @ d_sup) / denom if denom > 0 else None
-    return agreement
-
-
-def _table_row(label, rep, agreement):
-    return {
-        "method": label,
-        "gram_weight": rep["gram_weight"],
-        "kl": rep["kl"],
-        "top1_agreement": rep["top1_agreement"],
-        "delta_rec_rel": rep["delta_rec_rel"],
-        "delta_gram": rep["delta_gram"],
-        "bound_certified": rep.get("bound_certified"),
-        "bound_estimated": rep.get("bound_estimated"),
-        "frac_kl_below_bound_estimated": rep.get("frac_kl_below_bound_estimated"),
-        "fit_seconds": rep["fit_seconds"],
-        "cosine_to_supervised": agreement.get(label, {}).get("mean_cosine", 1.0 if label == "supervised" else None),
-        "update_cosine_to_supervised": agreement.get(label, {}).get("update_cosine"),
-    }
-
-
-def compare_concepts(
-    model,
-    inputs,
-    layer: int,
-    n_concepts: int = DEFAULT_N_CONCEPTS,
-    *,
-    gram_weights=(0.0, 1.0),
-    supervised: bool = True,
-    kl_weight: float = 10.0,
-    max_iter: int = 200,
-    refine_iter: int = 100,
-    supervised_iter: int = 100,
-    bounds: bool = True,
-    estimate: bool | None = None,
-    power_iters: int = 20,
-    batch_size: int = 64,
-    progress: bool = True,
-    **input_options,
-) -> dict:
-    """Plain / Gram-aligned (each μ in ``gram_weights``) / classifier-supervised concepts at layer ℓ, side by side.
-
-    Returns ``runs`` (label -> :func:`concept_fidelity` report, plus fit time and loss history),
-    ``agreement`` (Hungarian-matched cosine similarity of each dictionary to the supervised one, and
-    ``update_cosine``: cosine between the refinement moves ``W − W_MU`` of the fit and of the supervised fit,
-    all fits sharing the same plain Semi-NMF start ``W_MU``),
-    ``table`` (one row per run) and ``estimators`` (label -> fitted estimator). ``input_options`` (tokenizer,
-    max_tokens, labels, head, n_clusters) are those of :func:`concept_fidelity`.
-    """
-    import time
-
-    bounds = bounds if estimate is None else bool(estimate)
-    if not gram_weights and not supervised:
-        raise ValueError("gram_weights: expected at least one μ (or supervised=True)")
-    cm, inputs, head_info = prepare_inputs(model, inputs, batch_size=batch_size, **input_options)
-    layer = check_layer(cm, layer)
-    acts = layer_activations(model, inputs, layer, batch_size=batch_size, cm=cm)
-    estimators, times = {}, {}
-    for mu in gram_weights:
-        label = "plain" if float(mu) == 0 else f"gram(mu={float(mu):g})"
-        t0 = time.perf_counter()
-        estimators[label] = SemiNMF(
-            n_concepts, gram_weight=float(mu), max_iter=max_iter, refine_iter=refine_iter, verbose=progress
-        ).fit(acts.patches)
-        times[label] = time.perf_counter() - t0
-    if supervised:
-        t0 = time.perf_counter()
-        estimators["supervised"] = supervised_concepts(
-            model,
-            inputs,
-            layer,
-            n_concepts,
-            kl_weight=kl_weight,
-            batch_size=batch_size,
-            cm=cm,
-            supervised_iter=supervised_iter,
-            max_iter=max_iter,
-            verbose=progress,
-        )
-        times["supervised"] = time.perf_counter() - t0
-    runs = {}
-    for label, est in estimators.items():
-        rep = fidelity_at_layer(
-            cm, acts, layer, est, bounds=bounds, power_iters=power_iters, batch_size=batch_size, progress=progress
-        )
-        rep["fit_seconds"] = times[label]
-        rep["history"] = {k: list(v) for k, v in est.history_.items()}
-        runs[label] = rep
-    agreement = _agreement(estimators) if supervised else {}
-    table = [_table_row(label, rep, agreement) for label, rep in runs.items()]
-    return {
-        "layer": layer,
-        "n_concepts": n_concepts,
-        "kl_weight": kl_weight if supervised else None,
-        "runs": runs,
-        "agreement": agreement,
-        "table": table,
-        "estimators": estimators,
-        "grid": cm.grid,
-        "head": head_info,
-    }

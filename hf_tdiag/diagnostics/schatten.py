@@ -54,9 +54,10 @@ time. The in-memory path runs the same jobs on the model's parameters: same numb
 
 from __future__ import annotations
 
-import json
 import math
 import os
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,11 +66,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .._threads import torch_threads
-from .._validation import positive_float, positive_int, real
 from ..measures import schatten as S
 from ..probes.block_matrices import EncoderWeights, encoder_weights
 from ..probes.spectrum_sources import DecoderSource, EncoderSource, ffn_job, head_job
-from .report import FLOAT, INT, STR, typed_frame
+from .report import FLOAT, INT, STR, ReportContract, typed_frame
+from .settings import SchattenSettings, resolve
 
 MATRIX_TYPES = ("qk", "v", "m_in", "ista", "m_out")
 
@@ -83,7 +84,7 @@ def _json_float(x: float) -> float | str | None:
 class MatrixRecord:
     """One analysed matrix (row-vector orientation) and its place in the bound."""
 
-    layer: int  # 0-based index of the block (kept for the cached JSON): block number = layer + 1; tables show 1..L
+    layer: int  # block number 1..L (JSON written before format 2 held the 0-based index; from_json converts it)
     head: int | None
     type: str
     shape: tuple[int, int]
@@ -129,7 +130,7 @@ class MatrixRecord:
         return d
 
 
-# the per-matrix numbers of a MatrixRecord, as float columns of SpectrumBoundReport.to_pandas()
+# the per-matrix numbers of a MatrixRecord, as float columns of SchattenReport.to_pandas()
 _RECORD_FLOATS = (
     "spectral_norm",
     "frobenius_norm",
@@ -147,8 +148,9 @@ _RECORD_FLOATS = (
 
 
 @dataclass
-class SpectrumBoundReport:
-    """Result of :func:`spectrum_bounds`. ``ours`` = B_ours, ``edelman`` = B_Edelman."""
+class SchattenReport(ReportContract):
+    """Result of :func:`spectrum_bounds`: ``schatten_bound`` = B_ours (the spectrum-adaptive Schatten proxy
+    Σ_W min_p c(W, p) + √L), ``edelman_bound`` = B_Edelman, and one :class:`MatrixRecord` per analysed matrix."""
 
     model: str
     model_type: str
@@ -161,8 +163,8 @@ class SpectrumBoundReport:
     L_phi: float
     rank_tol: float
     p_grid: np.ndarray
-    ours: float
-    edelman: float
+    schatten_bound: float
+    edelman_bound: float
     alpha: np.ndarray  # (L,) propagation factors α_ℓ
     xi: np.ndarray  # (L,) Edelman layer terms ξ_ℓ
     matrices: list[MatrixRecord] = field(default_factory=list)
@@ -209,7 +211,7 @@ class SpectrumBoundReport:
         layer_rows = []
         for layer in range(self.num_layers):
             downs = [
-                m.flip_factor_down for m in self.matrices if m.layer == layer and math.isfinite(m.flip_factor_down)
+                m.flip_factor_down for m in self.matrices if m.layer == layer + 1 and math.isfinite(m.flip_factor_down)
             ]
             layer_rows.append(
                 [layer + 1, float(gains[layer]), float(self.alpha[layer]), max(downs) if downs else float("nan")]
@@ -251,8 +253,8 @@ class SpectrumBoundReport:
             "num_layers": self.num_layers,
             "hidden_size": self.hidden_size,
             "num_heads": self.num_heads,
-            "ours": self.ours,
-            "edelman": self.edelman,
+            "schatten_bound": self.schatten_bound,
+            "edelman_bound": self.edelman_bound,
             "num_matrices": len(self.matrices),
             "mean_p_opt": float(np.mean([m.p_opt for m in self.matrices])),
             **{
@@ -265,6 +267,7 @@ class SpectrumBoundReport:
     def to_dict(self, include_spectra: bool = True) -> dict[str, Any]:
         """JSON-ready dict; ``include_spectra=False`` drops per-matrix singular values and curves."""
         return {
+            "format_version": FORMAT_VERSION,
             "model": self.model,
             "model_type": self.model_type,
             "family": self.family,
@@ -276,8 +279,8 @@ class SpectrumBoundReport:
             "L_phi": self.L_phi,
             "rank_tol": self.rank_tol,
             "p_grid": self.p_grid.tolist(),
-            "ours": self.ours,
-            "edelman": self.edelman,
+            "schatten_bound": self.schatten_bound,
+            "edelman_bound": self.edelman_bound,
             "alpha": self.alpha.tolist(),
             "xi": self.xi.tolist(),
             "layers_path": self.layers_path,
@@ -288,14 +291,23 @@ class SpectrumBoundReport:
             "matrices": [m.to_dict(include_spectra) for m in self.matrices],
         }
 
+    @property
+    def ours(self) -> float:
+        """Deprecated name of :attr:`schatten_bound`."""
+        warnings.warn("SchattenReport.ours is deprecated; use .schatten_bound", DeprecationWarning, stacklevel=2)
+        return self.schatten_bound
+
+    @property
+    def edelman(self) -> float:
+        """Deprecated name of :attr:`edelman_bound`."""
+        warnings.warn("SchattenReport.edelman is deprecated; use .edelman_bound", DeprecationWarning, stacklevel=2)
+        return self.edelman_bound
+
     @classmethod
-    def from_json(cls, path_or_text: str | os.PathLike) -> SpectrumBoundReport:
-        """A report written by :meth:`to_json` (with spectra), read back from a file path or a JSON string."""
-        text = str(path_or_text)
-        if not text.lstrip().startswith("{"):
-            with open(path_or_text, encoding="utf-8") as fh:
-                text = fh.read()
-        d = json.loads(text)
+    def from_dict(cls, data: Mapping[str, Any]) -> SchattenReport:
+        """Inverse of :meth:`to_dict` (with spectra); JSON written before format 2 (0-based ``layer``, keys
+        ``ours``/``edelman``) is converted."""
+        d = _upgrade(dict(data))
         if "singular_values" not in (d["matrices"][0] if d["matrices"] else {"singular_values": 1}):
             raise ValueError("path_or_text: the report was written without spectra (include_spectra=False)")
         mats = []
@@ -313,7 +325,7 @@ class SpectrumBoundReport:
             mats.append(MatrixRecord(**m))
         arrays = {k: np.asarray(d[k], dtype=np.float64) for k in ("p_grid", "alpha", "xi")}
         gains = None if d.get("layer_gains") is None else np.asarray(d["layer_gains"], dtype=np.float64)
-        skip = {"matrices", "degenerate", "layer_gains", *arrays}
+        skip = {"matrices", "degenerate", "layer_gains", "format_version", *arrays}
         return cls(**{k: v for k, v in d.items() if k not in skip}, **arrays, matrices=mats, layer_gains=gains)
 
     def to_pandas(self):
@@ -324,19 +336,41 @@ class SpectrumBoundReport:
         rows = []
         for m in self.matrices:
             row = {name: getattr(m, name) for name in _RECORD_FLOATS}
-            row.update(layer=m.layer + 1, head=m.head, type=m.type, rows=m.shape[0], cols=m.shape[1], rank=m.rank)
+            row.update(layer=m.layer, head=m.head, type=m.type, rows=m.shape[0], cols=m.shape[1], rank=m.rank)
             rows.append(row)
         return typed_frame(rows, columns)
 
     def to_json(
         self, path: str | os.PathLike | None = None, include_spectra: bool = True, indent: int | None = None
     ) -> str:
-        """Serialise :meth:`to_dict`; also write it to ``path`` when given."""
-        text = json.dumps(self.to_dict(include_spectra), indent=indent)
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(text)
-        return text
+        """:meth:`to_dict` as JSON text; also written (atomically) to ``path`` when given."""
+        return super().to_json(path, indent=indent, include_spectra=include_spectra)
+
+    def plot(self):
+        """The optimal Schatten index p per matrix type and layer."""
+        from ..viz.schatten import plot_optimal_p
+
+        return plot_optimal_p(self)
+
+
+#: the JSON format :meth:`SchattenReport.to_dict` writes: 2 = 1-based ``layer``, ``schatten_bound``/``edelman_bound``
+FORMAT_VERSION = 2
+
+
+def _upgrade(d: dict[str, Any]) -> dict[str, Any]:
+    """A report dict in the current format: format 1 (no ``format_version``) numbered blocks from 0 and named the
+    bounds ``ours``/``edelman``."""
+    version = d.get("format_version", 1)
+    if version > FORMAT_VERSION:
+        raise ValueError(f"format_version: {version} is newer than this hf-tdiag reads ({FORMAT_VERSION}); upgrade")
+    if version == 1:
+        d["schatten_bound"], d["edelman_bound"] = d.pop("ours"), d.pop("edelman")
+        d["matrices"] = [dict(m, layer=m["layer"] + 1) for m in d["matrices"]]
+    return d
+
+
+#: deprecated name of :class:`SchattenReport`
+SpectrumBoundReport = SchattenReport
 
 
 def _curve(m: MatrixRecord, ps, num_layers: int, hidden_size: int) -> np.ndarray:
@@ -486,7 +520,7 @@ def _records(stats: dict[str, dict[str, np.ndarray]], shapes: dict, L: int, H: i
                 sig = st["sigma"][idx]
                 records.append(
                     MatrixRecord(
-                        layer=layer,
+                        layer=layer + 1,
                         head=h,
                         type=typ,
                         shape=shapes[typ],
@@ -508,15 +542,6 @@ def _records(stats: dict[str, dict[str, np.ndarray]], shapes: dict, L: int, H: i
                     )
                 )
     return records
-
-
-def _check_bound_arguments(L_phi, rank_tol, svd_method, num_workers) -> float:
-    """Check :func:`spectrum_bounds`' settings; return ``rank_tol`` as a float."""
-    positive_float(L_phi, "L_phi")
-    if svd_method not in ("auto", "svd"):
-        raise ValueError(f"svd_method: expected 'auto' or 'svd', got {svd_method!r}")
-    positive_int(num_workers, "num_workers", allow_none=True)
-    return real(rank_tol, "rank_tol", low=0, high=1, high_open=True)
 
 
 def _source(model_or_path, streaming: bool, load_kwargs):
@@ -598,16 +623,17 @@ def _matrix_groups(sh, sp: dict, gamma: dict, alpha: torch.Tensor) -> list[tuple
 
 def spectrum_bounds(
     model_or_path,
-    L_phi: float = S.DEFAULT_L_PHI,
-    p_grid_m: int | None = None,
-    rank_tol: float = S.DEFAULT_RANK_TOL,
+    L_phi: float = SchattenSettings.L_phi,
+    p_grid_m: int | None = SchattenSettings.p_grid_m,
+    rank_tol: float = SchattenSettings.rank_tol,
     *,
-    svd_method: str = "auto",
-    num_workers: int | None = None,
+    settings: SchattenSettings | None = None,
+    svd_method: str = SchattenSettings.svd_method,
+    num_workers: int | None = SchattenSettings.num_workers,
     progress: bool = False,
-    streaming: bool = False,
+    streaming: bool = SchattenSettings.streaming,
     **load_kwargs,
-) -> SpectrumBoundReport:
+) -> SchattenReport:
     """Spectrum-adaptive Schatten proxy B_ours = Σ_W min_p c(W, p) + √L and Edelman's proxy of an encoder or decoder.
 
     Args:
@@ -627,10 +653,23 @@ def spectrum_bounds(
             time (``safe_open`` on the shards the index names) without instantiating the model: peak memory is
             about the largest layer's weights (times ``num_workers``), not the model's. Same numbers as the
             in-memory path, bit for bit.
+        settings: a :class:`~hf_tdiag.diagnostics.settings.SchattenSettings` holding these keywords (an argument
+            given with a value other than its default overrides it).
     """
-    rank_tol = _check_bound_arguments(L_phi, rank_tol, svd_method, num_workers)
     if not isinstance(streaming, bool):
         raise TypeError(f"streaming: expected True or False, got {streaming!r}")
+    s = resolve(
+        SchattenSettings,
+        settings,
+        L_phi=L_phi,
+        p_grid_m=p_grid_m,
+        rank_tol=rank_tol,
+        svd_method=svd_method,
+        num_workers=num_workers,
+        streaming=streaming,
+    )
+    L_phi, p_grid_m, rank_tol, svd_method = s.L_phi, s.p_grid_m, float(s.rank_tol), s.svd_method
+    num_workers, streaming = s.num_workers, s.streaming
     source, name, default_workers = _source(model_or_path, streaming, load_kwargs)
     sh = source.shapes
     L, N, H = sh.num_layers, sh.hidden_size, sh.num_heads
@@ -658,7 +697,7 @@ def spectrum_bounds(
     edelman = float(S.edelman_bound(alpha, xi))
     shapes = {"qk": (N, N), "v": (N, N), sh.ffn_in_type: (N, sh.ffn_in_width), "m_out": (sh.intermediate_size, N)}
     records = _records(stats, shapes, L, H)
-    return SpectrumBoundReport(
+    return SchattenReport(
         model=name,
         model_type=sh.model_type,
         family=sh.family,
@@ -670,8 +709,8 @@ def spectrum_bounds(
         L_phi=float(L_phi),
         rank_tol=rank_tol,
         p_grid=ps.numpy(),
-        ours=ours,
-        edelman=edelman,
+        schatten_bound=ours,
+        edelman_bound=edelman,
         alpha=alpha.cpu().numpy(),
         xi=xi.cpu().numpy(),
         matrices=records,
@@ -682,4 +721,11 @@ def spectrum_bounds(
     )
 
 
-__all__ = ["MATRIX_TYPES", "MatrixRecord", "SpectrumBoundReport", "spectrum_bounds"]
+__all__ = [
+    "MATRIX_TYPES",
+    "FORMAT_VERSION",
+    "MatrixRecord",
+    "SchattenReport",
+    "SpectrumBoundReport",
+    "spectrum_bounds",
+]

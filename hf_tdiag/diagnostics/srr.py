@@ -32,7 +32,6 @@ the ``query_heads`` that read it.
 
 from __future__ import annotations
 
-import json
 import platform
 import warnings
 from collections.abc import Iterable, Mapping
@@ -43,10 +42,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .._validation import finite_float, positive_int
+from .._caller_state import module_modes, restore_modes
 from ..measures.coding_rate import (
-    PRECISIONS,
-    check_eps,
     coding_rate,
     compression_rate,
     compression_rate_from_projections,
@@ -54,13 +51,14 @@ from ..measures.coding_rate import (
     sparsity,
 )
 from ..probes.describe import describe
-from ..probes.subspaces import check_source, subspace_heads, subspaces
+from ..probes.subspaces import subspace_heads, subspaces
 from ..probes.token_states import model_device, token_states
-from .report import FLOAT, INT, STR, read_json_text, typed_frame
+from .report import FLOAT, INT, STR, ReportContract, typed_frame
+from .settings import SRRSettings, resolve
 
 TERMS: tuple[str, ...] = ("R", "Rc", "sparsity", "srr")
 STATES: tuple[str, ...] = ("output", "input", "mid")
-MEASUREMENTS: tuple[str, ...] = ("design", "official")
+MEASUREMENTS: tuple[str, ...] = SRRSettings.field_metadata("measurement")["choices"]
 STATE_DESCRIPTIONS = {
     "output": "Z^l, the output of block l (hidden_states[l]), with block l's U^l; 'layer l' means this state",
     "input": "Z^{l-1}, the input of block l (hidden_states[l-1]), with block l's U^l",
@@ -76,7 +74,7 @@ def _mean_std(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @dataclass
-class SRRReport:
+class SRRReport(ReportContract):
     """Per-layer mean/std over samples of ``R``, ``Rc``, ``sparsity``, ``srr`` at each measured state.
 
     ``layers`` are the block numbers ``1…L``; ``mean[state][term]`` and ``std[state][term]`` hold one float per
@@ -195,17 +193,8 @@ class SRRReport:
         return out
 
     def to_json(self, path: str | None = None, include_samples: bool = False, indent: int = 2) -> str:
-        """Serialize :meth:`to_dict` to JSON text; also write it to ``path`` if given."""
-        text = json.dumps(self.to_dict(include_samples), indent=indent)
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(text + "\n")
-        return text
-
-    @classmethod
-    def from_json(cls, path_or_text) -> SRRReport:
-        """A report written by :meth:`to_json`, read back from a file path or a JSON string."""
-        return cls.from_dict(read_json_text(path_or_text))
+        """:meth:`to_dict` as JSON text; also written (atomically) to ``path`` if given."""
+        return super().to_json(path, indent=indent, include_samples=include_samples)
 
     def to_pandas(self):
         """One row per block and measured state: ``layer`` (1..L), ``state``, the means of R, Rc, sparsity, srr and
@@ -226,6 +215,12 @@ class SRRReport:
                 row.update({f"{t}_std": self.std[state][t][i] for t in TERMS})
                 rows.append(row)
         return typed_frame(rows, columns)
+
+    def plot(self, **kwargs):
+        """Per-layer Rᶜ, R, sparsity and SRR of each measured state (:func:`hf_tdiag.viz.plot_layer_srr`)."""
+        from ..viz import plot_layer_srr
+
+        return plot_layer_srr(self, **kwargs)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> SRRReport:
@@ -310,21 +305,6 @@ def _batches(inputs, batch_size: int, accelerator) -> Iterable:
             f"inputs: expected pixel values / input ids (tensor), a dict batch or a DataLoader, got {type(inputs).__name__}"
         )
     return inputs
-
-
-def _check_settings(eps, lam, batch_size, max_batches, measurement, apply_layernorm, precision="auto"):
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision: expected one of {list(PRECISIONS)}, got {precision!r}")
-    check_eps(eps)
-    finite_float(lam, "lam")
-    positive_int(batch_size, "batch_size")
-    positive_int(max_batches, "max_batches", allow_none=True)
-    if measurement not in MEASUREMENTS:
-        raise ValueError(f"measurement: expected one of {list(MEASUREMENTS)}, got {measurement!r}")
-    if measurement == "official" and apply_layernorm:
-        raise ValueError(
-            "apply_layernorm: the official measurement fixes its states (qkv output of LN1(Z)); pass False"
-        )
 
 
 # ---------------------------------------------------------------------------
@@ -455,7 +435,7 @@ def _total(batches, max_batches):
 def _measure(model, batches, accelerator, max_batches, progress, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Values of every batch (gathered across processes), in eval mode; the model's mode is restored."""
     show = progress and (accelerator is None or accelerator.is_local_main_process)
-    was_training = model.training
+    was_training = module_modes(model)  # every submodule's flag
     model.eval()
     chunks, embedding_chunks = [], []
     try:
@@ -472,7 +452,7 @@ def _measure(model, batches, accelerator, max_batches, progress, **kwargs) -> tu
             if embeddings is not None:
                 embedding_chunks.append(embeddings.detach().cpu())
     finally:
-        model.train(was_training)
+        restore_modes(was_training)
     if not chunks:
         raise ValueError("inputs: no batches to measure (empty inputs)")
     return torch.cat(chunks), (torch.cat(embedding_chunks) if embedding_chunks else None)
@@ -520,16 +500,17 @@ def layer_srr(
     model: nn.Module,
     inputs,
     *,
-    source: str = "query",
-    eps: float = 0.1,
-    lam: float = 1.0,
-    apply_layernorm: bool = False,
-    include_mid: bool = True,
-    batch_size: int = 32,
-    max_batches: int | None = None,
-    reuse_projections: bool = True,
-    measurement: str = "design",
-    precision: str = "auto",
+    settings: SRRSettings | None = None,
+    source: str = SRRSettings.source,
+    eps: float = SRRSettings.eps,
+    lam: float = SRRSettings.lam,
+    apply_layernorm: bool = SRRSettings.apply_layernorm,
+    include_mid: bool = SRRSettings.include_mid,
+    batch_size: int = SRRSettings.batch_size,
+    max_batches: int | None = SRRSettings.max_batches,
+    reuse_projections: bool = SRRSettings.reuse_projections,
+    measurement: str = SRRSettings.measurement,
+    precision: str = SRRSettings.precision,
     accelerator=None,
     progress: bool = True,
 ) -> SRRReport:
@@ -546,9 +527,26 @@ def layer_srr(
     ``source`` picks ``U`` for non-CRATE models (``query``/``key``/``value``; CRATE has one shared ``U``).
     With an ``accelerate.Accelerator`` the batches are sharded across processes (a DataLoader is prepared if
     it is not already) and per-sample values are gathered with ``gather_for_metrics``, so each sample counts once.
+    ``settings``: an :class:`~hf_tdiag.diagnostics.settings.SRRSettings` holding these keywords (a keyword given
+    with a value other than its default overrides it).
     """
-    check_source(source)
-    _check_settings(eps, lam, batch_size, max_batches, measurement, apply_layernorm, precision)
+    s = resolve(
+        SRRSettings,
+        settings,
+        source=source,
+        eps=eps,
+        lam=lam,
+        apply_layernorm=apply_layernorm,
+        include_mid=include_mid,
+        batch_size=batch_size,
+        max_batches=max_batches,
+        reuse_projections=reuse_projections,
+        measurement=measurement,
+        precision=precision,
+    )
+    source, eps, lam, apply_layernorm, include_mid = s.source, s.eps, s.lam, s.apply_layernorm, s.include_mid
+    batch_size, max_batches, reuse_projections = s.batch_size, s.max_batches, s.reuse_projections
+    measurement, precision = s.measurement, s.precision
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module (a Transformers model), got {type(model).__name__}")
     if accelerator is not None:

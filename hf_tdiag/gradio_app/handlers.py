@@ -28,6 +28,7 @@ from PIL import Image, UnidentifiedImageError
 from hf_tdiag._defaults import DEFAULT_L_PHI
 from hf_tdiag.inputs import UserInputError, open_image
 from hf_tdiag.loading import HUB_ID, LoadedModel, load_hub_model, load_model, pixel_values_for
+from hf_tdiag.report.html import format_value
 from hf_tdiag.report.report import cls_pooling_note
 from hf_tdiag.viz import attention_maps
 
@@ -92,7 +93,7 @@ def _load(spec: str) -> LoadedModel:
 
         variant = spec.split(":", 1)[1] if ":" in spec else "crate"
         loaded = load_model(str(default_model.ensure_default_model(variant=variant)))
-        loaded.source = f"default digits CRATE ({variant})"
+        loaded.source = f"default digits {variant.upper()}"  # the model named once: "default digits CRATE-C"
         loaded.model.config._name_or_path = loaded.source  # figure titles name the model, not the cache folder
         return loaded
     if local_models_allowed():
@@ -272,20 +273,21 @@ def _bounds_report(loaded: LoadedModel, L_phi: float):
 
 
 def _bounds_table(report) -> list[list]:
-    return [
+    rows = [
         [
-            m.layer + 1,
+            m.layer,
             "" if m.head is None else m.head,
             m.type,
             m.rank,
-            round(m.spectral_norm, 6),
-            round(m.stable_rank, 4),
-            round(m.p_opt, 4),
-            round(m.min_contribution, 6),
-            float(f"{m.flip_factor_down:.4g}"),
+            m.spectral_norm,
+            m.stable_rank,
+            m.p_opt,
+            m.min_contribution,
+            m.flip_factor_down,
         ]
         for m in report.matrices
     ]
+    return _formatted(rows)
 
 
 BOUNDS_COLUMNS = [
@@ -302,9 +304,8 @@ BOUNDS_COLUMNS = [
 
 
 def _markdown_table(headers, rows) -> str:
-    cell = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows])
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in _formatted(rows)])
 
 
 @user_errors
@@ -315,9 +316,9 @@ def bounds_tab(spec, L_phi=DEFAULT_L_PHI, progress=gr.Progress(track_tqdm=True))
     loaded = get_model(spec)
     report = _bounds_report(loaded, L_phi)
     text = (
-        f"**B_ours (spectrum-adaptive Schatten)** = {report.ours:.6g} &nbsp;·&nbsp; "
-        f"**B_Edelman** = {report.edelman:.6g} &nbsp;·&nbsp; ratio B_Edelman / B_ours = "
-        f"{report.edelman / report.ours:.3g}  \n"
+        f"**B_ours (spectrum-adaptive Schatten)** = {format_value(report.schatten_bound)} &nbsp;·&nbsp; "
+        f"**B_Edelman** = {format_value(report.edelman_bound)} &nbsp;·&nbsp; ratio B_Edelman / B_ours = "
+        f"{format_value(report.edelman_bound / report.schatten_bound)}  \n"
         f"{report.num_layers} layers, width {report.hidden_size}, {report.num_heads} heads, "
         f"{len(report.matrices)} matrices, L_φ = {report.L_phi:g}, mean optimal p = "
         f"{float(np.mean([m.p_opt for m in report.matrices])):.3g}"
@@ -375,7 +376,7 @@ def concepts_tab(spec, image_path, n_concepts=4, layer=-1, extra_digits=31, prog
         return_tensors=True,
         progress=True,
     )
-    tensors = result.pop("tensors")
+    tensors = result.tensors
     plots = [fig for _, fig in concept_plots(loaded, pixel_values, tensors["codes"], result)]
     while len(plots) < 3:
         plots.append(None)
@@ -387,16 +388,16 @@ def concepts_tab(spec, image_path, n_concepts=4, layer=-1, extra_digits=31, prog
         f"constants, {result.get('bound_estimated', float('nan')):.3g} with estimated ones (KL ≤ estimated bound for "
         f"{100 * result.get('frac_kl_below_bound_estimated', float('nan')):.0f}% of images)."
     )
-    return text, plots[0], plots[1], plots[2], [[q, _rounded(v)] for q, v in rows]
+    return text, plots[0], plots[1], plots[2], _formatted(rows)
 
 
-def _rounded(value) -> str:
-    """A table cell for a person: 4 significant digits (15.962614149589578 -> '15.96'), integers as they are."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        return str(value)
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    return f"{float(value):.4g}"
+def _formatted(rows) -> list[list[str]]:
+    """A table's cells for a person, all numbers through one formatter (the report's: 4 significant digits,
+    scientific for every float of the table when one needs it; yes/no for booleans)."""
+    from hf_tdiag.report.html import table_formatter
+
+    fmt = table_formatter(rows)
+    return [[fmt(v) for v in row] for row in rows]
 
 
 # ----------------------------------------------------------------------------- Attention as SVM tab
@@ -457,7 +458,7 @@ def svm_experiment(n=6, T=8, d=16, steps=2000, seed=0, progress=gr.Progress(trac
         raise UserInputError(f"the Att-SVM is infeasible for n={n}, T={T}, d={d}; try a larger d (d ≥ max(T−1, n))")
     fig = viz_attention_svm.plot_correlation_curves(curves, title=f"n={n}, T={T}, d={d}")
     text = (
-        f"Over-parameterized (d ≥ max(T−1, n)): **{d >= max(T - 1, n)}**\n\n"
+        f"Over-parameterized (d ≥ max(T−1, n)): **{format_value(d >= max(T - 1, n))}**\n\n"
         "| parameterization | SVM norm | final correlation | max correlation |\n|---|---|---|---|\n" + "\n".join(lines)
     )
     if w_run is not None:
@@ -511,5 +512,5 @@ def svm_head_tab(spec, image_path, layer=-1, head=0, extra_digits=15, progress=g
         f"Head {head} of layer {layer} on {len(images)} images: corr(W_h, W_mm) = **{diag.correlation:.4f}**, "
         f"margin ratio {diag.margin_ratio:.3g}, nearly one-hot queries {100 * diag.one_hot_fraction:.0f}%."
     )
-    rows = [[q, _rounded(v)] for q, v in table.rows]
+    rows = _formatted(table.rows)
     return text, viz_attention_svm.plot_head_diagnostic(diag), rows

@@ -315,7 +315,7 @@ def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: 
     report = hf_tdiag.spectrum_bounds(loaded.model, L_phi=options.L_phi)
     rows = [
         [
-            m.layer + 1,
+            m.layer,
             "—" if m.head is None else m.head,
             m.type,
             m.rank,
@@ -333,8 +333,8 @@ def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: 
         "schatten",
         "Generalization-bound proxies (spectrum-adaptive Schatten vs Edelman)",
         summary=(
-            f"Spectrum-adaptive proxy B_ours = {report.ours:.6g}; Edelman et al. proxy B_Edelman = "
-            f"{report.edelman:.6g} (ratio {report.edelman / report.ours:.3g}×), from the weights alone "
+            f"Spectrum-adaptive proxy B_ours = {report.schatten_bound:.6g}; Edelman et al. proxy B_Edelman = "
+            f"{report.edelman_bound:.6g} (ratio {report.edelman_bound / report.schatten_bound:.3g}×), from the weights alone "
             f"({len(report.matrices)} matrices, L_φ = {report.L_phi})." + (f" {note}" if note else "")
         ),
         tables=[
@@ -344,6 +344,7 @@ def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: 
                 "Per-matrix spectra and optimal p (κ↓: factor on γα_ℓL at which a larger p would win)",
                 ["layer", "head", "type", "rank", "‖W‖₂", "stable rank", "p_opt", "min_p c(W,p)", "κ↓"],
                 rows,
+                collapsed=True,
             ),
         ],
         numbers=report.to_dict(include_spectra=False),
@@ -429,7 +430,7 @@ def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: 
         return_tensors=True,
         progress=False,
     )
-    tensors = result.pop("tensors")
+    tensors = result.tensors
     rows = fidelity_rows(result)
     section = Section(
         "concepts",
@@ -440,7 +441,8 @@ def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: 
             "The empirical KL replaces the layer's patch tokens by their reconstruction Â (CLS untouched) and runs "
             "the remaining blocks and the head; the bound is "
             "½(‖W_c‖_op L_readout)² · L_block^{2L_suf} · (√N δ_rec + α‖G‖_F δ_gram)², once with certified constants "
-            "(upper bounds, docs/concept_bound.md) and once with local estimates."
+            "(upper bounds on the ball the reconstruction provably stays in; the derivation is in the package's "
+            "docs, concept_bound.md) and once with local estimates."
         ),
         tables=[Table("Fidelity", ["quantity", "value"], rows)],
         numbers=result,
@@ -464,7 +466,7 @@ def decoder_concepts_section(loaded: LoadedModel, inputs: ReportInputs, options:
         return_tensors=True,
         progress=False,
     )
-    tensors = result.pop("tensors")
+    tensors = result.tensors
     rows = fidelity_rows(result)
     section = Section(
         "concepts",

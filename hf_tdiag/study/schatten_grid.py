@@ -186,8 +186,8 @@ def train(model, cell: GridCell, data, device: str = "cpu") -> dict[str, float]:
 def report_summary(report) -> dict[str, Any]:
     """The numbers the grid tables and figures use, from one :class:`SpectrumBoundReport`."""
     out = {
-        "ours": report.ours,
-        "edelman": report.edelman,
+        "schatten_bound": report.schatten_bound,
+        "edelman_bound": report.edelman_bound,
         "degenerate": report.degenerate,
         "alpha_first": float(report.alpha[0]),
         "mean_p_opt": float(np.mean([m.p_opt for m in report.matrices])),
@@ -331,8 +331,8 @@ def _line(rec: dict) -> str:
     c, i, t, m = rec["cell"], rec["init"], rec["trained"], rec["metrics"]
     how = "cached" if rec.get("cached") else f"{rec['seconds']:.0f} s"
     return (
-        f"L={c['num_layers']} N={c['hidden_size']}: test acc {m['test_accuracy']:.3f}; B_ours {i['ours']:.4g} -> "
-        f"{t['ours']:.4g}, B_Edelman {i['edelman']:.4g} -> {t['edelman']:.4g} ({how})"
+        f"L={c['num_layers']} N={c['hidden_size']}: test acc {m['test_accuracy']:.3f}; B_ours {i['schatten_bound']:.4g} -> "
+        f"{t['schatten_bound']:.4g}, B_Edelman {i['edelman_bound']:.4g} -> {t['edelman_bound']:.4g} ({how})"
     )
 
 

@@ -1,7 +1,7 @@
 """Figures for the Schatten / Edelman bound proxies (matplotlib ``Figure`` objects, no pyplot state).
 
 Inputs are :class:`hf_tdiag.diagnostics.schatten.SpectrumBoundReport` objects, or for the
-scaling plots any rows with ``num_layers``, ``hidden_size``, ``ours`` and ``edelman``
+scaling plots any rows with ``num_layers``, ``hidden_size``, ``schatten_bound`` and ``edelman_bound``
 (e.g. ``report.summary()``).
 """
 
@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from . import new_subplots
 
 TYPE_LABELS = {"qk": "QK (per head)", "v": "Ṽ (per head)", "m_in": "M_in", "ista": "ISTA D (as M_in)", "m_out": "M_out"}
-PROXY_STYLE = {"ours": ("B_ours (spectrum-adaptive)", "-", "o"), "edelman": ("B_Edelman", "--", "s")}
+PROXY_STYLE = {"schatten_bound": ("B_ours (spectrum-adaptive)", "-", "o"), "edelman_bound": ("B_Edelman", "--", "s")}
 
 
 AXIS_LABELS = {"hidden_size": ("hidden size N", "N"), "num_layers": ("depth L", "L")}
@@ -40,17 +40,17 @@ def model_label(name: str) -> str:
 
 
 def _title_name(report) -> str:
-    return (
-        f"{model_label(report.model)} ({report.model_type}, L={report.num_layers}, N={report.hidden_size}, "
-        f"H={report.num_heads})"
-    )
+    """The model once: its name, then its type only when the name does not already say it, then its sizes."""
+    name = model_label(report.model)
+    kind = "" if str(report.model_type).lower() in name.lower() else f"{report.model_type}, "
+    return f"{name} ({kind}L={report.num_layers}, N={report.hidden_size}, H={report.num_heads})"
 
 
 def _rows(rows: Iterable[Mapping[str, Any] | Any]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         r = r.summary() if hasattr(r, "summary") else dict(r)
-        for key in ("num_layers", "hidden_size", "ours", "edelman"):
+        for key in ("num_layers", "hidden_size", "schatten_bound", "edelman_bound"):
             if key not in r:
                 raise ValueError(f"rows: each row needs {key!r}; got keys {sorted(r)}")
         out.append(r)
@@ -62,7 +62,7 @@ def _rows(rows: Iterable[Mapping[str, Any] | Any]) -> list[dict[str, Any]]:
 def scaling_curves(rows, x_key: str, normalize_at: Mapping[str, int] | None = None) -> dict[tuple, dict[str, Any]]:
     """Per-curve normalised proxies, as the paper plots them: ``(group, proxy) -> {"x", "y", "raw", "at"}``.
 
-    A curve is one proxy (``"ours"`` or ``"edelman"``) against ``x_key`` (``"hidden_size"`` or ``"num_layers"``)
+    A curve is one proxy (``"schatten_bound"`` or ``"edelman_bound"``) against ``x_key`` (``"hidden_size"`` or ``"num_layers"``)
     at one value of the other axis (``group``); it is divided by its own value at ``normalize_at[x_key]``
     (default N = 128, L = 2, the paper's choice), or at its smallest x when that value is not on the curve.
     """
@@ -189,7 +189,7 @@ def plot_spectra_init_vs_trained(report_init, report_trained) -> Figure:
     return _spectral_decay_figure(
         report_trained,
         report_init,
-        ylabel="σᵢ / σ₁  (grey: at initialisation)",
+        ylabel=r"$\sigma_i\,/\,\sigma_1$  (grey: at initialisation)",
         title=f"Spectral decay at initialisation and after training — {_title_name(report_trained)}",
     )
 
@@ -207,7 +207,7 @@ def _spectral_decay_figure(report, background=None, *, ylabel: str, title: str) 
     width = 0.7 if background is None else 0.8
     for ax, t in zip(axes, types):
         layers = [(background, lambda m: "0.6", 0.6, 0.5)] if background is not None else []
-        for rep, color, lw, alpha in layers + [(report, lambda m: cmap[m.layer], width, width)]:
+        for rep, color, lw, alpha in layers + [(report, lambda m: cmap[m.layer - 1], width, width)]:
             for m in rep.matrices:
                 if m.type == t and m.rank > 0:
                     s = m.singular_values
@@ -224,7 +224,7 @@ def _spectral_decay_figure(report, background=None, *, ylabel: str, title: str) 
 
 def plot_spectral_decay(report) -> Figure:
     """σᵢ/σ₁ against i for every matrix, one panel per matrix type, coloured by layer (log scale)."""
-    return _spectral_decay_figure(report, ylabel="σᵢ / σ₁", title=f"Spectral decay — {_title_name(report)}")
+    return _spectral_decay_figure(report, ylabel=r"$\sigma_i\,/\,\sigma_1$", title=f"Spectral decay — {_title_name(report)}")
 
 
 def plot_optimal_p(report) -> Figure:
@@ -238,12 +238,12 @@ def plot_optimal_p(report) -> Figure:
         ps = np.array([m.p_opt for m in recs])
         offset = (i - (len(types) - 1) / 2) * 0.08
         ax.scatter(layers + offset, ps, s=10, color=f"C{i}", alpha=0.5)
-        mean = [ps[layers == layer].mean() for layer in range(report.num_layers)]
-        ax.plot(np.arange(report.num_layers) + offset, mean, color=f"C{i}", marker="o", label=TYPE_LABELS[t])
+        mean = [ps[layers == layer].mean() for layer in range(1, report.num_layers + 1)]
+        ax.plot(np.arange(1, report.num_layers + 1) + offset, mean, color=f"C{i}", marker="o", label=TYPE_LABELS[t])
     ax.set_xlabel("layer ℓ (block 1..L)")
     ax.set_ylabel("optimal p")
     ax.set_ylim(-0.05, 2.05)
-    ax.set_xticks(range(report.num_layers), [str(i + 1) for i in range(report.num_layers)])  # record.layer is 0-based
+    ax.set_xticks(range(1, report.num_layers + 1))
     ax.set_title(f"Optimal Schatten index per matrix — {_title_name(report)}", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
@@ -259,7 +259,7 @@ def plot_contribution_vs_p(report) -> Figure:
     grid = np.asarray(report.p_grid)
     for ax, t in zip(axes, types):
         for layer in range(report.num_layers):
-            curves = np.stack([m.contributions for m in report.matrices if m.type == t and m.layer == layer])
+            curves = np.stack([m.contributions for m in report.matrices if m.type == t and m.layer == layer + 1])
             curve = curves.mean(axis=0)
             if not np.any(curve > 0):
                 continue
@@ -284,7 +284,7 @@ def _layer_colors(n: int) -> list:
 
 
 def _layer_colorbar(fig: Figure, axes, num_layers: int) -> None:
-    """A colour bar mapping the line colours of :func:`_layer_colors` (record.layer 0 … L−1) to blocks 1 … L."""
+    """A colour bar mapping the line colours of :func:`_layer_colors` (index ℓ − 1 of block ℓ) to blocks 1 … L."""
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import BoundaryNorm
@@ -411,7 +411,7 @@ def optimal_p_heatmap(report) -> Figure:
     col_index = {c: j for j, c in enumerate(columns)}
     grid = np.full((report.num_layers, len(columns)), np.nan)
     for m in report.matrices:
-        grid[m.layer, col_index[(m.type, -1 if m.head is None else m.head)]] = m.p_opt
+        grid[m.layer - 1, col_index[(m.type, -1 if m.head is None else m.head)]] = m.p_opt
     width = min(16.0, 2.5 + 0.32 * len(columns))
     fig, axes = new_subplots(1, 1, (width, 1.8 + 0.35 * report.num_layers), layout="constrained")
     ax = axes[0][0]

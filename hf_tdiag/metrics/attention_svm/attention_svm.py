@@ -57,10 +57,14 @@ Returns:
     num_queries, include_bias, causal, rotary, and the solver's svm_objective, svm_duality_gap,
     svm_num_constraints, svm_num_active, svm_time, ... (svm_<name>).
 Examples:
-    >>> import evaluate, hf_tdiag
+    >>> import evaluate, hf_tdiag, torch
+    >>> from hf_tdiag import CrateConfig, CrateForImageClassification
+    >>> _ = torch.manual_seed(0)
+    >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10)).eval()
     >>> svm = evaluate.load(hf_tdiag.metric_path("attention_svm"))
-    >>> out = svm.compute(model="path/to/vit", images=images, layer=3, head=1)  # doctest: +SKIP
-    >>> out["correlation"], out["margin_ratio"]  # doctest: +SKIP
+    >>> out = svm.compute(model=model, pixel_values=torch.randn(2, 1, 8, 8), layer=2, head=0, max_queries=16)
+    >>> print(round(out["correlation"], 3), out["feasible"], out["num_queries"])
+    0.107 True 16
 """
 
 

@@ -57,11 +57,14 @@ Returns:
     hidden_size, num_heads, num_matrices, mean_p_opt and mean_p_opt_<type> (qk, v, m_in, m_out); for several
     models each key holds one value per model.
 Examples:
-    >>> import evaluate, hf_tdiag
+    >>> import evaluate, hf_tdiag, torch
+    >>> from hf_tdiag import CrateConfig, CrateForImageClassification
+    >>> _ = torch.manual_seed(0)
+    >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10)).eval()
     >>> metric = evaluate.load(hf_tdiag.metric_path("schatten_bound"))
-    >>> out = metric.compute(models=["google/bert_uncased_L-2_H-128_A-2"])  # doctest: +SKIP
-    >>> sorted(out)  # doctest: +SKIP
-    ['edelman_bound', 'hidden_size', 'model', 'num_heads', 'num_layers', 'schatten_bound']
+    >>> out = metric.compute(models=[model])  # or folders / Hub ids: models=["google/bert_uncased_L-2_H-128_A-2"]
+    >>> print(round(out["schatten_bound"], 2), round(out["edelman_bound"], 2), out["num_layers"], out["num_matrices"])
+    612.93 628.22 4 36
 """
 
 

@@ -42,7 +42,7 @@ Args:
     pixel_values: a tensor (B, C, H, W) already processed for the model; or
     texts: strings for a text encoder (tokenized with the model folder's tokenizer or `tokenizer=`).
     source (`str`, default "query"): U from the "query", "key" or "value" projection (ignored for CRATE).
-    measurement (`str`, default "design"): "design" (DESIGN.md's states) or "official" (the official CRATE hooks).
+    measurement (`str`, default "design"): "design" (the block outputs Z^l, as defined above) or "official" (the official CRATE hooks).
     precision (`str`, default "auto"): "auto" (float32 Gram matrices where a condition check allows) or "float64".
     eps (`float`, default 0.1): epsilon of the coding rates.
     lam (`float`, default 1.0): weight of the sparsity term.
@@ -60,10 +60,14 @@ Returns:
     the block inputs (`input_...`) and of CRATE's Z^{l-1/2} (`mid_...`); `embeddings_<term>` (Z^0);
     `num_samples`. With return_report=True also `report`: std, every state, settings.
 Examples:
-    >>> import evaluate, hf_tdiag
+    >>> import evaluate, hf_tdiag, torch
+    >>> from hf_tdiag import CrateConfig, CrateForImageClassification
+    >>> _ = torch.manual_seed(0)
+    >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10)).eval()
     >>> srr = evaluate.load(hf_tdiag.metric_path("srr"))
-    >>> out = srr.compute(model="path/to/crate", images=images)  # doctest: +SKIP
-    >>> out["srr_layer_1"], out["srr_mean_over_layers"]  # doctest: +SKIP
+    >>> out = srr.compute(model=model, pixel_values=torch.randn(8, 1, 8, 8), progress=False)
+    >>> print(round(out["srr_layer_1"], 2), round(out["srr_mean_over_layers"], 2), out["num_samples"])
+    -10.97 -9.06 8
 """
 
 

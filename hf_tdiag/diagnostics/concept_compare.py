@@ -1,0 +1,165 @@
+"""Plain, Gram-aligned and classifier-supervised concepts at one layer, side by side (:func:`compare_concepts`):
+each fitted on the same activations and scored with :func:`~hf_tdiag.diagnostics.concepts.fidelity_at_layer`."""
+
+from __future__ import annotations
+
+from .._caller_state import module_modes, restore_modes
+from ..measures.concepts import SemiNMF
+from ..probes.concept_model import ConceptModel, check_layer, layer_activations, suffix_runner
+from .concepts import DEFAULT_N_CONCEPTS, fidelity_at_layer, prepare_inputs
+
+
+def supervised_concepts(
+    model,
+    inputs,
+    layer: int,
+    n_concepts: int,
+    *,
+    kl_weight: float = 1.0,
+    batch_size: int = 64,
+    cm: ConceptModel | None = None,
+    **kwargs,
+):
+    """Fit classifier-supervised concepts at layer ℓ (``L_rec + λ·KL`` through the suffix; FACE-like baseline)."""
+    from ..measures.concepts import ClassifierSupervisedSemiNMF
+
+    if cm is None:
+        cm, inputs, _ = prepare_inputs(model, inputs, batch_size=batch_size)
+    layer = check_layer(cm, layer)
+    acts = layer_activations(model, inputs, layer, batch_size=batch_size, cm=cm)
+    est = ClassifierSupervisedSemiNMF(n_concepts, kl_weight=kl_weight, batch_size=batch_size, **kwargs)
+    suffix = suffix_runner(model, layer, acts.frame, cm, positions=acts.positions)
+    was_training = module_modes(model)  # every submodule's flag
+    model.eval()
+    try:
+        est.fit(acts.patches, suffix)
+    finally:
+        restore_modes(was_training)
+    return est
+
+
+def _agreement(estimators) -> dict:
+    """Hungarian-matched cosine of each dictionary to the supervised one, and the cosine of their refinement moves."""
+    from ..measures.concepts import match_concepts
+
+    ref = estimators["supervised"].components_
+    # every fit shares the deterministic start and MU phase, so the refinements can be compared as moves
+    # away from the plain Semi-NMF dictionary: cosine of vec(W_fit − W_MU) and vec(W_sup − W_MU)
+    base = estimators["supervised"].start_components_
+    agreement = {}
+    for label, est in estimators.items():
+        if label == "supervised":
+            continue
+        m = match_concepts(est.components_, ref)
+        agreement[label] = {
+            "mean_cosine": m["mean_cosine"],
+            "cosine": [float(c) for c in m["cosine"]],
+            "pairs": [[int(a), int(b)] for a, b in zip(m["rows"], m["cols"])],
+        }
+        d_fit = (est.components_ - base.to(est.components_)).flatten().double()
+        d_sup = (ref - base.to(ref)).flatten().double()
+        denom = float(d_fit.norm() * d_sup.norm())
+        agreement[label]["update_cosine"] = float(d_fit @ d_sup) / denom if denom > 0 else None
+    return agreement
+
+
+def _table_row(label, rep, agreement):
+    return {
+        "method": label,
+        "gram_weight": rep["gram_weight"],
+        "kl": rep["kl"],
+        "top1_agreement": rep["top1_agreement"],
+        "delta_rec_rel": rep["delta_rec_rel"],
+        "delta_gram": rep["delta_gram"],
+        "bound_certified": rep.get("bound_certified"),
+        "bound_estimated": rep.get("bound_estimated"),
+        "frac_kl_below_bound_estimated": rep.get("frac_kl_below_bound_estimated"),
+        "fit_seconds": rep["fit_seconds"],
+        "cosine_to_supervised": agreement.get(label, {}).get("mean_cosine", 1.0 if label == "supervised" else None),
+        "update_cosine_to_supervised": agreement.get(label, {}).get("update_cosine"),
+    }
+
+
+def compare_concepts(
+    model,
+    inputs,
+    layer: int,
+    n_concepts: int = DEFAULT_N_CONCEPTS,
+    *,
+    gram_weights=(0.0, 1.0),
+    supervised: bool = True,
+    kl_weight: float = 10.0,
+    max_iter: int = 200,
+    refine_iter: int = 100,
+    supervised_iter: int = 100,
+    bounds: bool = True,
+    estimate: bool | None = None,
+    power_iters: int = 20,
+    batch_size: int = 64,
+    progress: bool = True,
+    **input_options,
+) -> dict:
+    """Plain / Gram-aligned (each μ in ``gram_weights``) / classifier-supervised concepts at layer ℓ, side by side.
+
+    Returns ``runs`` (label -> :func:`concept_fidelity` report, plus fit time and loss history),
+    ``agreement`` (Hungarian-matched cosine similarity of each dictionary to the supervised one, and
+    ``update_cosine``: cosine between the refinement moves ``W − W_MU`` of the fit and of the supervised fit,
+    all fits sharing the same plain Semi-NMF start ``W_MU``),
+    ``table`` (one row per run) and ``estimators`` (label -> fitted estimator). ``input_options`` (tokenizer,
+    max_tokens, labels, head, n_clusters) are those of :func:`concept_fidelity`.
+    """
+    import time
+
+    bounds = bounds if estimate is None else bool(estimate)
+    if not gram_weights and not supervised:
+        raise ValueError("gram_weights: expected at least one μ (or supervised=True)")
+    cm, inputs, head_info = prepare_inputs(model, inputs, batch_size=batch_size, **input_options)
+    layer = check_layer(cm, layer)
+    acts = layer_activations(model, inputs, layer, batch_size=batch_size, cm=cm)
+    estimators, times = {}, {}
+    for mu in gram_weights:
+        label = "plain" if float(mu) == 0 else f"gram(mu={float(mu):g})"
+        t0 = time.perf_counter()
+        estimators[label] = SemiNMF(
+            n_concepts, gram_weight=float(mu), max_iter=max_iter, refine_iter=refine_iter, verbose=progress
+        ).fit(acts.patches)
+        times[label] = time.perf_counter() - t0
+    if supervised:
+        t0 = time.perf_counter()
+        estimators["supervised"] = supervised_concepts(
+            model,
+            inputs,
+            layer,
+            n_concepts,
+            kl_weight=kl_weight,
+            batch_size=batch_size,
+            cm=cm,
+            supervised_iter=supervised_iter,
+            max_iter=max_iter,
+            verbose=progress,
+        )
+        times["supervised"] = time.perf_counter() - t0
+    runs = {}
+    for label, est in estimators.items():
+        rep = fidelity_at_layer(
+            cm, acts, layer, est, bounds=bounds, power_iters=power_iters, batch_size=batch_size, progress=progress
+        )
+        rep["fit_seconds"] = times[label]
+        rep["history"] = {k: list(v) for k, v in est.history_.items()}
+        runs[label] = rep
+    agreement = _agreement(estimators) if supervised else {}
+    table = [_table_row(label, rep, agreement) for label, rep in runs.items()]
+    return {
+        "layer": layer,
+        "n_concepts": n_concepts,
+        "kl_weight": kl_weight if supervised else None,
+        "runs": runs,
+        "agreement": agreement,
+        "table": table,
+        "estimators": estimators,
+        "grid": cm.grid,
+        "head": head_info,
+    }
+
+
+__all__ = ["compare_concepts", "supervised_concepts"]

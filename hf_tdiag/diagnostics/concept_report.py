@@ -1,0 +1,118 @@
+"""The report :func:`~hf_tdiag.diagnostics.concepts.concept_fidelity` returns: one layer's fidelity numbers, or
+(``layers=``) a sweep holding one such report per layer.
+
+It keeps mapping access (``report["kl"]``, ``report["per_image"]["kl"]``) beside the shared contract
+(:mod:`hf_tdiag.diagnostics.report`); the tensors behind the numbers (``A``, ``Â``, codes, logits, the fitted
+concepts) are the attribute :attr:`ConceptFidelityReport.tensors`, never part of the JSON.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from .report import FLOAT, INT, ReportContract, typed_frame
+
+#: the table's columns: one row per layer ℓ (``hidden_states[ℓ]``, 0 = the embeddings)
+TABLE_COLUMNS = {
+    "layer": INT,
+    "n_images": INT,
+    "n_tokens": INT,
+    "hidden_size": INT,
+    "n_concepts": INT,
+    "gram_weight": FLOAT,
+    "delta_rec": FLOAT,
+    "delta_rec_rel": FLOAT,
+    "delta_gram": FLOAT,
+    "gram_norm": FLOAT,
+    "kl": FLOAT,
+    "kl_max": FLOAT,
+    "top1_agreement": FLOAT,
+    "lemma_holds": FLOAT,
+    "bound_certified": FLOAT,
+    "bound_certified_chain": FLOAT,
+    "bound_estimated": FLOAT,
+    "frac_kl_below_bound_certified": FLOAT,
+    "frac_kl_below_bound_estimated": FLOAT,
+}
+
+_HEADLINE = (
+    "kl",
+    "top1_agreement",
+    "delta_rec_rel",
+    "bound_certified",
+    "bound_estimated",
+    "frac_kl_below_bound_certified",
+    "frac_kl_below_bound_estimated",
+)
+
+
+class ConceptFidelityReport(dict, ReportContract):
+    """Concept fidelity at one layer (``is_sweep`` False) or across layers (``report["per_layer"][ℓ]``)."""
+
+    def __init__(self, data: Mapping[str, Any] = (), tensors: Mapping[str, Any] | None = None):
+        super().__init__(data)
+        self.tensors = dict(tensors) if tensors is not None else None
+
+    @property
+    def is_sweep(self) -> bool:
+        """True for a layer sweep (``concept_fidelity(..., layers=...)``)."""
+        return "per_layer" in self
+
+    def _layer_reports(self) -> list[Mapping[str, Any]]:
+        return list(self["per_layer"].values()) if self.is_sweep else [self]
+
+    def summary(self) -> dict[str, float]:
+        """One layer: KL, top-1 agreement, δ_rec/‖A‖_F and the bounds with the fraction of inputs below each;
+        a sweep: those averaged over the measured layers (``<key>_mean_over_layers``) and the largest KL."""
+        if not self.is_sweep:
+            return {k: float(self[k]) for k in _HEADLINE if self.get(k) is not None}
+        reports = self._layer_reports()
+        out = {}
+        for key in _HEADLINE:
+            values = [float(r[key]) for r in reports if r.get(key) is not None]
+            if values:
+                out[f"{key}_mean_over_layers"] = sum(values) / len(values)
+        out["kl_max_over_layers"] = max(float(r["kl"]) for r in reports)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready deep copy of the numbers (the sweep's per-layer keys become strings, as JSON has them)."""
+        out = self._plain()
+        out["summary"] = self.summary()
+        return out
+
+    def _plain(self) -> dict[str, Any]:
+        out = {k: copy.deepcopy(v) for k, v in self.items() if k != "per_layer"}
+        if self.is_sweep:
+            out["per_layer"] = {
+                str(k): v._plain() if isinstance(v, ConceptFidelityReport) else copy.deepcopy(dict(v))
+                for k, v in self["per_layer"].items()
+            }
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ConceptFidelityReport:
+        """Inverse of :meth:`to_dict`."""
+        data = copy.deepcopy(dict(data))
+        data.pop("summary", None)
+        if "per_layer" in data:
+            data["per_layer"] = {int(k): cls(v) for k, v in data["per_layer"].items()}
+        return cls(data)
+
+    def to_pandas(self):
+        """One row per measured layer (``layer`` = ℓ of ``hidden_states[ℓ]``, 0 the embeddings, 1..L the blocks)
+        with the mean fidelity numbers and both bounds (``<NA>`` where a bound was not computed)."""
+        return typed_frame(self._layer_reports(), TABLE_COLUMNS)
+
+    def plot(self, kind: str = "estimated"):
+        """One layer: per-input KL against the ``kind`` bound; a sweep: KL and bounds per layer."""
+        from ..viz.concepts import plot_kl_vs_bound, plot_layer_sweep
+
+        if self.is_sweep:
+            return plot_layer_sweep(self)
+        return plot_kl_vs_bound({f"layer {self['layer']}": self}, kind=kind)
+
+
+__all__ = ["ConceptFidelityReport", "TABLE_COLUMNS"]

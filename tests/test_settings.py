@@ -1,0 +1,152 @@
+"""The settings objects are the one home of each diagnostic's defaults: the Python API, the command line and the
+evaluate modules take theirs from them, and each object validates its values once, naming the field."""
+
+import argparse
+import dataclasses
+import inspect
+
+import pytest
+
+from hf_tdiag.diagnostics.settings import (
+    AttentionSVMSettings,
+    ConceptSettings,
+    SchattenSettings,
+    SRRSettings,
+    resolve,
+)
+
+ALL = (SRRSettings, SchattenSettings, ConceptSettings, AttentionSVMSettings)
+
+
+def _diagnostics():
+    from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
+    from hf_tdiag.diagnostics.concepts import concept_fidelity
+    from hf_tdiag.diagnostics.schatten import spectrum_bounds
+    from hf_tdiag.diagnostics.srr import layer_srr
+
+    return {
+        SRRSettings: layer_srr,
+        SchattenSettings: spectrum_bounds,
+        ConceptSettings: concept_fidelity,
+        AttentionSVMSettings: attention_svm_diagnostic,
+    }
+
+
+@pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
+def test_each_diagnostic_signature_defaults_are_its_settings(cls):
+    params = inspect.signature(_diagnostics()[cls]).parameters
+    assert "settings" in params
+    for f in dataclasses.fields(cls):
+        if f.name in params:
+            assert params[f.name].default == f.default, f.name
+        assert f.metadata["help"], f.name  # every setting says what it does
+
+
+def _subparser(name):
+    from hf_tdiag.cli import build_parser
+
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
+# (command, settings class, field, flag): the flags built from the settings
+FLAGS = [
+    ("srr", SRRSettings, "eps", "--eps"),
+    ("srr", SRRSettings, "lam", "--lam"),
+    ("srr", SRRSettings, "batch_size", "--batch-size"),
+    ("srr", SRRSettings, "measurement", "--measurement"),
+    ("srr", SRRSettings, "precision", "--precision"),
+    ("srr", SRRSettings, "source", "--source"),
+    ("schatten", SchattenSettings, "L_phi", "--l-phi"),
+    ("schatten", SchattenSettings, "rank_tol", "--rank-tol"),
+    ("schatten", SchattenSettings, "num_workers", "--num-workers"),
+    ("concepts", ConceptSettings, "n_concepts", "--concepts"),
+    ("concepts", ConceptSettings, "power_iters", "--power-iters"),
+    ("concepts", ConceptSettings, "batch_size", "--batch-size"),
+    ("attention-svm", AttentionSVMSettings, "max_queries", "--max-queries"),
+    ("attention-svm", AttentionSVMSettings, "one_hot_threshold", "--one-hot-threshold"),
+    ("attention-svm", AttentionSVMSettings, "norm", "--norm"),
+    ("attention-svm", AttentionSVMSettings, "seed", "--seed"),
+]
+
+
+@pytest.mark.parametrize("command, cls, name, flag", FLAGS, ids=[f"{c}{f}" for c, _, _, f in FLAGS])
+def test_command_line_flags_take_default_and_help_from_the_settings(command, cls, name, flag):
+    action = next(a for a in _subparser(command)._actions if flag in a.option_strings)
+    default = cls.defaults()[name]
+    assert action.default == default
+    if name not in ("source", "max_queries", "norm"):  # these three add command-line words ('all', cvxpy)
+        assert action.help.startswith(cls.field_metadata(name)["help"])
+    if default is not None:
+        assert str(default) in action.help
+
+
+def test_switches_turn_a_setting_to_its_other_value():
+    from hf_tdiag.cli import build_parser
+
+    parse = build_parser().parse_args
+    args = parse(["srr", "m", "--images", "d", "--no-mid", "--layernorm", "--srr-lambda", "0.5"])
+    assert (args.include_mid, args.apply_layernorm, args.lam) == (False, True, 0.5)
+    args = parse(["srr", "m", "--images", "d"])
+    assert (args.include_mid, args.apply_layernorm) == (SRRSettings.include_mid, SRRSettings.apply_layernorm)
+    assert parse(["concepts", "m", "--images", "d", "--no-bound"]).bounds is False
+
+
+def test_evaluate_modules_defaults_are_the_settings():
+    from hf_tdiag.metrics.attention_svm.attention_svm import AttentionSVM
+    from hf_tdiag.metrics.srr.srr import SRR
+
+    for module, cls in ((SRR, SRRSettings), (AttentionSVM, AttentionSVMSettings)):
+        params = inspect.signature(module._compute).parameters
+        shared = [f for f in dataclasses.fields(cls) if f.name in params]
+        assert len(shared) >= 5
+        for f in shared:
+            assert params[f.name].default == f.default, (module.__name__, f.name)
+
+
+@pytest.mark.parametrize(
+    "cls, changes, message",
+    [
+        (SRRSettings, {"eps": 0.0}, "eps: expected"),
+        (SRRSettings, {"eps": 1e-200}, "eps: expected a value whose square"),
+        (SRRSettings, {"source": "keys"}, "source: expected one of"),
+        (SRRSettings, {"measurement": "official", "apply_layernorm": True}, "apply_layernorm:"),
+        (SRRSettings, {"batch_size": 0}, "batch_size:"),
+        (SchattenSettings, {"rank_tol": 1.0}, "rank_tol:"),
+        (SchattenSettings, {"svd_method": "gram"}, "svd_method: expected one of"),
+        (ConceptSettings, {"n_concepts": 0}, "n_concepts:"),
+        (AttentionSVMSettings, {"one_hot_threshold": 1.5}, r"one_hot_threshold: expected a number in \(0, 1\]"),
+        (AttentionSVMSettings, {"norm": "l1"}, "norm: expected one of"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_field(cls, changes, message):
+    with pytest.raises(ValueError, match=message):
+        cls(**changes)
+
+
+def test_settings_are_frozen_and_resolve_applies_changed_keywords_only():
+    s = SRRSettings(lam=0.5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.lam = 2.0
+    # a keyword left at its default keeps the settings object's value; a changed one overrides it
+    assert resolve(SRRSettings, s, lam=SRRSettings.lam, eps=0.2) == SRRSettings(lam=0.5, eps=0.2)
+    assert resolve(SRRSettings, None, eps=0.3) == SRRSettings(eps=0.3)
+    with pytest.raises(TypeError, match="settings: expected a SRRSettings"):
+        resolve(SRRSettings, SchattenSettings())
+    with pytest.raises(TypeError, match="unknown setting"):
+        s.replace(lamda=1.0)
+    assert SRRSettings().to_dict()["eps"] == SRRSettings.eps
+
+
+def test_a_diagnostic_runs_with_a_settings_object():
+    import torch
+
+    from hf_tdiag import CrateConfig, CrateForImageClassification, layer_srr
+
+    torch.manual_seed(0)
+    cfg = CrateConfig.from_preset("crate-digits", variant="crate", num_labels=10, num_hidden_layers=2)
+    model = CrateForImageClassification(cfg).eval()
+    x = torch.rand(3, 1, 8, 8)
+    by_object = layer_srr(model, x, settings=SRRSettings(lam=0.25, include_mid=False), progress=False)
+    by_keywords = layer_srr(model, x, lam=0.25, include_mid=False, progress=False)
+    assert by_object.to_dict() == by_keywords.to_dict() and by_object.settings["lam"] == 0.25
