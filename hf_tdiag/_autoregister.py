@@ -32,6 +32,10 @@ _FAMILIES = {
         "CrateAlphaForImageClassification",
     ),
     "hf_tdiag.models.tost": ("hf_tdiag.models.tost.modeling_tost", "TostForImageClassification"),
+    "hf_tdiag.models.crate_text": (
+        "hf_tdiag.models.crate_text.modeling_crate_text_heads",
+        "CrateTextForMultipleChoice",
+    ),
 }
 
 
