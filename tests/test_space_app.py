@@ -172,9 +172,7 @@ def test_default_model_is_trained_once_and_served(app_url, trained_default, digi
     client = Client(app_url, verbose=False)
     label, *_ = client.predict("", handle_file(digit_png), -1, [], api_name="/crate")
     assert label["label"] in {str(i) for i in range(10)}
-    assert "**default digits CRATE (crate)** — `crate`" in client.predict(
-        "", api_name="/model_summary"
-    )  # no cache path
+    assert "**default digits CRATE** — `crate`" in client.predict("", api_name="/model_summary")  # no cache path
 
 
 def test_client_bad_inputs_get_clear_messages(app_url, crate_dir, tmp_path):

@@ -16,6 +16,7 @@ import gradio as gr
 
 from hf_tdiag._defaults import DEFAULT_L_PHI
 from hf_tdiag.gradio_app import handlers as H
+from hf_tdiag.gradio_app.placeholders import placeholder_figure as _ph
 from hf_tdiag.models.crate import CRATE_VARIANTS
 
 MAX_FILE_SIZE = "25mb"
@@ -104,13 +105,25 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     with gr.Column(scale=2):
                         prediction = gr.Label(num_top_classes=3, label="Prediction", elem_id="crate-prediction")
                         heads_plot = gr.Plot(
-                            label="Attention per head", format="png", show_label=False, elem_id="crate-heads"
+                            label="Attention per head",
+                            format="png",
+                            show_label=False,
+                            elem_id="crate-heads",
+                            value=_ph("crate-heads"),
                         )
                         layers_plot = gr.Plot(
-                            label="Attention per layer", format="png", show_label=False, elem_id="crate-layers"
+                            label="Attention per layer",
+                            format="png",
+                            show_label=False,
+                            elem_id="crate-layers",
+                            value=_ph("crate-layers"),
                         )
                         srr_plot = gr.Plot(
-                            label="Per-layer SRR of this image", format="png", show_label=False, elem_id="crate-srr"
+                            label="Per-layer SRR of this image",
+                            format="png",
+                            show_label=False,
+                            elem_id="crate-srr",
+                            value=_ph("crate-srr"),
                         )
                         compare_table = gr.Markdown(elem_id="crate-compare-table")
                 example_btn.click(H.digits_example, inputs=example_index, outputs=image, api_name="digits_example")
@@ -134,12 +147,26 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     bounds_btn = gr.Button("Compute bounds", variant="primary", elem_id="bounds-run")
                 bounds_text = gr.Markdown(elem_id="bounds-summary")
                 p_heatmap = gr.Plot(
-                    label="Optimal p per matrix type", format="png", show_label=False, elem_id="bounds-heatmap"
+                    label="Optimal p per matrix type",
+                    format="png",
+                    show_label=False,
+                    elem_id="bounds-heatmap",
+                    value=_ph("bounds-heatmap"),
                 )
                 # one figure per row: each has three panels and a title the Plot label must not cover
-                spectra_plot = gr.Plot(label="Spectral decay", format="png", show_label=False, elem_id="bounds-spectra")
+                spectra_plot = gr.Plot(
+                    label="Spectral decay",
+                    format="png",
+                    show_label=False,
+                    elem_id="bounds-spectra",
+                    value=_ph("bounds-spectra"),
+                )
                 contrib_plot = gr.Plot(
-                    label="Contribution vs p", format="png", show_label=False, elem_id="bounds-contrib"
+                    label="Contribution vs p",
+                    format="png",
+                    show_label=False,
+                    elem_id="bounds-contrib",
+                    value=_ph("bounds-contrib"),
                 )
                 bounds_table = gr.Dataframe(headers=H.BOUNDS_COLUMNS, label="Per-matrix numbers", interactive=False)
                 bounds_btn.click(
@@ -167,11 +194,27 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     with gr.Column(scale=2):
                         concepts_text = gr.Markdown(elem_id="concepts-summary")
                         heatmaps = gr.Plot(
-                            label="Concept heatmaps", format="png", show_label=False, elem_id="concepts-heatmaps"
+                            label="Concept heatmaps",
+                            format="png",
+                            show_label=False,
+                            elem_id="concepts-heatmaps",
+                            value=_ph("concepts-heatmaps"),
                         )
                         gr.Markdown("**Top-activating patches per concept** (cyan box; the value above is the code)")
-                        top_patches = gr.Plot(label="Top patches per concept", format="png", show_label=False)
-                        kl_plot = gr.Plot(label="Empirical KL vs bound", format="png", show_label=False)
+                        top_patches = gr.Plot(
+                            label="Top patches per concept",
+                            format="png",
+                            show_label=False,
+                            elem_id="concepts-top",
+                            value=_ph("concepts-top"),
+                        )
+                        kl_plot = gr.Plot(
+                            label="Empirical KL vs bound",
+                            format="png",
+                            show_label=False,
+                            elem_id="concepts-kl",
+                            value=_ph("concepts-kl"),
+                        )
                         fidelity_table = gr.Dataframe(
                             headers=["quantity", "value"], label="Fidelity", interactive=False
                         )
@@ -196,7 +239,13 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     svm_seed = gr.Number(value=0, precision=0, label="seed")
                 svm_btn = gr.Button("Run experiment", variant="primary", elem_id="svm-run")
                 svm_text = gr.Markdown(elem_id="svm-summary")
-                svm_plot = gr.Plot(label="Correlation with W_mm", format="png", show_label=False, elem_id="svm-curves")
+                svm_plot = gr.Plot(
+                    label="Correlation with W_mm",
+                    format="png",
+                    show_label=False,
+                    elem_id="svm-curves",
+                    value=_ph("svm-curves"),
+                )
                 svm_btn.click(
                     H.svm_experiment,
                     inputs=[svm_n, svm_T, svm_d, svm_steps, svm_seed],
@@ -217,7 +266,11 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     with gr.Column(scale=2):
                         head_text = gr.Markdown(elem_id="svm-head-summary")
                         head_plot = gr.Plot(
-                            label="Margins and attention", format="png", show_label=False, elem_id="svm-head-plot"
+                            label="Margins and attention",
+                            format="png",
+                            show_label=False,
+                            elem_id="svm-head-plot",
+                            value=_ph("svm-head-plot"),
                         )
                         head_table = gr.Dataframe(headers=["quantity", "value"], label="Diagnostic", interactive=False)
                 head_btn.click(

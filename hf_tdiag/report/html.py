@@ -24,6 +24,7 @@ class Table:
     title: str
     columns: list[str]
     rows: list[list[Any]]
+    collapsed: bool = False  # a long table of details, shown folded (key results never are)
 
     def __post_init__(self):
         for i, row in enumerate(self.rows):
@@ -32,6 +33,11 @@ class Table:
 
     def to_dict(self) -> dict:
         return {"title": self.title, "columns": list(self.columns), "rows": to_jsonable(self.rows)}
+
+    @property
+    def fmt(self):
+        """The one number formatter of this table's cells (:func:`table_formatter`)."""
+        return table_formatter(self.rows)
 
 
 @dataclass
@@ -96,10 +102,13 @@ def to_jsonable(value):
     return str(value)
 
 
-def format_value(value) -> str:
-    """Short human-readable form of a table cell."""
-    if isinstance(value, bool) or value is None:
-        return "—" if value is None else str(value)
+def format_value(value, scientific: bool | None = None) -> str:
+    """Short human-readable form of a table cell: booleans as yes/no, integers with thousands separators, floats
+    with 4 significant digits, fixed-point or (``scientific``; default: when the value needs it) ``1.234e+05``."""
+    if value is None:
+        return "—"
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
     if isinstance(value, (int, np.integer)):
         return f"{int(value):,}"
     if isinstance(value, (float, np.floating)):
@@ -108,8 +117,60 @@ def format_value(value) -> str:
             return str(v)
         if v == 0:
             return "0"
-        return f"{v:.4g}" if 1e-3 <= abs(v) < 1e5 else f"{v:.3e}"
+        if scientific is None:
+            scientific = not _fits_fixed(v)
+        return f"{v:.3e}" if scientific else _fixed(v)
     return str(value)
+
+
+def _fits_fixed(v: float) -> bool:
+    return v == 0 or not math.isfinite(v) or 1e-3 <= abs(v) < 1e5
+
+
+def _fixed(v: float) -> str:
+    """4 significant digits in fixed-point notation (never an exponent)."""
+    digits = max(0, 3 - math.floor(math.log10(abs(v))))
+    text = f"{v:.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def table_formatter(rows):
+    """One formatter for every number of a table: fixed-point with 4 significant digits when all its floats lie in
+    [1e-3, 1e5), else every float as ``1.234e+05`` (integers keep their thousands separators)."""
+    floats = [float(v) for row in rows for v in row if isinstance(v, (float, np.floating))]
+    scientific = not all(_fits_fixed(v) for v in floats)
+    return lambda value: format_value(value, scientific=scientific)
+
+
+#: the headline numbers at the top of the page: (section, label, path into ``Section.numbers``, kind)
+HEADLINE = (
+    ("summary", "top-1 accuracy", ("accuracy",), "percent"),
+    ("summary", "next-token perplexity", ("next_token_perplexity",), "number"),
+    ("srr", "SRR, last block", ("summary", "srr_last_layer"), "number"),
+    ("srr", "SRR, mean over blocks", ("summary", "srr_mean_over_layers"), "number"),
+    ("schatten", "B_ours (Schatten proxy)", ("schatten_bound",), "number"),
+    ("schatten", "B_Edelman", ("edelman_bound",), "number"),
+    ("concepts", "concept KL (mean)", ("kl",), "number"),
+    ("concepts", "KL bound, estimated", ("bound_estimated",), "number"),
+    ("concepts", "top-1 agreement with concepts", ("top1_agreement",), "percent"),
+    ("attention", "corr(W_h, W_mm)", ("attention_svm", "correlation"), "number"),
+    ("attention", "margin ratio (≤ 1)", ("attention_svm", "margin_ratio"), "number"),
+)
+
+
+def headline(sections: list[Section]) -> list[dict]:
+    """The key numbers of the sections that ran: ``{"label", "value" (formatted), "section"}`` in page order."""
+    by_key = {s.key: s for s in sections if s.status == "ok"}
+    out = []
+    for key, label, path, kind in HEADLINE:
+        value = by_key[key].numbers if key in by_key else None
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not math.isfinite(value):
+            continue
+        text = f"{float(value):.1%}" if kind == "percent" else format_value(float(value))
+        out.append({"label": label, "value": text, "section": key})
+    return out
 
 
 _TEMPLATE = """<!DOCTYPE html>
@@ -143,6 +204,10 @@ th { background: #f6f8fa; }
 td:first-child, th:first-child { text-align: left; }
 .tablewrap { overflow-x: auto; }
 details { margin: 8px 0; } details summary { cursor: pointer; font-weight: 600; }
+.headline { display: flex; flex-wrap: wrap; gap: 10px; background: #fff; border: 1px solid #d0d7de; border-left: 4px solid #0969da; border-radius: 6px; padding: 12px 16px; margin: 16px 0; }
+.headline a { display: block; min-width: 150px; padding: 6px 10px; border-radius: 6px; background: #f6f8fa; color: inherit; text-decoration: none; }
+.headline .v { display: block; font-size: 20px; font-weight: 600; font-variant-numeric: tabular-nums; }
+.headline .l { display: block; font-size: 12px; color: #57606a; }
 dl.settings { display: grid; grid-template-columns: max-content auto; gap: 2px 16px; font-size: 13px; }
 dl.settings dt { font-weight: 600; }
 dl.settings dd { margin: 0; font-family: monospace; }
@@ -155,10 +220,13 @@ dl.settings dd { margin: 0; font-family: monospace; }
 </header>
 <main>
 <nav>{% for s in sections %}<a href="#{{ s.key }}">{{ s.title }}</a>{% endfor %}</nav>
+{% if key_numbers %}
+<div class="headline" id="headline">{% for h in key_numbers %}<a href="#{{ h.section }}"><span class="v">{{ h.value }}</span><span class="l">{{ h.label }}</span></a>{% endfor %}</div>
+{% endif %}
 {% if settings %}
 <section id="settings"><h2>Settings</h2>
 <dl class="settings">{% for k, v in settings.items() %}<dt>{{ k }}</dt><dd>{{ v }}</dd>{% endfor %}</dl>
-<p class="note">The numbers behind every figure are in <code>{{ json_name }}</code> next to this file.</p>
+<p class="note">The numbers behind every figure are in <a href="{{ json_name }}"><code>{{ json_name }}</code></a> next to this file.</p>
 </section>
 {% endif %}
 {% for s in sections %}
@@ -170,12 +238,12 @@ dl.settings dd { margin: 0; font-family: monospace; }
 <figure><img alt="{{ f.caption }}" src="{{ f.data_uri }}"><figcaption>{{ f.caption }}</figcaption></figure>
 {% endfor %}
 {% for t in s.tables %}
-{% if t.rows|length > 20 %}<details><summary>{{ t.title }} ({{ t.rows|length }} rows)</summary>{% else %}<h3>{{ t.title }}</h3>{% endif %}
-<div class="tablewrap"><table>
+{% if t.collapsed %}<details><summary>{{ t.title }} ({{ t.rows|length }} rows)</summary>{% else %}<h3>{{ t.title }}</h3>{% endif %}
+{% set fmt = t.fmt %}<div class="tablewrap"><table>
 <tr>{% for c in t.columns %}<th>{{ c }}</th>{% endfor %}</tr>
 {% for row in t.rows %}<tr>{% for v in row %}<td>{{ fmt(v) }}</td>{% endfor %}</tr>{% endfor %}
 </table></div>
-{% if t.rows|length > 20 %}</details>{% endif %}
+{% if t.collapsed %}</details>{% endif %}
 {% endfor %}
 </section>
 {% endfor %}
@@ -198,7 +266,7 @@ def render_html(
         sections=sections,
         settings={str(k): format_value(v) if not isinstance(v, str) else v for k, v in (settings or {}).items()},
         json_name=json_name,
-        fmt=format_value,
+        key_numbers=headline(sections),
     )
 
 
@@ -207,4 +275,15 @@ def dumps(data: dict) -> str:
     return json.dumps(to_jsonable(data), indent=2, allow_nan=False)
 
 
-__all__ = ["Figure", "Section", "Table", "dumps", "format_value", "render_html", "to_jsonable"]
+__all__ = [
+    "HEADLINE",
+    "Figure",
+    "Section",
+    "Table",
+    "dumps",
+    "format_value",
+    "headline",
+    "render_html",
+    "table_formatter",
+    "to_jsonable",
+]

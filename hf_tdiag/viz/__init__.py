@@ -25,10 +25,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 SRR_TERM_LABELS = {
-    "R": "coding rate R(Z)",
-    "Rc": "compression term Rᶜ(Z; U)",
-    "sparsity": "sparsity ‖Z‖₀ / (dN)",
-    "srr": "SRR = Rᶜ − R + λ·sparsity",
+    "R": r"coding rate $R(Z)$",
+    "Rc": r"compression term $R^c(Z;\,U)$",
+    "sparsity": r"sparsity $\|Z\|_0\,/\,(dN)$",
+    "srr": r"SRR $= R^c - R + \lambda \cdot \mathrm{sparsity}$",
 }
 SRR_STATE_LABELS = {
     "output": r"$Z^{\ell}$",

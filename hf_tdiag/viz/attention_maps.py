@@ -37,28 +37,39 @@ def cls_attention_grid(attentions: torch.Tensor, grid: tuple[int, int]) -> np.nd
     return maps.reshape(maps.shape[0], maps.shape[1], gh, gw)
 
 
-def _overlay(ax, image: np.ndarray, amap: np.ndarray, title: str) -> None:
+def _overlay(ax, image: np.ndarray, amap: np.ndarray, title: str, vmax: float | None = None) -> None:
     h, w = image.shape[:2]
     ax.imshow(image, cmap="gray" if image.ndim == 2 else None, extent=(0, w, h, 0), interpolation="nearest")
-    ax.imshow(amap, cmap="inferno", alpha=0.55, extent=(0, w, h, 0), interpolation="nearest")
+    ax.imshow(amap, cmap="inferno", alpha=0.55, extent=(0, w, h, 0), interpolation="nearest", vmin=0, vmax=vmax)
     ax.set_title(title, fontsize=8)
     ax.set_xticks([])
     ax.set_yticks([])
 
 
 def _overlay_grid(image, maps: np.ndarray, titles: list[str], suptitle: str) -> Figure:
-    """One panel per map (up to 6 a row), each ``_overlay``-ed on ``image``; unused panels blank."""
+    """One panel per map (up to 6 a row), each ``_overlay``-ed on ``image`` on one colour scale (0 to the largest
+    weight, shown by the colour bar); unused panels blank."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
     img = _image_array(image)
     n = len(titles)
     cols = min(n, 6)
     rows = math.ceil(n / cols)
-    fig, axes = new_subplots(rows, cols, (1.9 * cols, 2.0 * rows + 0.3))
+    vmax = float(np.max(maps[:n])) if n else 1.0
+    vmax = vmax if vmax > 0 else 1.0
+    fig, axes = new_subplots(rows, cols, (1.9 * cols + 0.9, 2.0 * rows + 0.3), layout="constrained")
     for k in range(rows * cols):
         ax = axes[k // cols][k % cols]
         if k < n:
-            _overlay(ax, img, maps[k], titles[k])
+            _overlay(ax, img, maps[k], titles[k], vmax=vmax)
         else:
             ax.axis("off")
+    bar = fig.colorbar(
+        ScalarMappable(Normalize(0, vmax), cmap="inferno"), ax=[a for row in axes for a in row], shrink=0.85
+    )
+    bar.set_label("attention weight of CLS", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
     fig.suptitle(suptitle, fontsize=10)
     return fig
 

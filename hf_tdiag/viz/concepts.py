@@ -21,6 +21,12 @@ from matplotlib.figure import Figure
 
 from . import new_figure, new_subplots, save_figure
 
+#: the KL bound, as matplotlib mathtext
+KL_BOUND_MATH = (
+    r"$\mathrm{KL} \leq \frac{1}{2}(\|W_c\|_{op} L_{ro})^2\, L_{block}^{2L_{suf}}"
+    r"\,(\sqrt{N}\,\delta_{rec} + \alpha \|G\|_F\, \delta_{gram})^2$"
+)
+
 __all__ = [
     "token_codes_figure",
     "plot_concept_heatmaps",
@@ -179,10 +185,10 @@ def plot_kl_vs_bound(reports: Mapping[str, Mapping], title: str | None = None, k
     ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="bound = KL")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("empirical KL(σ(g(A)) ‖ σ(g(Â)))")
-    ax.set_ylabel(f"{kind} bound ½‖W_c‖²L_ro²L^{{2L_suf}}(√N δ_rec + α‖G‖δ_gram)²")
+    ax.set_xlabel(r"empirical $\mathrm{KL}(\sigma(g(A))\,\|\,\sigma(g(\hat{A})))$")
+    ax.set_ylabel(f"{kind} bound (per input)")
     ax.legend(fontsize=7)
-    ax.set_title(title or f"Empirical KL vs the {kind} bound (per input)", fontsize=9)
+    ax.set_title(title or f"Empirical KL vs the {kind} bound (per input)\n" + KL_BOUND_MATH, fontsize=9)
     return fig
 
 
@@ -190,7 +196,7 @@ _SWEEP_CURVES = (
     ("kl", "empirical KL (mean)", "o-", "tab:red"),
     ("kl_max", "empirical KL (max)", "v:", "tab:red"),
     ("bound_certified", "certified bound (mean)", "s-", "tab:blue"),
-    ("bound_certified_chain", "certified chain ½(‖W_c‖ Δ)² (mean)", "d--", "tab:cyan"),
+    ("bound_certified_chain", r"certified chain $\frac{1}{2}(\|W_c\|\,\Delta)^2$ (mean)", "d--", "tab:cyan"),
     ("bound_estimated", "estimated bound (mean)", "^-", "tab:green"),
 )
 
@@ -223,7 +229,7 @@ def plot_layer_sweep(sweep: Mapping, title: str | None = None, floor: float = 1e
     ax.set_ylabel("KL / bound (log scale)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, which="major")
-    ax2.plot(data["layer"], data["delta_rec_rel"], "s--", color="tab:green", label="δ_rec / ‖A‖_F", ms=4)
+    ax2.plot(data["layer"], data["delta_rec_rel"], "s--", color="tab:green", label=r"$\delta_{rec}\,/\,\|A\|_F$", ms=4)
     ax2.plot(data["layer"], data["delta_gram"], "o-", color="tab:blue", label="δ_gram", ms=4)
     ax2.set_xlabel("layer ℓ (hidden_states index; 0 = embeddings)")
     ax2.set_xticks(data["layer"])
@@ -243,7 +249,7 @@ def plot_mu_sweep(rows: Sequence[Mapping], title: str | None = None) -> Figure:
     ax = fig.subplots()
     ax.plot(mu, [r["delta_gram"] for r in rows], "o-", color="tab:blue", label="δ_gram")
     if "delta_rec_rel" in rows[0]:
-        ax.plot(mu, [r["delta_rec_rel"] for r in rows], "s--", color="tab:green", label="δ_rec / ‖A‖_F")
+        ax.plot(mu, [r["delta_rec_rel"] for r in rows], "s--", color="tab:green", label=r"$\delta_{rec}\,/\,\|A\|_F$")
     ax.set_xscale("symlog", linthresh=max(float(mu[mu > 0].min()) if (mu > 0).any() else 1.0, 1e-6))
     ax.set_xlabel("Gram weight μ")
     ax.set_ylabel("δ_gram, relative δ_rec")

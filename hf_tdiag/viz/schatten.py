@@ -224,7 +224,9 @@ def _spectral_decay_figure(report, background=None, *, ylabel: str, title: str) 
 
 def plot_spectral_decay(report) -> Figure:
     """σᵢ/σ₁ against i for every matrix, one panel per matrix type, coloured by layer (log scale)."""
-    return _spectral_decay_figure(report, ylabel=r"$\sigma_i\,/\,\sigma_1$", title=f"Spectral decay — {_title_name(report)}")
+    return _spectral_decay_figure(
+        report, ylabel=r"$\sigma_i\,/\,\sigma_1$", title=f"Spectral decay — {_title_name(report)}"
+    )
 
 
 def plot_optimal_p(report) -> Figure:

@@ -29,11 +29,11 @@ def plot_head_diagnostic(diag, *, title: str | None = None) -> Figure:
     hm = _arr(d["head_margins"])
     sm = _arr(d.get("svm_margins", []))
     span = _hist_range(hm, sm)
-    ax1.hist(hm[np.isfinite(hm)], bins=20, range=span, alpha=0.7, label="head (W_h/‖W_h‖)")
+    ax1.hist(hm[np.isfinite(hm)], bins=20, range=span, alpha=0.7, label=r"head ($W_h / \|W_h\|$)")
     if sm.size:
-        ax1.hist(sm[np.isfinite(sm)], bins=20, range=span, alpha=0.5, label="SVM (W_mm/‖W_mm‖)")
+        ax1.hist(sm[np.isfinite(sm)], bins=20, range=span, alpha=0.5, label=r"SVM ($W_{mm} / \|W_{mm}\|$)")
     if d.get("svm_margin"):
-        ax1.axvline(d["svm_margin"], color="k", ls="--", lw=1, label="SVM margin 1/‖W_mm‖")
+        ax1.axvline(d["svm_margin"], color="k", ls="--", lw=1, label=r"SVM margin $1 / \|W_{mm}\|$")
     ax1.set_xlabel("smallest normalized logit gap per query")
     ax1.set_ylabel("queries")
     ax1.legend(fontsize=7)

@@ -1,0 +1,34 @@
+"""What the Space's plot areas show before their first run: a light figure saying what will appear there."""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from hf_tdiag.viz import new_figure
+
+#: the text of each plot area before its first run, by the plot's ``elem_id`` (or a short key)
+PLACEHOLDERS = {
+    "crate-heads": "CLS attention of each head over the image (layer chosen on the left) appears here after Run.",
+    "crate-layers": "CLS attention per layer, averaged over heads, appears here after Run.",
+    "crate-srr": "Per-layer R, Rᶜ, sparsity and SRR of this image appear here after Run.",
+    "bounds-heatmap": "The optimal Schatten index p per matrix (layer × matrix type) appears here after Compute bounds.",
+    "bounds-spectra": "The spectral decay σᵢ/σ₁ of every matrix, per matrix type, appears here.",
+    "bounds-contrib": "Each matrix's contribution c(W, p) against p, its minimum marked, appears here.",
+    "concepts-heatmaps": "Concept codes over the patch grid of the first images appear here after Fit concepts.",
+    "concepts-top": "The top-activating patches of each concept appear here.",
+    "concepts-kl": "Each image's empirical KL against the estimated bound (log–log) appears here.",
+    "svm-curves": "Correlation of the GD iterates with W_mm (and KQᵀ with the nuclear-norm SVM) appears here "
+    "after Run experiment.",
+    "svm-head-plot": "The head's margins against the SVM's, and its attention probabilities, appear here after "
+    "Diagnose head.",
+}
+
+
+def placeholder_figure(key: str, width: float = 9.0, height: float = 1.2) -> Figure:
+    """A blank figure of ``width`` × ``height`` inches with the placeholder text of ``key``, centred and grey."""
+    fig = new_figure(width, height, layout=None)
+    fig.text(0.5, 0.5, PLACEHOLDERS[key], ha="center", va="center", color="#6e7781", fontsize=11, wrap=True)
+    return fig
+
+
+__all__ = ["PLACEHOLDERS", "placeholder_figure"]
