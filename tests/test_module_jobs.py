@@ -35,6 +35,7 @@ JOBS = {
     "diagnostics/concept_report.py": "the report concept_fidelity returns",
     "diagnostics/concepts.py": "concept_fidelity: how faithfully a few concepts at layer l explain the prediction",
     "diagnostics/mssa_step.py": "the coding rate Rc along one MSSA step",
+    "diagnostics/objective_ledger.py": "each white-box block step's objective before and after the step",
     "diagnostics/report.py": "the report contract every diagnostic's report follows",
     "diagnostics/schatten.py": "spectrum_bounds: the Schatten and Edelman bound proxies",
     "diagnostics/settings.py": "one settings object per diagnostic: its defaults, help text and validation",
@@ -87,15 +88,6 @@ def test_each_family_is_one_adapter_file():
     assert all(set(table) <= set(ROLES) for table in ROLE_TABLE.values())  # one vocabulary
 
 
-def _docstring_ids(tree) -> set[int]:
-    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    return {
-        id(node.body[0].value)
-        for node in ast.walk(tree)
-        if isinstance(node, kinds) and node.body and isinstance(node.body[0], ast.Expr)
-    }
-
-
 def _role_table_literals(tree) -> list[int]:
     """Line numbers of dict literals mapping three or more role names to strings / tuples of strings."""
 
@@ -123,17 +115,24 @@ def _module_names() -> tuple[set[str], set[str]]:
 
 
 def _hits(path: str, text: str, names: set[str], attrs: set[str]) -> list[str]:
+    """Role tables, module-name strings (not docstrings, not prose) and role-table attribute names in ``text``."""
+    quoted = sum(f'"{r}"' in text or f"'{r}'" in text for r in ROLES)
+    if quoted < 3 and not any(n in text for n in names | attrs):
+        return []  # cannot hold any of them: skip parsing
     tree = ast.parse(text)
-    docs = _docstring_ids(tree)
     found = [f"{path}:{line}: a role table" for line in _role_table_literals(tree)]
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
-            if re.search(r"\s", node.value):
-                continue  # prose (an error message), not a name
-            for n in names:
-                if re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", node.value):
-                    found.append(f"{path}:{node.lineno}: module name {node.value!r}")
-        if isinstance(node, ast.Attribute) and node.attr in attrs and path not in NAMES_MODULES_ON_PURPOSE:
+    alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    pattern = re.compile(rf"(?<![A-Za-z0-9_])(?:{alternatives})(?![A-Za-z0-9_])")
+    docs = set()
+    for node in ast.walk(tree):  # breadth first: a definition is seen before its docstring
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.body and isinstance(node.body[0], ast.Expr):
+                docs.add(id(node.body[0].value))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            # prose (an error message) is not a name
+            if not re.search(r"\s", node.value) and pattern.search(node.value):
+                found.append(f"{path}:{node.lineno}: module name {node.value!r}")
+        elif isinstance(node, ast.Attribute) and node.attr in attrs and path not in NAMES_MODULES_ON_PURPOSE:
             found.append(f"{path}:{node.lineno}: attribute .{node.attr}")
     return found
 
