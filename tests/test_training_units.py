@@ -306,9 +306,9 @@ def test_one_card_template_the_packaged_one():
     from hf_tdiag.training.model_card import TEMPLATE_NAME, template_path
 
     here = os.path.dirname(os.path.abspath(__file__))
-    packaged = os.path.join(os.path.dirname(here), "hf_tdiag", "model_cards", TEMPLATE_NAME)
-    assert os.path.samefile(template_path(), packaged)
-    assert not os.path.exists(os.path.join(os.path.dirname(here), "model_cards"))  # no second copy to drift
+    top_level = os.path.join(os.path.dirname(here), "model_cards", TEMPLATE_NAME)  # beside hf_tdiag/, recipes/
+    assert os.path.samefile(template_path(), top_level)
+    assert not os.path.exists(os.path.join(os.path.dirname(here), "hf_tdiag", "model_cards"))  # no second copy
 
 
 def test_model_card_has_no_local_paths_and_names_the_hub_base_model(tmp_path):

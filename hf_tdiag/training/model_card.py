@@ -1,4 +1,4 @@
-"""Model cards for trained CRATE models, rendered from ``hf_tdiag/model_cards/crate_model_card.jinja``.
+"""Model cards for trained CRATE models, rendered from ``model_cards/crate_model_card.jinja``.
 
 The card's YAML front matter is a ``huggingface_hub.ModelCardData`` with the
 evaluation results as ``model-index`` entries (and ``base_model`` for a
@@ -38,9 +38,16 @@ VARIANT_NAMES = {
 }
 
 
-def template_path() -> str:
-    """The card template shipped in the package (``hf_tdiag/model_cards/``)."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_cards", TEMPLATE_NAME)
+def template_path(name: str = TEMPLATE_NAME) -> str:
+    """The card template: ``hf_tdiag/model_cards/`` in an installed wheel (setup.py copies it there), else the
+    checkout's top-level ``model_cards/`` beside ``hf_tdiag/``."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for folder in (os.path.join(package, "model_cards"), os.path.join(os.path.dirname(package), "model_cards")):
+        if os.path.isfile(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    raise FileNotFoundError(
+        f"model card template {name!r}: not in {package}/model_cards nor in the checkout's model_cards/"
+    )
 
 
 def _is_local(value) -> bool:
