@@ -36,6 +36,7 @@ _FAMILIES = {
         "hf_tdiag.models.crate_text.modeling_crate_text_heads",
         "CrateTextForMultipleChoice",
     ),
+    "hf_tdiag.models.crate_mae": ("hf_tdiag.models.crate_mae.modeling_crate_mae", "CrateMAEForImageClassification"),
 }
 
 

@@ -1,4 +1,4 @@
-"""``hf-tdiag convert-official`` for the white-box families beyond CRATE (CRATE-α so far), chosen by ``--preset``."""
+"""``hf-tdiag convert-official`` for the white-box families beyond CRATE (CRATE-α, CRATE-MAE), chosen by ``--preset``."""
 
 from __future__ import annotations
 
@@ -6,54 +6,87 @@ import argparse
 import os
 
 
-def family_of_preset(preset: str) -> str | None:
-    """``"crate-alpha"`` when ``preset`` names a CRATE-α size, else ``None`` (a CRATE preset or unknown)."""
+def family_presets() -> dict[str, str]:
+    """Preset name -> family, for the families converted here."""
     from hf_tdiag.models.crate_alpha.configuration_crate_alpha import CRATE_ALPHA_PRESETS
+    from hf_tdiag.models.crate_mae.configuration_crate_mae import CRATE_MAE_PRESETS
 
-    return "crate-alpha" if preset in CRATE_ALPHA_PRESETS else None
+    return {**dict.fromkeys(CRATE_ALPHA_PRESETS, "crate-alpha"), **dict.fromkeys(CRATE_MAE_PRESETS, "crate-mae")}
 
 
-def _max_logit_difference(model, sd, config, reloaded) -> tuple[float, float]:
-    """Max |logit| difference of the converted model against the official forward and against its saved folder."""
+def family_of_preset(preset: str) -> str | None:
+    """``"crate-alpha"`` or ``"crate-mae"`` when ``preset`` names one of their sizes, else ``None``."""
+    return family_presets().get(preset)
+
+
+def _pixels(config):
     import torch
 
-    from hf_tdiag.models.crate_alpha.convert_official import official_forward
+    size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
+    return torch.randn(2, config.num_channels, size, size, generator=torch.Generator().manual_seed(0))
 
-    height, width = (config.image_size, config.image_size) if isinstance(config.image_size, int) else config.image_size
-    pixels = torch.randn(2, config.num_channels, height, width, generator=torch.Generator().manual_seed(0))
+
+def _convert_alpha(args, sd, config_overrides):
+    """(model, its processor, max |logit| difference against the official forward) for a CRATE-α checkpoint."""
+    import torch
+
+    from hf_tdiag.models.crate_alpha import CrateAlphaConfig, CrateAlphaImageProcessor
+    from hf_tdiag.models.crate_alpha.convert_official import convert_official_crate_alpha, official_forward
+
+    if "mlp_head.1.weight" not in sd:
+        raise ValueError(f"checkpoint: {args.checkpoint!r} has no 'mlp_head.1.weight' (CRATE-α's classifier weight)")
+    if args.variant != "crate":
+        raise ValueError(f"--variant: CRATE-α has one output matrix (no variants); got {args.variant!r}")
+    overrides = dict(config_overrides, pooling=args.pooling, num_labels=int(sd["mlp_head.1.weight"].shape[0]))
+    config = CrateAlphaConfig.from_preset(args.preset, **overrides)
+    model = convert_official_crate_alpha(sd, config)
     with torch.no_grad():
-        ours = model(pixels).logits
-        official = official_forward(sd, pixels.to(ours.dtype), config)
-        again = reloaded(pixels).logits
-    return float((ours - official).abs().max()), float((ours - again).abs().max())
+        ours = model(_pixels(config)).logits
+        diff = float((ours - official_forward(sd, _pixels(config), config)).abs().max())
+    return model, CrateAlphaImageProcessor.for_config(config), diff
+
+
+def _convert_mae(args, sd, config_overrides):
+    """(model, its processor, None) for a CRATE-MAE checkpoint."""
+    from hf_tdiag.models.crate_mae import CrateMAEConfig, CrateMAEImageProcessor
+    from hf_tdiag.models.crate_mae.convert_official import convert_official_crate_mae
+
+    if args.variant != "crate" or args.labels is not None:
+        raise ValueError("--variant / --labels: a CRATE-MAE checkpoint has neither output variants nor classes")
+    model = convert_official_crate_mae(sd, CrateMAEConfig.from_preset(args.preset, **config_overrides))
+    return model, CrateMAEImageProcessor.for_config(model.config), None
 
 
 def run_family(args: argparse.Namespace, sd: dict, labels_reader) -> int:
     """Convert ``sd`` (an unwrapped official state_dict) to the family of ``args.preset``; print the logit checks."""
-    from transformers import AutoModelForImageClassification
+    import torch
+    from transformers import AutoModelForImageClassification, AutoModelForPreTraining
 
-    from hf_tdiag.models.crate_alpha import CrateAlphaConfig, CrateAlphaImageProcessor
-    from hf_tdiag.models.crate_alpha.convert_official import convert_official_crate_alpha
-
-    if args.variant != "crate":
-        raise ValueError(f"--variant: CRATE-α has one output matrix (no variants); got {args.variant!r}")
-    overrides = dict(pooling=args.pooling, num_labels=int(sd["mlp_head.1.weight"].shape[0]))
-    if args.image_size is not None:
-        overrides["image_size"] = args.image_size
-    config = CrateAlphaConfig.from_preset(args.preset, **overrides)
-    labels = labels_reader(args.labels, config.num_labels)
+    family = family_of_preset(args.preset)
+    overrides = {} if args.image_size is None else {"image_size": args.image_size}
+    convert = _convert_alpha if family == "crate-alpha" else _convert_mae
+    model, processor, official = convert(args, sd, overrides)
+    config = model.config
+    labels = labels_reader(args.labels, config.num_labels) if family == "crate-alpha" else None
     if labels is not None:
         config.id2label, config.label2id = labels, {v: k for k, v in labels.items()}
-    model = convert_official_crate_alpha(sd, config)
     os.makedirs(args.output_dir, exist_ok=True)
     model.save_pretrained(args.output_dir)
-    CrateAlphaImageProcessor.for_config(config).save_pretrained(args.output_dir)
-    reloaded = AutoModelForImageClassification.from_pretrained(args.output_dir).eval()
-    official, saved = _max_logit_difference(model, sd, config, reloaded)
+    processor.save_pretrained(args.output_dir)
+    auto = AutoModelForImageClassification if family == "crate-alpha" else AutoModelForPreTraining
+    reloaded = auto.from_pretrained(args.output_dir).eval()
+    noise = (
+        {}
+        if family == "crate-alpha"
+        else {"noise": torch.rand(2, config.num_patches, generator=torch.Generator().manual_seed(1))}
+    )
+    with torch.no_grad():
+        saved = float((model(_pixels(config), **noise).logits - reloaded(_pixels(config), **noise).logits).abs().max())
     n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"converted {args.checkpoint} -> {args.output_dir}: {args.preset} (CRATE-α, {config.num_hidden_layers} layers, "
-        f"d={config.hidden_size}, {config.num_labels} classes, {n_params / 1e6:.2f}M parameters)"
+        f"converted {args.checkpoint} -> {args.output_dir}: {args.preset} ({family}, {config.num_hidden_layers} layers, "
+        f"d={config.hidden_size}, {n_params / 1e6:.2f}M parameters)"
     )
-    print(f"max logit difference: {official:.3g} against the official forward, {saved:.3g} after reloading")
+    against = f"{official:.3g} against the official forward, " if official is not None else ""
+    print(f"max logit difference: {against}{saved:.3g} after reloading")
     return 0

@@ -12,7 +12,7 @@ from .._cli_args import add_output_dir, plain, positive_int
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "convert-official",
-        help="convert a checkpoint of the official CRATE or CRATE-α code into a Transformers model folder",
+        help="convert a checkpoint of the official CRATE, CRATE-α or CRATE-MAE code into a Transformers model folder",
         description=plain(
             "Read a state_dict saved by the official CRATE code (.pth/.pt via torch.load(weights_only=True), or "
             ".safetensors), map it onto CrateForImageClassification and write a folder loadable with "
@@ -23,7 +23,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--preset",
         required=True,
-        help="architecture preset, e.g. crate-tiny, crate-base, crate-alpha-base-16, crate-alpha-large-14",
+        help="architecture preset, e.g. crate-tiny, crate-base, crate-alpha-base-16, crate-alpha-large-14, crate-mae-base",
     )
     add_output_dir(
         p, None, "folder to write the converted model and its image processor into", "--output", required=True
@@ -93,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
 
     family = family_of_preset(args.preset)
     if args.preset not in CRATE_PRESETS and family is None:
-        from hf_tdiag.models.crate_alpha import CRATE_ALPHA_PRESETS
+        from ._convert_families import family_presets
 
-        raise ValueError(f"--preset: expected one of {[*CRATE_PRESETS, *CRATE_ALPHA_PRESETS]}, got {args.preset!r}")
+        raise ValueError(f"--preset: expected one of {[*CRATE_PRESETS, *family_presets()]}, got {args.preset!r}")
     from hf_tdiag._outputs import TRAIN_PATTERNS, claim_args
 
     claim_args(args, [], inputs=[args.checkpoint, args.labels], stale=TRAIN_PATTERNS, model_output=True)
@@ -103,14 +103,14 @@ def run(args: argparse.Namespace) -> int:
         sd = unwrap_official_state_dict(_load_checkpoint(args.checkpoint))
     except TypeError as err:
         raise ValueError(f"checkpoint: {args.checkpoint!r}: {err}") from None
+    if family is not None:
+        return run_family(args, sd, _read_labels)
     head = sd.get("mlp_head.1.weight")
     if head is None:
         raise ValueError(
             f"checkpoint: {args.checkpoint!r} has no 'mlp_head.1.weight' (the classifier weight of the official CRATE "
             f"code); found {len(sd)} keys such as {sorted(sd)[:3]}"
         )
-    if family is not None:
-        return run_family(args, sd, _read_labels)
     overrides = dict(variant=args.variant, pooling=args.pooling, num_labels=int(head.shape[0]))
     if args.image_size is not None:
         overrides["image_size"] = args.image_size
