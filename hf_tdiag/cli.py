@@ -8,6 +8,7 @@ torch or transformers, so ``--help`` answers at once; the commands import what t
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import pkgutil
@@ -37,13 +38,27 @@ def build_parser() -> ArgumentParser:
         "(--output-dir); the underscore spelling (--output_dir) is accepted too.",
     )
     parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--quiet", "-q", action="store_true", help=QUIET_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(_commands_pkg.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"{_commands_pkg.__name__}.{info.name}")
         module.register(sub)
+    for command in sub.choices.values():  # also after the command name; SUPPRESS keeps the global value
+        command.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS, help=QUIET_HELP)
     return parser
+
+
+QUIET_HELP = "no progress bars and no library info logs (sets TQDM_DISABLE=1); results and errors still print"
+
+
+def _be_quiet() -> None:
+    """What ``--quiet`` turns off: tqdm bars (ours and the libraries'), Transformers/Datasets info and warnings."""
+    os.environ["TQDM_DISABLE"] = "1"
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("DATASETS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def _message(err: BaseException) -> str:
@@ -73,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.quiet:
+        _be_quiet()
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

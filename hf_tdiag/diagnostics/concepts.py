@@ -22,9 +22,9 @@ from __future__ import annotations
 import copy
 
 import torch
-from tqdm.auto import tqdm
 
 from .._caller_state import module_modes, restore_modes
+from .._progress import tqdm
 from ..measures.concepts import SemiNMF, fidelity_errors, kl_bound, kl_bound_chain, kl_divergence
 from ..probes.concept_constants import certified_constants, estimate_constants
 from ..probes.concept_decoder import CERTIFIED_NOTE

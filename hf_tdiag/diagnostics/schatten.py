@@ -63,8 +63,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from .._progress import tqdm
 from .._threads import torch_threads
 from ..measures import schatten as S
 from ..probes.block_matrices import EncoderWeights, encoder_weights

@@ -40,9 +40,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from .._caller_state import module_modes, restore_modes
+from .._progress import tqdm
 from ..measures.coding_rate import (
     coding_rate,
     compression_rate,

@@ -35,8 +35,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
+from .._progress import tqdm
 from .._validation import integer, non_negative_float, positive_float, positive_int
 from .complexity import bisect_largest, project_box
 

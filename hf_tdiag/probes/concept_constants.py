@@ -23,8 +23,8 @@ import copy
 import math
 
 import torch
-from tqdm.auto import tqdm
 
+from .._progress import tqdm
 from ..measures.concepts import jacobian_spectral_norm
 from ..measures.concepts.certified import (
     attention_deviation,

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 import hf_tdiag
 from hf_tdiag._atomic import write_text
@@ -35,6 +34,7 @@ from hf_tdiag._cli_args import NUM_CONCEPTS
 from hf_tdiag._defaults import DEFAULT_L_PHI
 from hf_tdiag.loading import LoadedModel, load_model, pixel_values_for
 
+from .._progress import tqdm
 from ..viz import attention_maps, figure_to_png, images
 from ..viz.concepts import token_codes_figure
 from .html import Figure, Section, Table, dumps, render_html, to_jsonable

@@ -88,7 +88,7 @@ def _run_uncached(
     overwrite=False,
 ):
     """Train every uncached run (at most ``limit``); return all records in grid order, the cached count, the failures."""
-    from tqdm.auto import tqdm
+    from .._progress import tqdm
 
     _check_study_file(study_dir, grid, overwrite)
     os.makedirs(os.path.join(study_dir, "runs"), exist_ok=True)

@@ -34,10 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     data = parser.add_argument_group("data")
     data.add_argument(
+        "--dataset",
         "--dataset-name",
+        dest="dataset_name",
         type=str,
         default=None,
-        help="Hub image-classification dataset (e.g. cifar10) or a local dataset folder/script for "
+        help="(--dataset-name as in Transformers' examples) Hub image-classification dataset (e.g. cifar10) or a local dataset folder/script for "
         "datasets.load_dataset. Without any dataset flag the trainer uses scikit-learn's 8x8 digits.",
     )
     data.add_argument("--dataset-config-name", type=str, default=None, help="Config name of --dataset-name.")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
+from .._progress import tqdm
 from .._validation import finite_float
 
 

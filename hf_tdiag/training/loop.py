@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from .._atomic import write_json
+from .._progress import tqdm
 from .._threads import pick_threads, torch_threads
 from . import srr_tracking
 from .args import is_digits, make_args
@@ -163,9 +163,12 @@ def _claim_output_dir(args) -> tuple[dict, str]:
     """The settings recorded in the checkpoints and the run id (the resumed checkpoint's, else a new one), after
     :func:`hf_tdiag.training.checkpointing.claim_training_dir` accepted the output folder."""
     from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
 
     settings = training_settings(args)  # before prepare() resolves the step budget
-    resumed = claim_training_dir(args, is_main=PartialState().is_main_process)
+    # cpu as the Accelerator will see it: the first PartialState fixes the process group for the whole run
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
+    resumed = claim_training_dir(args, is_main=state.is_main_process)
     return settings, (run_id_of(resumed) if resumed else None) or new_run_id()
 
 

@@ -290,7 +290,7 @@ def train_attention_batch(
     record = _Recorder(_references(references, R, d, dz), record_every, snapshot_every, steps)
     iterator = range(steps + 1)
     if progress:
-        from tqdm.auto import tqdm
+        from ..._progress import tqdm
 
         iterator = tqdm(iterator, desc=f"GD ({param}, {R} run{'s' * (R > 1)})", leave=False)
     with torch_threads(1 if data.X.numel() <= _ONE_THREAD_NUMEL else None):  # tiny tensors: threads only contend

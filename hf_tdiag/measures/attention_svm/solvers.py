@@ -230,7 +230,7 @@ def projected_newton(
     su = float(u.sum())
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from ..._progress import tqdm
 
         bar = tqdm(total=max_iter, desc="Att-SVM (projected Newton)", leave=False)
     status, it, gap = "max_iter", 0, 1.0

@@ -10,8 +10,8 @@ the activations reshaped to ``(rows, d)``; ``shape`` is the original ``(images, 
 from __future__ import annotations
 
 import torch
-from tqdm.auto import tqdm
 
+from ..._progress import tqdm
 from .gram import batched_gram_loss_grad
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import torch
-from tqdm.auto import tqdm
 
+from ..._progress import tqdm
 from ..._validation import check_tensor, non_negative_float, non_negative_int, positive_int
 from .init import INITS, initial_codes
 from .joint import grams, losses, quick_losses, refine

@@ -6,8 +6,8 @@ import inspect
 from collections.abc import Callable
 
 import torch
-from tqdm.auto import tqdm
 
+from ..._progress import tqdm
 from ..._validation import check_tensor, non_negative_float, non_negative_int, positive_float, positive_int
 from .joint import grams, losses
 from .semi_nmf import SemiNMF
