@@ -43,9 +43,14 @@ Returns:
     `num_steps`, `num_increasing_steps`, `fraction_decreasing`, `mean_relative_change`, and for every step
     `<step>_layer_<l>_change` (after - before) and `<step>_layer_<l>_increased` (0 or 1).
 Examples:
-    >>> import evaluate, hf_tdiag
+    >>> import evaluate, hf_tdiag, torch
+    >>> from hf_tdiag import CrateConfig, CrateForImageClassification
+    >>> _ = torch.manual_seed(0)
+    >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10)).eval()
     >>> ledger = evaluate.load(hf_tdiag.metric_path("objective_ledger"))
-    >>> out = ledger.compute(model="path/to/crate-alpha", images=images)  # doctest: +SKIP
+    >>> out = ledger.compute(model=model, pixel_values=torch.randn(8, 1, 8, 8))
+    >>> print(int(out["num_steps"]), int(out["num_increasing_steps"]), round(out["fraction_decreasing"], 3))
+    8 3 0.625
 """
 
 
