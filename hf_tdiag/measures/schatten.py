@@ -26,6 +26,7 @@ import torch
 from .._defaults import DEFAULT_L_PHI, DEFAULT_RANK_TOL  # noqa: E402  (re-exported)
 from .._threads import threaded
 from .._validation import all_finite, positive_int, real
+from ._gil_free_lapack import symmetric_eigenvalues, syrk_accumulate
 
 # A Gram matrix gives σᵢ with relative error ~ eps·(σ₁/σᵢ)²; we use it only when
 # σ_min² ≥ GRAM_MIN_RATIO · σ_max² (condition number ≤ 1000), where that error stays below ~1e-10
@@ -166,25 +167,21 @@ def chunk_rows(num_cols: int, chunk_entries: int | None = None) -> int:
 
 
 def streamed_gram(chunks, on_chunk=None) -> torch.Tensor:
-    """G = Σ_c A_cᵀ A_c of the row blocks ``A_c (r_c, n)`` of a tall matrix A, float64 ``(n, n)`` (symmetric).
+    """G = Σ_c A_cᵀ A_c of the row blocks ``A_c (r_c, n)`` of a tall matrix A, upper triangle, float64 ``(n, n)``.
 
-    One block at a time, so A is never held whole: NumPy's ``A_cᵀA_c`` (BLAS ``dsyrk``) into one reused ``n×n``
-    buffer, added to G in place. NumPy releases the GIL in both (SciPy's f2py ``dsyrk`` wrapper does not, which
-    serialised the thread pool of :func:`hf_tdiag.spectrum_bounds`). ``on_chunk(A_c)`` (float64) sees every block.
+    BLAS ``dsyrk`` accumulates in place (no ``n×n`` temporary), one block at a time, so A is never held whole;
+    the lower triangle is left unspecified. The GIL is released during each ``dsyrk``
+    (:mod:`hf_tdiag.measures._gil_free_lapack`), so jobs in threads run side by side.
+    ``on_chunk(A_c)`` (float64) is called on every block as it passes.
     """
-    gram = buf = None
+    gram = None
     for c in chunks:
         c = c.detach().to(torch.float64).cpu()
         if on_chunk is not None:
             on_chunk(c)
-        x = c.numpy()
         if gram is None:
-            gram = x.T @ x  # NumPy routes a matrix times its own transpose to dsyrk
-            continue
-        if buf is None:
-            buf = np.empty_like(gram)
-        np.matmul(x.T, x, out=buf)
-        gram += buf
+            gram = np.zeros((c.shape[1], c.shape[1]), dtype=np.float64, order="F")
+        gram = syrk_accumulate(gram, c.numpy())
     return torch.from_numpy(gram)
 
 
@@ -212,7 +209,7 @@ def streamed_singular_values(make_chunks, method: str = "auto", on_chunk=None) -
         raise ValueError(f"method: expected 'auto' or 'svd', got {method!r}")
     if method == "auto":
         gram = streamed_gram(make_chunks(), on_chunk)
-        lam = np.linalg.eigvalsh(gram.numpy())  # LAPACK dsyevd, values only, without the GIL
+        lam = symmetric_eigenvalues(gram.numpy())  # LAPACK dsyevd in place, values only, without the GIL
         del gram
         lam = torch.from_numpy(np.array(lam[::-1]))  # a copy: ascontiguousarray keeps a 1-element view's stride
         if float(lam[-1]) >= GRAM_MIN_RATIO * float(lam[0]) and float(lam[0]) > 0:
