@@ -22,10 +22,9 @@ from transformers import (
 )
 
 import hf_tdiag  # noqa: F401
-from hf_tdiag.models.crate_text import CrateTextConfig, register_crate_text
+from hf_tdiag.models.crate_text import CrateTextConfig
 
 pytestmark = pytest.mark.slow
-register_crate_text()
 
 V = 61
 AUTOS = {
