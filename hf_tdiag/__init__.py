@@ -43,8 +43,8 @@ _LAZY = {
     "spectrum_bounds": "hf_tdiag.diagnostics.schatten:spectrum_bounds",
     "concept_fidelity": "hf_tdiag.diagnostics.concepts:concept_fidelity",
     "attention_svm_diagnostic": "hf_tdiag.diagnostics.attention_svm:attention_svm_diagnostic",
-    "SRRReport": "hf_tdiag.diagnostics.srr:SRRReport",
-    "SchattenReport": "hf_tdiag.diagnostics.schatten:SchattenReport",
+    "SRRReport": "hf_tdiag.diagnostics.srr_report:SRRReport",
+    "SchattenReport": "hf_tdiag.diagnostics.schatten_report:SchattenReport",
     "ConceptFidelityReport": "hf_tdiag.diagnostics.concept_report:ConceptFidelityReport",
     "AttentionSVMReport": "hf_tdiag.diagnostics.attention_svm_report:AttentionSVMReport",
 }

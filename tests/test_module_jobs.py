@@ -38,8 +38,10 @@ JOBS = {
     "diagnostics/objective_ledger.py": "each white-box block step's objective before and after the step",
     "diagnostics/report.py": "the report contract every diagnostic's report follows",
     "diagnostics/schatten.py": "spectrum_bounds: the Schatten and Edelman bound proxies",
+    "diagnostics/schatten_report.py": "the report spectrum_bounds returns, with its versioned JSON",
     "diagnostics/settings.py": "one settings object per diagnostic: its defaults, help text and validation",
     "diagnostics/srr.py": "layer_srr: layer-by-layer sparse rate reduction over a dataset",
+    "diagnostics/srr_report.py": "the report layer_srr returns",
 }
 
 # code that names a model's modules outright without being a role table, and why

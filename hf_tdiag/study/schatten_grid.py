@@ -370,7 +370,7 @@ __all__ = [
 
 def load_report_pair(record: dict, cache_dir: str):
     """The full init and trained :class:`SpectrumBoundReport` of a cached record (spectra included)."""
-    from hf_tdiag.diagnostics.schatten import SpectrumBoundReport
+    from hf_tdiag.diagnostics.schatten import SchattenReport as SpectrumBoundReport
 
     paths = _paths(cache_dir, record["key"])
     return tuple(SpectrumBoundReport.from_json(paths[stage]) for stage in ("init", "trained"))

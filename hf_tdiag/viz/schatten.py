@@ -1,6 +1,6 @@
 """Figures for the Schatten / Edelman bound proxies (matplotlib ``Figure`` objects, no pyplot state).
 
-Inputs are :class:`hf_tdiag.diagnostics.schatten.SpectrumBoundReport` objects, or for the
+Inputs are :class:`hf_tdiag.diagnostics.schatten_report.SchattenReport` objects, or for the
 scaling plots any rows with ``num_layers``, ``hidden_size``, ``schatten_bound`` and ``edelman_bound``
 (e.g. ``report.summary()``).
 """
@@ -402,7 +402,7 @@ def save_report_figures(report, out_dir: str, prefix: str = "") -> dict[str, str
 def optimal_p_heatmap(report) -> Figure:
     """Heatmap of the optimal Schatten index p per matrix: layers (rows) × matrix type/head (columns).
 
-    ``report`` is a :class:`hf_tdiag.diagnostics.schatten.SpectrumBoundReport`; each cell is one record's ``p_opt``.
+    ``report`` is a :class:`hf_tdiag.diagnostics.schatten_report.SchattenReport`; each cell is one record's ``p_opt``.
     """
     order = {"qk": 0, "v": 1, "m_in": 2, "ista": 2, "m_out": 3}
     columns = sorted(
