@@ -166,9 +166,11 @@ def _claim_output_dir(args) -> tuple[dict, str]:
     from accelerate.utils import parse_flag_from_env
 
     settings = training_settings(args)  # before prepare() resolves the step budget
-    # cpu as the Accelerator will see it: the first PartialState fixes the process group for the whole run
-    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
-    resumed = claim_training_dir(args, is_main=state.is_main_process)
+    # the first PartialState fixes the process group for the whole run: CPU processes (gloo) with
+    # ACCELERATE_USE_CPU, or when several processes were launched on a machine without an accelerator
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or (several and not torch.accelerator.is_available())
+    resumed = claim_training_dir(args, is_main=PartialState(cpu=cpu).is_main_process)
     return settings, (run_id_of(resumed) if resumed else None) or new_run_id()
 
 
