@@ -23,7 +23,7 @@ import copy
 
 import torch
 
-from .._caller_state import module_modes, restore_modes
+from .._caller_state import keeps_modes, module_modes, restore_modes
 from .._progress import tqdm
 from ..measures.concepts import SemiNMF, fidelity_errors, kl_bound, kl_bound_chain, kl_divergence
 from ..probes.concept_constants import certified_constants, estimate_constants
@@ -308,6 +308,7 @@ def fidelity_at_layer(
     return ConceptFidelityReport(report, tensors=tensors)
 
 
+@keeps_modes  # the probes reset every submodule to the top module's flag
 def concept_fidelity(
     model,
     inputs,
