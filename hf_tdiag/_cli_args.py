@@ -198,6 +198,33 @@ def add_input_flags(parser, *, texts: bool = True, required: bool = True, max_sa
     )
 
 
+def list_of(item, choices=None):
+    """An argparse ``type`` for one token of a list flag: ``"1,3"`` and ``"1"`` both parse (so ``--layers 1,3``
+    and ``--layers 1 3`` mean the same), each item read by ``item`` and checked against ``choices``. Use with
+    ``nargs="+"`` and :func:`flatten`."""
+
+    def parse(text: str) -> list:
+        values = []
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            value = item(part)
+            if choices is not None and value not in choices:
+                raise argparse.ArgumentTypeError(f"{part!r} is not one of {', '.join(map(str, choices))}")
+            values.append(value)
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected a comma- or space-separated list, got {text!r}")
+        return values
+
+    parse.__name__ = f"list of {getattr(item, '__name__', 'value')}"
+    return parse
+
+
+def flatten(values) -> list | None:
+    """The items of a list flag parsed with :func:`list_of` (``[[1, 3], [5]] -> [1, 3, 5]``; None stays None)."""
+    return None if values is None else [v for token in values for v in token]
+
+
 def add_setting_flag(parser, settings_cls, name: str, *aliases: str, type=None, flag: str | None = None, **kwargs):
     """One flag from a settings field (:mod:`hf_tdiag.diagnostics.settings`): ``--<name>`` hyphenated (or
     ``flag``), its default, help text and choices read from ``settings_cls``; ``type`` is the argparse parser of

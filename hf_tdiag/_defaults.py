@@ -8,4 +8,8 @@ DEFAULT_L_PHI = 1.13
 # relative singular-value threshold below which a singular value does not count towards a matrix's rank
 DEFAULT_RANK_TOL = 1e-10
 
-__all__ = ["DEFAULT_L_PHI", "DEFAULT_RANK_TOL"]
+
+#: the sections of ``hf-tdiag report``, in page order (the command line checks --sections against them)
+REPORT_SECTIONS = ("summary", "srr", "schatten", "concepts", "attention")
+
+__all__ = ["DEFAULT_L_PHI", "DEFAULT_RANK_TOL", "REPORT_SECTIONS"]

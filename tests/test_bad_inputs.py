@@ -496,7 +496,8 @@ CLI_CASES = [
         1,
         "queries: positions must lie in [0, 17)",
     ),
-    ("report sections", ["report", "{root}/crate", "--sections", "bogus"], 1, "sections: unknown ['bogus']"),
+    # refused by the parser, before the model is loaded (exit 2, as argparse does)
+    ("report sections", ["report", "{root}/crate", "--sections", "bogus"], 2, "--sections: 'bogus' is not one of"),
     (
         "report images on text model",
         ["report", "{root}/bert", "--images", "{root}/zero_png"],

@@ -150,3 +150,19 @@ def test_a_diagnostic_runs_with_a_settings_object():
     by_object = layer_srr(model, x, settings=SRRSettings(lam=0.25, include_mid=False), progress=False)
     by_keywords = layer_srr(model, x, lam=0.25, include_mid=False, progress=False)
     assert by_object.to_dict() == by_keywords.to_dict() and by_object.settings["lam"] == 0.25
+
+
+def test_list_flags_take_commas_or_spaces_alike_and_check_names_before_loading(capsys):
+    from hf_tdiag._cli_args import flatten
+    from hf_tdiag.cli import build_parser, main
+
+    parse = build_parser().parse_args
+    base = ["concepts", "m", "--images", "d"]
+    assert flatten(parse([*base, "--layers", "1,3", "5"]).layers) == [1, 3, 5]
+    assert flatten(parse([*base, "--gram-weight", "0,1"]).gram_weight) == [0.0, 1.0]
+    assert flatten(parse([*base, "--gram-weight", "0", "1"]).gram_weight) == [0.0, 1.0]
+    assert flatten(parse([*base]).gram_weight) == [0.0, 1.0]
+    assert flatten(parse(["report", "m", "--sections", "srr,schatten"]).sections) == ["srr", "schatten"]
+    with pytest.raises(SystemExit) as info:  # the model path does not exist: the parser answers first
+        main(["report", "/no/such/model", "--sections", "srr,bogus"])
+    assert info.value.code == 2 and "'bogus' is not one of summary" in capsys.readouterr().err

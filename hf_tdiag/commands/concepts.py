@@ -13,6 +13,8 @@ from .._cli_args import (
     add_threads_flag,
     add_trust_remote_code_flag,
     finite_float,
+    flatten,
+    list_of,
     non_negative_int,
     plain,
     positive_int,
@@ -55,17 +57,20 @@ def register(subparsers) -> None:
     layer.add_argument(
         "--layers",
         default=None,
-        metavar="all|L1,L2,...",
-        help="layer sweep: 'all' (0..L) or a comma-separated list; one fit per layer",
+        type=list_of(_layer_token),
+        nargs="+",
+        metavar="all|L",
+        help="layer sweep: 'all' (0..L) or layers, space- or comma-separated (1 3 or 1,3); one fit per layer",
     )
     add_setting_flag(p, ConceptSettings, "n_concepts", "--n-concepts", flag="--concepts", dest="concepts")
     p.add_argument(
         "--gram-weight",
         "--gram-weights",
-        type=finite_float,
+        type=list_of(finite_float),
         nargs="+",
-        default=[0.0, 1.0],
-        help="Gram weights mu to fit (default: 0 1); several values give a mu sweep",
+        default=[[0.0, 1.0]],
+        metavar="MU",
+        help="Gram weights mu to fit, space- or comma-separated (default: 0 1); several values give a mu sweep",
     )
     p.add_argument("--supervised", action="store_true", help="also fit classifier-supervised concepts (FACE-like)")
     p.add_argument("--kl-weight", type=finite_float, default=10.0, help="lambda of the supervised fit (default 10)")
@@ -197,13 +202,19 @@ def _inputs(args, loaded):
     return pixels, {"source": imageset.source, "count": len(imageset.images), "kind": "images"}, {}, pixels
 
 
-def _parse_layers(spec: str, num_layers: int):
-    if spec.strip().lower() == "all":
+def _layer_token(text: str):
+    """One item of ``--layers``: ``all`` or a layer ℓ ≥ 0 (checked against the model once it is loaded)."""
+    if text.lower() == "all":
         return "all"
-    try:
-        return [int(v) for v in spec.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"--layers: expected 'all' or comma-separated ints, got {spec!r}") from None
+    return non_negative_int(text)
+
+
+def _parse_layers(layers: list, num_layers: int):
+    if "all" in layers:
+        if len(layers) > 1:
+            raise ValueError(f"--layers: 'all' stands alone, got {layers}")
+        return "all"
+    return layers
 
 
 def _describe(source: dict) -> str:
@@ -292,6 +303,7 @@ def _figures(args, model, pixels, out, estimators, layer, threads):
 
 
 def run(args: argparse.Namespace) -> int:
+    args.gram_weight, args.layers = flatten(args.gram_weight), flatten(args.layers)
     if any(mu < 0 for mu in args.gram_weight):
         raise ValueError(f"--gram-weight: expected values >= 0, got {args.gram_weight}")
     from hf_tdiag._outputs import claim_args

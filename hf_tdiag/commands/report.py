@@ -17,10 +17,13 @@ from .._cli_args import (
     add_output_dir,
     add_threads_flag,
     add_trust_remote_code_flag,
+    flatten,
+    list_of,
     non_negative_int,
     plain,
     positive_int,
 )
+from .._defaults import REPORT_SECTIONS
 
 
 def register(subparsers) -> None:
@@ -42,8 +45,10 @@ def register(subparsers) -> None:
     p.add_argument(
         "--sections",
         nargs="+",
+        type=list_of(str, REPORT_SECTIONS),
         default=None,
-        help="subset of: summary srr schatten concepts attention (default: all that apply)",
+        metavar="SECTION",
+        help=f"subset of: {' '.join(REPORT_SECTIONS)}, space- or comma-separated (default: all that apply)",
     )
     p.add_argument(
         "--layer",
@@ -106,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         attention_head=args.head,
     )
     with torch_threads(model_threads(args.threads, loaded.model, next(loaded.model.parameters()).device)):
-        report = build_report(loaded, inputs, sections=args.sections, options=options, title=args.title)
+        report = build_report(loaded, inputs, sections=flatten(args.sections), options=options, title=args.title)
     html_path, json_path = report.save(page)
     for section in report.sections:
         line = f"  {section.key:<10} {section.status}"

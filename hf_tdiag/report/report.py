@@ -34,6 +34,7 @@ from hf_tdiag._cli_args import NUM_CONCEPTS
 from hf_tdiag._defaults import DEFAULT_L_PHI
 from hf_tdiag.loading import LoadedModel, load_model, pixel_values_for
 
+from .._defaults import REPORT_SECTIONS
 from .._progress import tqdm
 from ..viz import attention_maps, figure_to_png, images
 from ..viz.concepts import token_codes_figure
@@ -41,7 +42,7 @@ from .html import Figure, Section, Table, dumps, render_html, to_jsonable
 
 logger = logging.getLogger(__name__)
 
-SECTION_ORDER = ("summary", "srr", "schatten", "concepts", "attention")
+SECTION_ORDER = REPORT_SECTIONS
 
 
 @dataclass
