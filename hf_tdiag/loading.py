@@ -172,6 +172,13 @@ def load_pretrained(
     except Exception as err:
         if type(err).__name__ == "SafetensorError":  # safetensors' own exception type: a truncated or garbled file
             raise _weights_error(source, name, err) from None
+        if type(err).__name__ == "UnpicklingError":  # a garbled pytorch_model.bin; never advise weights_only=False
+            files = sorted(f for f in os.listdir(source) if f.endswith(".bin")) if os.path.isdir(source) else []
+            where = ", ".join(repr(os.path.join(source, f)) for f in files) or repr(source)
+            raise ValueError(
+                f"{name}: cannot read the weights in {where}: not a PyTorch weights file (damaged, or not written by "
+                "torch.save); nothing was run. Re-save the model with save_pretrained (safetensors)"
+            ) from None
         raise
 
 

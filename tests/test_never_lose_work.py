@@ -234,3 +234,15 @@ def test_public_diagnostics_leave_the_callers_model_and_torch_state_as_found(cra
         before = _state(model)
         calls[name]()
         assert _state(model) == before
+
+
+def test_a_garbage_pytorch_model_bin_is_named_without_unsafe_advice(crate_folder, tmp_path, capsys):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(crate_folder / "a/model", bad)
+    (bad / "model.safetensors").unlink()
+    (bad / "pytorch_model.bin").write_bytes(bytes(range(256)) * 12)  # not a torch.save file
+    code, err = _cli(["srr", str(bad), "--dataset", "digits", "--output-dir", str(tmp_path / "out")], capsys)
+    assert code == 1 and "pytorch_model.bin" in err and "not a PyTorch weights file" in err
+    assert "weights_only" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

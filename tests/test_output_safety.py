@@ -429,3 +429,10 @@ def test_a_damaged_run_record_warns(tmp_path, content, named):
     with pytest.warns(UserWarning, match=named):
         assert read_record(str(path), "k1") is None
     assert read_record(str(tmp_path / "missing.json"), "k1") is None  # not there: no warning (pytest.warns is closed)
+
+
+def test_latest_refuses_a_folder_holding_checkpoints_of_two_runs(tmp_path):
+    for step, run in ((5, "mine"), (23, "other")):
+        _checkpoint(tmp_path / "run", step, run_id=run)
+    with pytest.raises(ValueError, match="checkpoints of 2 different runs"):
+        ck.claim_training_dir(_train_args(tmp_path, resume_from_checkpoint="latest"))

@@ -285,6 +285,13 @@ def claim_training_dir(args, *, is_main: bool = True, notify: Callable[[str], No
     inputs = [getattr(args, k, None) for k in ("model_name_or_path", "train_dir", "validation_dir", "dataset_path")]
     inputs = [p for p in inputs if isinstance(p, (str, os.PathLike)) and os.path.exists(p)]
     spec = getattr(args, "resume_from_checkpoint", None)
+    if spec == "latest":
+        runs = sorted({str(run_id_of(p)) for _, p in list_checkpoints(output_dir)} - {"None"})
+        if len(runs) > 1:
+            raise ValueError(
+                f"resume_from_checkpoint=latest: {output_dir!r} holds checkpoints of {len(runs)} different runs "
+                f"({', '.join(runs)}); pass the checkpoint folder to resume explicitly"
+            )
     path = resolve_checkpoint(spec, output_dir, notify=lambda text: None) if spec else None  # resume() reports
     if path is not None:
         changed = changed_settings(read_state(path), args)

@@ -551,8 +551,14 @@ def _save_model(run: TrainingRun) -> None:
     run.accelerator.wait_for_everyone()
     state_dict = run.accelerator.get_state_dict(run.model)  # collective under FSDP: every process calls it
     if run.accelerator.is_main_process:
-        run.unwrapped.save_pretrained(run.args.output_dir, state_dict=state_dict)
-        run.processor.save_pretrained(run.args.output_dir)
+        try:
+            run.unwrapped.save_pretrained(run.args.output_dir, state_dict=state_dict)
+            run.processor.save_pretrained(run.args.output_dir)
+        except (OSError, RuntimeError) as err:  # a full disk: torch and safetensors do not name the file
+            reason = getattr(err, "strerror", None) or " ".join(str(err).split())[:200]
+            raise OSError(
+                f"output_dir: could not save the trained model into {run.args.output_dir!r} ({reason})"
+            ) from err
 
 
 def _publish(run: TrainingRun, results: dict) -> None:
