@@ -1,0 +1,87 @@
+"""Text-CRATE adapter (model type ``crate_text``: CRATE-LM / CRATE-GPT causal models, the masked CRATE and their
+heads): query, key and value are the one shared projection ``U`` (``attention.qkv``), the attention output is the
+learned ``attention.out_proj``, the ISTA module ``ista`` takes the place of the FFN (its ``weight`` is the square
+dictionary ``D`` for ``block="crate"`` and ``D^T`` of shape ``(m, d)`` for CRATE-LM's overcomplete block), and both
+LayerNorms sit before their sub-layer. Causal models (``config.is_decoder``) report ``attention="causal"``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..describe import Adapter, BlockHandles, Description, block_lists, register
+
+ROLES = {
+    "query": ("attention.qkv",),
+    "key": ("attention.qkv",),
+    "value": ("attention.qkv",),
+    "attn_output": ("attention.out_proj",),
+    "ista": ("ista",),
+    "attention_norm": ("layernorm_before",),
+    "ffn_norm": ("layernorm_after",),
+}
+EXPECTED = "layers with attention.qkv and attention.out_proj (nn.Linear), attention.num_heads/head_dim and ista.weight"
+
+
+def is_crate_text_block(layer: nn.Module) -> bool:
+    """A text-CRATE block: ``attention.qkv`` and ``attention.out_proj`` (nn.Linear), ``attention.num_heads``,
+    ``ista.weight`` and ``ista.sparse_code``."""
+    attn = getattr(layer, "attention", None)
+    ista = getattr(layer, "ista", None)
+    return (
+        attn is not None
+        and isinstance(getattr(attn, "qkv", None), nn.Linear)
+        and isinstance(getattr(attn, "out_proj", None), nn.Linear)
+        and isinstance(getattr(attn, "num_heads", None), int)
+        and isinstance(getattr(ista, "weight", None), torch.Tensor)
+        and callable(getattr(ista, "sparse_code", None))
+    )
+
+
+def describe_crate_text(model: nn.Module) -> Description | None:
+    """The text-CRATE description of ``model``, None when it is not a ``crate_text`` model."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "crate_text":
+        return None
+    lists = block_lists(model, is_crate_text_block)
+    if len(lists) != 1:
+        raise ValueError(
+            f"model: crate_text model ({type(model).__name__}) without exactly one layer list of text-CRATE blocks; "
+            f"expected {EXPECTED}"
+        )
+    path, blocks = lists[0]
+    handles = []
+    for i, block in enumerate(blocks):
+        mods = {role: block.get_submodule(names[0]) for role, names in ROLES.items()}
+        attention = block.get_submodule("attention")
+        handles.append(
+            BlockHandles(
+                index=i,
+                block=block,
+                path=f"{path}.{i}",
+                num_heads=attention.num_heads,
+                head_dim=attention.head_dim,
+                paths={role: f"{path}.{i}.{names[0]}" for role, names in ROLES.items()},
+                **mods,
+            )
+        )
+    return Description(
+        family="crate_text",
+        model_type="crate_text",
+        hidden_size=handles[0].query.in_features,
+        num_layers=len(blocks),
+        num_heads=handles[0].num_heads,
+        head_dim=handles[0].head_dim,
+        pre_norm=True,
+        layers=handles,
+        encoder_layers=blocks,
+        base_model=getattr(model, "crate", model),
+        layers_path=path,
+        projection_layout="shared",
+        attention="causal" if getattr(config, "is_decoder", False) else "mssa",
+    )
+
+
+register(
+    Adapter(name="crate_text", tables={"crate_text": ROLES}, describe=describe_crate_text, expected=EXPECTED, order=5)
+)
