@@ -111,6 +111,7 @@ def test_worker_helpers():
         "layer_srr_samples": 0,
         "checkpointing_steps": "epoch",
         "checkpoints_total_limit": 1,
+        "overwrite_output_dir": True,
         "max_train_steps": 5,
         "learning_rate": 0.1,
         "resume_from_checkpoint": "latest",  # a run killed mid-way resumes from its checkpoint

@@ -49,6 +49,8 @@ def _trainer_kwargs(hparams: Mapping[str, Any], fixed: Mapping[str, Any]) -> dic
         "layer_srr_samples": 0,
         "checkpointing_steps": "epoch",
         "checkpoints_total_limit": 1,
+        # a run's folder is named by its key: what an earlier, interrupted attempt left there is this run's own
+        "overwrite_output_dir": True,
     }
     kwargs.update(fixed)
     kwargs.update(hparams)
