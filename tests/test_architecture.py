@@ -128,6 +128,7 @@ def test_decoder_roles_are_the_blocks_own_modules():
     W = block.attn.c_attn.weight  # Conv1D (d, 3d): the query is its first d columns
     assert torch.equal(h.query.weight, W[:, :16].T) and torch.equal(h.value.bias, block.attn.c_attn.bias[32:])
     assert h.attn_output is block.attn.c_proj and h.ffn_in is block.mlp.c_fc and h.ffn_norm is block.ln_2
+    assert desc.final_norm is gpt2.transformer.ln_f
     assert desc.decoder_layout() is desc.decoder and desc.decoder.refs[1]["query"].name == h.paths["query"] + ".weight"
     llama = LlamaForCausalLM(
         LlamaConfig(
@@ -145,6 +146,7 @@ def test_decoder_roles_are_the_blocks_own_modules():
     assert (desc.family, desc.num_kv_heads, desc.rotary, h.num_kv_heads) == ("llama", 2, True, 2)
     assert h.ffn_gate is block.mlp.gate_proj and h.ffn_in is block.mlp.up_proj and h.ffn_out is block.mlp.down_proj
     assert h.attention_norm is block.input_layernorm and h.ffn_norm is block.post_attention_layernorm
+    assert desc.final_norm is llama.model.norm
     assert all(llama.get_submodule(path) is h.module(role) for role, path in h.paths.items())
     with pytest.raises(ValueError, match="not a supported decoder"):
         describe(BertModel(BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2))).decoder_layout()

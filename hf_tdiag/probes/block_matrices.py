@@ -89,7 +89,9 @@ def _layer(desc: Description, h: BlockHandles) -> LayerWeights:
         )
     names = {role: h.paths[role] for role in ("query", "key", "value")}
     if ista:
-        names.update(attn_output=f"{h.paths['attn_output']}.output_matrix()", ffn_in=f"{h.paths['ista']}.weight")
+        computed = hasattr(h.attn_output, "output_matrix")  # CRATE: the variant's matrix, not a parameter
+        names.update(attn_output=h.paths["attn_output"] + (".output_matrix()" if computed else ""))
+        names.update(ffn_in=f"{h.paths['ista']}.weight")
     else:
         names.update({role: h.paths[role] for role in ("attn_output", "ffn_in", "ffn_out")})
     return LayerWeights(

@@ -97,12 +97,9 @@ def decoder_block_forward(cm, block: nn.Module, hidden: torch.Tensor) -> torch.T
 
 
 def final_norm(model: nn.Module, arch) -> nn.Module:
-    """The decoder's final norm (``ln_f`` / ``norm``), found as the base model's norm child after the blocks."""
-    base = arch.base_model
-    for name in ("ln_f", "norm"):  # GPT-2; Llama, Mistral, Qwen2, Gemma (the decoders describe() accepts)
-        mod = getattr(base, name, None)
-        if isinstance(mod, nn.Module) and getattr(mod, "weight", None) is not None:
-            return mod
+    """The decoder's final norm (``Description.final_norm``: GPT-2's ``ln_f``, the Llama family's ``norm``)."""
+    if arch.final_norm is not None:
+        return arch.final_norm
     raise ValueError(f"model: {type(model).__name__} has no final norm (ln_f / norm) after its decoder blocks")
 
 

@@ -290,10 +290,14 @@ def check_width(config, d: int, path: str) -> None:
         raise ValueError(f"model: config hidden size {hidden} differs from the block width {d} read from {path}.0")
 
 
-def decoder_description(model: nn.Module, layout: DecoderLayout, handles: list):
-    """The :class:`~hf_tdiag.probes.describe.Description` of a decoder from its layout and block handles."""
+def decoder_description(model: nn.Module, layout: DecoderLayout, handles: list, final_norms: tuple[str, ...]):
+    """The :class:`~hf_tdiag.probes.describe.Description` of a decoder from its layout and block handles;
+    ``final_norms``: the names the family gives the base model's norm after the blocks."""
     from .describe import Description
 
+    base = getattr(model, "base_model", model)
+    norms = [getattr(base, name, None) for name in final_norms]
+    norms = [m for m in norms if isinstance(m, nn.Module) and getattr(m, "weight", None) is not None]
     return Description(
         family=layout.family,
         model_type=layout.model_type,
@@ -304,13 +308,14 @@ def decoder_description(model: nn.Module, layout: DecoderLayout, handles: list):
         pre_norm=True,
         layers=handles,
         encoder_layers=model.get_submodule(layout.layers_path),
-        base_model=getattr(model, "base_model", model),
+        base_model=base,
         layers_path=layout.layers_path,
         projection_layout="fused" if layout.family == "gpt2" else "separate",
         attention="causal",
         rotary=layout.rotary,
         num_kv_heads=layout.num_kv_heads,
         decoder=layout,
+        final_norm=norms[0] if norms else None,
     )
 
 

@@ -162,7 +162,8 @@ class Description:
     ``"llama"``, …); ``projection_layout`` how the per-head projections are stored (``"shared"``: one ``U`` serves
     as query, key and value; ``"separate"``: three matrices; ``"fused"``: one matrix whose row blocks are q, k, v);
     ``attention`` the attention kind (``"mssa"``: CRATE's subspace self-attention, ``"softmax"``: bidirectional,
-    ``"causal"``: causal softmax); ``decoder`` the decoders' tensor-name layout (for streaming), None otherwise.
+    ``"causal"``: causal softmax); ``decoder`` the decoders' tensor-name layout (for streaming), None otherwise;
+    ``final_norm`` a decoder's norm after its last block.
     """
 
     family: str
@@ -181,6 +182,7 @@ class Description:
     rotary: bool = False
     num_kv_heads: int | None = None  # grouped-query attention: K/V heads (None = num_heads)
     decoder: object = None  # :class:`hf_tdiag.probes.decoders.DecoderLayout` of a decoder, None for encoders
+    final_norm: nn.Module | None = None  # decoders: the norm after the last block (what the LM head reads)
 
     @property
     def blocks(self) -> nn.ModuleList:

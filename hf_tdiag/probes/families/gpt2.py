@@ -29,6 +29,7 @@ ROLES = {
     "attention_norm": ("ln_1",),
     "ffn_norm": ("ln_2",),
 }
+FINAL_NORM = ("ln_f",)  # the base model's norm after the blocks
 _FUSED = ("query", "key", "value")
 EXPECTED = "blocks with a fused Conv1D 'attn.c_attn', 'attn.c_proj' and 'mlp.c_fc'/'mlp.c_proj' (GPT-2 family)"
 
@@ -147,7 +148,7 @@ def describe_gpt2(model: nn.Module):
         refs=[_refs(pre, d) for pre in prefixes],
     )
     handles = [_handles(i, b, pre, layout) for i, (b, pre) in enumerate(zip(blocks, prefixes))]
-    return decoder_description(model, layout, handles)
+    return decoder_description(model, layout, handles, FINAL_NORM)
 
 
 register(Adapter(name="gpt2", tables={"gpt2": ROLES}, describe=describe_gpt2, expected=EXPECTED, order=20))

@@ -31,6 +31,7 @@ ROLES = {
     "attention_norm": ("input_layernorm",),
     "ffn_norm": ("pre_feedforward_layernorm", "post_attention_layernorm"),  # Gemma2/3 norm before the MLP, else
 }
+FINAL_NORM = ("norm",)  # the base model's norm after the blocks
 _REQUIRED = ("query", "key", "value", "attn_output", "ffn_in", "ffn_out")
 EXPECTED = (
     "blocks with nn.Linear 'self_attn.q_proj/k_proj/v_proj/o_proj' and 'mlp.gate_proj/up_proj/down_proj' or "
@@ -118,7 +119,7 @@ def describe_llama(model: nn.Module):
         refs=[_refs(pre, r) for pre, r in zip(prefixes, roles)],
     )
     handles = [_handles(i, b, pre, r, layout) for i, (b, pre, r) in enumerate(zip(blocks, prefixes, roles))]
-    return decoder_description(model, layout, handles)
+    return decoder_description(model, layout, handles, FINAL_NORM)
 
 
 register(Adapter(name="llama", tables={"llama": ROLES}, describe=describe_llama, expected=EXPECTED, order=20))
