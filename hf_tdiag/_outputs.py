@@ -8,6 +8,8 @@ measures or trains anything.
 * With the flag, the previous run's files of the same kind are removed first (``stale``: the trainer's model,
   checkpoints and results; a measuring command's own outputs), so nothing old is left beside the new files looking
   current; the other recognised files left in the folder are listed.
+* A measuring command may write into the folder of the model it measures (``hf-tdiag report MODEL --output-dir
+  MODEL``): there only its own earlier outputs count as another run's.
 * No output file ever replaces an input: writing over a model file (``config.json``, weights, processor and
   tokenizer files) of a folder that is not a training run's own output, or over any path given as an input, is
   refused even with the flag.
@@ -207,7 +209,11 @@ def claim_output_dir(
     inputs = [os.fspath(p) for p in inputs if p is not None]
     writes = [os.fspath(w) for w in writes]
     _check_inputs(folder, writes, inputs, model_output)
-    existing = sorted(set(recognised_entries(folder)) | {w for w in writes if os.path.exists(os.path.join(folder, w))})
+    clashes = {w for w in writes if os.path.exists(os.path.join(folder, w))}
+    # measuring a model into its own folder (the report beside the model): its files are the input, not another
+    # run's work; only this command's own earlier outputs there count
+    into_input = not model_output and any(os.path.isdir(p) and _same(folder, p) for p in inputs)
+    existing = sorted(clashes if into_input else set(recognised_entries(folder)) | clashes)
     removed: list[str] = []
     if existing and not overwrite:
         raise OutputExistsError(
@@ -225,7 +231,7 @@ def claim_output_dir(
         for name in names:
             _remove(folder, name)
             removed.append(name)
-        left = [n for n in recognised_entries(folder) if n not in writes]
+        left = [] if into_input else [n for n in recognised_entries(folder) if n not in writes]
         if notify is not None and removed:
             notify(f"{OVERWRITE_FLAG}: removed the previous run's {_short(removed)} from {folder}")
         if notify is not None and left:

@@ -58,14 +58,14 @@ def test_cli_report_into_a_model_folder_named_config_refuses_and_keeps_the_model
 @pytest.mark.parametrize(
     "argv, named",
     [
-        (["srr", "M", "--dataset", "digits", "--output-dir", "M"], "already holds another run's"),
-        (["schatten", "M", "--output-dir", "M"], "already holds another run's"),
-        (["concepts", "M", "--dataset", "digits", "--output-dir", "M"], "already holds another run's"),
+        (["srr", "M", "--dataset", "digits", "--output-dir", "N"], "already holds another run's"),
+        (["schatten", "M", "--output-dir", "N"], "already holds another run's"),
+        (["concepts", "M", "--dataset", "digits", "--output-dir", "N"], "already holds another run's"),
         (
-            ["attention-svm", "M", "--layer", "1", "--dataset", "digits", "--output-dir", "M"],
+            ["attention-svm", "M", "--layer", "1", "--dataset", "digits", "--output-dir", "N"],
             "already holds another run's",
         ),
-        (["report", "M", "--output-dir", "M"], "already holds another run's"),
+        (["report", "M", "--output-dir", "N"], "already holds another run's"),
         (["report", "M", "-o", "page.txt"], "--output: expected a file name ending in .html"),
         (["srr", "M", "--dataset", "digits", "--output_dir", "old"], "srr.json"),  # the underscore spelling too
     ],
@@ -73,9 +73,10 @@ def test_cli_report_into_a_model_folder_named_config_refuses_and_keeps_the_model
 )
 def test_cli_commands_refuse_before_loading_the_model(tmp_path, capsys, argv, named):
     _fill(tmp_path / "M", "config.json", "model.safetensors")  # not a loadable model: refusal comes first
+    _fill(tmp_path / "N", "config.json", "model.safetensors")  # another model's folder as the output
     _fill(tmp_path / "old", "srr.json")
     before = _tree(tmp_path)
-    code, err = _cli([str(tmp_path / a) if a in ("M", "old", "page.txt") else a for a in argv], capsys)
+    code, err = _cli([str(tmp_path / a) if a in ("M", "N", "old", "page.txt") else a for a in argv], capsys)
     assert code == 1 and named in err and "Traceback" not in err
     assert _tree(tmp_path) == before
 

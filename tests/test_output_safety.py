@@ -147,6 +147,19 @@ def test_an_output_never_replaces_an_input(tmp_path, case, given, name):
     assert _tree(tmp_path) == before
 
 
+def test_a_measurement_may_go_beside_the_model_it_measures(tmp_path):
+    model = tmp_path / "model"
+    _fill(model, "config.json", "model.safetensors", "all_results.json", "checkpoint-4/")
+    before = _tree(model)
+    claim_output_dir(model, ["report.html", "report.json"], inputs=[str(model)])  # the model is the input
+    assert _tree(model) == before
+    _fill(model, "report.html")  # an earlier report of it is another run's result
+    with pytest.raises(OutputExistsError, match="report.html"):
+        claim_output_dir(model, ["report.html", "report.json"], inputs=[str(model)])
+    claim_output_dir(model, ["report.html", "report.json"], inputs=[str(model)], overwrite=True)
+    assert sorted(os.listdir(model)) == ["all_results.json", "checkpoint-4", "config.json", "model.safetensors"]
+
+
 def test_a_new_model_never_replaces_its_own_input_model(tmp_path):
     _fill(tmp_path / "base", "config.json", "model.safetensors")
     with pytest.raises(ValueError, match="is also the input model folder"):
