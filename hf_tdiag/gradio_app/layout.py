@@ -179,8 +179,14 @@ def build_demo(default_model: str = "") -> gr.Blocks:
             with gr.Tab("Concepts", id="concepts"):
                 gr.Markdown(
                     "Semi-NMF concepts of one layer's patch tokens (codes ≥ 0, signed dictionary), their fidelity "
-                    "δ_rec / δ_gram, and the empirical KL of the classifier when the tokens are replaced by their "
-                    "reconstruction, against the bound ½‖W_c‖²_op·L_block^{2L_suf}·(√N δ_rec + α‖G‖_F δ_gram)²."
+                    "$\\delta_{rec}$ / $\\delta_{gram}$, and the empirical KL of the classifier when the tokens are "
+                    "replaced by their reconstruction, against the bound "
+                    "$$\\mathrm{KL} \\le \\tfrac{1}{2}\\,(\\|W_c\\|_{op} L_{ro})^2\\, L_{block}^{2L_{suf}}\\,"
+                    "(\\sqrt{N}\\,\\delta_{rec} + \\alpha \\|G\\|_F\\,\\delta_{gram})^2$$",
+                    latex_delimiters=[
+                        {"left": "$$", "right": "$$", "display": True},
+                        {"left": "$", "right": "$", "display": False},
+                    ],
                 )
                 with gr.Row():
                     with gr.Column(scale=1):

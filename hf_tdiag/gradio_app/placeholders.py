@@ -10,14 +10,14 @@ from hf_tdiag.viz import new_figure
 PLACEHOLDERS = {
     "crate-heads": "CLS attention of each head over the image (layer chosen on the left) appears here after Run.",
     "crate-layers": "CLS attention per layer, averaged over heads, appears here after Run.",
-    "crate-srr": "Per-layer R, Rᶜ, sparsity and SRR of this image appear here after Run.",
+    "crate-srr": r"Per-layer $R$, $R^c$, sparsity and SRR of this image appear here after Run.",
     "bounds-heatmap": "The optimal Schatten index p per matrix (layer × matrix type) appears here after Compute bounds.",
-    "bounds-spectra": "The spectral decay σᵢ/σ₁ of every matrix, per matrix type, appears here.",
-    "bounds-contrib": "Each matrix's contribution c(W, p) against p, its minimum marked, appears here.",
+    "bounds-spectra": r"The spectral decay $\sigma_i / \sigma_1$ of every matrix, per matrix type, appears here.",
+    "bounds-contrib": r"Each matrix's contribution $c(W, p)$ against $p$, its minimum marked, appears here.",
     "concepts-heatmaps": "Concept codes over the patch grid of the first images appear here after Fit concepts.",
     "concepts-top": "The top-activating patches of each concept appear here.",
     "concepts-kl": "Each image's empirical KL against the estimated bound (log–log) appears here.",
-    "svm-curves": "Correlation of the GD iterates with W_mm (and KQᵀ with the nuclear-norm SVM) appears here "
+    "svm-curves": r"Correlation of the GD iterates with $W_{mm}$ (and $KQ^T$ with the nuclear-norm SVM) appears here "
     "after Run experiment.",
     "svm-head-plot": "The head's margins against the SVM's, and its attention probabilities, appear here after "
     "Diagnose head.",
