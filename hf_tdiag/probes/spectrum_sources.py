@@ -243,7 +243,7 @@ def ffn_job(
 
     def on_chunk(c: torch.Tensor) -> None:
         acc["norms"].append(torch.linalg.vector_norm(c, dim=-1) if tall else (c * c).sum(dim=0))
-        acc["n11"].append(c.abs().sum())
+        acc["n11"].append(torch.linalg.vector_norm(c, ord=1))  # Σ|c| without a block-sized |c| temporary
 
     sigma = S.streamed_singular_values(chunks, "auto" if svd_method == "auto" else "svd", on_chunk)
     norms = torch.cat(acc["norms"]) if tall else torch.stack(acc["norms"]).sum(dim=0).sqrt()
