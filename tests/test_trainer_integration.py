@@ -122,3 +122,24 @@ def test_srr_trainer_loss_is_the_project_loops_loss(tmp_path, srr_layer):
         assert float(got) == pytest.approx(hand, rel=1e-5)
     model.eval()  # evaluation: cross-entropy alone, as the project loop's eval_loss
     assert float(trainer.compute_loss(model, batch)) == pytest.approx(float(ce), rel=1e-6)
+
+
+def test_a_measurement_leaves_mode_and_rng_as_found_and_logs_the_schatten_proxies():
+    from hf_tdiag.diagnostics.schatten import spectrum_bounds
+    from hf_tdiag.integrations.srr_callback import fixed_subset, scalars
+
+    model = _model(5).train()
+    callback = SRRCallback(inputs=_data(6, 3), num_samples=4, schatten=True)
+    callback._batch = fixed_subset(callback.inputs, 4)
+    assert tuple(callback._batch["pixel_values"].shape) == (4, 1, 8, 8) and "labels" not in callback._batch
+    torch.manual_seed(11)
+    entry = callback.measure(model)
+    after = torch.rand(3)
+    torch.manual_seed(11)
+    assert torch.equal(after, torch.rand(3)) and model.training  # the global RNG and the train mode untouched
+    bounds = spectrum_bounds(model)
+    logs = scalars(entry)
+    assert logs["schatten/schatten_bound"] == pytest.approx(bounds.schatten_bound, rel=1e-12)
+    assert logs["schatten/edelman_bound"] == pytest.approx(bounds.edelman_bound, rel=1e-12)
+    report = layer_srr(model.eval(), _data(6, 3).pixel_values[:4], progress=False)
+    assert [logs[f"srr/layer_{ell}/srr"] for ell in (1, 2)] == pytest.approx(report.per_layer("srr"), rel=1e-9)

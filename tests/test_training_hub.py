@@ -178,3 +178,22 @@ def test_offline_mode_refuses_a_push_at_once_naming_the_local_folder(tmp_path, m
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(HubUnreachableError, match=r"HF_HUB_OFFLINE is set.*from_pretrained\(<folder>\)"):
         check_hub_reachable(endpoint="http://127.0.0.1:9", output_dir=str(tmp_path))
+
+
+def test_card_yaml_names_the_hub_dataset_and_base_model_and_the_snippet_the_repo(tmp_path):
+    from types import SimpleNamespace
+
+    from hf_tdiag.models.crate import CrateConfig
+    from hf_tdiag.training import args as targs
+    from hf_tdiag.training.model_card import build_model_card
+
+    config = CrateConfig.from_preset("crate-32", hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    raw = SimpleNamespace(dataset_id="uoft-cs/cifar10", name="uoft-cs/cifar10", eval_split="test", is_digits=False)
+    results = dict(eval_accuracy=0.5, eval_loss=1.0, train_loss=0.5, train_accuracy=0.75, generalization_gap=0.5)
+    args = targs.make_args(
+        output_dir=str(tmp_path / "main"), dataset_name="uoft-cs/cifar10", model_name_or_path="someone/crate-base"
+    )
+    card = build_model_card(config, results, args, raw, repo_id="me/crate-c10")
+    front = str(card).split("---")[1]
+    assert "datasets:\n- uoft-cs/cifar10" in front and "base_model: someone/crate-base" in front
+    assert 'from_pretrained("me/crate-c10")' in str(card) and 'from_pretrained("main")' not in str(card)

@@ -169,7 +169,8 @@ class SRRCallback(TrainerCallback):
             if self.schatten:
                 from ..diagnostics.schatten import spectrum_bounds
 
-                entry["schatten"] = {k: float(v) for k, v in spectrum_bounds(model).summary().items()}
+                summary = spectrum_bounds(model).summary()
+                entry["schatten"] = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float))}
         finally:
             model.train(was_training)
             torch.set_rng_state(rng)
