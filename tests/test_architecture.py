@@ -155,7 +155,10 @@ def test_decoder_roles_are_the_blocks_own_modules():
 def test_register_checks_roles_and_family_names():
     from hf_tdiag.probes.describe import ROLE_TABLE, Adapter, adapters, register
 
-    assert [a.name for a in adapters()][:1] == ["crate"] and adapters()[-1].name == "encoders"
+    order = [a.order for a in adapters()]
+    names = [a.name for a in adapters()]
+    assert order == sorted(order) and names[-1] == "encoders"  # the catch-all is tried last
+    assert names.index("crate") < names.index("gpt2") and {"llama", "gpt2", "crate"} <= set(names)
     with pytest.raises(ValueError, match=r"roles \['intermediate'\] are not in ROLES"):
         register(Adapter("x", {"x": {"intermediate": ("fc",)}}, lambda m: None, "nothing"))
     with pytest.raises(ValueError, match="family 'bert' is already registered by 'encoders'"):
