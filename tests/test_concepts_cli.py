@@ -182,7 +182,7 @@ def test_cli_writes_json_table_and_figures(tmp_path, capsys):
                 "--limit",
                 "8",
                 "--output-dir",
-                str(outdir),
+                str(tmp_path / "out_bad_layer"),  # a fresh folder: the one above now holds results
             ]
         )
         == 1
