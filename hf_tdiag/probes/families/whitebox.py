@@ -1,0 +1,104 @@
+"""Adapters of the white-box families beyond CRATE: ToST (``TostLayer`` blocks: one projection ``U`` =
+``attention.qkv`` serves as query, key and value of TSSA, ``attention.out_proj`` maps the heads back, a GELU MLP
+follows, both norms pre-norm) and CRATE-MAE's encoder (CRATE blocks: ``attention.qkv``, the learned
+``attention.out_proj``, the ISTA dictionary ``ista.weight``). Blocks are recognised by class name, so models loaded
+with ``trust_remote_code`` are described too. CRATE-α's blocks are described by their attention only (``U`` =
+``attention.qkv``, ``attention.out_proj``, the norms): its two-step overcomplete sparse coding (``D``, ``D₁`` of
+shape (d, 4d)) has no role in the vocabulary, so it is neither an FFN nor a square ISTA dictionary here and the
+diagnostics that need one refuse the model."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..describe import Adapter, BlockHandles, Description, block_lists, model_type, register
+
+TOST_ROLES = {
+    "query": ("attention.qkv",),
+    "key": ("attention.qkv",),
+    "value": ("attention.qkv",),
+    "attn_output": ("attention.out_proj",),
+    "ffn_in": ("mlp.fc1",),
+    "ffn_out": ("mlp.fc2",),
+    "attention_norm": ("layernorm_before",),
+    "ffn_norm": ("layernorm_after",),
+}
+CRATE_MAE_ROLES = {
+    "query": ("attention.qkv",),
+    "key": ("attention.qkv",),
+    "value": ("attention.qkv",),
+    "attn_output": ("attention.out_proj",),
+    "ista": ("ista",),
+    "attention_norm": ("layernorm_before",),
+    "ffn_norm": ("layernorm_after",),
+}
+CRATE_ALPHA_ROLES = {
+    "query": ("attention.qkv",),
+    "key": ("attention.qkv",),
+    "value": ("attention.qkv",),
+    "attn_output": ("attention.out_proj",),
+    "attention_norm": ("layernorm_before",),
+    "ffn_norm": ("layernorm_after",),
+}
+_FAMILIES = {
+    # block class -> (family, role table, attention kind, base model class)
+    "TostLayer": ("tost", TOST_ROLES, "tssa", "TostModel"),
+    "CrateMAEEncoderLayer": ("crate-mae", CRATE_MAE_ROLES, "mssa", "CrateMAEModel"),
+    "CrateAlphaLayer": ("crate-alpha", CRATE_ALPHA_ROLES, "mssa", "CrateAlphaModel"),
+}
+EXPECTED = "ToST (TostLayer), CRATE-MAE (CrateMAEEncoderLayer) or CRATE-α (CrateAlphaLayer) blocks"
+
+
+def _handles(i: int, block: nn.Module, path: str, roles: dict) -> BlockHandles:
+    mods = {role: block.get_submodule(names[0]) for role, names in roles.items()}
+    if mods.get("attn_output", True) is None:  # CRATE-α with one head of width d: no output matrix
+        raise ValueError("model: a CRATE-α block without an output matrix (one head of width d) is not described")
+    return BlockHandles(
+        index=i,
+        block=block,
+        path=f"{path}.{i}",
+        num_heads=block.attention.num_heads,
+        head_dim=block.attention.head_dim,
+        paths={role: f"{path}.{i}.{names[0]}" for role, names in roles.items()},
+        **mods,
+    )
+
+
+def describe_whitebox(model: nn.Module) -> Description | None:
+    """ToST's or CRATE-MAE's description of ``model``; None for any other model."""
+    for block_class, (family, roles, attention, base_class) in _FAMILIES.items():
+        lists = block_lists(model, lambda m, name=block_class: type(m).__name__ == name)
+        if not lists:
+            continue
+        if len(lists) != 1:
+            raise ValueError(f"model: {family} model with {len(lists)} lists of {block_class} blocks; expected one")
+        path, blocks = lists[0]
+        handles = [_handles(i, b, path, roles) for i, b in enumerate(blocks)]
+        base = next((m for m in model.modules() if type(m).__name__ == base_class), model)
+        return Description(
+            family=family,
+            model_type=model_type(model),
+            hidden_size=handles[0].query.in_features,
+            num_layers=len(blocks),
+            num_heads=handles[0].num_heads,
+            head_dim=handles[0].head_dim,
+            pre_norm=True,
+            layers=handles,
+            encoder_layers=blocks,
+            base_model=base,
+            layers_path=path,
+            projection_layout="shared",
+            attention=attention,
+        )
+    return None
+
+
+register(
+    Adapter(
+        name="whitebox",
+        tables={"tost": TOST_ROLES, "crate-mae": CRATE_MAE_ROLES, "crate-alpha": CRATE_ALPHA_ROLES},
+        describe=describe_whitebox,
+        expected=EXPECTED,
+        order=5,
+    )
+)
