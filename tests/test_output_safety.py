@@ -449,3 +449,10 @@ def test_latest_refuses_a_folder_holding_checkpoints_of_two_runs(tmp_path):
         _checkpoint(tmp_path / "run", step, run_id=run)
     with pytest.raises(ValueError, match="checkpoints of 2 different runs"):
         ck.claim_training_dir(_train_args(tmp_path, resume_from_checkpoint="latest"))
+
+
+def test_the_cards_reproduction_command_never_carries_the_overwrite_flag(tmp_path):
+    from hf_tdiag.training.model_card import _command
+
+    command = _command(_train_args(tmp_path, overwrite_output_dir=True, learning_rate=0.01))
+    assert "overwrite" not in command and "--learning_rate 0.01" in command

@@ -80,7 +80,15 @@ def _command(args) -> str:
     defaults = flag_defaults()
     parts = ["python", "recipes/train_crate.py"]
     for key, value in sorted(vars(args).items()):
-        if key in ("func", "command", "hub_token", "push_to_hub", "hub_model_id", "resume_from_checkpoint"):
+        if key in (
+            "func",
+            "command",
+            "hub_token",
+            "push_to_hub",
+            "hub_model_id",
+            "resume_from_checkpoint",
+            "overwrite_output_dir",  # a copied command must never delete someone's model
+        ):
             continue
         if key not in defaults or value == defaults[key] or value is None:
             continue
