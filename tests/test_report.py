@@ -200,8 +200,8 @@ def test_report_on_crate_matches_direct_api_calls(crate_dir, crate_report):
         np.testing.assert_allclose(got[state]["srr"], srr.mean[state]["srr"], rtol=1e-9)
 
     bounds = hf_tdiag.spectrum_bounds(loaded.model)
-    assert report.section("schatten").numbers["ours"] == pytest.approx(bounds.schatten_bound, rel=1e-12)
-    assert report.section("schatten").numbers["edelman"] == pytest.approx(bounds.edelman_bound, rel=1e-12)
+    assert report.section("schatten").numbers["schatten_bound"] == pytest.approx(bounds.schatten_bound, rel=1e-12)
+    assert report.section("schatten").numbers["edelman_bound"] == pytest.approx(bounds.edelman_bound, rel=1e-12)
 
     concepts = report.section("concepts").numbers
     direct = hf_tdiag.concept_fidelity(loaded.model, pv, concepts["layer"], 8, estimate=False, progress=False)

@@ -151,7 +151,9 @@ def test_miniatures_recipe_on_local_copies(miniatures, tmp_path, capsys):
         )
     for H in (64, 128):
         assert val(2, H, "edelman_norm_depth") == 1.0
-        assert val(1, H, "ours_norm_depth") == pytest.approx(val(1, H, "schatten_bound") / val(2, H, "schatten_bound"), rel=1e-12)
+        assert val(1, H, "ours_norm_depth") == pytest.approx(
+            val(1, H, "schatten_bound") / val(2, H, "schatten_bound"), rel=1e-12
+        )
     data = json.loads((out / "miniatures.json").read_text())
     assert data["normalized_at"] == {"hidden_size": 128, "num_layers": 2} and len(data["reports"]) == 4
     full = json.loads((out / "reports" / "bert_uncased_L-2_H-128_A-2.json").read_text())
@@ -193,7 +195,9 @@ def test_scaling_figures_normalise_each_curve_as_the_paper():
     assert list(ours_n256.get_ydata()) == pytest.approx([1.0, (40 + 256) / (20 + 256)])
     # a curve without the paper's point is normalised at its smallest x, and the label says so
     curves = scaling_curves([r for r in rows if r["hidden_size"] != 128], "hidden_size")
-    assert curves[(4, "schatten_bound")]["at"] == 64 and list(curves[(4, "schatten_bound")]["y"]) == pytest.approx([1.0, 296 / 104])
+    assert curves[(4, "schatten_bound")]["at"] == 64 and list(curves[(4, "schatten_bound")]["y"]) == pytest.approx(
+        [1.0, 296 / 104]
+    )
     with pytest.raises(ValueError, match="edelman_bound"):
         plot_proxies_vs_width([{"num_layers": 2, "hidden_size": 128, "schatten_bound": 1.0}])
     with pytest.raises(ValueError, match="x_key"):

@@ -183,7 +183,9 @@ def test_streaming_chunks_large_ffn_and_matches_reference(tmp_path, monkeypatch)
     ref, layers = reference(folder, "mistral")
     assert_matches(streamed, ref, layers)
     svd = hf_tdiag.spectrum_bounds(folder, streaming=True, svd_method="svd")
-    assert svd.schatten_bound == pytest.approx(ref["ours"], rel=1e-9) and svd.edelman_bound == pytest.approx(ref["edelman"], rel=1e-9)
+    assert svd.schatten_bound == pytest.approx(ref["ours"], rel=1e-9) and svd.edelman_bound == pytest.approx(
+        ref["edelman"], rel=1e-9
+    )
 
 
 def test_gqa_products_use_the_shared_kv_head(tmp_path):

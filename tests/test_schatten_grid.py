@@ -86,7 +86,10 @@ def test_tiny_grid_numbers_cache_and_figures(tmp_path, capsys, one_torch_thread)
         assert rec["metrics"]["test_accuracy"] == metrics["test_accuracy"]
     # the full reports read back (spectra included) carry the record's numbers
     rep_init, rep_trained = G.load_report_pair(rec, str(out))
-    assert rep_trained.schatten_bound == rec["trained"]["schatten_bound"] and rep_init.edelman_bound == rec["init"]["edelman_bound"]
+    assert (
+        rep_trained.schatten_bound == rec["trained"]["schatten_bound"]
+        and rep_init.edelman_bound == rec["init"]["edelman_bound"]
+    )
     assert [m.p_opt for m in rep_trained.matrices] == list(ref["p_opt"])
     assert rep_trained.to_json() == type(rep_trained).from_json(rep_trained.to_json()).to_json()
     with open(out / "grid.csv", newline="") as fh:

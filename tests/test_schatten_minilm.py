@@ -119,7 +119,7 @@ def test_cli_on_minilm(minilm, dense, tmp_path, capsys):
     assert f"{dense['ours']:.6g}" in printed and f"{dense['edelman']:.6g}" in printed
     assert "depends only on shapes and ranks" in printed
     data = json.loads((tmp_path / "r.json").read_text())[0]
-    assert data["ours"] == pytest.approx(dense["ours"], rel=1e-9)
+    assert data["schatten_bound"] == pytest.approx(dense["ours"], rel=1e-9)
     assert data["degenerate"] is True
     np.testing.assert_allclose([m["norm_1_1"] for m in data["matrices"]], dense["norm_1_1"], rtol=1e-9)
     np.testing.assert_allclose([m["min_contribution"] for m in data["matrices"]], dense["mins"], rtol=1e-9)

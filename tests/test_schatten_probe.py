@@ -188,7 +188,9 @@ def test_crate_saved_folder_matches_model_object(tmp_path):
     model.save_pretrained(tmp_path / "crate")
     a = hf_tdiag.spectrum_bounds(model)
     b = hf_tdiag.spectrum_bounds(str(tmp_path / "crate"))
-    assert b.schatten_bound == pytest.approx(a.schatten_bound, rel=1e-12) and b.edelman_bound == pytest.approx(a.edelman_bound, rel=1e-12)
+    assert b.schatten_bound == pytest.approx(a.schatten_bound, rel=1e-12) and b.edelman_bound == pytest.approx(
+        a.edelman_bound, rel=1e-12
+    )
 
 
 def test_report_fields_and_serialisation(tmp_path):
@@ -212,7 +214,11 @@ def test_report_fields_and_serialisation(tmp_path):
     assert rep.schatten_bound == pytest.approx(ours, rel=1e-12)
     d = json.loads(rep.to_json(tmp_path / "r.json"))
     assert d == json.loads((tmp_path / "r.json").read_text())
-    assert d["ours"] == rep.schatten_bound and d["edelman"] == rep.edelman_bound and len(d["matrices"]) == len(rep.matrices)
+    assert (
+        d["schatten_bound"] == rep.schatten_bound
+        and d["edelman_bound"] == rep.edelman_bound
+        and len(d["matrices"]) == len(rep.matrices)
+    )
     assert "singular_values" not in rep.to_dict(include_spectra=False)["matrices"][0]
     assert rep.summary()["num_layers"] == L
     assert rep.layers_path == "encoder.layer" and d["layers_path"] == "encoder.layer"
@@ -225,7 +231,9 @@ def test_l_phi_and_rank_tol_are_passed_through():
     a = hf_tdiag.spectrum_bounds(model, L_phi=1.0)
     ref = dense_reference(model.state_dict(), L, A, L_phi=1.0, p_grid_m=3)
     b = hf_tdiag.spectrum_bounds(model, L_phi=1.0, p_grid_m=3)
-    assert b.schatten_bound == pytest.approx(ref["ours"], rel=1e-9) and b.edelman_bound == pytest.approx(ref["edelman"], rel=1e-9)
+    assert b.schatten_bound == pytest.approx(ref["ours"], rel=1e-9) and b.edelman_bound == pytest.approx(
+        ref["edelman"], rel=1e-9
+    )
     assert a.alpha[0] == pytest.approx(hf_tdiag.spectrum_bounds(model).alpha[0] / 1.13, rel=1e-12)
     huge_tol = hf_tdiag.spectrum_bounds(model, rank_tol=0.5)
     assert all(m.rank <= 1 for m in huge_tol.matrices)  # τ = 0.5·N·max(σ₁,1) removes (almost) everything
@@ -297,14 +305,18 @@ def test_worker_threads_give_the_same_report(workers):
     one = hf_tdiag.spectrum_bounds(model, num_workers=1)
     many = hf_tdiag.spectrum_bounds(model, num_workers=workers)
     assert torch.get_num_threads() == threads  # the workers' single-threaded torch is undone on return
-    assert many.schatten_bound == pytest.approx(one.schatten_bound, rel=1e-13) and many.edelman_bound == pytest.approx(one.edelman_bound, rel=1e-13)
+    assert many.schatten_bound == pytest.approx(one.schatten_bound, rel=1e-13) and many.edelman_bound == pytest.approx(
+        one.edelman_bound, rel=1e-13
+    )
     assert [m.type for m in many.matrices] == [m.type for m in one.matrices]
     for a, b in zip(one.matrices, many.matrices):
         assert (a.layer, a.head, a.type, a.rank) == (b.layer, b.head, b.type, b.rank)
         np.testing.assert_allclose(b.singular_values, a.singular_values, rtol=1e-13, atol=0)
         np.testing.assert_allclose(b.contributions, a.contributions, rtol=1e-13, atol=0)
     ref = dense_reference(model.state_dict(), 3, 3)
-    assert many.schatten_bound == pytest.approx(ref["ours"], rel=1e-9) and many.edelman_bound == pytest.approx(ref["edelman"], rel=1e-9)
+    assert many.schatten_bound == pytest.approx(ref["ours"], rel=1e-9) and many.edelman_bound == pytest.approx(
+        ref["edelman"], rel=1e-9
+    )
 
 
 @pytest.mark.parametrize("workers", [1, 2])

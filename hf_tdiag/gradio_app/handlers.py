@@ -28,8 +28,8 @@ from PIL import Image, UnidentifiedImageError
 from hf_tdiag._defaults import DEFAULT_L_PHI
 from hf_tdiag.inputs import UserInputError, open_image
 from hf_tdiag.loading import HUB_ID, LoadedModel, load_hub_model, load_model, pixel_values_for
+from hf_tdiag.report.attention_section import cls_pooling_note
 from hf_tdiag.report.html import format_value
-from hf_tdiag.report.report import cls_pooling_note
 from hf_tdiag.viz import attention_maps
 
 logger = logging.getLogger(__name__)
@@ -345,7 +345,7 @@ def concepts_tab(spec, image_path, n_concepts=4, layer=-1, extra_digits=31, prog
     ``extra_digits`` held-out digits images; heatmaps, top patches, KL vs bound, and the fidelity numbers."""
     import hf_tdiag
     from hf_tdiag.inputs import digits_test_images
-    from hf_tdiag.report.report import concept_plots, fidelity_rows
+    from hf_tdiag.report.concept_section import concept_plots, fidelity_rows
 
     loaded = get_model(spec)
     _require_image_classifier(loaded, "Concepts")
@@ -477,7 +477,7 @@ def svm_head_tab(spec, image_path, layer=-1, head=0, extra_digits=15, progress=g
     """Head diagnostic: how max-margin-like head ``head`` of ``layer`` is on the image(s)."""
     import hf_tdiag
     from hf_tdiag.inputs import digits_test_images
-    from hf_tdiag.report.report import svm_table
+    from hf_tdiag.report.attention_section import svm_table
     from hf_tdiag.viz import attention_svm as viz_attention_svm
 
     loaded = get_model(spec)

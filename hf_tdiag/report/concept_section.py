@@ -1,0 +1,203 @@
+"""The report's ``concepts`` section: Semi-NMF concepts of an image classifier's patch tokens (or a decoder's token
+states), their fidelity numbers, the KL against both bounds, and the concept figures (shared with the Space)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+import hf_tdiag
+from hf_tdiag.loading import LoadedModel
+
+from ..viz.concepts import token_codes_figure
+from .html import Section, Table
+from .options import ReportInputs, ReportOptions
+from .section_tools import _TITLES, _add_figures, _arch, _skip
+
+logger = logging.getLogger("hf_tdiag.report.report")
+
+
+def fidelity_rows(result: dict) -> list[list]:
+    """(quantity, value) rows of a concept_fidelity report: errors, KL, bound and its constants."""
+    rows = [
+        ["δ_rec = ‖A − Â‖_F (mean over images)", result["delta_rec"]],
+        ["δ_rec relative = δ_rec / ‖A‖_F", result["delta_rec_rel"]],
+        ["δ_gram = √L_gram", result["delta_gram"]],
+        ["‖G‖_F", result["gram_norm"]],
+        ["empirical KL (mean)", result["kl"]],
+        ["empirical KL (max)", result["kl_max"]],
+        ["top-1 agreement", result["top1_agreement"]],
+    ]
+    if "bound_certified" not in result and "bound_estimated" in result:
+        rows += [
+            ["KL bound, certified constants", result.get("bound_certified_note", "not computed")],
+            ["KL bound, estimated constants (mean)", result["bound_estimated"]],
+            ["estimated bound: reconstruction term (mean)", result["bound_estimated_rec_term"]],
+            ["estimated bound: Gram term (mean)", result["bound_estimated_gram_term"]],
+            ["fraction of inputs with KL ≤ estimated bound", result["frac_kl_below_bound_estimated"]],
+        ]
+        rows += [
+            [f"constant {k} (estimated)", v]
+            for k, v in result["constants_estimated"].items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
+    if "bound_certified" in result:
+        rows += [
+            ["KL bound, certified constants (mean)", result["bound_certified"]],
+            [
+                "KL bound, certified chain ½(‖W_c‖ Δ)², Δ the head input's certified move (mean)",
+                result["bound_certified_chain"],
+            ],
+            ["KL bound, estimated constants (mean)", result["bound_estimated"]],
+            ["estimated bound: reconstruction term (mean)", result["bound_estimated_rec_term"]],
+            ["estimated bound: Gram term (mean)", result["bound_estimated_gram_term"]],
+            ["fraction of images with KL ≤ certified bound", result["frac_kl_below_bound_certified"]],
+            ["fraction of images with KL ≤ estimated bound", result["frac_kl_below_bound_estimated"]],
+        ]
+        for kind in ("certified", "estimated"):
+            for key, value in result[f"constants_{kind}"].items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    rows.append([f"constant {key} ({kind})", value])
+    return rows
+
+
+def _default_concept_layer(num_layers: int) -> int:
+    return max(1, num_layers // 2)
+
+
+def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
+    title = _TITLES["concepts"]
+    if inputs is not None and inputs.texts and _arch(loaded).causal:
+        return decoder_concepts_section(loaded, inputs, options)
+    if inputs is None or loaded.modality != "image":
+        return _skip("concepts", title, "needs image inputs: concepts are fitted on a layer's patch-token activations")
+    if not loaded.is_classifier:
+        return _skip("concepts", title, "needs an image classifier (the bound is about the classifier's output)")
+    num_layers = int(loaded.config.num_hidden_layers)
+    layer = _default_concept_layer(num_layers) if options.concept_layer is None else int(options.concept_layer)
+    result = hf_tdiag.concept_fidelity(
+        loaded.model,
+        inputs.batch,
+        layer,
+        options.n_concepts,
+        power_iters=options.concept_power_iters,
+        max_images_for_constants=options.concept_constant_images,
+        return_tensors=True,
+        progress=False,
+    )
+    tensors = result.tensors
+    rows = fidelity_rows(result)
+    section = Section(
+        "concepts",
+        title,
+        summary=(
+            f"Semi-NMF with {result['n_concepts']} concepts of the patch tokens after block {layer} "
+            f"({result['n_images']} images × {result['n_tokens']} tokens × {result['hidden_size']} dims). "
+            "The empirical KL replaces the layer's patch tokens by their reconstruction Â (CLS untouched) and runs "
+            "the remaining blocks and the head; the bound is "
+            "½(‖W_c‖_op L_readout)² · L_block^{2L_suf} · (√N δ_rec + α‖G‖_F δ_gram)², once with certified constants "
+            "(upper bounds on the ball the reconstruction provably stays in; the derivation is in the package's "
+            "docs, concept_bound.md) and once with local estimates."
+        ),
+        tables=[Table("Fidelity", ["quantity", "value"], rows)],
+        numbers=result,
+    )
+    _add_figures(section, lambda: concept_plots(loaded, inputs.batch, tensors["codes"], result))
+    return section
+
+
+def decoder_concepts_section(loaded: LoadedModel, inputs: ReportInputs, options: ReportOptions) -> Section:
+    """Concepts of a decoder LLM's token states on the report's texts (see :mod:`hf_tdiag.probes.concept_decoder`)."""
+    num_layers = int(_arch(loaded).num_layers)
+    layer = _default_concept_layer(num_layers) if options.concept_layer is None else int(options.concept_layer)
+    result = hf_tdiag.concept_fidelity(
+        loaded.model,
+        list(inputs.texts),
+        layer,
+        options.n_concepts,
+        tokenizer=loaded.processor,
+        power_iters=options.concept_power_iters,
+        max_images_for_constants=options.concept_constant_images,
+        return_tensors=True,
+        progress=False,
+    )
+    tensors = result.tensors
+    rows = fidelity_rows(result)
+    section = Section(
+        "concepts",
+        _TITLES["concepts"],
+        summary=(
+            f"Semi-NMF with {result['n_concepts']} concepts of the token states after block {layer} "
+            f"({result['n_images']} texts × {result['n_tokens']} tokens × {result['hidden_size']} dims; every text cut "
+            "to the shortest one's token count, special tokens kept aside). The empirical KL replaces those states by "
+            "their reconstruction Â, runs the remaining blocks (causal) and compares the next-token distributions of "
+            "the last token (final norm + LM head); the bound ½(‖W_c‖_op L_readout)² · L_block^{2L_suf} · "
+            "(√N δ_rec + α‖G‖_F δ_gram)² uses local estimates of its constants. Certified bound: "
+            f"{result.get('bound_certified_note', 'see the table')}."
+        ),
+        tables=[Table("Fidelity", ["quantity", "value"], rows)],
+        numbers=result,
+    )
+
+    def figures():
+        out = []
+        if tensors["codes"] is not None:
+            ids = loaded.processor(list(inputs.texts[:1]), add_special_tokens=False)["input_ids"][0]
+            tokens = loaded.processor.convert_ids_to_tokens(ids[: result["n_tokens"]])
+            codes = tensors["codes"].reshape(result["n_images"], result["n_tokens"], -1)[0]
+            out.append(
+                (f"Concept codes of the first text's tokens after block {layer}", token_codes_figure(tokens, codes))
+            )
+        if "bound_estimated" in result.get("per_image", {}):
+            from hf_tdiag.viz import concepts as VC
+
+            out.append(
+                (
+                    "Empirical KL against the bound with estimated constants, per text",
+                    VC.plot_kl_vs_bound({"Semi-NMF": result}, kind="estimated"),
+                )
+            )
+        return out
+
+    _add_figures(section, figures)
+    return section
+
+
+def patch_grid(config, pixel_values: torch.Tensor) -> tuple[int, int]:
+    """(rows, cols) of the patch grid of ``pixel_values`` for a ViT-like ``config``."""
+    patch = config.patch_size
+    ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    return int(pixel_values.shape[-2] // ph), int(pixel_values.shape[-1] // pw)
+
+
+def concept_plots(loaded: LoadedModel, pixel_values: torch.Tensor, codes, result: dict) -> list[tuple[str, Any]]:
+    """(caption, matplotlib figure) pairs: concept heatmaps, top-activating patches, KL vs bound (if computed)."""
+    from hf_tdiag.viz import concepts as VC
+
+    out = []
+    if codes is not None:
+        grid = patch_grid(loaded.config, pixel_values)
+        codes = codes.reshape(result["n_images"], result["n_tokens"], -1)
+        k = min(result["n_concepts"], 6)
+        out.append(
+            (
+                f"Concept codes over the patch grid after block {result['layer']} (strongest concepts, first images)",
+                VC.plot_concept_heatmaps(pixel_values, codes, grid, n_images=4, n_concepts=k),
+            )
+        )
+        out.append(
+            (
+                "Top-activating patches per concept (cyan box; value = code)",
+                VC.plot_top_patches(pixel_values, codes, grid, n_concepts=k, top=8),
+            )
+        )
+    if "bound_estimated" in result.get("per_image", {}):
+        out.append(
+            (
+                "Empirical KL against the bound with estimated constants, per image",
+                VC.plot_kl_vs_bound({"Semi-NMF": result}, kind="estimated"),
+            )
+        )
+    return out
