@@ -135,6 +135,41 @@ def _has_auto_map(source: str) -> bool:
         return False
 
 
+_LAYER_KEY = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)\.")
+
+
+def _weight_names(source: str) -> list[str]:
+    """The tensor names of a local folder's safetensors weights, from the headers only (empty if none)."""
+    index = os.path.join(source, "model.safetensors.index.json")
+    try:
+        if os.path.isfile(index):
+            with open(index, encoding="utf-8") as fh:
+                return list(json.load(fh).get("weight_map", {}))
+        single = os.path.join(source, "model.safetensors")
+        if os.path.isfile(single):
+            from safetensors import safe_open
+
+            with safe_open(single, framework="pt") as fh:
+                return list(fh.keys())
+    except Exception:  # noqa: BLE001 - a damaged file is reported by from_pretrained, with its name
+        return []
+    return []
+
+
+def check_layers_against_weights(source, config, name: str = "model") -> None:
+    """ValueError when ``config.json`` claims more blocks than the weights hold (checked before anything is built:
+    a config claiming 10⁹ layers would otherwise build layers for minutes, and a few extra would be random)."""
+    claimed = getattr(config, "num_hidden_layers", None)
+    if not isinstance(claimed, int) or not os.path.isdir(os.fspath(source)):
+        return
+    found = {int(m.group(1)) for n in _weight_names(os.fspath(source)) for m in [_LAYER_KEY.search(n)] if m}
+    if found and claimed > max(found) + 1:
+        raise ValueError(
+            f"{name}: {os.path.join(os.fspath(source), 'config.json')!r} says num_hidden_layers={claimed}, but the "
+            f"weights hold {max(found) + 1} blocks; fix config.json (or the weights) so they agree"
+        )
+
+
 def load_pretrained(
     source, auto_class=None, *, config=None, trust_remote_code: bool = False, name: str = "model", **kwargs
 ) -> nn.Module:
@@ -151,6 +186,7 @@ def load_pretrained(
     source = check_source(source, name)
     if config is None:
         config = load_config(source, trust_remote_code=trust, name=name)
+    check_layers_against_weights(source, config, name)
     if auto_class is None:
         auto_class = (
             AutoModelForImageClassification

@@ -247,3 +247,18 @@ def test_a_garbage_pytorch_model_bin_is_named_without_unsafe_advice(crate_folder
     code, err = _cli(["srr", str(bad), "--dataset", "digits", "--output-dir", str(tmp_path / "out")], capsys)
     assert code == 1 and "pytorch_model.bin" in err and "not a PyTorch weights file" in err
     assert "weights_only" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_config_claiming_more_layers_than_the_weights_fails_before_building(crate_folder, tmp_path):
+    import shutil
+
+    from hf_tdiag.loading import load_model
+
+    bad = tmp_path / "bad"
+    shutil.copytree(crate_folder / "a/model", bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10**9}))
+    with pytest.raises(ValueError, match=r"num_hidden_layers=1000000000, but the weights hold 2 blocks"):
+        load_model(str(bad))  # refused from the file headers, before 10^9 layers are built
+    (bad / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    assert len(load_model(str(bad)).model.crate.encoder.layer) == 2  # the matching config still loads
