@@ -29,7 +29,10 @@ def run(args) -> int:
     from ..training.srr_tracking import layer_srr_step
 
     show = getattr(args, "print_results", False)
-    values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "print_results")}
+    from ..training.args import flag_defaults
+
+    trainer_flags = flag_defaults()  # the global flags (--quiet, ...) are the command line's, not the trainer's
+    values = {k: v for k, v in vars(args).items() if k in trainer_flags}
     results = train(values, after_fit=[layer_srr_step])  # as recipes/train_crate.py
     if show:
         print(json.dumps({k: v for k, v in results.items() if k != "history"}, indent=2))
