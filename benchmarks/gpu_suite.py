@@ -13,6 +13,8 @@ with its traceback and the others still run):
                    table (torch.profiler), and Gram/Cholesky precision variants on the real state shapes.
 * ``trainer_step`` the hf-tdiag trainer's step under Accelerate, plain vs SRR-regularised
                    (``benchmarks/bench_train.py --gpu``).
+* ``whitebox_step`` CRATE-α-B/16 against ViT-B/16 and ToST-S/12 against ViT-S/16 training steps, bf16 autocast
+                   (``benchmarks/bench_whitebox_step.py``).
 
 Free of ``datasets`` and ``evaluate`` (the GPU machine's Python has torch, transformers and accelerate);
 run from the repository root without installing the package::
@@ -343,7 +345,7 @@ def main(argv=None) -> dict:
     )
     parser.add_argument(
         "--sections",
-        default="machine,train_step,srr_pass,srr_profile,trainer_step",
+        default="machine,train_step,srr_pass,srr_profile,trainer_step,whitebox_step",
         help="comma-separated subset of the sections",
     )
     parser.add_argument("--output", default=None, help="JSON path (default benchmarks/results/gpu_suite.json)")
@@ -371,6 +373,7 @@ def main(argv=None) -> dict:
         "srr_pass": lambda: srr_pass_section(device, args.smoke),
         "srr_profile": lambda: srr_profile_section(device, args.smoke),
         "trainer_step": lambda: trainer_step_section(device, args.smoke, scratch),
+        "whitebox_step": lambda: __import__("bench_whitebox_step").run(device, args.smoke),
     }
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = sorted(set(wanted) - set(runners))

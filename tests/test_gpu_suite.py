@@ -30,7 +30,14 @@ def test_gpu_suite_smoke_runs_without_datasets_and_evaluate(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["errors"] == {}, record["errors"]
-    assert set(record["sections"]) == {"machine", "train_step", "srr_pass", "srr_profile", "trainer_step"}
+    assert set(record["sections"]) == {
+        "machine",
+        "train_step",
+        "srr_pass",
+        "srr_profile",
+        "trainer_step",
+        "whitebox_step",
+    }
     srr = record["sections"]["srr_pass"]
     # the ratio is the two timings it is made of
     assert abs(srr["ratio_layer_srr_to_forward"] - srr["layer_srr_s"] / srr["forward_s"]) < 1e-12
