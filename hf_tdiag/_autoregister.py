@@ -33,7 +33,7 @@ _FAMILIES = {
     ),
     "hf_tdiag.models.tost": ("hf_tdiag.models.tost.modeling_tost", "TostForImageClassification"),
     "hf_tdiag.models.crate_text": (
-        "hf_tdiag.models.crate_text.modeling_crate_text_heads",
+        "hf_tdiag.models.crate_text.modeling_crate_text",
         "CrateTextForMultipleChoice",
     ),
     "hf_tdiag.models.crate_mae": ("hf_tdiag.models.crate_mae.modeling_crate_mae", "CrateMAEForImageClassification"),

@@ -230,3 +230,38 @@ def test_crate_lm_needs_the_head_count_and_reads_untied_heads():
     assert not model.config.tie_word_embeddings
     torch.testing.assert_close(model.lm_head.decoder.weight, untied["lm_head.weight"])
     torch.testing.assert_close(model.crate.embeddings.word_embeddings.weight, sd["transformer.wte.weight"])
+
+
+def test_convert_official_cli_writes_loadable_text_folders(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    from hf_tdiag.cli import main
+
+    checkpoint, sd = _crate_lm_state_dict(True)
+    torch.save(checkpoint, tmp_path / "ckpt.pt")
+    assert (
+        main(
+            [
+                "convert-official",
+                str(tmp_path / "ckpt.pt"),
+                "--preset",
+                "crate-lm-12l",
+                "--output-dir",
+                str(tmp_path / "clm"),
+            ]
+        )
+        == 0
+    )
+    assert "CrateTextForCausalLM" in capsys.readouterr().out
+    ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(tmp_path / "clm").eval()(input_ids=ids).logits
+    torch.testing.assert_close(logits, _crate_lm_forward(sd, ids, True), rtol=1e-5, atol=1e-5)
+
+    pr = _pr_state_dict("masked-lm")
+    torch.save(pr, tmp_path / "pr.pt")
+    out = str(tmp_path / "mlm")
+    assert main(["convert-official", str(tmp_path / "pr.pt"), "--preset", "crate-bert-base", "--output-dir", out]) == 0
+    mlm = AutoModelForMaskedLM.from_pretrained(out).eval()
+    assert type(mlm).__name__ == "CrateTextForMaskedLM" and mlm.config.num_attention_heads == 12  # the PR's default
+    torch.testing.assert_close(mlm.crate.layer[1].ista.weight, pr["crate.encoder.layer.1.output.weight"])

@@ -23,7 +23,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--preset",
         required=True,
-        help="architecture preset, e.g. crate-tiny, crate-base, crate-alpha-base-16, crate-alpha-large-14, crate-mae-base",
+        help="architecture preset, e.g. crate-tiny, crate-base, crate-alpha-base-16, crate-alpha-large-14, crate-mae-base; "
+        "text: crate-lm-12l / crate-gpt-12l (CRATE-LM checkpoints), crate-bert-base (Transformers PR #27759)",
     )
     add_output_dir(
         p, None, "folder to write the converted model and its image processor into", "--output", required=True
@@ -90,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
     from hf_tdiag.models.crate.convert_official import convert_official_crate, unwrap_official_state_dict
 
     from ._convert_families import family_of_preset, run_family
+    from ._convert_text import is_text_preset, run_text
 
+    if is_text_preset(args.preset):  # CRATE-LM / Transformers PR #27759 text checkpoints
+        return run_text(args, _load_checkpoint(args.checkpoint))
     family = family_of_preset(args.preset)
     if args.preset not in CRATE_PRESETS and family is None:
         from ._convert_families import family_presets

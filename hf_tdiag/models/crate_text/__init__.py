@@ -9,8 +9,8 @@ from __future__ import annotations
 from ..._lazy import lazy_exports
 
 _CONFIG = "hf_tdiag.models.crate_text.configuration_crate_text"
-_BASE = "hf_tdiag.models.crate_text.modeling_crate_text"
-_HEADS = "hf_tdiag.models.crate_text.modeling_crate_text_heads"
+_BLOCKS = "hf_tdiag.models.crate_text.modeling_crate_text_blocks"
+_MODELING = "hf_tdiag.models.crate_text.modeling_crate_text"
 _CONVERT = "hf_tdiag.models.crate_text.convert_official"
 
 # Auto class -> model class name, for registration and for ``register_for_auto_class``
@@ -28,10 +28,9 @@ _LAZY = {
     "CrateTextConfig": f"{_CONFIG}:CrateTextConfig",
     "CRATE_TEXT_PRESETS": f"{_CONFIG}:CRATE_TEXT_PRESETS",
     "CRATE_TEXT_BLOCKS": f"{_CONFIG}:CRATE_TEXT_BLOCKS",
-    "CrateTextModel": f"{_BASE}:CrateTextModel",
-    "CrateTextModelOutput": f"{_BASE}:CrateTextModelOutput",
-    "CrateTextPreTrainedModel": f"{_BASE}:CrateTextPreTrainedModel",
-    **{name: f"{_HEADS}:{name}" for name in AUTO_CLASSES.values() if name != "CrateTextModel"},
+    "CrateTextModelOutput": f"{_BLOCKS}:CrateTextModelOutput",
+    "CrateTextPreTrainedModel": f"{_BLOCKS}:CrateTextPreTrainedModel",
+    **{name: f"{_MODELING}:{name}" for name in AUTO_CLASSES.values()},
     "convert_pr_crate": f"{_CONVERT}:convert_pr_crate",
     "convert_crate_lm": f"{_CONVERT}:convert_crate_lm",
 }
@@ -54,25 +53,29 @@ def register_crate_text_config() -> None:
 
 def mark_crate_text_models() -> None:
     """``register_for_auto_class`` on every text CRATE class, so ``save_pretrained`` writes an ``auto_map``."""
-    from . import modeling_crate_text, modeling_crate_text_heads
+    from . import modeling_crate_text
 
     for auto, name in AUTO_CLASSES.items():
-        module = modeling_crate_text if name == "CrateTextModel" else modeling_crate_text_heads
-        getattr(module, name).register_for_auto_class(auto)
+        getattr(modeling_crate_text, name).register_for_auto_class(auto)
 
 
 def register_crate_text_models() -> None:
     """Register the text CRATE classes with their seven Auto classes. Idempotent."""
     if "models" in _DONE:
         return
+    import sys
+
+    for name, last in ((_BLOCKS, "CrateTextPreTrainedModel"), (_MODELING, "CrateTextForMultipleChoice")):
+        if name in sys.modules and not hasattr(sys.modules[name], last):
+            return  # mid-import (its transformers imports loaded the Auto classes): the hook on the modeling module
+            # registers once that module has loaded (hf_tdiag._autoregister)
     from transformers.models.auto import modeling_auto
 
-    from . import modeling_crate_text, modeling_crate_text_heads
+    from . import modeling_crate_text
     from .configuration_crate_text import CrateTextConfig
 
     for auto, name in AUTO_CLASSES.items():
-        module = modeling_crate_text if name == "CrateTextModel" else modeling_crate_text_heads
-        getattr(modeling_auto, auto).register(CrateTextConfig, getattr(module, name), exist_ok=True)
+        getattr(modeling_auto, auto).register(CrateTextConfig, getattr(modeling_crate_text, name), exist_ok=True)
     mark_crate_text_models()
     _DONE.add("models")
 

@@ -35,14 +35,14 @@ from collections.abc import Mapping
 import torch
 
 from .configuration_crate_text import CrateTextConfig
-from .modeling_crate_text import CrateTextModel
-from .modeling_crate_text_heads import (
+from .modeling_crate_text import (
     CrateTextForCausalLM,
     CrateTextForMaskedLM,
     CrateTextForMultipleChoice,
     CrateTextForQuestionAnswering,
     CrateTextForSequenceClassification,
     CrateTextForTokenClassification,
+    CrateTextModel,
 )
 
 _PREFIXES = ("module.", "_orig_mod.")

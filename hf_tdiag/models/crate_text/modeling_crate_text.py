@@ -1,283 +1,44 @@
-"""Text CRATE (Coding RAte reduction TransformEr) as a Transformers model: embeddings, blocks and the bare model.
+"""The bare text CRATE model and its task heads: masked LM, causal LM (with generation), sequence/token classification, extractive
+question answering and multiple choice.
 
-One block maps token states ``Z`` to ``Z+``::
+The heads follow Transformers' BERT/GPT-2 conventions (``labels`` with -100 ignored, ``loss_function`` by class-name
+suffix). The LM head is ``decoder(h)`` tied to the token embeddings, or ``decoder(LN(GELU(dense(h))))`` with
+``config.lm_head_transform`` (the RoBERTa-shaped head of Transformers PR #27759).
 
-    Z_half = Z + MSSA(LN1(Z))            # q = k = v = U_k^T z per head, causal when config.is_decoder
-    Z_plus = ISTA(LN2(Z_half))           # no residual around ISTA (as in every CRATE code)
-
-``ISTA`` is the square one-step sparse code of the CRATE paper (``block="crate"``) or the overcomplete, decoded
-two-step block of CRATE-LM (``block="crate-lm"``); see :mod:`.configuration_crate_text`. Causal models keep the
-tied ``w = U^T z`` of past tokens in a transformers :class:`~transformers.Cache` (as key and as value).
-
-This file imports only torch, transformers and its sibling configuration so that ``save_pretrained`` can ship it for
+This file imports only torch, transformers and its sibling modules so that ``save_pretrained`` can ship it for
 ``trust_remote_code`` loading.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
-from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.utils import ModelOutput
-from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+from transformers.modeling_outputs import (
+    CausalLMOutputWithPast,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.modeling_utils import slice_logits_to_keep
+from transformers.utils.generic import can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_crate_text import CrateTextConfig
-
-
-@dataclass
-class CrateTextModelOutput(ModelOutput):
-    """Output of :class:`CrateTextModel`.
-
-    Args:
-        last_hidden_state: ``(B, N, d)`` output of the last block (after the final LayerNorm where configured).
-        pooler_output: ``(B, d)`` pooled token (first token for encoders, last non-padding token for decoders) after
-            the dense-tanh pooler, when the model has one.
-        cache: the :class:`~transformers.Cache` of the tied projections ``w`` (causal models with ``use_cache``).
-        hidden_states: ``L+1`` tensors: the embeddings ``Z^0``, then each block output ``Z^l`` (before a final norm).
-        mid_hidden_states: ``L`` tensors ``Z^{l-1/2} = Z^{l-1} + MSSA(LN1(Z^{l-1}))``.
-        attentions: ``L`` tensors ``(B, K, N, N_past+N)`` of attention probabilities (eager path only).
-    """
-
-    last_hidden_state: torch.Tensor | None = None
-    pooler_output: torch.Tensor | None = None
-    cache: Cache | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    mid_hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor | None, past: int, length: int, device) -> torch.Tensor:
-    """0-based positions counting only attended tokens (``cumsum(mask) - 1``); padding gets ``-1``; ``(B|1, N)``."""
-    if attention_mask is None or attention_mask.ndim != 2:
-        return torch.arange(past, past + length, device=device).unsqueeze(0)
-    mask = attention_mask.long()
-    positions = mask.cumsum(-1) * mask - 1
-    return positions[:, past : past + length]
-
-
-class CrateTextEmbeddings(nn.Module):
-    """Token + learned position (+ token type) embeddings, optional LayerNorm, dropout."""
-
-    def __init__(self, config: CrateTextConfig):
-        super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = (
-            nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size > 0 else None
-        )
-        self.layernorm = (
-            nn.LayerNorm(config.hidden_size, eps=config.head_layer_norm_eps) if config.embedding_layernorm else None
-        )
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.position_offset = config.position_offset
-        self.max_positions = config.max_position_embeddings
-
-    def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, token_type_ids=None) -> torch.Tensor:
-        rows = (position_ids + self.position_offset).clamp(min=0)  # padding (-1) -> the row before position 0
-        if int(rows.max()) >= self.max_positions:
-            raise ValueError(
-                f"input is longer than max_position_embeddings={self.max_positions} (position row {int(rows.max())})"
-                "; pass shorter sequences"
-            )
-        hidden = inputs_embeds + self.position_embeddings(rows)
-        if self.token_type_embeddings is not None:
-            if token_type_ids is None:
-                token_type_ids = torch.zeros(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
-            hidden = hidden + self.token_type_embeddings(token_type_ids)
-        elif token_type_ids is not None and bool((token_type_ids != 0).any()):
-            raise ValueError("token_type_ids were given but the model has type_vocab_size=0")
-        if self.layernorm is not None:
-            hidden = self.layernorm(hidden)
-        return self.dropout(hidden)
-
-
-def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``softmax(q k^T * scaling + mask) v`` in plain torch; returns ``(B, N, K, p)`` and the ``(B, K, N, M)`` probabilities."""
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-        mask = attention_mask[:, :, :, : key.shape[-2]]
-        if mask.dtype == torch.bool:  # an SDPA-style mask (True = attend), when output_attentions forces eager
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        else:
-            scores = scores + mask
-    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    dropped = F.dropout(probs, p=dropout, training=module.training)
-    return torch.matmul(dropped, value).transpose(1, 2).contiguous(), probs
-
-
-class CrateTextMSSA(nn.Module):
-    """Multi-head subspace self-attention: ``softmax((U_k^T Z)^T (U_k^T Z)/sqrt(p)) U_k^T Z`` mixed by ``out_proj``."""
-
-    def __init__(self, config: CrateTextConfig, layer_idx: int):
-        super().__init__()
-        self.config = config
-        self.layer_idx = layer_idx
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.head_dim
-        self.scaling = self.head_dim**-0.5
-        self.attention_dropout = config.attention_probs_dropout_prob
-        self.is_causal = bool(config.is_decoder)
-        inner = self.num_heads * self.head_dim
-        self.qkv = nn.Linear(config.hidden_size, inner, bias=False)
-        self.out_proj = nn.Linear(inner, config.hidden_size, bias=config.attention_bias)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden_states, attention_mask=None, cache: Cache | None = None, **kwargs):
-        batch, tokens, _ = hidden_states.shape
-        w = self.qkv(hidden_states).view(batch, tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        keys = values = w
-        if cache is not None:
-            keys, values = cache.update(w, w, self.layer_idx)
-        implementation = self.config._attn_implementation
-        if kwargs.get("output_attentions"):
-            implementation = "eager"  # attention maps exist only on the eager path
-        interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        if implementation == "eager" and attention_mask is None and self.is_causal and tokens > 1:
-            past = keys.shape[-2] - tokens
-            blocked = torch.ones(tokens, keys.shape[-2], dtype=torch.bool, device=w.device).triu(past + 1)
-            attention_mask = torch.zeros(blocked.shape, dtype=w.dtype, device=w.device).masked_fill(
-                blocked, torch.finfo(w.dtype).min
-            )[None, None]
-        heads, probs = interface(
-            self,
-            w,
-            keys,
-            values,
-            attention_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            scaling=self.scaling,
-        )
-        out = self.dropout(self.out_proj(heads.reshape(batch, tokens, self.num_heads * self.head_dim)))
-        return out, probs
-
-
-class CrateTextISTA(nn.Module):
-    """One ISTA step on a square dictionary ``D`` started at ``z = x``: ``ReLU(x + eta D^T (x - D x) - eta lambda)``."""
-
-    def __init__(self, config: CrateTextConfig):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(config.hidden_size, config.hidden_size))
-        self.step_size = float(config.ista_step_size)
-        self.lambd = float(config.ista_lambda)
-
-    def sparse_code(self, x: torch.Tensor) -> torch.Tensor:
-        """The code ``z`` (here also the block output); row form ``x + eta (x - x D^T) D - eta lambda`` of CRATE's code."""
-        residual = x - F.linear(x, self.weight)
-        return F.relu(x + self.step_size * (residual @ self.weight) - self.step_size * self.lambd)
-
-    def decode(self, code: torch.Tensor) -> torch.Tensor:
-        return code
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.sparse_code(x)
-
-
-class CrateTextOvercompleteISTA(nn.Module):
-    """CRATE-LM's block: ``weight = D^T`` (``m x d``); two ISTA steps from zero, then the reconstruction ``D z1``."""
-
-    def __init__(self, config: CrateTextConfig):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(config.ista_dictionary_size, config.hidden_size))
-        self.step_size = float(config.ista_step_size)
-        self.lambd = float(config.ista_lambda)
-
-    def sparse_code(self, x: torch.Tensor) -> torch.Tensor:
-        """``z0 = ReLU(eta D^T x - eta lambda)``, ``z1 = ReLU(z0 + eta D^T (x - D z0) - eta lambda)``."""
-        eta, shift = self.step_size, self.step_size * self.lambd
-        correlation = F.linear(x, self.weight)  # D^T x
-        z0 = F.relu(eta * correlation - shift)
-        residual = x - z0 @ self.weight  # x - D z0
-        return F.relu(z0 + eta * F.linear(residual, self.weight) - shift)
-
-    def decode(self, code: torch.Tensor) -> torch.Tensor:
-        return code @ self.weight  # D z
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decode(self.sparse_code(x))
-
-
-class CrateTextLayer(GradientCheckpointingLayer):
-    """``Z_half = Z + MSSA(LN1(Z))``, ``Z_plus = ISTA(LN2(Z_half))``; returns ``(Z_plus, Z_half)``."""
-
-    def __init__(self, config: CrateTextConfig, layer_idx: int):
-        super().__init__()
-        self.layernorm_before = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.attention = CrateTextMSSA(config, layer_idx)
-        self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.ista = CrateTextOvercompleteISTA(config) if config.block == "crate-lm" else CrateTextISTA(config)
-
-    def forward(self, hidden_states, attention_mask=None, cache=None, **kwargs):
-        attn_out, _ = self.attention(self.layernorm_before(hidden_states), attention_mask, cache, **kwargs)
-        mid = hidden_states + attn_out
-        return self.ista(self.layernorm_after(mid)), mid
-
-
-class CrateTextPooler(nn.Module):
-    """Dense + tanh on one token per sequence (the first for encoders, the last attended one for decoders)."""
-
-    def __init__(self, config: CrateTextConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-
-    def forward(self, token: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(token))
-
-
-def pooled_token(hidden: torch.Tensor, attention_mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
-    """``(B, d)``: the first token (encoders) or the last attended token of each row (decoders)."""
-    if not causal:
-        return hidden[:, 0]
-    if attention_mask is None or attention_mask.ndim != 2:
-        return hidden[:, -1]
-    length = hidden.shape[1]
-    mask = attention_mask[:, -length:].long()
-    last = (mask * torch.arange(length, device=hidden.device)).argmax(-1)
-    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-
-
-class CrateTextPreTrainedModel(PreTrainedModel):
-    config: CrateTextConfig
-    config_class = CrateTextConfig
-    base_model_prefix = "crate"
-    main_input_name = "input_ids"
-    supports_gradient_checkpointing = True
-    _no_split_modules = ["CrateTextEmbeddings", "CrateTextLayer"]
-    _supports_sdpa = True
-    _supports_flash_attn = True
-    _supports_flex_attn = True
-    _supports_attention_backend = True
-    _can_record_outputs = {
-        "hidden_states": OutputRecorder(CrateTextLayer, index=0),
-        "mid_hidden_states": OutputRecorder(CrateTextLayer, index=1),
-        "attentions": OutputRecorder(CrateTextMSSA, index=1),
-    }
-
-    def _init_weights(self, module):
-        """Normal(0, initializer_range) for Linear/Embedding as Transformers does; Kaiming-uniform ISTA dictionaries and a
-        depth-scaled MSSA output projection, as CRATE-LM's code."""
-        super()._init_weights(module)
-        if isinstance(module, (CrateTextISTA, CrateTextOvercompleteISTA)):
-            init.kaiming_uniform_(module.weight)
-        elif isinstance(module, CrateTextMSSA):
-            std = self.config.initializer_range / (2 * self.config.num_hidden_layers) ** 0.5
-            init.normal_(module.out_proj.weight, mean=0.0, std=std)
+from .modeling_crate_text_blocks import (
+    CrateTextEmbeddings,
+    CrateTextLayer,
+    CrateTextModelOutput,
+    CrateTextPooler,
+    CrateTextPreTrainedModel,
+    pooled_token,
+    position_ids_from_mask,
+)
 
 
 class CrateTextModel(CrateTextPreTrainedModel):
@@ -356,14 +117,250 @@ class CrateTextModel(CrateTextPreTrainedModel):
         return CrateTextModelOutput(last_hidden_state=hidden, pooler_output=pooled, cache=cache if use_cache else None)
 
 
+class CrateTextLMHead(nn.Module):
+    """Vocabulary logits: ``decoder(h)``, or ``decoder(LN(GELU(dense(h))))`` with ``lm_head_transform``."""
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__()
+        if config.lm_head_transform:
+            self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+            self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.head_layer_norm_eps)
+        else:
+            self.dense = self.layer_norm = None
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.dense is not None:
+            hidden = self.layer_norm(F.gelu(self.dense(hidden)))
+        return self.decoder(hidden)
+
+
+_TIED = {"lm_head.decoder.weight": "crate.embeddings.word_embeddings.weight"}
+
+
+def _base_call(model, **kwargs) -> CrateTextModelOutput:
+    return model.crate(**{k: v for k, v in kwargs.items() if v is not None or k in ("input_ids", "inputs_embeds")})
+
+
+class CrateTextForMaskedLM(CrateTextPreTrainedModel):
+    """Bidirectional CRATE with the LM head; ``labels`` of masked positions (others -100) give the MLM loss."""
+
+    _tied_weights_keys = _TIED
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__(config)
+        if config.is_decoder:
+            raise ValueError("CrateTextForMaskedLM needs bidirectional attention: set config.is_decoder=False")
+        self.crate = CrateTextModel(config, add_pooling_layer=False)
+        self.lm_head = CrateTextLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, value):
+        self.lm_head.decoder = value
+
+    @can_return_tuple
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+        labels=None, **kwargs,
+    ) -> MaskedLMOutput:  # fmt: skip
+        out = _base_call(
+            self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, **kwargs,
+        )  # fmt: skip
+        logits = self.lm_head(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+class CrateTextForCausalLM(CrateTextPreTrainedModel, GenerationMixin):
+    """Causal CRATE language model (CRATE-LM / CRATE-GPT) with a KV cache; ``generate`` supports every strategy."""
+
+    _tied_weights_keys = _TIED
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__(config)
+        if not config.is_decoder:
+            raise ValueError("CrateTextForCausalLM needs causal attention: set config.is_decoder=True")
+        self.crate = CrateTextModel(config, add_pooling_layer=False)
+        self.lm_head = CrateTextLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, value):
+        self.lm_head.decoder = value
+
+    @can_return_tuple
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+        cache=None, use_cache=None, labels=None, logits_to_keep: int | torch.Tensor = 0, **kwargs,
+    ) -> CausalLMOutputWithPast:  # fmt: skip
+        if cache is None:
+            cache = kwargs.pop("past_key_values", None)
+        out = _base_call(
+            self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, cache=cache, use_cache=use_cache, **kwargs,
+        )  # fmt: skip
+        logits = self.lm_head(slice_logits_to_keep(out.last_hidden_state, logits_to_keep))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+
+
+class CrateTextClassificationHead(nn.Module):
+    """``out_proj(dropout(tanh(dense(dropout(h_pooled)))))`` on one token per sequence (PR #27759's head)."""
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__()
+        drop = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(drop)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, token: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(token)))))
+
+
+class CrateTextForSequenceClassification(CrateTextPreTrainedModel):
+    """Sequence classification/regression on the first token (encoders) or the last attended token (decoders)."""
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.crate = CrateTextModel(config, add_pooling_layer=False)
+        self.classifier = CrateTextClassificationHead(config)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+        labels=None, **kwargs,
+    ) -> SequenceClassifierOutput:  # fmt: skip
+        out = _base_call(
+            self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, use_cache=False if self.config.is_decoder else None,
+            **kwargs,
+        )  # fmt: skip
+        token = pooled_token(out.last_hidden_state, attention_mask, self.config.is_decoder)
+        logits = self.classifier(token)
+        loss = self.loss_function(labels, logits, self.config, **kwargs) if labels is not None else None
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+
+
+class CrateTextForTokenClassification(CrateTextPreTrainedModel):
+    """Per-token labels (e.g. NER): dropout + linear on every token state."""
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.crate = CrateTextModel(config, add_pooling_layer=False)
+        drop = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(drop)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+        labels=None, **kwargs,
+    ) -> TokenClassifierOutput:  # fmt: skip
+        out = _base_call(
+            self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, use_cache=False if self.config.is_decoder else None,
+            **kwargs,
+        )  # fmt: skip
+        logits = self.classifier(self.dropout(out.last_hidden_state))
+        loss = self.loss_function(logits, labels, self.config, **kwargs) if labels is not None else None
+        return TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+
+
+class CrateTextForQuestionAnswering(CrateTextPreTrainedModel):
+    """Extractive QA: start/end logits from a linear map of each token state (``num_labels`` must be 2)."""
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__(config)
+        if config.num_labels != 2:
+            raise ValueError(f"CrateTextForQuestionAnswering needs num_labels=2 (start, end), got {config.num_labels}")
+        self.crate = CrateTextModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+        start_positions=None, end_positions=None, **kwargs,
+    ) -> QuestionAnsweringModelOutput:  # fmt: skip
+        out = _base_call(
+            self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, use_cache=False if self.config.is_decoder else None,
+            **kwargs,
+        )  # fmt: skip
+        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+        return QuestionAnsweringModelOutput(
+            loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=out.hidden_states,
+            attentions=out.attentions,
+        )  # fmt: skip
+
+
+class CrateTextForMultipleChoice(CrateTextPreTrainedModel):
+    """Multiple choice: inputs ``(B, C, N)``; the pooled token of each choice scored by one linear unit."""
+
+    def __init__(self, config: CrateTextConfig):
+        super().__init__(config)
+        self.crate = CrateTextModel(config, add_pooling_layer=True)
+        drop = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(drop)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+        labels=None, **kwargs,
+    ) -> MultipleChoiceModelOutput:  # fmt: skip
+        reference = input_ids if input_ids is not None else inputs_embeds
+        if reference is None or reference.ndim < 3:
+            raise ValueError("CrateTextForMultipleChoice: input_ids must have shape (batch, num_choices, seq_len)")
+        choices = reference.shape[1]
+
+        def flat(t, keep=1):
+            return None if t is None else t.reshape(-1, *t.shape[2:]) if t.ndim > keep + 1 else t
+
+        out = _base_call(
+            self, input_ids=flat(input_ids), attention_mask=flat(attention_mask), token_type_ids=flat(token_type_ids),
+            position_ids=flat(position_ids), inputs_embeds=flat(inputs_embeds, keep=2),
+            use_cache=False if self.config.is_decoder else None, **kwargs,
+        )  # fmt: skip
+        logits = self.classifier(self.dropout(out.pooler_output)).view(-1, choices)
+        loss = F.cross_entropy(logits, labels) if labels is not None else None
+        return MultipleChoiceModelOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+
+
 __all__ = [
-    "CrateTextModelOutput",
-    "CrateTextPreTrainedModel",
     "CrateTextModel",
-    "CrateTextLayer",
-    "CrateTextMSSA",
-    "CrateTextISTA",
-    "CrateTextOvercompleteISTA",
-    "pooled_token",
-    "position_ids_from_mask",
+    "CrateTextLMHead",
+    "CrateTextForMaskedLM",
+    "CrateTextForCausalLM",
+    "CrateTextForSequenceClassification",
+    "CrateTextForTokenClassification",
+    "CrateTextForQuestionAnswering",
+    "CrateTextForMultipleChoice",
 ]
