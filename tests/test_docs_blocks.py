@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-BLOCK_TIMEOUT_S = 600
+BLOCK_TIMEOUT_S = 900
 LANGUAGES = ("python", "bash")
 MARKER = re.compile(r"<!--\s*block:\s*(slow|not-run)\s*(?:\((.*)\))?\s*-->")
 LINKED = ("recipes", "scripts", "benchmarks", "space")
