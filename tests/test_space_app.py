@@ -259,6 +259,11 @@ def test_browser_renders_report_of_trained_model(browser, trained_default, artif
         for section in report.sections:
             expect(page.locator(f"section#{section.key}")).to_be_visible()
             assert page.locator(f"section#{section.key}").get_attribute("data-status") == "ok"
+        # the key numbers in a box above every section; only the per-matrix detail table is folded
+        expect(page.locator("#headline")).to_be_visible()
+        assert page.locator("#headline a").count() >= 8
+        assert page.locator("#headline").bounding_box()["y"] < page.locator("section#summary").bounding_box()["y"]
+        assert page.locator("details").count() == 1
         images_on_page = page.locator("section img")
         count = images_on_page.count()
         assert count == sum(len(s.figures) for s in report.sections) >= 8

@@ -13,6 +13,7 @@ full report as ``report``. :func:`kept_modes` leaves a caller's model in the tra
 from __future__ import annotations
 
 import contextlib
+import inspect
 import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -48,17 +49,22 @@ def called_by_combine(predictions, references) -> bool:
 
 
 def route_options(
-    name: str, kwargs: Mapping[str, Any], *, in_combine: bool, inputs: tuple[str, ...] = ("model",)
+    name: str,
+    kwargs: Mapping[str, Any],
+    *,
+    in_combine: bool,
+    inputs: tuple[str, ...] = ("model",),
+    options: Iterable[str] | None = None,
 ) -> dict[str, Any]:
-    """Module ``name``'s options out of ``kwargs``: its own (plain or ``<name>_<option>``, the prefixed one wins)
-    and its ``inputs``; in ``combine`` the other modules' options and inputs are dropped; anything else is a
-    one-line error."""
-    own = set(MODULE_OPTIONS[name]) | set(inputs)
+    """Module ``name``'s options out of ``kwargs``: its own (``options``, default ``MODULE_OPTIONS[name]``; plain or
+    ``<name>_<option>``, the prefixed one wins) and its ``inputs``; in ``combine`` the other modules' options and
+    inputs are dropped; anything else is a one-line error."""
+    own = set(MODULE_OPTIONS[name] if options is None else options) | set(inputs)
     plain: dict[str, Any] = {}
     prefixed: dict[str, Any] = {}
     unknown = []
     for key, value in kwargs.items():
-        owner = _prefix_owner(key)
+        owner = name if key.startswith(name + "_") and key[len(name) + 1 :] in own else _prefix_owner(key)
         if owner == name:
             prefixed[key[len(name) + 1 :]] = value
         elif owner is not None:
@@ -80,6 +86,12 @@ def _prefix_owner(key: str) -> str | None:
         if key.startswith(module + "_") and key[len(module) + 1 :] in options:
             return module
     return None
+
+
+def compute_options(module) -> tuple[str, ...]:
+    """The options of an evaluate module: its ``_compute`` keywords besides its inputs."""
+    skip = {"self", "inputs", "pixel_values", *INPUT_NAMES}
+    return tuple(p for p in inspect.signature(module._compute).parameters if p not in skip)
 
 
 def flat_scalars(mapping: Mapping[str, Any], prefix: str = "", suffix: str = "") -> dict[str, Any]:
@@ -120,6 +132,7 @@ __all__ = [
     "INPUT_NAMES",
     "MODULE_OPTIONS",
     "called_by_combine",
+    "compute_options",
     "flat_scalars",
     "kept_modes",
     "per_layer_scalars",

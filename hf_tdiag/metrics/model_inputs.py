@@ -15,7 +15,7 @@ import torch
 
 from ..inputs import LazyBatches
 from ..loading import load_model, pixel_values_for
-from .combining import ABSENT, called_by_combine, kept_modes, route_options
+from .combining import ABSENT, called_by_combine, compute_options, kept_modes, route_options
 
 
 class ModelInputsMixin:
@@ -96,7 +96,12 @@ class ModelInputsMixin:
             raise ValueError(
                 f"{self.metric_label}: takes `images=`, `texts=` or `pixel_values=` plus `model=`, not predictions/references"
             )
-        kwargs = route_options(self.metric_label, kwargs, in_combine=called_by_combine(predictions, references))
+        kwargs = route_options(
+            self.metric_label,
+            kwargs,
+            in_combine=called_by_combine(predictions, references),
+            options=compute_options(self),
+        )
         batch = self._one_input(images, texts, pixel_values)
         with kept_modes(kwargs.get("model")):
             if pixel_values is not None:
