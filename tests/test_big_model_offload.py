@@ -49,15 +49,20 @@ def gpt2(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def in_memory(gpt2):
+    model = AutoModelForCausalLM.from_pretrained(gpt2, attn_implementation="eager").eval()
+    return model, _diagnostics(model)
+
+
 def _assert_same(got: dict, expected: dict):
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-9, err_msg=key)
 
 
-def test_disk_offloaded_decoder_gives_the_in_memory_numbers(gpt2, tmp_path):
-    in_memory = AutoModelForCausalLM.from_pretrained(gpt2, attn_implementation="eager").eval()
-    expected = _diagnostics(in_memory)
+def test_disk_offloaded_decoder_gives_the_in_memory_numbers(gpt2, in_memory, tmp_path):
+    in_memory, expected = in_memory
     model = _disk_offloaded(gpt2, tmp_path / "offload")
     weight = "transformer.h.0.attn.c_attn.weight"
     assert len(offloaded_modules(model)) > 0 and dict(model.named_parameters())[weight].device.type == "meta"
@@ -71,11 +76,10 @@ def test_disk_offloaded_decoder_gives_the_in_memory_numbers(gpt2, tmp_path):
         torch.testing.assert_close(model(input_ids=IDS).logits, in_memory(input_ids=IDS).logits)
 
 
-def test_cpu_offloaded_decoder_gives_the_in_memory_numbers(gpt2):
+def test_cpu_offloaded_decoder_gives_the_in_memory_numbers(in_memory):
     from accelerate import cpu_offload
 
-    in_memory = AutoModelForCausalLM.from_pretrained(gpt2, attn_implementation="eager").eval()
-    expected = _diagnostics(in_memory)
+    in_memory, expected = in_memory
     model = cpu_offload(copy.deepcopy(in_memory), execution_device=torch.device("cpu"))
     assert all(p.device.type == "meta" for p in model.parameters())  # every weight offloaded
     with readable_weights(model):
