@@ -5,7 +5,8 @@ root", links to the repository's ``recipes/``, ``scripts/``, ``benchmarks/`` and
 
 A block is marked by an HTML comment on the line before its fence: ``<!-- block: slow (why) -->`` runs it only with
 ``-m slow``; ``<!-- block: not-run (why) -->`` compiles (python) or parses (bash) it but does not run it, and the
-reason is required. Blocks with the same text (the README's quick starts repeat the docs' quick start) run once.
+reason is required; the blocks of docs/benchmarks.md are only parsed (:data:`PARSED_ONLY`). Blocks with the same
+text (the README's quick starts repeat the docs' quick start) run once.
 
 Python blocks run in a child forked from one server process that imported torch, transformers and hf_tdiag once
 (each block gets fresh globals, its own working directory and its own output; the imports are what it shares), so
@@ -34,6 +35,8 @@ BLOCK_TIMEOUT_S = 900
 LANGUAGES = ("python", "bash")
 MARKER = re.compile(r"<!--\s*block:\s*(slow|not-run)\s*(?:\((.*)\))?\s*-->")
 LINKED = ("recipes", "scripts", "benchmarks", "space")
+# pages whose blocks are parsed but never run: benchmark commands take minutes and append to benchmarks/results/
+PARSED_ONLY = {"docs/benchmarks.md": "a benchmark: minutes, and it records into benchmarks/results/"}
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ def markdown_blocks(text: str, path: str = "<text>") -> list[Block]:
         if language in LANGUAGES:
             body = [ln[len(indent) :] if ln.startswith(indent) else ln for ln in lines[start:end]]
             mark, reason = (marker.group(1), (marker.group(2) or "").strip()) if marker else (None, "")
+            if path in PARSED_ONLY:
+                mark, reason = "not-run", PARSED_ONLY[path]
             blocks.append(Block(path, start, language, "\n".join(body) + "\n", mark, reason))
         i = end + 1
     return blocks
