@@ -110,6 +110,11 @@ def test_space_plot_placeholders_say_what_will_appear():
 
     fig = placeholder_figure("concepts-kl")
     assert [t.get_text() for t in fig.texts] == [PLACEHOLDERS["concepts-kl"]]
+    renderer = fig.canvas.get_renderer()
+    for key in PLACEHOLDERS:  # each text on one line inside its figure: nothing cut off
+        fig = placeholder_figure(key)
+        box = fig.texts[0].get_window_extent(renderer)
+        assert 0 < box.x0 and box.x1 < fig.bbox.width, key
     assert all(text.endswith(".") and "appear" in text for text in PLACEHOLDERS.values())
 
 
