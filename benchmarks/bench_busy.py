@@ -91,7 +91,7 @@ def _srr_layer(repeats: int, quick: bool) -> dict:
     # (MKL) prints "Parameter 6 was incorrect on entry to SLASWP" and may not return (seen in this benchmark)
     with torch_threads(1):
         base = _time(lambda: ref_state_terms(Z, U, 0.1, 1.0, torch.float32)[:, 3], repeats)
-    exact = ref_state_terms(Z, U, 0.1, 1.0, torch.float64)[:, 3]
+        exact = ref_state_terms(Z, U, 0.1, 1.0, torch.float64)[:, 3]  # (float64 LU: the same MKL errors at 2)
     agree = {
         "ours_vs_float64_max_rel": float(((ours["_out"] - exact).abs() / exact.abs()).max()),
         "baseline_vs_float64_max_rel": float(((base["_out"] - exact).abs() / exact.abs()).max()),
@@ -168,6 +168,40 @@ def _child(args) -> None:
         with open(args.child_out, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(res) + "\n")
         print(f"  {case}: ours {res['ours']['wall_s']:.3f} s, baseline {res['baseline']['wall_s']:.3f} s", flush=True)
+
+
+def _interleaved(repeats: int) -> dict:
+    """Ours at 1 thread and at the default, alternated call by call in one process (load drift cancels)."""
+    import torch
+    from bench_attention_svm import random_instance
+
+    from hf_tdiag.measures import sparse_rate_reduction
+    from hf_tdiag.measures.attention_svm import att_svm
+
+    default = torch.get_num_threads()
+    g = torch.Generator().manual_seed(0)
+    Z = torch.randn(16, 197, 768, generator=g)
+    U = torch.linalg.qr(torch.randn(12, 768, 64, generator=g))[0]
+    X, z, sel = (torch.from_numpy(a) for a in random_instance(32, 50, 64))
+    fns = {"srr_layer": lambda: sparse_rate_reduction(Z, U), "att_svm_small": lambda: att_svm(X, z, sel)}
+    out = {}
+    for name, fn in fns.items():
+        times = {"1": [], "default": []}
+        for n in (1, default):
+            torch.set_num_threads(n)
+            fn()  # warm-up at both counts
+        load0 = _load()
+        for _ in range(repeats):
+            for label, n in (("1", 1), ("default", default)):
+                torch.set_num_threads(n)
+                t0 = time.perf_counter()
+                fn()
+                times[label].append(time.perf_counter() - t0)
+        torch.set_num_threads(default)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        out[name] = {"wall_s": med, "walls_s": times, "one_over_default": med["1"] / med["default"]}
+        out[name].update(load_before=load0, load_after=_load())
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- parent side
@@ -259,6 +293,42 @@ def _machine() -> dict:
     return info
 
 
+def _run_interleaved(args) -> int:
+    sys.path.insert(0, HERE)
+    spinners_n = max(1, _usable_cores() - 1)
+    run = {"benchmark": "bench_busy --interleaved", "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    run.update(machine=_machine(), busy_spinners=spinners_n, repeats=args.repeats, load_average_start=os.getloadavg())
+    for cond in CONDITIONS:
+        spinners = [mp.Process(target=_spin, daemon=True) for _ in range(spinners_n if cond == "busy" else 0)]
+        for s in spinners:
+            s.start()
+        time.sleep(1.0 if spinners else 0.0)
+        try:
+            run[cond] = _interleaved(args.repeats)
+        finally:
+            for s in spinners:
+                s.terminate()
+                s.join()
+        for name, r in run[cond].items():
+            w = r["wall_s"]
+            print(
+                f"{name:14s} {cond}: 1 thread {w['1']:.3f} s, default {w['default']:.3f} s, ratio {r['one_over_default']:.2f}"
+            )
+    run["load_average_end"] = os.getloadavg()
+    out = args.output.replace(".json", "_interleaved.json")
+    data = {"benchmark": "bench_busy --interleaved", "runs": []}
+    if os.path.exists(out):
+        with open(out, encoding="utf-8") as fh:
+            data = json.load(fh)
+    data["runs"].append(run)
+    with open(out + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+        fh.write("\n")
+    os.replace(out + ".tmp", out)
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1-layer BERT-base width, no n64/T197/d768 Att-SVM case")
@@ -266,6 +336,11 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=None, help="seconds per child (default 900 quick, 3600 full)")
     p.add_argument("--output", default=os.path.join(HERE, "results", "bench_busy_cpu.json"))
+    p.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="only ours, 1 thread and default alternated call by call in one process, idle and busy (SRR, Att-SVM)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--threads", default="default", choices=THREADS, help=argparse.SUPPRESS)
     p.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
@@ -274,6 +349,8 @@ def main(argv=None) -> int:
         args.cases = args.cases or ",".join(CASES)
         _child(args)
         return 0
+    if args.interleaved:
+        return _run_interleaved(args)
     cases = args.cases.split(",") if args.cases else list(QUICK_CASES if args.quick else CASES)
     unknown = [c for c in cases if c not in CASES]
     if unknown:

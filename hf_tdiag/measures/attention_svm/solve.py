@@ -29,6 +29,7 @@ from .solvers import pdas, projected_newton, rel_gap, solver_name, support_guess
 __all__ = ["att_svm", "att_svm_self", "solve"]
 
 
+@threaded("small")
 def att_svm(
     X,
     z,
@@ -87,6 +88,7 @@ def att_svm(
     return solve(X, z, set_idx, ref, kind, check_norm(norm), tol, max_iter, feas_tol, progress)
 
 
+@threaded("small")
 def att_svm_self(
     X,
     selected,
