@@ -57,6 +57,10 @@ _LAZY = {
     "SchattenReport": "hf_tdiag.diagnostics.schatten_report:SchattenReport",
     "ConceptFidelityReport": "hf_tdiag.diagnostics.concept_report:ConceptFidelityReport",
     "AttentionSVMReport": "hf_tdiag.diagnostics.attention_svm_report:AttentionSVMReport",
+    "SRRSettings": "hf_tdiag.diagnostics.settings:SRRSettings",
+    "SchattenSettings": "hf_tdiag.diagnostics.settings:SchattenSettings",
+    "ConceptSettings": "hf_tdiag.diagnostics.settings:ConceptSettings",
+    "AttentionSVMSettings": "hf_tdiag.diagnostics.settings:AttentionSVMSettings",
 }
 
 

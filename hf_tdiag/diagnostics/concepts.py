@@ -1,6 +1,6 @@
 """Concept fidelity of a transformer classifier at layer ℓ (CRATE, ViT-like image classifiers, BERT-like encoders).
 
-Definitions used throughout (DESIGN.md, "Concept fidelity"; the bound's derivation in ``docs/concept_bound.md``):
+Definitions used throughout (docs/guide/concepts.md; the bound's derivation in ``docs/concept_bound.md``):
 
 * **layer-ℓ activations** ``A``: the output of block ℓ, ``hidden_states[ℓ]`` (``ℓ = 0`` the embedding output,
   ``ℓ = L`` the last block), **concept tokens only** — shape ``(inputs, N, d)``: an image's patch tokens (CLS and

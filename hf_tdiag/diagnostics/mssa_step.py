@@ -3,7 +3,7 @@
 For token states ``Z`` (N × d) and one CRATE attention module with subspaces ``U = [U_1 … U_K]`` (its
 ``qkv`` weight), the step ``Z_κ = Z + κ·MSSA(Z)`` is taken for a range of step sizes κ and
 ``Rᶜ(Z_κ; U)`` is measured with the same ``U``. The variants differ only in MSSA's output matrix
-(DESIGN.md): CRATE-C uses ``U`` itself (the update Hu et al. show *increases* Rᶜ, against the SRR
+(docs/guide/srr.md): CRATE-C uses ``U`` itself (the update Hu et al. show *increases* Rᶜ, against the SRR
 principle), CRATE-N ``−U`` (built to decrease it), CRATE-T ``Uᵀ``, CRATE a learned ``W``.
 
 Everything is built from a seed: ``Z`` has Gaussian tokens, ``U`` is a random orthonormal basis of ℝ^d split

@@ -2,7 +2,7 @@
 
 Wires :mod:`hf_tdiag.probes.token_states` and :mod:`hf_tdiag.probes.subspaces`
 to :mod:`hf_tdiag.measures.coding_rate`. Blocks are numbered ℓ = 1…L; block ℓ's
-states are all measured with its own subspaces ``U^ℓ`` (DESIGN.md, "Which
+states are all measured with its own subspaces ``U^ℓ`` (docs/guide/srr.md, "Which
 states"):
 
 * ``output`` — ``Z^ℓ``, the output of block ℓ (``hidden_states[ℓ]``). **"Layer ℓ"

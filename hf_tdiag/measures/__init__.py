@@ -1,4 +1,4 @@
-"""Pure tensor math, no model knowledge (see DESIGN.md: model -> probe -> measure -> metric)."""
+"""Pure tensor math, no model knowledge (data flows model -> probe -> measure -> diagnostic; see docs/packages.md)."""
 
 from .coding_rate import (  # noqa: E402,F401  (sparse rate reduction)
     coding_rate,

@@ -1,6 +1,6 @@
 """Concept extraction and concept-fidelity math (pure tensors, no model knowledge).
 
-Notation (DESIGN.md, "Concept fidelity"): per image the layer-l patch-token activations are
+Notation (docs/guide/concepts.md, "What it measures"): per image the layer-l patch-token activations are
 ``A ∈ R^{N×d}`` (tokens by features). A Semi-NMF (Ding, Li & Jordan, TPAMI 2010) writes
 ``Â = U Wᵀ`` with codes ``U ≥ 0`` (N×k) and a signed dictionary ``W`` (d×k); scikit-learn style,
 ``components_ = Wᵀ`` has shape ``(k, d)``. Batches of images are ``(images, N, d)``; row data is
