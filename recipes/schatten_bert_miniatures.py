@@ -49,7 +49,7 @@ def miniature_source(name: str, local_dir: str | None) -> str | None:
 
 
 def add_normalized_columns(rows: list[dict]) -> None:
-    """``{ours,edelman}_norm_width`` / ``_norm_depth``: each row's proxy over its curve's value at N = 128 / L = 2."""
+    """``{schatten_bound,edelman_bound}_norm_width`` / ``_norm_depth``: each row's proxy over its curve's value at N = 128 / L = 2."""
     from hf_tdiag.viz.schatten import scaling_curves
 
     for x_key, suffix in (("hidden_size", "width"), ("num_layers", "depth")):

@@ -145,13 +145,13 @@ def test_miniatures_recipe_on_local_copies(miniatures, tmp_path, capsys):
     # per curve, as the paper: vs width at N = 128 (same L), vs depth at L = 2 (same N)
     val = lambda L, H, k: float(rows[f"bert_uncased_L-{L}_H-{H}_A-{H // 64}"][k])  # noqa: E731
     for L in (1, 2):
-        assert val(L, 128, "ours_norm_width") == 1.0
-        assert val(L, 64, "edelman_norm_width") == pytest.approx(
+        assert val(L, 128, "schatten_bound_norm_width") == 1.0
+        assert val(L, 64, "edelman_bound_norm_width") == pytest.approx(
             val(L, 64, "edelman_bound") / val(L, 128, "edelman_bound"), rel=1e-12
         )
     for H in (64, 128):
-        assert val(2, H, "edelman_norm_depth") == 1.0
-        assert val(1, H, "ours_norm_depth") == pytest.approx(
+        assert val(2, H, "edelman_bound_norm_depth") == 1.0
+        assert val(1, H, "schatten_bound_norm_depth") == pytest.approx(
             val(1, H, "schatten_bound") / val(2, H, "schatten_bound"), rel=1e-12
         )
     data = json.loads((out / "miniatures.json").read_text())

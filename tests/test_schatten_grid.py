@@ -102,11 +102,11 @@ def test_tiny_grid_numbers_cache_and_figures(tmp_path, capsys, one_torch_thread)
     ]
     by = {(r["stage"], int(r["num_layers"])): r for r in rows}
     for stage in ("init", "trained"):  # per-curve normalisation at L = 2 (vs depth); one width: N = 32 (vs width)
-        assert float(by[(stage, 2)]["ours_norm_depth"]) == 1.0
-        assert float(by[(stage, 1)]["edelman_norm_depth"]) == pytest.approx(
+        assert float(by[(stage, 2)]["schatten_bound_norm_depth"]) == 1.0
+        assert float(by[(stage, 1)]["edelman_bound_norm_depth"]) == pytest.approx(
             float(by[(stage, 1)]["edelman_bound"]) / float(by[(stage, 2)]["edelman_bound"]), rel=1e-12
         )
-        assert float(by[(stage, 1)]["ours_norm_width"]) == 1.0
+        assert float(by[(stage, 1)]["schatten_bound_norm_width"]) == 1.0
     for fig in ("proxies_vs_depth", "proxies_vs_width", "p_opt", "spectra"):
         assert (out / f"{fig}.png").read_bytes()[:8] == PNG
     # resume: everything cached; a damaged record is trained again
