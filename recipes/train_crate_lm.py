@@ -314,6 +314,8 @@ def main(argv=None) -> int:
                    "train_tokens": train_blocks.numel(), "val_tokens": val_blocks.numel(), "vocab_size": len(tokenizer)},
         "pretraining": pretrain(models, tokenizer, train_blocks, val_blocks, args),
     }  # fmt: skip
+    # the pre-training numbers, kept if saving or fine-tuning fails later
+    write_json(os.path.join(args.output_dir, "results.json"), results)
     folders = {}
     for name, model in models.items():
         folders[name] = os.path.join(args.output_dir, name)
