@@ -47,6 +47,8 @@ JOBS = {
 # code that names a model's modules outright without being a role table, and why
 NAMES_MODULES_ON_PURPOSE = {
     "diagnostics/mssa_step.py": "builds its own CrateMSSA and writes its qkv / out_proj weights",
+    "diagnostics/objective_ledger.py": "evaluates each white-box step on the block's own sub-modules (its LayerNorm, "
+    "sparse coder and λ): the objective a step was derived from is defined by that step's own parameters",
 }
 
 
