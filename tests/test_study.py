@@ -54,6 +54,7 @@ def _runs(out):
     return runs
 
 
+@pytest.mark.slow  # the module fixture trains the tiny study grid: ~85 s on 2 idle cores
 def test_tiny_grid_end_to_end(tiny_study):
     out, summary, seconds, cli = tiny_study
     print(f"2x2 grid end to end: {seconds:.1f}s")
@@ -155,6 +156,7 @@ def test_study_killed_mid_run_continues_and_loses_nothing(tmp_path, tiny_study):
             assert rec["measures"][m] == pytest.approx(ref["measures"][m], rel=1e-5, abs=1e-7), m
 
 
+@pytest.mark.slow  # shares the tiny study grid the module fixture trains
 def test_srr_generalization_recipe_equals_the_cli_from_the_cache(tmp_path, tiny_study):
     """``recipes/srr_generalization.py`` as a user runs it, with the CLI's finished runs in its cache: same table."""
     cli_out, cli_summary, _, _ = tiny_study
