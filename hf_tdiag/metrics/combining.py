@@ -18,6 +18,8 @@ import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .._caller_state import module_modes, restore_modes
+
 #: the options each bundled module takes besides its inputs (``_compute``'s keywords; a test checks them)
 MODULE_OPTIONS: dict[str, tuple[str, ...]] = {
     "srr": tuple(
@@ -119,12 +121,11 @@ def per_layer_scalars(values: Mapping[str, Iterable[float]], layers: Iterable[in
 @contextlib.contextmanager
 def kept_modes(*models):
     """Restore the train/eval flag of every submodule of each ``torch.nn.Module`` in ``models`` on exit."""
-    saved = [(m, m.training) for model in models if hasattr(model, "modules") for m in model.modules()]
+    saved = [pair for model in models for pair in module_modes(model)]
     try:
         yield
     finally:
-        for module, training in saved:
-            module.training = training
+        restore_modes(saved)
 
 
 __all__ = [
