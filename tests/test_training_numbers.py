@@ -13,7 +13,7 @@ from PIL import Image
 
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
 from hf_tdiag.training import args as targs
-from hf_tdiag.training import augment, data, loop, optim
+from hf_tdiag.training import augment, data, loop, optim, outcome
 
 
 class _NoDraw:
@@ -305,7 +305,7 @@ def test_push_to_hub_records_the_repo_url_in_the_results(tmp_path, monkeypatch):
         accelerator=SimpleNamespace(print=lambda *a: None),
     )
     results = dict(train_runtime_s=1.0, eval_accuracy=0.5, eval_loss=1.0, train_loss=0.9, generalization_gap=0.1)
-    loop._publish(run, results)
+    outcome._publish(run, results)
     assert results["hub_url"] == "https://hub.test/me/x"
     assert calls[-1][:2] == (str(tmp_path / "run"), "run")  # the repo is named after the output folder
     assert calls[-1][2]["model"] == "model" and calls[-1][2]["processor"] == "processor"

@@ -1,7 +1,7 @@
 """Pieces of the Accelerate trainer for CRATE models.
 
 ``train(args_or_kwargs) -> dict`` runs a whole training job (see :mod:`hf_tdiag.training.loop`); the
-command-line flags are in :mod:`hf_tdiag.training.args`. Submodules: ``data``, ``augment``, ``model``,
+command-line flags are in :mod:`hf_tdiag.training.args`. Submodules: ``outcome`` (the finish), ``data``, ``augment``, ``model``,
 ``optim``, ``regularizers``, ``checkpointing``, ``gap``, ``tracking``, ``model_card``, ``hub``.
 """
 
