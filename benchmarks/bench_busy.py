@@ -183,7 +183,12 @@ def _interleaved(repeats: int) -> dict:
     Z = torch.randn(16, 197, 768, generator=g)
     U = torch.linalg.qr(torch.randn(12, 768, 64, generator=g))[0]
     X, z, sel = (torch.from_numpy(a) for a in random_instance(32, 50, 64))
-    fns = {"srr_layer": lambda: sparse_rate_reduction(Z, U), "att_svm_small": lambda: att_svm(X, z, sel)}
+    XL, zL, selL = (torch.from_numpy(a) for a in random_instance(64, 197, 768))
+    fns = {
+        "srr_layer": lambda: sparse_rate_reduction(Z, U),
+        "att_svm_small": lambda: att_svm(X, z, sel),
+        "att_svm_large": lambda: att_svm(XL, zL, selL),
+    }
     out = {}
     for name, fn in fns.items():
         times = {"1": [], "default": []}
@@ -339,7 +344,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--interleaved",
         action="store_true",
-        help="only ours, 1 thread and default alternated call by call in one process, idle and busy (SRR, Att-SVM)",
+        help="only ours, 1 thread and default alternated call by call in one process, idle and busy (SRR, both Att-SVM cases)",
     )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--threads", default="default", choices=THREADS, help=argparse.SUPPRESS)
