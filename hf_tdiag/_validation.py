@@ -12,6 +12,7 @@ import numbers
 __all__ = [
     "ArgumentTypeError",
     "integer",
+    "block_number",
     "positive_int",
     "non_negative_int",
     "real",
@@ -57,6 +58,24 @@ def integer(
     if (low is not None and value < low) or (high is not None and value >= high):
         raise ValueError(f"{name}: expected {expected}, got {value!r}")
     return int(value)
+
+
+def block_number(
+    value, num_layers: int, name: str = "layer", *, embeddings: bool = False, from_end: bool = False
+) -> int:
+    """A layer number as every entry point reads it: block ``l`` in ``1..L`` is the ``l``-th transformer block (its
+    output ``Z^l``); ``0`` is the embedding output where ``embeddings`` (a diagnostic that measures it); ``-1`` is the
+    last block, ``-2`` the one before, ... where ``from_end``. Returns the block number (never negative)."""
+    given = integer(value, name)
+    number = given + num_layers + 1 if from_end and -num_layers <= given < 0 else given
+    if not (0 if embeddings else 1) <= number <= num_layers:
+        words = f"a block number {0 if embeddings else 1}..{num_layers}" + (
+            " (0 = the embeddings)" if embeddings else ""
+        )
+        if from_end:
+            words += f" or -{num_layers}..-1 from the end"
+        raise ValueError(f"{name}: expected {words}, got {given}")
+    return number
 
 
 def positive_int(value, name: str, *, allow_none: bool = False, none_means: str = "") -> int | None:

@@ -147,9 +147,9 @@ def test_cls_queries_and_bad_arguments():
     diag = attention_svm_diagnostic(model, x, 1, 0, queries="cls")
     assert diag.query_index[:, 1].tolist() == [0, 0, 0]
     L = len(model.layers)
-    with pytest.raises(ValueError, match=rf"layer: expected a block number in 1..{L} .*got {L + 1}"):
+    with pytest.raises(ValueError, match=rf"^layer: expected a block number 1..{L}, got {L + 1}$"):
         attention_svm_diagnostic(model, x, L + 1, 0)
-    with pytest.raises(ValueError, match="layer: expected a positive integer, got 0"):  # blocks are numbered 1..L
+    with pytest.raises(ValueError, match=rf"^layer: expected a block number 1..{L}, got 0$"):  # blocks are numbered 1..L
         attention_svm_diagnostic(model, x, 0, 0)
     with pytest.raises(ValueError, match="head"):
         attention_svm_diagnostic(model, x, 1, 4)

@@ -463,7 +463,7 @@ CLI_CASES = [
         "concepts layer 99",
         ["concepts", "{root}/crate", "--dataset", "digits", "--layer", "99"],
         1,
-        "layer: expected 0 <= layer <= 1",
+        "layer: expected a block number 0..1 (0 = the embeddings), got",
     ),
     (
         "concepts on BERT",

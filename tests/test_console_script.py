@@ -113,7 +113,7 @@ def test_report_exits_1_when_a_section_fails_and_still_writes_the_page(crate_dir
     assert "  summary    ok" in proc.stdout and "  concepts   error: ValueError: layer:" in proc.stdout
     data = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert data["sections"]["summary"]["status"] == "ok" and data["sections"]["concepts"]["status"] == "error"
-    assert "expected 0 <= layer <= 2" in data["sections"]["concepts"]["note"]
+    assert "expected a block number 0..2 (0 = the embeddings)" in data["sections"]["concepts"]["note"]
     assert data["sections"]["summary"]["numbers"]["num_inputs"] == 8
     assert "concepts" in (tmp_path / "rep" / "report.html").read_text()
 

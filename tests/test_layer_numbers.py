@@ -53,7 +53,56 @@ def test_space_layer_boxes_take_block_numbers_and_negative_from_the_end():
     from hf_tdiag.gradio_app.handlers import _block_number
 
     assert [_block_number(v, 4) for v in (None, -1, -4, 1, 4)] == [4, 4, 1, 1, 4]
-    assert _block_number(0, 4) == 0  # refused by the tabs: blocks are 1..L
+    for bad in (0, 5, -5):  # blocks are 1..L, or -L..-1 from the end
+        with pytest.raises(
+            ValueError, match=rf"^layer: expected a block number 1..4 or -4..-1 from the end, got {bad}$"
+        ):
+            _block_number(bad, 4)
+
+
+def _naive_block_number(value, L, embeddings, from_end):
+    """The convention written out by listing every accepted number and what it means."""
+    accepted = {b: b for b in range(0 if embeddings else 1, L + 1)}
+    if from_end:
+        accepted.update({-k: L + 1 - k for k in range(1, L + 1)})
+    return accepted.get(value)
+
+
+@pytest.mark.parametrize("embeddings", [False, True])
+@pytest.mark.parametrize("from_end", [False, True])
+def test_one_layer_number_validator_accepts_exactly_the_documented_numbers(embeddings, from_end):
+    from hf_tdiag._validation import block_number
+
+    for L in (1, 2, 5):
+        for value in range(-L - 3, L + 4):
+            expected = _naive_block_number(value, L, embeddings, from_end)
+            if expected is None:
+                with pytest.raises(ValueError, match=rf"^depth: expected a block number .*, got {value}$"):
+                    block_number(value, L, "depth", embeddings=embeddings, from_end=from_end)
+            else:
+                assert block_number(value, L, "depth", embeddings=embeddings, from_end=from_end) == expected
+    for bad in (1.0, True, "2", None):
+        with pytest.raises(TypeError, match="^depth: expected an integer"):
+            block_number(bad, 3, "depth")
+
+
+def test_every_entry_point_reads_layer_numbers_through_the_one_validator():
+    """The Space, the concept model, attention-SVM, the attention figures and report section, the command and the
+    trainer's SRR regulariser all call ``_validation.block_number``: none compares a layer against L itself."""
+    import inspect
+
+    from hf_tdiag.commands import attention_svm as command
+    from hf_tdiag.diagnostics import attention_svm
+    from hf_tdiag.gradio_app import handlers
+    from hf_tdiag.probes import concept_model
+    from hf_tdiag.report import attention_section
+    from hf_tdiag.training import regularizers
+    from hf_tdiag.viz import attention_maps
+
+    for module in (command, attention_svm, handlers, concept_model, attention_section, regularizers, attention_maps):
+        source = inspect.getsource(module)
+        assert "block_number(" in source, module.__name__
+        assert "<= num_layers" not in source and "1 <= layer" not in source and "0 <= layer" not in source, module
 
 
 def test_attention_svm_block_index_is_block_number_minus_one():

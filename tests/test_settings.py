@@ -166,3 +166,19 @@ def test_list_flags_take_commas_or_spaces_alike_and_check_names_before_loading(c
     with pytest.raises(SystemExit) as info:  # the model path does not exist: the parser answers first
         main(["report", "/no/such/model", "--sections", "srr,bogus"])
     assert info.value.code == 2 and "'bogus' is not one of summary" in capsys.readouterr().err
+
+
+def test_space_widgets_and_handlers_take_their_defaults_from_the_settings():
+    """The Space's L_φ box and concepts slider start at the settings' defaults, and so do the handlers' keywords."""
+    pytest.importorskip("gradio")
+    from hf_tdiag.gradio_app import handlers
+    from hf_tdiag.gradio_app.layout import build_demo
+
+    demo = build_demo()
+    by_label = {getattr(b, "label", None): b for b in demo.blocks.values()}
+    assert by_label["Concepts"].value == ConceptSettings().n_concepts
+    (l_phi,) = [b for label, b in by_label.items() if label and label.startswith("L_φ")]
+    assert l_phi.value == SchattenSettings().L_phi
+    assert str(SchattenSettings().L_phi) in l_phi.label
+    assert inspect.signature(handlers.concepts_tab).parameters["n_concepts"].default == ConceptSettings().n_concepts
+    assert inspect.signature(handlers.bounds_tab).parameters["L_phi"].default == SchattenSettings().L_phi

@@ -116,7 +116,9 @@ def test_crate_tab_compares_variants(crate_dir, digit_png, monkeypatch, tmp_path
 def test_crate_tab_accepts_rgb_upload_and_warns_on_bad_layer(crate_dir, tmp_path):
     rgb = tmp_path / "rgb.jpg"
     Image.new("RGB", (40, 30), (10, 200, 30)).save(rgb)
-    with pytest.warns(UserWarning, match="does not exist"):
+    with pytest.warns(
+        UserWarning, match=r"layer: expected a block number 1..4 or -4..-1 from the end, got 17; showing the last layer"
+    ):
         labels, heads_fig, *_ = H.crate_tab(crate_dir, str(rgb), 17)
     assert sum(labels.values()) == pytest.approx(1.0, abs=1e-5)
     assert "layer 4" in heads_fig._suptitle.get_text()  # -1 / out of range: the last of 4 blocks

@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_tdiag._atomic import write_json
     from hf_tdiag._outputs import claim_args
     from hf_tdiag._threads import model_threads, torch_threads
+    from hf_tdiag._validation import block_number
     from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
     from hf_tdiag.loading import load_model
     from hf_tdiag.probes.describe import describe
@@ -119,8 +120,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, eager_attention=False, trust_remote_code=args.trust_remote_code)
     loaded.model.to(device)
     arch = describe(loaded.model)
-    if not 1 <= args.layer <= arch.num_layers:
-        raise ValueError(f"--layer: expected a block number 1..{arch.num_layers}, got {args.layer}")
+    block_number(args.layer, arch.num_layers, "--layer")
     num_heads = arch.layers[args.layer - 1].num_heads
     if args.head == "all":
         heads = list(range(num_heads))

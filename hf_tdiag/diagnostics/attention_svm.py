@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from .._caller_state import module_modes, restore_modes
-from .._validation import integer
+from .._validation import block_number
 from ..measures.attention_svm import AttSVMResult, att_svm_self, matrix_correlation
 from ..probes.attention_heads import HeadWeights, head_weights, num_blocks
 from ..probes.token_states import forward_kwargs
@@ -58,11 +58,7 @@ __all__ = [
 
 def block_index(model: nn.Module, layer) -> int:
     """The 0-based index of block number ``layer`` (1..L, the convention of every user-facing layer number)."""
-    integer(layer, "layer", low=1)
-    L = num_blocks(model)
-    if layer > L:
-        raise ValueError(f"layer: expected a block number in 1..{L} (block l: the l-th transformer block), got {layer}")
-    return layer - 1
+    return block_number(layer, num_blocks(model)) - 1
 
 
 def head_qk(model: nn.Module, layer: int, head: int):

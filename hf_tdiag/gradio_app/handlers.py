@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from hf_tdiag._defaults import DEFAULT_L_PHI
+from hf_tdiag._validation import block_number
+from hf_tdiag.diagnostics.settings import ConceptSettings, SchattenSettings
 from hf_tdiag.inputs import UserInputError, open_image
 from hf_tdiag.loading import HUB_ID, LoadedModel, load_hub_model, load_model, pixel_values_for
 from hf_tdiag.report.attention_section import cls_pooling_note
@@ -192,8 +193,7 @@ def _label(loaded: LoadedModel) -> str:
 
 def _block_number(layer, num_layers: int) -> int:
     """A block number 1..L from the UI: ``None`` or -1 is the last block, -2 the one before, ..."""
-    layer = int(layer if layer is not None else -1)
-    return layer + num_layers + 1 if layer < 0 else layer
+    return block_number(int(layer if layer is not None else -1), num_layers, from_end=True)
 
 
 @user_errors
@@ -208,12 +208,10 @@ def crate_tab(spec, image_path, layer, compare=None, progress=gr.Progress(track_
     _require_image_classifier(loaded, "CRATE")
     image = open_image(image_path)
     num_layers = int(loaded.config.num_hidden_layers)
-    layer = _block_number(layer, num_layers)
-    if not 1 <= layer <= num_layers:
-        gr.Warning(
-            f"layer {layer} does not exist in a {num_layers}-layer model (blocks 1..{num_layers}); "
-            "showing the last layer"
-        )
+    try:
+        layer = _block_number(layer, num_layers)
+    except ValueError as err:
+        gr.Warning(f"{err}; showing the last layer")
         layer = num_layers
     labels, attentions, pixel_values = classify(loaded, image)
     grid = _grid(loaded, pixel_values.unsqueeze(0))
@@ -309,7 +307,7 @@ def _markdown_table(headers, rows) -> str:
 
 
 @user_errors
-def bounds_tab(spec, L_phi=DEFAULT_L_PHI, progress=gr.Progress(track_tqdm=True)):
+def bounds_tab(spec, L_phi=SchattenSettings().L_phi, progress=gr.Progress(track_tqdm=True)):
     """Bounds tab: both proxies (markdown), optimal-p histogram, spectra, contribution curves, per-matrix table."""
     from hf_tdiag.viz import schatten as viz_schatten
 
@@ -340,7 +338,14 @@ def bounds_tab(spec, L_phi=DEFAULT_L_PHI, progress=gr.Progress(track_tqdm=True))
 
 
 @user_errors
-def concepts_tab(spec, image_path, n_concepts=4, layer=-1, extra_digits=31, progress=gr.Progress(track_tqdm=True)):
+def concepts_tab(
+    spec,
+    image_path,
+    n_concepts=ConceptSettings().n_concepts,
+    layer=-1,
+    extra_digits=31,
+    progress=gr.Progress(track_tqdm=True),
+):
     """Concepts tab: Semi-NMF concepts of layer ``layer``'s patch tokens over the uploaded image plus
     ``extra_digits`` held-out digits images; heatmaps, top patches, KL vs bound, and the fidelity numbers."""
     import hf_tdiag
@@ -501,8 +506,6 @@ def svm_head_tab(spec, image_path, layer=-1, head=0, extra_digits=15, progress=g
     num_layers = int(loaded.config.num_hidden_layers)
     num_heads = int(loaded.config.num_attention_heads)
     layer = _block_number(layer, num_layers)
-    if not 1 <= layer <= num_layers:
-        raise UserInputError(f"layer: expected a block number 1..{num_layers} (or -1 for the last), got {layer}")
     if not 0 <= head < num_heads:
         raise UserInputError(f"head: expected 0..{num_heads - 1}, got {head}")
     pixel_values = pixel_values_for(images, loaded)

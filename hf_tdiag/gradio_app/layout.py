@@ -14,7 +14,7 @@ import types
 
 import gradio as gr
 
-from hf_tdiag._defaults import DEFAULT_L_PHI
+from hf_tdiag.diagnostics.settings import ConceptSettings, SchattenSettings
 from hf_tdiag.gradio_app import handlers as H
 from hf_tdiag.gradio_app.placeholders import placeholder_figure as _ph
 from hf_tdiag.models.crate import CRATE_VARIANTS
@@ -141,8 +141,8 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                 )
                 with gr.Row():
                     l_phi = gr.Number(
-                        value=DEFAULT_L_PHI,
-                        label=f"L_φ (Lipschitz constant of the FFN activation; GELU {DEFAULT_L_PHI})",
+                        value=SchattenSettings().L_phi,
+                        label=f"L_φ (Lipschitz constant of the FFN activation; GELU {SchattenSettings().L_phi})",
                     )
                     bounds_btn = gr.Button("Compute bounds", variant="primary", elem_id="bounds-run")
                 bounds_text = gr.Markdown(elem_id="bounds-summary")
@@ -191,7 +191,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                 with gr.Row():
                     with gr.Column(scale=1):
                         concept_image = _image_input("Image (optional)", "concepts-image")
-                        n_concepts = gr.Slider(2, 16, value=4, step=1, label="Concepts")
+                        n_concepts = gr.Slider(2, 16, value=ConceptSettings().n_concepts, step=1, label="Concepts")
                         concept_layer = gr.Number(
                             value=-1, precision=0, label="Layer ℓ: output of block ℓ, 0 = embeddings (-1 = middle)"
                         )

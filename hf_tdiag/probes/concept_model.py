@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._validation import integer
+from .._validation import block_number
 from ..models.crate.configuration_crate import size_pair
 from .concept_decoder import DecoderConceptModel, decoder_block_forward, final_norm
 from .describe import describe
@@ -215,14 +215,8 @@ def concept_model_parts(model: nn.Module, head: nn.Linear | None = None) -> Conc
 
 
 def check_layer(cm: ConceptModel, layer) -> int:
-    """``layer`` as an int in ``[0, L]`` (hidden_states index), or a clear error."""
-    layer = integer(layer, "layer")
-    if not 0 <= layer <= cm.num_layers:
-        raise ValueError(
-            f"layer: expected 0 <= layer <= {cm.num_layers} (hidden_states index: 0 = embeddings, "
-            f"{cm.num_layers} = last block), got {layer}"
-        )
-    return layer
+    """``layer`` as a block number in ``0..L`` (0 = the embeddings; = the ``hidden_states`` index), or a clear error."""
+    return block_number(layer, cm.num_layers, embeddings=True)
 
 
 def pixel_values(inputs) -> torch.Tensor:

@@ -11,6 +11,7 @@ import torch
 import hf_tdiag
 from hf_tdiag.loading import LoadedModel
 
+from .._validation import block_number
 from ..viz import attention_maps
 from .concept_section import patch_grid
 from .html import Section, Table
@@ -25,9 +26,8 @@ def section_attention(loaded: LoadedModel, inputs: ReportInputs | None, options:
     if inputs is None:
         return _skip("attention", title, "needs inputs: attention maps are computed on the inputs")
     arch = _arch(loaded)
-    layer = arch.num_layers if options.attention_layer is None else int(options.attention_layer)
-    if not 1 <= layer <= arch.num_layers:
-        raise ValueError(f"attention_layer: expected a block number 1..{arch.num_layers}, got {layer}")
+    layer = arch.num_layers if options.attention_layer is None else options.attention_layer
+    layer = block_number(layer, arch.num_layers, "attention_layer")
     section = Section("attention", title)
     _, attn = _forward(
         loaded,

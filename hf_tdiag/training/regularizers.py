@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .._validation import positive_int
+from .._validation import block_number, positive_int
 from ..measures.coding_rate import sparse_rate_reduction
 from ..probes.subspaces import subspaces
 
@@ -36,12 +36,7 @@ def srr_layers_for_step(spec: str | int, num_layers: int, step: int, seed: int) 
     if spec == "random":
         return [random.Random(f"{seed}:{step}").randrange(num_layers) + 1]
     if isinstance(spec, int) and not isinstance(spec, bool):
-        if spec == 0 or not -num_layers <= spec <= num_layers:
-            raise ValueError(
-                f"srr_layer: expected a block number 1..{num_layers} (or -{num_layers}..-1 from the end; 0 is the "
-                f"embedding output, not a block), got {spec}"
-            )
-        return [spec if spec > 0 else num_layers + 1 + spec]
+        return [block_number(spec, num_layers, "srr_layer", from_end=True)]
     raise ValueError(f"srr_layer: expected a block number, 'last', 'random' or 'all', got {spec!r}")
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from .._validation import integer
+from .._validation import block_number
 from . import new_subplots
 from .images import _image_array
 
@@ -75,10 +75,7 @@ def _overlay_grid(image, maps: np.ndarray, titles: list[str], suptitle: str) -> 
 
 
 def _check_block(layer, num_layers: int) -> int:
-    layer = integer(layer, "layer")
-    if not 1 <= layer <= num_layers:
-        raise ValueError(f"layer: expected a block number 1..{num_layers}, got {layer!r}")
-    return layer
+    return block_number(layer, num_layers)
 
 
 def attention_heads_figure(image, attentions: torch.Tensor, grid: tuple[int, int], layer: int) -> Figure:
