@@ -24,6 +24,7 @@ JOBS = {
     "probes/concept_text.py": "texts for concept fidelity: equal-length encodings, built-in sentences, a fitted head",
     "probes/decoders.py": "the tensor-name layout of a decoder's blocks (in memory or streamed) and its helpers",
     "probes/layer_features.py": "pooled per-layer features for linear probing",
+    "probes/offload.py": "reading an Accelerate-offloaded model's weights one module or tensor at a time",
     "probes/spectrum_sources.py": "the per-layer jobs spectrum_bounds reads its matrices through",
     "probes/subspaces.py": "each layer's subspaces U as (K, d, p) tensors from the query/key/value projections",
     "probes/token_states.py": "every block's token states of one batch, read with forward hooks",
@@ -36,6 +37,7 @@ JOBS = {
     "diagnostics/concepts.py": "concept_fidelity: how faithfully a few concepts at layer l explain the prediction",
     "diagnostics/mssa_step.py": "the coding rate Rc along one MSSA step",
     "diagnostics/objective_ledger.py": "each white-box block step's objective before and after the step",
+    "diagnostics/objective_ledger_text.py": "the objective ledger's steps on a text CRATE's real tokens",
     "diagnostics/report.py": "the report contract every diagnostic's report follows",
     "diagnostics/schatten.py": "spectrum_bounds: the Schatten and Edelman bound proxies",
     "diagnostics/schatten_report.py": "the report spectrum_bounds returns, with its versioned JSON",
@@ -49,6 +51,7 @@ NAMES_MODULES_ON_PURPOSE = {
     "diagnostics/mssa_step.py": "builds its own CrateMSSA and writes its qkv / out_proj weights",
     "diagnostics/objective_ledger.py": "evaluates each white-box step on the block's own sub-modules (its LayerNorm, "
     "sparse coder and λ): the objective a step was derived from is defined by that step's own parameters",
+    "diagnostics/objective_ledger_text.py": "the same for the text CRATE's blocks (its LayerNorm, ISTA module and λ)",
 }
 
 

@@ -263,18 +263,23 @@ def _forward_states(model, family: str, pixels: torch.Tensor) -> list[tuple]:
 
 
 def objective_ledger(model, inputs, *, eps: float | None = None, tolerance: float = 1e-6) -> ObjectiveLedgerReport:
-    """The objective ledger of a white-box ``model`` (CRATE, CRATE-α, CRATE-MAE, ToST) on ``inputs``.
+    """The objective ledger of a white-box ``model`` (CRATE, CRATE-α, CRATE-MAE, ToST, text CRATE) on ``inputs``.
 
-    ``inputs``: pixel values ``(B, C, H, W)``, a mapping with ``pixel_values``, or an iterable of batches of those.
+    ``inputs``: pixel values ``(B, C, H, W)``, a mapping with ``pixel_values``, or an iterable of batches of those;
+    for a text CRATE, token ids ``(B, N)``, a tokenizer's batch (``input_ids``, ``attention_mask``) or batches of those.
     ``eps``: ε of ``Rᶜ`` (default: the SRR diagnostic's, ``SRRSettings.eps``). ``tolerance``: relative slack before
     a step counts as increasing its objective. The model is run in eval mode without gradients and left as found.
     """
     from .._validation import non_negative_float, positive_float
+    from .objective_ledger_text import is_crate_text, text_objective_ledger
     from .settings import SRRSettings
 
-    family, blocks = _family_blocks(model)
+    text = is_crate_text(model)  # text CRATE: token batches, padding excluded (objective_ledger_text)
+    family, blocks = ("crate_text", []) if text else _family_blocks(model)
     eps = SRRSettings().eps if eps is None else positive_float(eps, "eps")
     tolerance = non_negative_float(tolerance, "tolerance")
+    if text:
+        return text_objective_ledger(model, inputs, eps=eps, tolerance=tolerance)
     sums: dict[tuple[int, str], list[float]] = {}
     count, was_training = 0, model.training
     device = next(model.parameters()).device

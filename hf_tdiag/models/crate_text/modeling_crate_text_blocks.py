@@ -197,13 +197,17 @@ class CrateTextOvercompleteISTA(nn.Module):
         self.step_size = float(config.ista_step_size)
         self.lambd = float(config.ista_lambda)
 
-    def sparse_code(self, x: torch.Tensor) -> torch.Tensor:
-        """``z0 = ReLU(eta D^T x - eta lambda)``, ``z1 = ReLU(z0 + eta D^T (x - D z0) - eta lambda)``."""
+    def codes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both iterates ``(z0, z1)``: ``z0 = ReLU(eta D^T x - eta lambda)``, ``z1 = ReLU(z0 + eta D^T (x - D z0) - eta lambda)``."""
         eta, shift = self.step_size, self.step_size * self.lambd
         correlation = F.linear(x, self.weight)  # D^T x
         z0 = F.relu(eta * correlation - shift)
         residual = x - z0 @ self.weight  # x - D z0
-        return F.relu(z0 + eta * F.linear(residual, self.weight) - shift)
+        return z0, F.relu(z0 + eta * F.linear(residual, self.weight) - shift)
+
+    def sparse_code(self, x: torch.Tensor) -> torch.Tensor:
+        """The second iterate ``z1`` of :meth:`codes`."""
+        return self.codes(x)[1]
 
     def decode(self, code: torch.Tensor) -> torch.Tensor:
         return code @ self.weight  # D z
