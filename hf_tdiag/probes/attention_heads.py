@@ -130,7 +130,7 @@ def head_weights(model: nn.Module, layer: int, head: int) -> HeadWeights:
         head_dim=p,
         scale=p**-0.5,
         family=arch.family,
-        causal=False,
+        causal=arch.causal,  # a causal text CRATE (describe: attention="causal"); the other encoders are not
         rotary=False,
         input_module=q,
     )
