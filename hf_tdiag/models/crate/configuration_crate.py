@@ -69,7 +69,7 @@ _PRETRAINED_KEYWORDS = frozenset(
 class CrateConfig(PreTrainedConfig):
     r"""Configuration of a CRATE (Coding RAte reduction TransformEr) vision model.
 
-    Args:
+    Attributes:
         image_size (`int` or pair): input resolution the position embedding is built for.
         patch_size (`int` or pair): side of the square (or rectangular) patches.
         num_channels (`int`): image channels.
@@ -88,13 +88,15 @@ class CrateConfig(PreTrainedConfig):
             ``crate-n`` ``-U``, ``crate-t`` ``U^T`` (needs ``K*p == d``), ``crate-fix`` fixed random matrix
             (non-trainable, saved), ``crate-identity`` ``I`` (needs ``K*p == d``).
 
-    Example:
-
-    ```python
-    >>> from hf_tdiag import CrateConfig, CrateForImageClassification
-    >>> config = CrateConfig.from_preset("crate-tiny", variant="crate-c", num_labels=10)
-    >>> model = CrateForImageClassification(config)
-    ```
+    Examples:
+        >>> from hf_tdiag import CrateConfig, CrateForImageClassification
+        >>> config = CrateConfig.from_preset("crate-tiny", variant="crate-c", num_labels=10)
+        >>> config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.head_dim
+        (12, 384, 6, 64)
+        >>> small = CrateConfig.from_preset("crate-digits", num_labels=10)  # 8x8 digits: 4 blocks of width 64
+        >>> model = CrateForImageClassification(small)
+        >>> small.image_size, small.patch_size, small.num_hidden_layers, model.num_labels
+        (8, 2, 4, 10)
     """
 
     model_type = "crate"
