@@ -8,7 +8,8 @@ which documentation topic a paragraph comes from.
 
 Corpus: CPython's own documentation topics (``pydoc_data.topics``, ~465 k characters of English with code), split by
 topic (every ``--val-every``-th topic, sorted by name, is held out), so validation text is unseen documentation and no
-download is needed. A byte-level BPE tokenizer is trained on the training topics with the ``tokenizers`` library.
+download is needed. A byte-level BPE tokenizer is trained on the training topics with the ``tokenizers`` library
+(:mod:`hf_tdiag.text_corpus`).
 
 Models (same width, depth, heads, vocabulary, context and optimizer): CRATE-CLM (``crate_text``, CRATE-LM's
 overcomplete block, causal), CRATE-MLM (the same block, bidirectional, the RoBERTa-shaped LM head of Transformers PR
@@ -16,10 +17,13 @@ overcomplete block, causal), CRATE-MLM (the same block, bidirectional, the RoBER
 Each trains ``--steps`` steps with :class:`transformers.Trainer` (AdamW, cosine schedule, warm-up). Perplexity is
 ``exp`` of the mean validation token loss: next-token loss for the causal models, masked-token loss on one fixed
 15 % masking of the validation blocks for the masked ones. Classification: the ``--topics`` largest topics'
-paragraphs, 80/20 split, a sequence-classification head on each pre-trained masked model, ``--classify-steps`` steps.
+paragraphs, 80/20 split, a sequence-classification head on each of the four pre-trained models (the first token of
+the masked models, the last real token of the causal ones), ``--classify-steps`` steps, held-out accuracy.
 
-Writes ``results.json`` (every number, the command line) and each trained model folder (``save_pretrained``, with its
-tokenizer) under ``--output-dir``.
+Writes ``results.json`` (every number, the command line, wall times and the machine's load), each trained model
+folder (``save_pretrained``, with its tokenizer) and the random initialisation of each CRATE model
+(``crate-clm-init``, ``crate-mlm-init``, for diagnostics of trained against random) under ``--output-dir``. A folder
+holding an earlier run is refused unless ``--overwrite-output-dir`` is given.
 """
 
 from __future__ import annotations
@@ -27,57 +31,18 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import platform
 import sys
 import tempfile
+import time
 
 import torch
 from torch.utils.data import Dataset
 
-SPECIALS = ["<pad>", "<unk>", "<s>", "</s>", "<mask>"]
+from hf_tdiag.text_corpus import corpus, token_blocks, topic_paragraphs, train_tokenizer
 
-
-def corpus(val_every: int, max_train_topics: int | None = None) -> tuple[dict[str, str], dict[str, str]]:
-    """``(train, val)`` topic name -> text from ``pydoc_data.topics``; every ``val_every``-th sorted topic is val
-    (the first ``max_train_topics`` of the others train, all by default)."""
-    from pydoc_data.topics import topics
-
-    names = sorted(topics)
-    val = {n: topics[n] for i, n in enumerate(names) if i % val_every == val_every - 1}
-    train = [n for n in names if n not in val][:max_train_topics]
-    return {n: topics[n] for n in train}, val
-
-
-def train_tokenizer(texts: list[str], vocab_size: int):
-    """A byte-level BPE trained on ``texts`` with ``tokenizers``, wrapped as a ``PreTrainedTokenizerFast``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    bpe.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        pad_token="<pad>",
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        mask_token="<mask>",
-    )
-
-
-def blocks(tokenizer, texts: list[str], block_size: int) -> torch.Tensor:
-    """``(n, block_size)`` token ids: the texts joined by ``</s>`` and cut into consecutive blocks."""
-    ids: list[int] = []
-    for text in texts:
-        ids.extend(tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id])
-    n = len(ids) // block_size
-    if n == 0:
-        raise ValueError(f"the corpus has {len(ids)} tokens, fewer than one block of {block_size}")
-    return torch.tensor(ids[: n * block_size]).view(n, block_size)
+MODELS = ("crate-clm", "gpt2", "crate-mlm", "bert")
+OUTPUTS = ["results.json", *MODELS, "crate-clm-init", "crate-mlm-init"]
 
 
 class Blocks(Dataset):
@@ -209,7 +174,9 @@ def pretrain(models, tokenizer, train_blocks, val_blocks, args) -> dict:
         masked = is_masked(name)
         val = val_masked if masked else {"input_ids": val_blocks}
         before = mean_loss(model, val, masked)
+        start = time.perf_counter()
         losses = fit(model, Blocks(train_blocks), collator(tokenizer, masked), args, args.steps, args.lr)
+        seconds = time.perf_counter() - start
         after = mean_loss(model, val, masked)
         rows[name] = {
             "objective": "masked LM" if masked else "causal LM",
@@ -219,22 +186,11 @@ def pretrain(models, tokenizer, train_blocks, val_blocks, args) -> dict:
             "val_perplexity_before": math.exp(before),
             "val_perplexity_after": math.exp(after),
             "train_losses": losses,
+            "train_seconds": round(seconds, 1),
+            "load_average_after": os.getloadavg()[0],
         }
         print(f"{name:10s} params {n_params(model):8d}  val ppl {math.exp(before):9.1f} -> {math.exp(after):8.2f}")
     return rows
-
-
-def topic_paragraphs(tokenizer, texts: dict[str, str], n_topics: int, block_size: int, seed: int):
-    """``(ids, mask, labels)`` splits of paragraphs (>= 80 characters) of the ``n_topics`` longest topics."""
-    chosen = sorted(texts, key=lambda n: (-len(texts[n]), n))[:n_topics]
-    paragraphs = [(p.strip(), k) for k, n in enumerate(chosen) for p in texts[n].split("\n\n") if len(p.strip()) >= 80]
-    enc = tokenizer([p for p, _ in paragraphs], truncation=True, max_length=block_size, padding="max_length",
-                    return_tensors="pt")  # fmt: skip
-    labels = torch.tensor([k for _, k in paragraphs])
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
-    cut = int(0.8 * len(order))
-    split = (order[:cut], order[cut:])
-    return chosen, [(enc.input_ids[s], enc.attention_mask[s], labels[s]) for s in split]
 
 
 class Paragraphs(Dataset):
@@ -257,7 +213,7 @@ def accuracy(model, ids, mask, labels) -> float:
 
 
 def classify(folders: dict[str, str], tokenizer, train_texts, args) -> dict:
-    """Fine-tune each saved masked model with a sequence-classification head; held-out accuracy."""
+    """Fine-tune each saved model with a sequence-classification head; held-out accuracy."""
     from transformers import AutoModelForSequenceClassification, default_data_collator
 
     topics, ((tr_ids, tr_mask, tr_y), (va_ids, va_mask, va_y)) = topic_paragraphs(
@@ -267,14 +223,22 @@ def classify(folders: dict[str, str], tokenizer, train_texts, args) -> dict:
     out["majority_baseline"] = float((va_y == torch.mode(tr_y).values).float().mean())
     for name, folder in folders.items():
         torch.manual_seed(args.seed)
-        model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=len(topics))
+        model = AutoModelForSequenceClassification.from_pretrained(
+            folder,
+            num_labels=len(topics),
+            pad_token_id=tokenizer.pad_token_id,  # GPT-2 finds its last real token by it
+        )
+        start = time.perf_counter()
         fit(model, Paragraphs(tr_ids, tr_mask, tr_y), default_data_collator, args, args.classify_steps, args.lr)
-        out[name] = {"val_accuracy": accuracy(model, va_ids, va_mask, va_y)}
+        seconds = round(time.perf_counter() - start, 1)
+        out[name] = {"val_accuracy": accuracy(model, va_ids, va_mask, va_y), "train_seconds": seconds}
         print(f"{name:10s} topic accuracy {out[name]['val_accuracy']:.3f} ({len(topics)} topics)")
     return out
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hf_tdiag._outputs import add_overwrite_flag
+
     p = argparse.ArgumentParser(prog="train_crate_lm.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--output-dir", "--output_dir", required=True, help="folder for results.json and the models")
     p.add_argument("--steps", type=int, default=400, help="pre-training steps per model")
@@ -290,11 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topics", type=int, default=6, help="topics of the classification task")
     p.add_argument("--max-train-topics", "--max_train_topics", type=int, default=None, help="cap (for quick runs)")
     p.add_argument("--seed", type=int, default=0)
+    add_overwrite_flag(p)
     return p
 
 
 def main(argv=None) -> int:
     from hf_tdiag._atomic import write_json
+    from hf_tdiag._outputs import claim_output_dir
     from hf_tdiag.models.crate_text import register_crate_text
 
     register_crate_text()  # the Auto classes also load the saved crate_text folders
@@ -303,13 +269,21 @@ def main(argv=None) -> int:
     for name in ("steps", "hidden_size", "layers", "heads", "block_size", "vocab_size", "batch_size", "topics"):
         if getattr(args, name) <= 0:
             raise SystemExit(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    claim_output_dir(args.output_dir, OUTPUTS, overwrite=args.overwrite_output_dir)
+    started = time.perf_counter()
     train_texts, val_texts = corpus(args.val_every, args.max_train_topics)
     tokenizer = train_tokenizer(list(train_texts.values()), args.vocab_size)
-    train_blocks = blocks(tokenizer, list(train_texts.values()), args.block_size)
-    val_blocks = blocks(tokenizer, list(val_texts.values()), args.block_size)
+    train_blocks = token_blocks(tokenizer, list(train_texts.values()), args.block_size)
+    val_blocks = token_blocks(tokenizer, list(val_texts.values()), args.block_size)
     models = build_models(tokenizer, args)
+    for name in ("crate-clm", "crate-mlm"):  # the random initialisation, for trained-vs-random diagnostics
+        models[name].save_pretrained(os.path.join(args.output_dir, f"{name}-init"))
+        tokenizer.save_pretrained(os.path.join(args.output_dir, f"{name}-init"))
     results = {
         "command": " ".join(["python", "recipes/train_crate_lm.py", *(sys.argv[1:] if argv is None else argv)]),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "load_average_at_start": os.getloadavg()[0]},
+        "settings": {k: v for k, v in vars(args).items() if k != "overwrite_output_dir"},
         "corpus": {"source": "pydoc_data.topics", "train_topics": len(train_texts), "val_topics": len(val_texts),
                    "train_tokens": train_blocks.numel(), "val_tokens": val_blocks.numel(), "vocab_size": len(tokenizer)},
         "pretraining": pretrain(models, tokenizer, train_blocks, val_blocks, args),
@@ -322,8 +296,8 @@ def main(argv=None) -> int:
         model.save_pretrained(folders[name])
         tokenizer.save_pretrained(folders[name])
     if args.classify_steps > 0:
-        masked = {name: folder for name, folder in folders.items() if is_masked(name)}
-        results["classification"] = classify(masked, tokenizer, train_texts, args)
+        results["classification"] = classify(folders, tokenizer, train_texts, args)
+    results["wall_seconds"] = round(time.perf_counter() - started, 1)
     write_json(os.path.join(args.output_dir, "results.json"), results)
     return 0
 
