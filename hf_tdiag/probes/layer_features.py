@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .._caller_state import module_modes, restore_modes
 from .describe import describe
 from .token_states import token_states
 
@@ -17,7 +18,7 @@ def layer_features(model, batches, pool: str = "mean") -> list[torch.Tensor]:
     if pool not in ("mean", "cls"):
         raise ValueError(f"pool: expected 'mean' or 'cls', got {pool!r}")
     arch = describe(model)
-    was_training = model.training
+    saved = module_modes(model)  # every submodule's flag, not only the top one's (hf_tdiag._caller_state)
     model.eval()
     chunks: list[list[torch.Tensor]] = []
     try:
@@ -27,7 +28,7 @@ def layer_features(model, batches, pool: str = "mean") -> list[torch.Tensor]:
             pooled = [(Z.mean(1) if pool == "mean" else Z[:, 0]).to(torch.float64).cpu() for Z in states]
             chunks.append(pooled)
     finally:
-        model.train(was_training)
+        restore_modes(saved)
     if not chunks:
         raise ValueError("batches: no inputs")
     return [torch.cat([c[i] for c in chunks]) for i in range(len(chunks[0]))]
