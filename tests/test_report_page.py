@@ -126,5 +126,5 @@ def test_every_space_plot_starts_with_its_placeholder():
 
     demo = build_demo()
     plots = [b for b in demo.blocks.values() if isinstance(b, gr.Plot)]
-    assert len(plots) == 11 and {p.elem_id for p in plots} == set(PLACEHOLDERS)
+    assert len(plots) == 14 and {p.elem_id for p in plots} == set(PLACEHOLDERS)
     assert all(p.value is not None for p in plots)

@@ -17,6 +17,7 @@ import gradio as gr
 from hf_tdiag.diagnostics.settings import ConceptSettings, SchattenSettings
 from hf_tdiag.gradio_app import handlers as H
 from hf_tdiag.gradio_app.placeholders import placeholder_figure as _ph
+from hf_tdiag.gradio_app.text_tab import build_text_tab
 from hf_tdiag.models.crate import CRATE_VARIANTS
 
 MAX_FILE_SIZE = "25mb"
@@ -285,6 +286,8 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     outputs=[head_text, head_plot, head_table],
                     api_name="svm_head",
                 )
+
+            build_text_tab()  # text models on typed texts (gradio_app/text_tab.py)
     return demo
 
 

@@ -21,6 +21,9 @@ PLACEHOLDERS = {
     "after Run experiment.",
     "svm-head-plot": "The head's margins against the SVM's, and its attention probabilities, appear here after "
     "Diagnose head.",
+    "text-attention": "Token-to-token attention of the chosen block on the first text appears here after Run.",
+    "text-srr": r"Per-layer $R$, $R^c$, sparsity and SRR of the texts' real tokens appear here after Run.",
+    "text-ledger": "A text CRATE's objective ledger (each step's objective before and after it) appears here.",
 }
 
 
