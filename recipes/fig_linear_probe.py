@@ -9,10 +9,12 @@ images fits a logistic regression (:func:`hf_tdiag.measures.linear_probe.linear_
 the test images; SRR(Z^ℓ; U^ℓ) is measured on the same test images (:func:`hf_tdiag.layer_srr`). Does lower SRR
 go with better linear separability? Kendall's τ between the two across layers answers it for this model.
 -> linear_probe.png, linear_probe.json
+
+A second run into the same folders is refused (the earlier figure, its JSON and the training run are kept) unless
+``--overwrite-output-dir`` is given, which replaces them (:func:`hf_tdiag._outputs.claim_output_dir`).
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -71,13 +73,28 @@ def main(argv=None) -> int:
     parser.add_argument("--variant", default="crate")
     parser.add_argument("--num-train-epochs", "--num_train_epochs", dest="num_train_epochs", type=int, default=40)
     parser.add_argument("--seed", type=int, default=42)
+    from hf_tdiag._outputs import OutputExistsError, add_overwrite_flag
+
+    add_overwrite_flag(parser)
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except OutputExistsError as err:  # a folder holding an earlier run: one line, nothing written or removed
+        print(f"fig_linear_probe: {err}", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     import hf_tdiag  # noqa: F401  (registers the crate Auto classes)
+    from hf_tdiag._atomic import write_json
+    from hf_tdiag._outputs import claim_output_dir
     from hf_tdiag.viz import save_figure
     from hf_tdiag.viz.srr import plot_probe_vs_srr
 
+    outputs = ["linear_probe.json", "linear_probe.png"]
+    claim_output_dir(args.output_dir, outputs, overwrite=args.overwrite_output_dir, inputs=[args.model])
     if args.model is None:
         from hf_tdiag.training import train
 
@@ -87,6 +104,7 @@ def main(argv=None) -> int:
             variant=args.variant,
             num_train_epochs=args.num_train_epochs,
             seed=args.seed,
+            overwrite_output_dir=args.overwrite_output_dir,
             layer_srr_samples=0,
             disable_tqdm=True,
             after_fit=[],
@@ -97,17 +115,12 @@ def main(argv=None) -> int:
         result = measure(model, processor)
     result["model"] = os.path.basename(os.path.normpath(args.model))
     result["variant"] = model.config.variant
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "linear_probe.json"), "w", encoding="utf-8") as fh:
-        json.dump(result, fh, indent=2)
-        fh.write("\n")
+    write_json(os.path.join(args.output_dir, outputs[0]), result)
     title = (
         f"{model.config.variant} on digits: linear probe vs SRR per layer "
         f"(Kendall τ = {result['kendall_tau_srr_vs_accuracy']:.2f})"
     )
-    png = save_figure(
-        plot_probe_vs_srr(result, title=title), os.path.join(args.output_dir, "linear_probe.png"), dpi=100
-    )
+    png = save_figure(plot_probe_vs_srr(result, title=title), os.path.join(args.output_dir, outputs[1]), dpi=100)
     for ell, (a, s) in enumerate(zip(result["probe_accuracy"], result["srr"])):
         print(f"layer {ell}: probe accuracy {a:.4f}  SRR {s:9.4f}")
     print(

@@ -7,6 +7,9 @@
 Trains a CRATE on scikit-learn's digits with the trainer's ``--track-srr-every`` (per-layer SRR terms of the
 block outputs on held-out images before the first step and after every epoch, :mod:`hf_tdiag.training.srr_tracking`),
 then plots the records coloured by training step -> srr_training.png, srr_training.json.
+
+A second run into the same folders is refused (the earlier figure, its JSON and the training run are kept) unless
+``--overwrite-output-dir`` is given, which replaces them (:func:`hf_tdiag._outputs.claim_output_dir`).
 """
 
 import argparse
@@ -14,6 +17,8 @@ import json
 import os
 import sys
 
+from hf_tdiag._atomic import write_json
+from hf_tdiag._outputs import OutputExistsError, add_overwrite_flag, claim_output_dir
 from hf_tdiag.viz import save_figure
 from hf_tdiag.viz.srr import plot_srr_history
 
@@ -45,7 +50,18 @@ def main(argv=None) -> int:
     parser.add_argument("--track-srr-every", "--track_srr_every", dest="track_srr_every", default="epoch")
     parser.add_argument("--track-srr-samples", "--track_srr_samples", dest="track_srr_samples", type=int, default=128)
     parser.add_argument("--seed", type=int, default=42)
+    add_overwrite_flag(parser)
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except OutputExistsError as err:  # a folder holding an earlier run: one line, nothing written or removed
+        print(f"fig_srr_training: {err}", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
+    outputs = ["srr_training.json", "srr_training.png"]
+    claim_output_dir(args.output_dir, outputs, overwrite=args.overwrite_output_dir, inputs=[args.history])
     if args.history is None:
         from hf_tdiag.training import train
 
@@ -57,6 +73,7 @@ def main(argv=None) -> int:
             track_srr_every=args.track_srr_every,
             track_srr_samples=args.track_srr_samples,
             seed=args.seed,
+            overwrite_output_dir=args.overwrite_output_dir,
             layer_srr_samples=0,
             disable_tqdm=True,
             after_fit=[],
@@ -65,12 +82,9 @@ def main(argv=None) -> int:
     with open(args.history, encoding="utf-8") as fh:
         data = json.load(fh)
     data["summary"] = _summary(data)
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "srr_training.json"), "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
+    write_json(os.path.join(args.output_dir, outputs[0]), data)
     title = f"{data.get('variant')} on digits: per-layer SRR terms across training ({len(data['history'])} records)"
-    png = save_figure(plot_srr_history(data, title=title), os.path.join(args.output_dir, "srr_training.png"), dpi=100)
+    png = save_figure(plot_srr_history(data, title=title), os.path.join(args.output_dir, outputs[1]), dpi=100)
     print(json.dumps(data["summary"], indent=1))
     print(f"wrote {png} and srr_training.json")
     return 0
