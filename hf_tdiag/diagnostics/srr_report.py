@@ -40,6 +40,19 @@ class SRRReport(ReportContract):
     numbers, shape ``(num_samples, len(states), num_layers, 4)``, and ``embedding_values`` ``(num_samples, 4)``.
     The first state is the report's primary one (``output``, or ``official``): what :meth:`per_layer` and the
     unprefixed :meth:`summary` keys describe.
+
+    Examples:
+        >>> import torch, hf_tdiag
+        >>> from hf_tdiag import CrateConfig, CrateForImageClassification, SRRReport
+        >>> _ = torch.manual_seed(0)
+        >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10))
+        >>> report = hf_tdiag.layer_srr(model, torch.randn(4, 1, 8, 8), progress=False)
+        >>> again = SRRReport.from_json(report.to_json())  # to_json(path) writes a file, from_json(path) reads it
+        >>> again.layers, again.per_layer("Rc") == report.per_layer("Rc"), again.summary() == report.summary()
+        ([1, 2, 3, 4], True, True)
+        >>> table = report.to_pandas()  # one row per state of each block (output, input, mid), and the embeddings
+        >>> table.shape, table.columns.tolist()[:7]
+        ((13, 11), ['layer', 'state', 'num_samples', 'R', 'Rc', 'sparsity', 'srr'])
     """
 
     states: tuple[str, ...]
