@@ -338,6 +338,26 @@ def layer_srr(
     it is not already) and per-sample values are gathered with ``gather_for_metrics``, so each sample counts once.
     ``settings``: an :class:`~hf_tdiag.diagnostics.settings.SRRSettings` holding these keywords (a keyword given
     with a value other than its default overrides it).
+
+    Examples:
+        >>> import torch, hf_tdiag
+        >>> from hf_tdiag import CrateConfig, CrateForImageClassification
+        >>> _ = torch.manual_seed(0)
+        >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10))
+        >>> report = hf_tdiag.layer_srr(model, torch.randn(8, 1, 8, 8), progress=False)
+        >>> report.layers, report.states, report.num_samples
+        ([1, 2, 3, 4], ('output', 'input', 'mid'), 8)
+        >>> report.to_pandas().query("state == 'output'")[["layer", "R", "Rc", "sparsity", "srr"]].round(3)
+           layer       R      Rc  sparsity     srr
+        1      1  54.954  43.489     0.496 -10.969
+        2      2  62.339  51.320     0.342 -10.676
+        3      3  64.834  57.250     0.287  -7.298
+        4      4  65.561  57.992     0.276  -7.293
+        >>> last = report.to_pandas().query("state == 'output' and layer == 4").iloc[0]
+        >>> bool(abs(last.srr - (last.Rc - last.R + report.settings["lam"] * last.sparsity)) < 1e-9)  # the definition
+        True
+        >>> report.summary()["srr_last_layer"] == report.per_layer("srr")[-1]  # "layer L" is the last block's output
+        True
     """
     s = resolve(
         SRRSettings,
