@@ -200,6 +200,10 @@ def concept_model_parts(model: nn.Module, head: nn.Linear | None = None) -> Conc
         arch = describe(model)
     except (ValueError, TypeError) as err:
         raise ValueError(f"model: expected {_SUPPORTED}; {err}") from None
+    if arch.family == "crate_text":
+        from .families.crate_text import CONCEPTS_REFUSAL
+
+        raise ValueError(CONCEPTS_REFUSAL)
     if arch.causal:
         return _decoder_model(model, arch, head)
     own = getattr(model, "classifier", None)

@@ -69,6 +69,10 @@ def _default_concept_layer(num_layers: int) -> int:
 
 def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
     title = _TITLES["concepts"]
+    if _arch(loaded).family == "crate_text":
+        from hf_tdiag.probes.families.crate_text import CONCEPTS_REFUSAL
+
+        return _skip("concepts", title, CONCEPTS_REFUSAL.removeprefix("model: "))
     if inputs is not None and inputs.texts and _arch(loaded).causal:
         return decoder_concepts_section(loaded, inputs, options)
     if inputs is None or loaded.modality != "image":

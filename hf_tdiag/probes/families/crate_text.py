@@ -21,6 +21,13 @@ ROLES = {
     "ffn_norm": ("layernorm_after",),
 }
 EXPECTED = "layers with attention.qkv and attention.out_proj (nn.Linear), attention.num_heads/head_dim and ista.weight"
+CONCEPTS_REFUSAL = (
+    "model: concept fidelity does not cover text CRATE models (crate_text): its decoder path splits GPT-2 / "
+    "Llama-family blocks through their tensor layout and its encoder path needs a BERT-like pooler with a linear "
+    "head, and the bound's certified constants are derived for full softmax attention and CRATE's square one-step "
+    "ISTA, not for causal masks or CRATE-LM's overcomplete two-step block; layer_srr, objective_ledger, "
+    "spectrum_bounds and attention_svm_diagnostic do apply"
+)
 
 
 def is_crate_text_block(layer: nn.Module) -> bool:
@@ -79,6 +86,7 @@ def describe_crate_text(model: nn.Module) -> Description | None:
         layers_path=path,
         projection_layout="shared",
         attention="causal" if getattr(config, "is_decoder", False) else "mssa",
+        num_kv_heads=handles[0].num_heads,  # one shared U per head: every head its own key/value head
     )
 
 
