@@ -146,3 +146,50 @@ def test_the_keyword_table_matches_each_modules_compute():
         module = evaluate.load(hf_tdiag.metric_path(name))
         params = set(inspect.signature(module._compute).parameters) - inputs
         assert params == set(MODULE_OPTIONS[name]) == set(compute_options(module)), name
+
+
+def _combined_run(modules, model, **inputs):
+    torch.manual_seed(0)  # the concept dictionary's initialisation
+    combined = evaluate.combine(modules, force_prefix=True)
+    return combined, dict(
+        model=model, concept_fidelity_layer=1, attention_svm_layer=2, head=1, max_queries=8, progress=False, **CF
+    )
+
+
+def test_add_and_add_batch_through_combine_store_the_shared_inputs_column(setup):
+    """The model-running modules share the feature name ``inputs``, so ``combine.add_batch(inputs=...)`` /
+    ``combine.add(inputs=...)`` store the same images in each; schatten_bound stores nothing (it reads weights).
+    The numbers equal those of ``combine.compute(images=...)``."""
+    model, images, pixels, modules = setup
+    combined, options = _combined_run(modules, model)
+    expected = combined.compute(images=images, **options)
+    combined, options = _combined_run(modules, model)
+    combined.add_batch(inputs=images[:3])
+    for image in images[3:]:
+        combined.add(inputs=image)
+    got = combined.compute(**options)
+    assert got.keys() == expected.keys() and got["srr_num_samples"] == 6
+    for key, value in expected.items():
+        if not key.endswith("_time_s"):  # wall times differ run to run
+            assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-12), key
+
+
+def test_combine_add_batch_takes_the_feature_name_not_images(setup):
+    """``evaluate.combine`` indexes each batch by each module's feature names, so ``images=`` (a single module's
+    spelling) reaches it as a missing ``inputs`` column: evaluate's KeyError names it."""
+    _, images, _, modules = setup
+    combined = evaluate.combine(modules)
+    with pytest.raises(KeyError, match="inputs"):
+        combined.add_batch(images=images[:2])
+
+
+def test_schatten_bound_keeps_added_models_for_the_next_compute(setup):
+    model, _, _, modules = setup
+    metric = modules["schatten_bound"]
+    metric.add(model=model)
+    out = metric.compute()
+    assert out["schatten_bound"] == pytest.approx(hf_tdiag.spectrum_bounds(model).schatten_bound, rel=1e-12)
+    with pytest.raises(ValueError, match="schatten_bound: no models; pass models="):
+        metric.compute()  # the added model was used once
+    with pytest.raises(TypeError, match="schatten_bound: add_batch takes models="):
+        metric.add_batch(inputs=[1])

@@ -50,6 +50,10 @@ on the meta device; each job — a layer's heads, its M_in, its M_out — opens 
 (``safe_open``), and FFN matrices larger than 2²⁰ entries are reduced in row blocks of their tall orientation
 (Gram ``Σ_c A_cᵀA_c`` by in-place ``dsyrk``; TSQR when ill-conditioned), so at most one block is in float64 at a
 time. The in-memory path runs the same jobs on the model's parameters: same numbers, bit for bit.
+
+A model dispatched with Accelerate's big-model inference (``device_map`` with CPU/disk offload, ``cpu_offload``)
+runs the same jobs, each reading its tensors from the offload store while it runs
+(:func:`hf_tdiag.probes.spectrum_sources.offloaded_source`, one worker): about one block's weights at a time.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ from .._progress import tqdm
 from .._threads import torch_threads
 from ..measures import schatten as S
 from ..probes.block_matrices import EncoderWeights, encoder_weights
-from ..probes.spectrum_sources import DecoderSource, EncoderSource, ffn_job, head_job
+from ..probes.spectrum_sources import DecoderSource, EncoderSource, ffn_job, head_job, offloaded_source
 from .schatten_report import FORMAT_VERSION, MATRIX_TYPES, MatrixRecord, SchattenReport, SpectrumBoundReport
 from .settings import SchattenSettings, resolve
 
@@ -254,6 +258,10 @@ def _source(model_or_path, streaming: bool, load_kwargs):
     from ..probes.describe import describe
 
     desc = describe(model)
+    from ..probes.offload import is_offloaded
+
+    if is_offloaded(model):  # Accelerate big-model inference: one job's weights at a time from the offload store
+        return offloaded_source(model, desc), name, 1
     if desc.decoder is not None:
         device = next(model.parameters()).device
         source = DecoderSource(desc.decoder, get=model_getter(model), device=device)

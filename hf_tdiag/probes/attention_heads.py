@@ -24,6 +24,7 @@ from torch import nn
 from .._validation import integer
 from .decoders import model_getter
 from .describe import Description, describe
+from .offload import readable
 
 __all__ = ["HeadWeights", "head_weights", "num_blocks"]
 
@@ -122,11 +123,15 @@ def head_weights(model: nn.Module, layer: int, head: int) -> HeadWeights:
     p = handles.head_dim
     rows = slice(head * p, (head + 1) * p)
     q, k = handles.query, handles.key
+    with readable(model, q, k):  # offloaded projections: read from the offload store
+        W_Q, W_K = q.weight[rows].detach(), k.weight[rows].detach()
+        b_Q = q.bias[rows].detach() if q.bias is not None else None
+        b_K = k.bias[rows].detach() if k.bias is not None else None
     return HeadWeights(
-        W_Q=q.weight[rows].detach(),
-        b_Q=q.bias[rows].detach() if q.bias is not None else None,
-        W_K=k.weight[rows].detach(),
-        b_K=k.bias[rows].detach() if k.bias is not None else None,
+        W_Q=W_Q,
+        b_Q=b_Q,
+        W_K=W_K,
+        b_K=b_K,
         head_dim=p,
         scale=p**-0.5,
         family=arch.family,

@@ -19,7 +19,6 @@ The seed's bound ``KL ≤ ½‖W_c‖²_op L_block^{2 L_suf} (√N δ_rec + α�
 
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
@@ -38,6 +37,7 @@ from ..measures.concepts.certified import (
 )
 from .concept_decoder import alpha_estimated
 from .concept_model import ConceptModel, LayerActivations
+from .offload import plain_copy, readable, runnable
 
 __all__ = ["certified_constants", "estimate_constants", "block_lipschitz_certified"]
 
@@ -61,7 +61,8 @@ def _norm_inputs(cm: ConceptModel, h, Z: torch.Tensor) -> list:
         for m in _block_norms(h)
     ]
     try:
-        cm.block_forward(h.block, Z)
+        with runnable(cm.model, h.block):
+            cm.block_forward(h.block, Z)
     finally:
         for hook in hooks:
             hook.remove()
@@ -110,6 +111,12 @@ def block_lipschitz_certified(
     """
     h = cm.arch.layers[index]
     (y1, x1), (y2, _) = _norm_inputs(cm, h, Z)
+    with readable(cm.model, h.block):  # an offloaded block's weights, read after its forward pass above
+        return _block_certified(cm, h, Z, radius, capped_input, (y1, x1, y2))
+
+
+def _block_certified(cm: ConceptModel, h, Z: torch.Tensor, radius: torch.Tensor, capped_input: bool, seen) -> tuple:
+    y1, x1, y2 = seen
     ln1, ln2 = _block_norms(h)
     T, d = Z.shape[-2], Z.shape[-1]
     e = radius.double().to(Z.device)
@@ -148,6 +155,11 @@ def readout_certified(cm: ConceptModel, Z_last: torch.Tensor, e_last: torch.Tens
     """``(L_readout, deviation)`` per input: the readout's Lipschitz bound on the per-token domain ``e_last`` around
     ``Z^L`` (pooling × LayerNorm for CRATE/ViT; ``‖W_p‖_op`` for BERT's pooler ``tanh(W_p z + b)``), and a bound on
     how far the head's input moves (the CLS token's own radius, or the mean radius for mean pooling)."""
+    with readable(cm.model, *cm.readout_modules):  # offloaded readout modules
+        return _readout_certified(cm, Z_last, e_last)
+
+
+def _readout_certified(cm: ConceptModel, Z_last: torch.Tensor, e_last: torch.Tensor) -> tuple:
     e = e_last.double().to(Z_last.device)
     if cm.family == "bert":
         dense = cm.readout_modules[0].dense
@@ -188,12 +200,17 @@ def alpha_constants(cm: ConceptModel, layer: int, Z: torch.Tensor, radius: torch
         return zeros, zeros
     h = cm.arch.layers[layer]
     e = radius.double().to(Z.device)
-    gain = _value_output_gain(h) / (2.0 * math.sqrt(h.head_dim))
     norm = h.attention_norm
-    if norm is None:  # post-norm: the attention reads Z itself
-        x_op = op_norm(Z)
-        return gain * (x_op + e.norm(dim=-1)), gain * x_op
-    (_, X), _ = _norm_inputs(cm, h, Z)
+    X = None if norm is None else _norm_inputs(cm, h, Z)[0][1]  # the forward pass before the block's weights are read
+    with readable(cm.model, h.block):  # an offloaded block's weights
+        gain = _value_output_gain(h) / (2.0 * math.sqrt(h.head_dim))
+        if norm is None:  # post-norm: the attention reads Z itself
+            x_op = op_norm(Z)
+            return gain * (x_op + e.norm(dim=-1)), gain * x_op
+        return _alpha_prenorm(norm, Z, X, e, gain)
+
+
+def _alpha_prenorm(norm, Z: torch.Tensor, X: torch.Tensor, e: torch.Tensor, gain: float) -> tuple:
     g2 = float(norm.weight.detach().double().abs().max()) ** 2 if norm.weight is not None else 1.0
     Zd = Z.double()
     m = (Zd - Zd.mean(-1, keepdim=True)).norm(dim=-1)
@@ -233,7 +250,7 @@ def certified_constants(cm: ConceptModel, acts: LayerActivations, layer: int, A_
     l_readout, moved = readout_certified(cm, acts.block_inputs[-1], e)
     gain = l_blocks.prod(1)
     return {
-        "w_c_op": float(op_norm(cm.head.weight)),
+        "w_c_op": _head_norm(cm),
         "l_block": l_blocks.amax(1) if per_block else torch.ones(n, dtype=torch.float64, device=e.device),
         "l_blocks": l_blocks,
         "suffix_gain": gain,
@@ -243,8 +260,15 @@ def certified_constants(cm: ConceptModel, acts: LayerActivations, layer: int, A_
     }
 
 
-def _float64(module):
-    return copy.deepcopy(module).to(torch.float64).eval()
+def _head_norm(cm: ConceptModel) -> float:
+    """``‖W_c‖_op`` of the head (an offloaded head's weight read from its offload store)."""
+    with readable(cm.model, cm.head):
+        return float(op_norm(cm.head.weight))
+
+
+def _float64(cm: ConceptModel, module):
+    """A float64 copy of ``module`` (a part of ``cm.model``; without Accelerate hooks, offloaded weights made real)."""
+    return plain_copy(cm.model, module).to(torch.float64).eval()
 
 
 def _realized_ratios(cm, acts, A_hat, layer):
@@ -253,7 +277,8 @@ def _realized_ratios(cm, acts, A_hat, layer):
     ratios = []
     with torch.no_grad():
         for j, block in enumerate(list(cm.blocks)[layer:]):
-            out = cm.block_forward(block, z_hat)
+            with runnable(cm.model, block):
+                out = cm.block_forward(block, z_hat)
             num = (out - acts.block_inputs[j + 1]).double().flatten(1).norm(dim=1)
             den = (z_hat - acts.block_inputs[j]).double().flatten(1).norm(dim=1)
             ratios.append(torch.where(den > 0, num / den.clamp(min=1e-300), torch.zeros_like(num)))
@@ -276,7 +301,7 @@ def estimate_constants(
     sub = slice(0, min(max_images, acts.frame.shape[0]))
     jac, ratios = [], _realized_ratios(cm, acts, A_hat, layer)
     for j, block in enumerate(tqdm(list(cm.blocks)[layer:], desc="constants", disable=not progress, leave=False)):
-        b64 = _float64(block)
+        b64 = _float64(cm, block)
         jac.append(
             jacobian_spectral_norm(
                 lambda x, b64=b64: cm.block_forward(b64, x), acts.block_inputs[j][sub].double(), n_iter=power_iters
@@ -290,7 +315,7 @@ def estimate_constants(
     else:  # decoders: RMSNorm-aware token scale, grouped-query value heads
         alpha = alpha_estimated(cm, layer, acts.block_inputs[0])
     return {
-        "w_c_op": float(op_norm(cm.head.weight)),
+        "w_c_op": _head_norm(cm),
         "l_block": max(per_block, default=1.0),
         "l_readout": float(l_readout.max()),
         "alpha": alpha,
@@ -302,7 +327,7 @@ def estimate_constants(
 
 
 def _float64_readout(cm: ConceptModel):
-    mods = [_float64(m) for m in cm.readout_modules]
+    mods = [_float64(cm, m) for m in cm.readout_modules]
     if cm.family == "bert":
         return lambda x: mods[0](x)
     pooling = cm.pooling

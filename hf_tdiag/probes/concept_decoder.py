@@ -35,6 +35,8 @@ from torch import nn
 
 from ..measures.concepts.certified import op_norm
 from .decoders import model_getter
+from .offload import readable
+from .token_states import model_device
 
 CERTIFIED_NOTE = (
     "not available for decoders: the certified constants are derived for LayerNorm, full softmax attention and "
@@ -69,7 +71,7 @@ def capture_block_kwargs(base_model: nn.Module, blocks: nn.ModuleList, num_token
         seen[_layer_index(module)] = {k: v for k, v in kwargs.items() if k not in _DROP}
 
     hooks = [b.register_forward_pre_hook(hook, with_kwargs=True) for b in blocks]
-    device = next(base_model.parameters()).device
+    device = model_device(base_model)  # an offloaded model: its hooks' execution device
     try:
         base_model(input_ids=torch.zeros(1, num_tokens, dtype=torch.long, device=device), use_cache=False)
     finally:
@@ -140,9 +142,11 @@ def alpha_estimated(cm, layer: int, Z: torch.Tensor) -> torch.Tensor:
     h = cm.arch.layers[layer]
     norm = h.attention_norm
     gain = value_output_gain(cm.model, cm.arch.decoder, layer) / (2.0 * math.sqrt(h.head_dim))
-    g2 = float(norm.weight.detach().double().abs().max()) ** 2 if getattr(norm, "weight", None) is not None else 1.0
-    s2 = token_scale(Z, norm).median(dim=-1).values.square()
-    return g2 * gain * op_norm(norm(Z)) / s2
+    with readable(cm.model, norm):  # an offloaded block's norm
+        weight = getattr(norm, "weight", None)
+        g2 = float(weight.detach().double().abs().max()) ** 2 if weight is not None else 1.0
+        s2 = token_scale(Z, norm).median(dim=-1).values.square()
+        return g2 * gain * op_norm(norm(Z)) / s2
 
 
 __all__ = [

@@ -23,6 +23,7 @@ from .._validation import block_number
 from ..models.crate.configuration_crate import size_pair
 from .concept_decoder import DecoderConceptModel, decoder_block_forward, final_norm
 from .describe import describe
+from .offload import runnable
 from .token_states import model_device, model_dtype
 
 _SUPPORTED = (
@@ -343,7 +344,8 @@ def layer_activations(
                 hidden_states, out_logits = cm.run(kw)
                 outs.append(hidden_states[layer:])
                 logits.append(out_logits)
-                pooled.append(cm.readout(hidden_states[-1]))
+                with runnable(model, *cm.readout_modules):  # readout modules inside an offloaded block
+                    pooled.append(cm.readout(hidden_states[-1]))
     finally:
         model.train(was_training)
     states = [torch.cat([o[j] for o in outs]) for j in range(len(outs[0]))]
@@ -379,8 +381,10 @@ def suffix_runner(
             z = torch.cat([pre.to(patches), patches], dim=1)
         else:  # the full layer-ℓ states with the concept positions overwritten
             z = pre.to(patches).index_copy(1, positions.to(patches.device), patches)
-        for block in blocks:
-            z = cm.block_forward(block, z)
-        return cm.head(cm.readout(z))
+        # blocks or readout modules whose weights an Accelerate hook above them offloads rest on the CPU meanwhile
+        with runnable(model, *blocks, *cm.readout_modules, cm.head):
+            for block in blocks:
+                z = cm.block_forward(block, z)
+            return cm.head(cm.readout(z))
 
     return run

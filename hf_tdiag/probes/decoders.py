@@ -320,13 +320,21 @@ def decoder_description(model: nn.Module, layout: DecoderLayout, handles: list, 
 
 
 def model_getter(model: nn.Module) -> Callable[[str], torch.Tensor]:
-    """``get(name)`` over ``model``'s parameters, detached (what a :class:`DecoderLayout` reads from)."""
+    """``get(name)`` over ``model``'s parameters, detached (what a :class:`DecoderLayout` reads from). A parameter an
+    Accelerate hook has offloaded (on ``meta`` between forward passes) is read from the offload store on each call,
+    so a job holds only the tensors it asked for (:mod:`hf_tdiag.probes.offload`)."""
+    from .offload import offload_index
+
     params: Mapping[str, torch.Tensor] = dict(model.named_parameters())
+    offloaded = offload_index(model)
 
     def get(name: str) -> torch.Tensor:
         try:
-            return params[name].detach()
+            param = params[name]
         except KeyError:
             raise ValueError(f"model: {type(model).__name__} has no parameter {name!r}") from None
+        if param.device.type == "meta" and name in offloaded:
+            return offloaded[name].value().detach()
+        return param.detach()
 
     return get

@@ -16,14 +16,14 @@ bit for bit (same tensors, same chunking, same order of operations).
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .._memory import release_free_memory
 from ..measures import schatten as S
 
-__all__ = ["SourceShapes", "EncoderSource", "DecoderSource", "head_job", "ffn_job"]
+__all__ = ["SourceShapes", "EncoderSource", "DecoderSource", "offloaded_source", "head_job", "ffn_job"]
 
 
 @dataclass
@@ -46,11 +46,16 @@ class SourceShapes:
 
 
 class EncoderSource:
-    """Jobs over an :class:`~hf_tdiag.probes.block_matrices.EncoderWeights` (tensors already in memory)."""
+    """Jobs over an :class:`~hf_tdiag.probes.block_matrices.EncoderWeights` (tensors already in memory).
 
-    def __init__(self, weights):
+    ``reread(layer)`` (optional, a context manager yielding that layer's
+    :class:`~hf_tdiag.probes.block_matrices.LayerWeights`): each job reads its layer through it instead (an
+    Accelerate-offloaded encoder, whose ``weights`` are meta tensors that only give the shapes)."""
+
+    def __init__(self, weights, reread=None):
         w = weights
         self.w = w
+        self._reread = reread
         self.shapes = SourceShapes(
             family=w.family,
             model_type=w.model_type,
@@ -67,7 +72,7 @@ class EncoderSource:
 
     @property
     def device(self) -> torch.device:
-        return self.w.layers[0].query.device
+        return torch.device("cpu") if self._reread is not None else self.w.layers[0].query.device
 
     def ffn_entries(self) -> int:
         return self.w.layers[0].ffn_in.numel()
@@ -75,7 +80,15 @@ class EncoderSource:
     @contextmanager
     def tensors(self, layer: int, kind: str):
         """``"heads"``: ``[(q, k, v, o)]`` per-head rows ``(H, p, N)``; ``"in"``: ``[W_in]``; ``"out"``: ``[W_out]`` or None."""
-        w = self.w
+        if self._reread is None:
+            yield from self._jobs(self.w, layer, kind)
+            return
+        with self._reread(layer) as lw:  # this layer's real tensors, the others' meta ones
+            layers = [*self.w.layers[:layer], lw, *self.w.layers[layer + 1 :]]
+            yield from self._jobs(replace(self.w, layers=layers), layer, kind)
+
+    @staticmethod
+    def _jobs(w, layer: int, kind: str):
         if kind == "heads":
             yield [tuple(w.heads(layer, r) for r in ("query", "key", "value", "attn_output"))]
         elif kind == "in":
@@ -165,6 +178,37 @@ class DecoderSource:
             yield q[rows], k[g : g + 1].expand(G, -1, -1), v[g : g + 1].expand(G, -1, -1), o[rows]
             if self.release is not None:
                 self.release()
+
+
+_ENCODER_ROLES = ("query", "key", "value", "attn_output", "ffn_in", "ffn_out")
+
+
+def offloaded_source(model, desc):
+    """The source of a model dispatched with Accelerate's big-model inference (``describe(model)`` as ``desc``): each
+    job reads only its own tensors from the offload store while it runs (decoders: the job's tensors by name; encoders:
+    the job's block, :func:`hf_tdiag.probes.offload.readable`), and freed memory goes back to the OS after each job,
+    so one worker holds about one block's weights at a time."""
+    from .block_matrices import encoder_weights
+    from .decoders import model_getter
+    from .offload import readable
+
+    if desc.decoder is not None:
+        source = DecoderSource(desc.decoder, get=model_getter(model), device=torch.device("cpu"))
+        source.release = release_free_memory
+        return source
+
+    @contextmanager
+    def reread(layer: int):
+        with readable(model, desc.layers[layer].block):
+            lw = encoder_weights(desc).layers[layer]  # this block's tensors real, the other blocks' on meta
+            for role in _ENCODER_ROLES:
+                t = getattr(lw, role)
+                if t is not None and not S.all_finite(t):
+                    raise ValueError(f"model: layer {layer} {role} ({lw.names.get(role)}) contains NaN or inf")
+            yield lw
+        release_free_memory()
+
+    return EncoderSource(encoder_weights(desc), reread=reread)
 
 
 def _abs_product_sum(a: torch.Tensor, b: torch.Tensor, buffers: dict | None = None) -> torch.Tensor:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .describe import Description, describe
+from .offload import offload_index, readable
 
 SOURCES = ("query", "key", "value")
 
@@ -75,11 +76,19 @@ def subspaces(model: nn.Module, source: str = "query", detach: bool = False) -> 
 
     For CRATE all three sources are the same shared projection. Decoders with grouped-query attention: K = H for
     ``query``, K = H_kv (each shared K/V head once) for ``key``/``value`` (module docstring, :func:`subspace_heads`).
+    An Accelerate-offloaded model's projections are read one layer at a time from the offload store
+    (:mod:`hf_tdiag.probes.offload`).
     """
     check_source(source)
     arch = describe(model)
+    offloaded = bool(offload_index(model))
     out = []
     for i, handles in enumerate(arch.layers):
-        U = weight_to_subspaces(layer_projection(arch, i, source).weight, handles.head_dim)
+        projection = layer_projection(arch, i, source)
+        if not offloaded:
+            U = weight_to_subspaces(projection.weight, handles.head_dim)
+        else:  # a copy of U alone: a view would keep the whole weight it slices (GPT-2: all of c_attn) alive
+            with readable(model, projection):
+                U = weight_to_subspaces(projection.weight, handles.head_dim).clone()
         out.append(U.detach() if detach else U)
     return out

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .describe import Description, describe
+from .offload import execution_device, readable, runnable
 from .subspaces import check_source, layer_projection
 
 _NON_INPUT_KEYS = ("labels", "label", "label_ids")
@@ -62,8 +63,11 @@ def visible_tokens(token_mask: torch.Tensor | None, causal: bool, num_tokens: in
 
 
 def model_device(model: nn.Module) -> torch.device:
-    """Device of the model's first parameter (CPU for a parameterless module)."""
+    """Device of the model's first parameter (CPU for a parameterless module; an Accelerate-offloaded model whose first
+    parameter rests on ``meta``: its hooks' execution device)."""
     for param in model.parameters():
+        if param.device.type == "meta":
+            return execution_device(model) or param.device
         return param.device
     return torch.device("cpu")
 
@@ -206,8 +210,9 @@ def token_states(
                 )
             norm = [(lambda z, n=n: n(z)) if n is not None else (lambda z: z) for n in norms]
             inputs = [captured["normed"][i] if norms[i] is not None else captured["input"][i] for i in range(L)]
-            outputs = [norm[i](captured["output"][i]) for i in range(L)]
-            mid_states = [norm[i](captured["mid"][i]) for i in range(L)] if want_mid else None
+            with runnable(model, *[n for n in norms if n is not None]):  # offloaded blocks: their norms' weights
+                outputs = [norm[i](captured["output"][i]) for i in range(L)]
+                mid_states = [norm[i](captured["mid"][i]) for i in range(L)] if want_mid else None
     finally:
         for h in hooks:
             h.remove()
@@ -217,7 +222,8 @@ def token_states(
         source_outputs, projections = [None] * L, [None] * L
         for i, got in enumerate(captured["source"]):
             if got is not None:
-                source_outputs[i] = _heads(got[1], linears[i], arch.layers[i].head_dim)
+                with readable(model, linears[i]):  # an offloaded linear's bias
+                    source_outputs[i] = _heads(got[1], linears[i], arch.layers[i].head_dim)
                 projections[i] = source_outputs[i] if got[0] is inputs[i] else None
 
     mask = kwargs.get("attention_mask")

@@ -43,8 +43,8 @@ on {0, 1/m, ..., 2}; B_Edelman = (1 + sum_l alpha_l^(2/3) xi_l)^(3/2) from (2,1)
 _KWARGS_DESCRIPTION = """
 Args:
     models: a model object, a local folder or a Hub id, or a list of them (mixing is fine).
-        Strings go through `evaluate`'s storage like any feature (so `add_batch(models=[...])` works);
-        model objects are analysed in-process.
+        `add_batch(models=[...])` / `add(model=...)` keep them for the next `compute()`; everything is analysed
+        in-process (the bounds read weights, not data: in `evaluate.combine` this module stores nothing).
     L_phi (`float`, default 1.13): Lipschitz constant of the FFN activation (GELU).
     p_grid_m (`int`, optional): grid resolution m of p in {0, 1/m, ..., 2}; default ceil(L + ln N).
     rank_tol (`float`, default 1e-10): singular values <= rank_tol * min(rows, cols) * max(s_1, 1) are zeros.
@@ -80,6 +80,31 @@ class SchattenBound(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/2605.07297", "https://arxiv.org/abs/2110.10090"],
         )
 
+    def _feature_names(self):
+        """None: the bounds read a model's weights, not data, so `evaluate.combine`'s `add` / `add_batch` hand this
+        module nothing (the model-running hf-tdiag modules share the column `inputs`); models given to `add_batch`
+        are kept in a list for the next `compute()`."""
+        return []
+
+    def _pending_models(self) -> list:
+        if not hasattr(self, "_pending"):
+            self._pending = []
+        return self._pending
+
+    def add_batch(self, *, models=None, **kwargs):
+        """Keep `models` (model objects, folders or Hub ids) for the next `compute()`."""
+        if kwargs:
+            raise TypeError(f"schatten_bound: add_batch takes models=, got {sorted(kwargs)}")
+        if models is not None:
+            self._pending_models().extend(models if isinstance(models, (list, tuple)) else [models])
+
+    def add(self, *, model=None, **kwargs):
+        """Keep one `model` (a model object, folder or Hub id) for the next `compute()`."""
+        if kwargs:
+            raise TypeError(f"schatten_bound: add takes model=, got {sorted(kwargs)}")
+        if model is not None:
+            self._pending_models().append(model)
+
     def compute(self, *, models=None, model=None, predictions=ABSENT, references=ABSENT, **kwargs):
         """Like `evaluate.Metric.compute`, but `models` (or one `model`) may also hold model objects (analysed
         in-process); under `evaluate.combine` the other hf-tdiag modules' options and inputs are ignored."""
@@ -95,15 +120,19 @@ class SchattenBound(evaluate.Metric):
                 raise ValueError("schatten_bound: give models= or model=, not both")
             models = [model]
         if models is None:
-            return super().compute(**kwargs)
+            models, self._pending = self._pending_models(), []
+            if not models:
+                raise ValueError(
+                    "schatten_bound: no models; pass models= (model objects, folders or Hub ids) or add them first "
+                    "with add_batch(models=[...])"
+                )
         items = list(models) if isinstance(models, (list, tuple)) else [models]
         if not items:
             raise ValueError("models: expected at least one model, folder or Hub id, got an empty list")
-        if all(isinstance(m, (str, os.PathLike)) for m in items):
-            return super().compute(models=[os.fspath(m) for m in items], **kwargs)
         for m in items:
             if not isinstance(m, (str, os.PathLike, torch.nn.Module)):
                 raise TypeError(f"models: expected model objects, folders or Hub ids, got {type(m).__name__}")
+        items = [os.fspath(m) if isinstance(m, os.PathLike) else m for m in items]
         with kept_modes(*items):
             return self._compute(models=items, **kwargs)
 
