@@ -14,7 +14,9 @@ float arrays whose values all lie in [0, 1] are scaled by 255 (the matplotlib / 
 arrays hold values 0..255. Anything outside 0..255, or NaN, is an error naming the input (never silently clipped).
 
 Image files and PIL images (:func:`normalize_image`, used by every path that reads an image: the command line,
-the evaluate modules, the report, the Space and the trainer): the EXIF orientation is applied; 16-bit images
+the evaluate modules, the report, the Space and the trainer): the EXIF orientation is applied; transparent pixels
+are composited onto white (as a viewer shows them; dropping the alpha channel would expose the colour stored under
+them, often black); 16-bit images
 (PNG, TIFF) are scaled by their real range, 0..65535 -> 0..255; float images (TIFF mode ``F``) and 32-bit integer
 images follow the array rule above, so one whose values are not in [0, 1] or 0..255 is refused, never clipped.
 """
@@ -81,7 +83,11 @@ def _decode(data, name: str, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
     """Decode an image file (path or bytes): header first, size check, then the pixels; errors name ``name``."""
     try:
         image = Image.open(io.BytesIO(data) if isinstance(data, bytes) else data)
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError):
+    except Image.DecompressionBombError:  # a header claiming far more pixels than any limit here
+        raise UserInputError(
+            f"{name}: the image is too large; the limit is {max_pixels:,} pixels (e.g. 4096x4096)"
+        ) from None
+    except (UnidentifiedImageError, OSError):
         raise UserInputError(f"{name}: not an image file Pillow can read (PNG, JPEG, WebP, BMP, GIF…)") from None
     check_image_size(image, max_pixels, name=name)
     try:
@@ -99,9 +105,10 @@ _EXIF_ORIENTATION = 0x0112
 
 
 def normalize_image(image: Image.Image, name: str = "image") -> Image.Image:
-    """The image as it should be seen: EXIF orientation applied (``ImageOps.exif_transpose``), 16-bit modes scaled
+    """The image as it should be seen: EXIF orientation applied (``ImageOps.exif_transpose``), transparent pixels
+    composited onto white, 16-bit modes scaled
     to 8 bits by 255/65535, float and 32-bit integer modes by the array rule (values in [0, 1] or 0..255, else a
-    ValueError naming the input); 8-bit modes are returned as they are."""
+    ValueError naming the input); opaque 8-bit modes are returned as they are."""
     from PIL import ImageOps
 
     fmt = getattr(image, "format", None)
@@ -111,6 +118,7 @@ def normalize_image(image: Image.Image, name: str = "image") -> Image.Image:
         orientation = 1
     if orientation not in (None, 1):
         image = ImageOps.exif_transpose(image)
+    image = _flatten_transparency(image)
     mode = image.mode
     if mode in _SIXTEEN_BIT_MODES or (mode == "I" and fmt == "PNG"):  # Pillow opens 16-bit PNGs as mode I
         arr = np.asarray(image).astype(np.float64)
@@ -124,6 +132,21 @@ def normalize_image(image: Image.Image, name: str = "image") -> Image.Image:
         except ValueError as err:
             raise ValueError(f"{err} ({words} image; save it with 8 or 16 bits per channel)") from None
     return image
+
+
+def _flatten_transparency(image: Image.Image) -> Image.Image:
+    """An image with transparent pixels composited onto white, as a viewer shows it (``convert`` would drop the
+    alpha channel and expose the colour stored under transparent pixels, often black); opaque images unchanged."""
+    original, mode = image, image.mode
+    if mode in ("P", "L", "RGB") and "transparency" in image.info:
+        image = image.convert("LA" if mode == "L" else "RGBA")
+    elif mode in ("PA", "RGBa", "La"):
+        image = image.convert("LA" if mode == "La" else "RGBA")
+    if image.mode not in ("RGBA", "LA") or image.getchannel("A").getextrema()[0] == 255:
+        return original  # no transparent pixel: the colour channels are the image
+    rgba = image.convert("RGBA")
+    flat = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+    return flat.convert("RGB" if image.mode == "RGBA" else "L")
 
 
 def _array_to_uint8(arr: np.ndarray, name: str) -> np.ndarray:
@@ -391,6 +414,18 @@ def text_lines(path, limit: int | None = None) -> list[str]:
     return lines
 
 
+def check_texts(texts, name: str = "texts") -> None:
+    """A list of non-blank strings, or an error naming the first bad entry (one string is refused, not split into
+    its characters; an empty text is refused, not measured as its special tokens alone)."""
+    if isinstance(texts, str):
+        raise TypeError(f"{name}: expected a list of strings, got one string; pass {name}=[...]")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{name}[{i}]: expected a string, got {type(text).__name__}")
+        if not text.strip():
+            raise ValueError(f"{name}[{i}]: the text is empty; remove it or give it some words")
+
+
 class LazyBatches:
     """A sized iterable that converts ``items`` chunk by chunk (``convert(items[i:i+batch_size])``) when iterated.
 
@@ -419,6 +454,7 @@ __all__ = [
     "LazyBatches",
     "UserInputError",
     "check_image_size",
+    "check_texts",
     "digits_arrays",
     "digits_images",
     "digits_split",

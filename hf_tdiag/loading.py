@@ -20,6 +20,8 @@ from torch import nn
 
 import hf_tdiag  # noqa: F401  (registers CRATE with the Auto classes)
 
+from ._model_limits import check_finite_weights
+
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 
 
@@ -299,6 +301,7 @@ def load_model(spec, *, eager_attention: bool = True, trust_remote_code: bool = 
     """
     trust = _check_trust(trust_remote_code)
     model, source, processor_source = _model_from_spec(spec, eager_attention, trust)
+    check_finite_weights(model, repr(source))  # a NaN/inf weight named now, not as NaN states later
     if eager_attention and hasattr(model, "set_attn_implementation") and model.config.model_type != "crate":
         try:
             model.set_attn_implementation("eager")
@@ -351,6 +354,17 @@ def load_hub_model(repo_id, *, eager_attention: bool = True, trust_remote_code: 
     return loaded
 
 
+def _convert(image, mode: str, name: str):
+    if getattr(image, "mode", mode) == mode:
+        return image
+    try:
+        return image.convert(mode)
+    except ValueError:  # a mode Pillow has no conversion for (e.g. HSV to L)
+        raise ValueError(
+            f"{name}: Pillow cannot convert mode {image.mode} to {mode}; save it as RGB or grayscale"
+        ) from None
+
+
 def pixel_values_for(images: list, loaded: LoadedModel) -> torch.Tensor:
     """Processor output ``(B, C, H, W)`` for PIL images, converted to the model's channel count first."""
     if loaded.modality != "image" or loaded.processor is None:
@@ -362,7 +376,7 @@ def pixel_values_for(images: list, loaded: LoadedModel) -> torch.Tensor:
     from .inputs import to_pil  # one converter: EXIF orientation, 16-bit and float images scaled or refused
 
     images = [to_pil(im, f"images[{i}]") for i, im in enumerate(images)]
-    converted = [im.convert(mode) if getattr(im, "mode", mode) != mode else im for im in images]
+    converted = [_convert(im, mode, f"images[{i}]") for i, im in enumerate(images)]
     pixel_values = loaded.processor(images=converted, return_tensors="pt")["pixel_values"]
     if pixel_values.shape[1] != channels:
         raise ValueError(

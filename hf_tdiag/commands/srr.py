@@ -56,6 +56,7 @@ def register(subparsers) -> None:
 
 
 def _inputs(args, loaded):
+    from hf_tdiag._model_limits import check_texts_fit
     from hf_tdiag.inputs import LazyBatches, load_images, text_lines
     from hf_tdiag.loading import pixel_values_for
 
@@ -64,6 +65,7 @@ def _inputs(args, loaded):
             raise ValueError(f"texts: {loaded.source!r} is not a text model with a tokenizer in its folder")
         lines = text_lines(args.texts, args.max_samples)
         tok = loaded.processor
+        check_texts_fit(loaded.model, tok, lines, args.max_length, name=f"--texts {args.texts!r}")
 
         def encode(chunk):
             return dict(

@@ -24,7 +24,9 @@ import copy
 import torch
 
 from .._caller_state import keeps_modes, module_modes, restore_modes
+from .._model_limits import check_finite_weights, check_token_count
 from .._progress import tqdm
+from ..inputs import check_texts
 from ..measures.concepts import SemiNMF, fidelity_errors, kl_bound, kl_bound_chain, kl_divergence
 from ..probes.concept_constants import certified_constants, estimate_constants
 from ..probes.concept_decoder import CERTIFIED_NOTE
@@ -72,12 +74,22 @@ def prepare_inputs(
     """``(ConceptModel, model inputs, head info)``: texts encoded to a common token count, and for an encoder
     without classifier a linear head fitted on its pooled outputs (``labels``, else k-means pseudo-labels)."""
     cm = concept_model_parts(model, head=head)
+    check_finite_weights(model)  # a NaN/inf weight named before any forward pass
     if cm.modality == "image":
         return cm, pixel_values(inputs), None
-    if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(t, str) for t in inputs):
+    if isinstance(inputs, (list, tuple)) and inputs:  # a text model's list is a list of texts
+        check_texts(inputs)  # the first non-string or empty entry named
         if tokenizer is None:
             raise ValueError("tokenizer: texts given as strings need the model's tokenizer (tokenizer=)")
         inputs = encode_texts(tokenizer, list(inputs), max_tokens=max_tokens)
+    ids = inputs.get("input_ids") if hasattr(inputs, "get") else None
+    if isinstance(ids, torch.Tensor) and ids.ndim == 2:
+        check_token_count(
+            model,
+            ids.shape[1],
+            "texts (every text cut to the same token count, special tokens included)",
+            "pass max_tokens (--max-tokens) of at most {limit} minus the special tokens",
+        )
     if cm.head is not None:
         return cm, inputs, {"fitted": False}
     feats = layer_activations(model, inputs, cm.num_layers, batch_size=batch_size, cm=cm).features

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from .._caller_state import module_modes, restore_modes
+from .._model_limits import check_batch_states, check_finite_weights, check_token_count
 from .._progress import tqdm
 from ..measures.coding_rate import (
     coding_rate,
@@ -213,6 +214,10 @@ def batch_srr_values(
             for u in subspaces(model, source, detach=True)
         ]
     official = measurement == "official"
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    if isinstance(ids, torch.Tensor) and ids.ndim == 2:  # before the model's own size mismatch
+        check_token_count(model, ids.shape[1], "inputs: input_ids")
+    check_batch_states(model, batch, arch)
     ts = token_states(
         model,
         batch,
@@ -395,6 +400,7 @@ def layer_srr(
     bad = [ell for ell, u in enumerate(U, 1) if not bool(torch.isfinite(u).all())]
     if bad:
         raise ValueError(f"model: the {source} projections of blocks {bad} contain NaN or inf values")
+    check_finite_weights(model)  # any other weight with NaN/inf, named, before the states would carry it
     states = _states(arch, include_mid, measurement)
     given = dict(
         source=source,

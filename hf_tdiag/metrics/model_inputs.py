@@ -13,7 +13,8 @@ import os
 
 import torch
 
-from ..inputs import LazyBatches
+from .._model_limits import check_texts_fit
+from ..inputs import LazyBatches, check_texts
 from ..loading import load_model, pixel_values_for
 from .combining import ABSENT, called_by_combine, compute_options, kept_modes, route_options
 
@@ -30,6 +31,9 @@ class ModelInputsMixin:
             raise ValueError(f"{self.metric_label}: give one of images, texts or pixel_values, got {given}")
         if texts is not None and "texts" not in self.input_kinds:
             raise ValueError(f"{self.metric_label}: takes images= or pixel_values=, not texts")
+        if texts is not None:
+            texts = texts if isinstance(texts, str) else list(texts)  # a generator is read once, here
+            check_texts(texts)
         return texts if texts is not None else images
 
     def input_features(self):
@@ -62,6 +66,8 @@ class ModelInputsMixin:
             tok = tokenizer if tokenizer is not None else (loaded.processor if loaded.modality == "text" else None)
             if tok is None:
                 raise ValueError(f"tokenizer: no tokenizer found for {loaded.source!r}; pass tokenizer=")
+            check_texts(items)
+            check_texts_fit(loaded.model, tok, items, max_length, hint="pass max_length={limit}, or shorter texts")
 
             def prepare(chunk):
                 return dict(tok(list(chunk), padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
