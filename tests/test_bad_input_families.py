@@ -116,6 +116,17 @@ def test_cli_the_flag_the_message_names_makes_it_work(bert_dir, tmp_path, capsys
     assert code == 0
 
 
+def test_attention_svm_texts_beyond_the_positions_are_refused(bert_dir, tmp_path, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_text(f"{LONG}\n")
+    argv = ["attention-svm", bert_dir, "--texts", texts, "--layer", "1", "--output-dir", tmp_path / "o"]
+    code, err = _cli(argv, capsys)
+    assert code == 1 and "26 tokens" in err and "reads at most 16 token positions" in err, err
+    model = BertForSequenceClassification.from_pretrained(bert_dir).eval()
+    with pytest.raises(ValueError, match="inputs: input_ids: 26 tokens, but .* at most 16"):
+        hf_tdiag.attention_svm_diagnostic(model, {"input_ids": torch.full((1, 26), 5)}, 1, 0, progress=False)
+
+
 def test_report_texts_beyond_the_positions_are_refused(bert_dir, tmp_path, capsys):
     texts = tmp_path / "texts.txt"
     texts.write_text(f"{LONG}\n")

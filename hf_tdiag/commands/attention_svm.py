@@ -79,6 +79,7 @@ def _queries(spec: str):
 
 
 def _batch(args, loaded):
+    from hf_tdiag._model_limits import check_texts_fit
     from hf_tdiag.inputs import load_images, text_lines
     from hf_tdiag.loading import pixel_values_for
 
@@ -86,6 +87,7 @@ def _batch(args, loaded):
         if loaded.modality != "text" or loaded.processor is None:
             raise ValueError(f"texts: {loaded.source!r} is not a text model with a tokenizer in its folder")
         lines = text_lines(args.texts, args.max_samples)
+        check_texts_fit(loaded.model, loaded.processor, lines, args.max_length, name=f"--texts {args.texts!r}")
         return dict(
             loaded.processor(lines, padding=True, truncation=True, max_length=args.max_length, return_tensors="pt")
         )

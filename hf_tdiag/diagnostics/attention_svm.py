@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from .._caller_state import module_modes, restore_modes
+from .._model_limits import check_token_count
 from .._validation import block_number
 from ..measures.attention_svm import AttSVMResult, att_svm_self, matrix_correlation
 from ..probes.attention_heads import HeadWeights, head_weights, num_blocks
@@ -267,6 +268,9 @@ def attention_svm_diagnostic(
         s.tol,
     )
     hw = head_weights(model, block_index(model, layer), head)
+    ids = inputs.get("input_ids") if hasattr(inputs, "get") else None
+    if isinstance(ids, torch.Tensor) and ids.ndim == 2:  # before the model's own size mismatch
+        check_token_count(model, ids.shape[1], "inputs: input_ids")
     X, valid = _head_inputs(model, hw, inputs)
     logp = _log_probs(hw, X, valid)  # (B, N, N)
     max_p, selected = logp.exp().max(-1)
