@@ -194,6 +194,18 @@ def test_nan_weight_is_named_by_the_api_and_the_evaluate_module(nan_crate, srr_m
         srr_module.compute(model=str(folder), pixel_values=pixels, progress=False)
 
 
+def test_finite_weights_whose_sum_overflows_pass_and_an_inf_buffer_is_named():
+    from hf_tdiag._model_limits import check_finite_weights
+
+    module = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        module.weight.fill_(3e38)  # finite, but their float32 sum is inf: the exact check must clear them
+    check_finite_weights(module)
+    module.register_buffer("scale", torch.tensor([1.0, float("inf")]))
+    with pytest.raises(ValueError, match="model: buffer 'scale' of 'Linear' has 1 NaN/inf entries of 2"):
+        check_finite_weights(module)
+
+
 # ----------------------------------------------------------------------------------------- absurd sizes
 
 
