@@ -93,7 +93,10 @@ def main(argv=None) -> int:
 
     register_crate_text()
     args = base.build_parser().parse_args(argv)
-    accelerator = Accelerator()
+    # the first Accelerator fixes the process group: several processes on a machine without an accelerator (the
+    # CPU config's torchrun launcher) run on the CPU with gloo, or each would train alone as a single process
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    accelerator = Accelerator(cpu=several and not torch.accelerator.is_available())
     claim_output_dir(args.output_dir, OUTPUTS, overwrite=args.overwrite_output_dir,
                      remove=accelerator.is_main_process)  # fmt: skip
     accelerator.wait_for_everyone()
