@@ -426,7 +426,10 @@ def test_layer_srr_errors():
         next(p for n, p in broken.named_parameters() if n.endswith("patch_embeddings.projection.weight")).fill_(
             float("nan")
         )
-    with pytest.raises(ValueError, match="contains NaN"):
+    # named by its parameter (issue 29; the states used to report it as "Z: contains NaN or inf")
+    with pytest.raises(
+        ValueError, match=r"weight 'crate\.embeddings\.patch_embeddings\.projection\.weight' .* 256 NaN"
+    ):
         layer_srr(broken, x, progress=False)
 
 
