@@ -91,3 +91,18 @@ def test_a_model_in_memory_passes_through():
     copied = offload.plain_copy(model, model)
     assert copied is not model and torch.equal(copied[0].weight, model[0].weight)
     assert offload.execution_device(model) is None
+
+
+def test_releasing_memory_trims_after_each_offloaded_block_and_removes_its_hooks(dispatched, monkeypatch):
+    import hf_tdiag._memory
+
+    model, _, expected = dispatched
+    calls = []
+    monkeypatch.setattr(hf_tdiag._memory, "release_free_memory", lambda: calls.append(1))
+    with offload.releasing_memory(model, [model[0], model[1]]):
+        torch.testing.assert_close(model(torch.ones(2, 3)), expected)
+    assert len(calls) == 2  # once per block's forward pass
+    model(torch.ones(2, 3))
+    assert len(calls) == 2 and not model[1]._forward_hooks
+    with offload.releasing_memory(_model(), []):  # a model in memory: nothing registered
+        pass

@@ -51,6 +51,7 @@ from ..measures.coding_rate import (
     sparsity,
 )
 from ..probes.describe import describe
+from ..probes.offload import releasing_memory
 from ..probes.subspaces import subspace_heads, subspaces
 from ..probes.token_states import model_device, token_states
 from .settings import SRRSettings, resolve
@@ -411,17 +412,18 @@ def layer_srr(
         measurement=measurement,
         precision=precision,
     )
-    values, embeddings = _measure(
-        model,
-        _batches(inputs, batch_size, accelerator),
-        accelerator,
-        max_batches,
-        progress,
-        include_mid=include_mid,
-        arch=arch,
-        U=U,
-        **given,
-    )
+    with releasing_memory(model, [h.block for h in arch.layers]):  # offloaded blocks: their copies' pages freed
+        values, embeddings = _measure(
+            model,
+            _batches(inputs, batch_size, accelerator),
+            accelerator,
+            max_batches,
+            progress,
+            include_mid=include_mid,
+            arch=arch,
+            U=U,
+            **given,
+        )
     settings = _settings(model, arch, device, accelerator, states, **given)
     return SRRReport.from_values(values, states, settings, embedding_values=embeddings)
 

@@ -14,7 +14,9 @@ this module, which never holds more than what the caller asks for:
 * :func:`runnable` — the same, only for tensors whose hook sits on a block *above* the module, so the module can be
   called directly (a module with a hook of its own fills itself when called);
 * :func:`plain_copy` — a hook-free deep copy of a module with real weights (what a float64 copy starts from);
-* :func:`execution_device` — where the hooks run the model.
+* :func:`execution_device` — where the hooks run the model;
+* :func:`releasing_memory` — a context in which freed heap memory goes back to the OS after each given block's
+  forward pass (a hook's copy of an offloaded block's weights is freed there, and glibc would keep those pages).
 
 For a model in memory every function is a pass-through: the model's own tensors, no copies, nothing changed.
 """
@@ -40,6 +42,7 @@ __all__ = [
     "readable",
     "runnable",
     "plain_copy",
+    "releasing_memory",
 ]
 
 
@@ -179,6 +182,23 @@ def readable(model: nn.Module, *modules: nn.Module):
 def runnable(model: nn.Module, *modules: nn.Module):
     """Context: ``modules`` can be called directly (tensors filled by a hook above them rest on the CPU meanwhile)."""
     return _resting_on_cpu(model, modules, only_from_above=True)
+
+
+@contextmanager
+def releasing_memory(model: nn.Module, blocks) -> Iterator[None]:
+    """Context: for an offloaded ``model``, ``malloc_trim`` after each forward pass of each of ``blocks`` (the hooks have
+    dropped the block's weights by then; :mod:`hf_tdiag._memory`); nothing for a model in memory."""
+    if not is_offloaded(model):
+        yield
+        return
+    from .._memory import release_free_memory
+
+    handles = [b.register_forward_hook(lambda *_: release_free_memory()) for b in blocks]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 _HOOK_ATTRS = ("_hf_hook", "_old_forward", "forward")
