@@ -136,7 +136,8 @@ def value_output_gain(model: nn.Module, layout, layer: int) -> float:
 def alpha_estimated(cm, layer: int, Z: torch.Tensor) -> torch.Tensor:
     """Per input ``α = γ_max²/(2√p s²) · ‖X‖_op · Σ_h ‖W_V,g(h)‖‖W_O,h‖`` of block ℓ+1 at the data ``Z``: ``X`` its
     attention input (the pre-attention norm of ``Z``), ``s`` the median token scale of that norm (zeros when no
-    block follows ℓ)."""
+    block follows ℓ). It errs low: at most α with the smallest token scale at the data (and so at most any sup over
+    a domain around it)."""
     if layer >= cm.num_layers:
         return torch.zeros(Z.shape[0], dtype=torch.float64, device=Z.device)
     h = cm.arch.layers[layer]
