@@ -33,7 +33,12 @@ def test_describe_hands_back_the_models_own_modules(auto, causal):
     for i, h in enumerate(desc.layers):
         block = model.crate.layer[i]
         assert h.block is block and h.query is h.key is h.value is block.attention.qkv
-        assert h.attn_output is block.attention.out_proj and h.ista is block.ista
+        assert h.attn_output is block.attention.out_proj
+        if causal:  # crate-lm-12l: CRATE-LM's overcomplete block, read as x ↦ D z(Dᵀx) with the one parameter
+            assert h.ista is None and h.ffn_in is block.ista
+            assert torch.equal(h.ffn_out.weight, block.ista.weight.T)
+        else:  # the square one-step block
+            assert h.ista is block.ista and h.ffn_in is None and h.ffn_out is None
         assert h.attention_norm is block.layernorm_before and h.ffn_norm is block.layernorm_after
         assert torch.equal(h.output_weight(), block.attention.out_proj.weight)
 

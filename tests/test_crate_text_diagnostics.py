@@ -77,3 +77,25 @@ def test_schatten_matrices_of_a_square_block_text_crate(causal):
         D = layer.ista.weight.detach().double()
         assert by_key[(i, None, "ista")].spectral_norm == pytest.approx(float(torch.linalg.matrix_norm(D, ord=2)))
     assert report.schatten_bound > 0 and report.edelman_bound > 0
+
+
+def test_schatten_reads_crate_lm_block_as_a_tied_two_matrix_ffn():
+    """CRATE-LM's block x ↦ D z₁(Dᵀx): M_in = D (the map x ↦ Dᵀx, weight Dᵀ) and M_out = Dᵀ (the decoding z ↦ Dz),
+    both the one ISTA parameter; their spectra are D's."""
+    from hf_tdiag.probes.describe import describe
+
+    model = _model(causal=True, block="crate-lm")
+    for h, layer in zip(describe(model).layers, model.crate.layer):
+        assert h.ista is None and h.ffn_in is layer.ista
+        assert h.ffn_out.weight.data_ptr() == layer.ista.weight.data_ptr()  # a view, no copy
+        assert h.ffn_out.weight.shape == (D_MODEL, 4 * D_MODEL) and not list(h.ffn_out.parameters())
+    report = hf_tdiag.spectrum_bounds(model)
+    by_key = {(m.layer, m.head, m.type): m for m in report.matrices}
+    for i, layer in enumerate(model.crate.layer, start=1):
+        sigma = torch.linalg.svdvals(layer.ista.weight.detach().double())
+        for kind, shape in (("m_in", (D_MODEL, 4 * D_MODEL)), ("m_out", (4 * D_MODEL, D_MODEL))):
+            m = by_key[(i, None, kind)]
+            assert tuple(m.shape) == shape
+            assert m.spectral_norm == pytest.approx(float(sigma[0]), rel=1e-9)
+            assert m.frobenius_norm == pytest.approx(float(sigma.norm()), rel=1e-9)
+    assert sum(1 for m in report.matrices if m.type == "ista") == 0
