@@ -14,7 +14,13 @@ The seed's bound ``KL ≤ ½‖W_c‖²_op L_block^{2 L_suf} (√N δ_rec + α�
   ``α`` is the seed's attention-projection constant ``γ_max²/(2√p s²) · ‖X‖_op Σ_k ‖W_V^k‖‖W_O^k‖`` of block
   ℓ+1 with ``s`` the smallest token scale and ``‖X‖_op`` the largest attention-input norm on the ball.
 * :func:`estimate_constants` — local estimates at the data (power-iteration Jacobian norms and the realised
-  ratios along the concept path; α at the data's median token scale): lower estimates of the certified ones.
+  ratios along the concept path; α at the data's median token scale). **They err low**, each for a stated reason:
+  the power iteration's ``‖J v‖`` (unit ``v``) is at most the Jacobian norm at the data, which is at most the sup
+  on the domain; a realised ratio ``‖f(Ẑ) − f(Z)‖/‖Ẑ − Z‖`` is at most the sup of the Jacobian norm on the segment
+  (mean-value inequality); the median token scale is at least the smallest one, which α divides by. So every
+  estimate is at most its certified counterpart, and ``bound_estimated`` may fall below the KL (an observation, not
+  a theorem). ``tests/test_concept_constants_direction.py`` checks each direction on random models, inputs and
+  reconstructions.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .._caller_state import module_modes, restore_modes
 from .._validation import block_number
 from ..models.crate.configuration_crate import size_pair
 from .concept_decoder import DecoderConceptModel, decoder_block_forward, final_norm
@@ -332,7 +333,7 @@ def layer_activations(
     batches, encoding = _model_batches(cm, inputs, batch_size)
     device, dtype = model_device(model), model_dtype(model)
     outs, logits, pooled = [], [], []
-    was_training = model.training
+    saved = module_modes(model)  # every submodule's flag, not only the top one's (hf_tdiag._caller_state)
     model.eval()
     try:
         with torch.no_grad():
@@ -347,7 +348,7 @@ def layer_activations(
                 with runnable(model, *cm.readout_modules):  # readout modules inside an offloaded block
                     pooled.append(cm.readout(hidden_states[-1]))
     finally:
-        model.train(was_training)
+        restore_modes(saved)
     states = [torch.cat([o[j] for o in outs]) for j in range(len(outs[0]))]
     h = states[0]
     positions = concept_positions(cm, h.shape[1], encoding).to(h.device)

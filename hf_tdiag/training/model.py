@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .._model_limits import check_training_size
 from ..models.crate import CRATE_PRESETS, CrateConfig, CrateForImageClassification, CrateImageProcessor, size_pair
 
 _OVERRIDES = (
@@ -72,6 +73,7 @@ def build_model_and_processor(args, raw):
         label2id=label2id,
         **overrides,
     )
+    check_training_size(CrateForImageClassification, config, args.per_device_train_batch_size)  # before allocating
     model = CrateForImageClassification(config)
     processor = CrateImageProcessor.for_config(config)
     return model, processor, preset
