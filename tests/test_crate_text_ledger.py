@@ -128,3 +128,31 @@ def test_text_ledger_inputs_are_checked_and_the_model_left_as_found():
         objective_ledger(model, ["some text"])
     with pytest.raises(ValueError, match="input_ids"):
         objective_ledger(model, {"pixel_values": torch.zeros(1, 1, 8, 8)})
+
+
+@pytest.mark.slow
+def test_ledger_cli_on_texts(tmp_path, capsys):
+    """``hf-tdiag ledger MODEL --texts FILE``: the written ledger is objective_ledger's on the tokenized lines."""
+    import json
+
+    from pydoc_data.topics import topics
+
+    from hf_tdiag.cli import main as cli_main
+    from hf_tdiag.text_corpus import train_tokenizer
+
+    tokenizer = train_tokenizer([topics["for"], topics["if"]], 300)
+    model = _model(True, "crate-lm")
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(tmp_path / "clm")
+    tokenizer.save_pretrained(tmp_path / "clm")
+    lines = ["The for statement iterates over a sequence.", "An if statement runs one suite."]
+    (tmp_path / "texts.txt").write_text("\n".join(lines) + "\n")
+    rc = cli_main(["ledger", str(tmp_path / "clm"), "--texts", str(tmp_path / "texts.txt"), "--max-length", "16",
+                   "--output-dir", str(tmp_path / "out")])  # fmt: skip
+    assert rc == 0 and "(2 texts)" in capsys.readouterr().out
+    written = json.loads((tmp_path / "out" / "ledger.json").read_text())
+    batch = tokenizer(lines, padding=True, truncation=True, max_length=16, return_tensors="pt")
+    expected = objective_ledger(model.eval(), dict(batch))
+    assert [(s["layer"], s["step"]) for s in written["steps"]] == [(s.layer, s.step) for s in expected.steps]
+    assert [s["after"] for s in written["steps"]] == pytest.approx([s.after for s in expected.steps], rel=1e-5)

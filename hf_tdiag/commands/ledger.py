@@ -1,5 +1,5 @@
-"""``hf-tdiag ledger MODEL --images DIR | --dataset NAME``: the objective each block of a white-box model was
-derived to decrease, before and after each of its steps."""
+"""``hf-tdiag ledger MODEL --images DIR | --dataset NAME | --texts FILE``: the objective each block of a white-box
+model was derived to decrease, before and after each of its steps (``--texts``: a text CRATE, one text per line)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from .._cli_args import (
     add_trust_remote_code_flag,
     finite_float,
     plain,
+    positive_int,
 )
 from ..diagnostics.settings import SRRSettings
 
@@ -32,7 +33,8 @@ def register(subparsers) -> None:
         ),
     )
     p.add_argument("model", metavar="MODEL", help="a local model folder (save_pretrained) or a Hub id")
-    add_input_flags(p, texts=False)
+    add_input_flags(p)
+    p.add_argument("--max-length", type=positive_int, default=128, help="token limit for --texts (default 128)")
     add_setting_flag(p, SRRSettings, "eps")
     add_setting_flag(p, SRRSettings, "batch_size")
     p.add_argument(
@@ -48,6 +50,23 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _text_batches(args, loaded):
+    """Tokenized batches of ``--texts`` (padded per batch; the ledger measures each text's real tokens)."""
+    from hf_tdiag._model_limits import check_texts_fit
+    from hf_tdiag.inputs import LazyBatches, text_lines
+
+    if loaded.modality != "text" or loaded.processor is None:
+        raise ValueError(f"texts: {loaded.source!r} is not a text model with a tokenizer in its folder")
+    lines = text_lines(args.texts, args.max_samples)
+    tok = loaded.processor
+    check_texts_fit(loaded.model, tok, lines, args.max_length, name=f"--texts {args.texts!r}")
+
+    def encode(chunk):
+        return dict(tok(list(chunk), padding=True, truncation=True, max_length=args.max_length, return_tensors="pt"))
+
+    return LazyBatches(lines, args.batch_size, encode)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -61,14 +80,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.tolerance < 0:
         raise ValueError(f"--tolerance: expected a number >= 0, got {args.tolerance}")
-    claim_args(args, ["ledger.json", "ledger.csv", "ledger.png"], inputs=[args.model, args.images])
+    claim_args(args, ["ledger.json", "ledger.csv", "ledger.png"], inputs=[args.model, args.images, args.texts])
     if args.images is not None and not os.path.isdir(args.images):
         raise ValueError(f"images: expected a folder, got {args.images!r}")
     loaded = load_model(args.model, eager_attention=False, trust_remote_code=args.trust_remote_code)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     loaded.model.to(device)
-    images = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images
-    batches = LazyBatches(images, args.batch_size, lambda chunk: pixel_values_for(chunk, loaded))
+    if args.texts is not None:
+        batches = _text_batches(args, loaded)
+    else:
+        images = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images
+        batches = LazyBatches(images, args.batch_size, lambda chunk: pixel_values_for(chunk, loaded))
     with torch_threads(model_threads(args.threads, loaded.model, device)):
         report = objective_ledger(loaded.model, batches, eps=args.eps, tolerance=args.tolerance)
     json_path = os.path.join(args.output_dir, "ledger.json")
@@ -82,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     summary = report.summary()
     print(
         f"{report.model_type}: {int(summary['num_increasing_steps'])} of {int(summary['num_steps'])} steps increase "
-        f"their objective ({report.num_samples} images)"
+        f"their objective ({report.num_samples} {'texts' if args.texts is not None else 'images'})"
     )
     for path in (json_path, csv_path, png_path):
         print(f"wrote {path}")
