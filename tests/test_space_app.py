@@ -314,7 +314,7 @@ def test_space_front_matter_and_thin_app(monkeypatch, tmp_path):
     assert not (tmp_path / "empty_cache").exists()  # no default model trained (or even looked for) at import
     assert isinstance(app["demo"], gr.Blocks)
     names = {dep.get("api_name") for dep in app["demo"].config["dependencies"]}
-    assert {"crate", "bounds", "concepts", "svm_experiment", "svm_head", "model_summary"} <= names
+    assert {"crate", "bounds", "concepts", "svm_experiment", "svm_head", "model_summary", "text"} <= names
 
 
 # ----------------------------------------------------------------------------- Hub ids over real HTTP
