@@ -5,8 +5,9 @@
   receives them) and writes the per-layer history beside the checkpoints;
 * :class:`SRRTrainer` (:mod:`.srr_trainer`) trains with ``CE + β·SRR(Z^ℓ; U^ℓ)``, the loss of the project's own
   loop (:func:`hf_tdiag.training.loop.compute_loss`), and attaches any :class:`SRRCallback` it is given;
-* :func:`readable_weights` (:mod:`.big_model`) lets the diagnostics read the weights of a model dispatched with
-  Accelerate's big-model inference (``device_map`` with CPU/disk offload), whose forward passes stream each block.
+* :func:`readable_weights` (:mod:`.big_model`) keeps the weights of a model dispatched with Accelerate's big-model
+  inference (``device_map`` with CPU/disk offload) readable on the CPU for code of your own; the diagnostics take
+  such a model as it is (:mod:`hf_tdiag.probes.offload`).
 """
 
 from __future__ import annotations
