@@ -113,15 +113,16 @@ def test_crate_tab_compares_variants(crate_dir, digit_png, monkeypatch, tmp_path
     assert "unknown variant" in _message(excinfo)
 
 
-def test_crate_tab_accepts_rgb_upload_and_warns_on_bad_layer(crate_dir, tmp_path):
+def test_crate_tab_accepts_rgb_upload_and_refuses_a_bad_layer(crate_dir, tmp_path):
     rgb = tmp_path / "rgb.jpg"
     Image.new("RGB", (40, 30), (10, 200, 30)).save(rgb)
-    with pytest.warns(
-        UserWarning, match=r"layer: expected a block number 1..4 or -4..-1 from the end, got 17; showing the last layer"
-    ):
-        labels, heads_fig, *_ = H.crate_tab(crate_dir, str(rgb), 17)
+    for bad in (17, 0, -5):  # out of range: refused, never replaced by another layer
+        with pytest.raises(gr.Error) as excinfo:
+            H.crate_tab(crate_dir, str(rgb), bad)
+        assert _message(excinfo) == f"layer: expected a block number 1..4 or -4..-1 from the end, got {bad}"
+    labels, heads_fig, *_ = H.crate_tab(crate_dir, str(rgb), -1)
     assert sum(labels.values()) == pytest.approx(1.0, abs=1e-5)
-    assert "layer 4" in heads_fig._suptitle.get_text()  # -1 / out of range: the last of 4 blocks
+    assert "layer 4" in heads_fig._suptitle.get_text()  # -1: the last of 4 blocks
 
 
 def test_non_image_file_gives_clear_error(crate_dir, tmp_path):
@@ -328,3 +329,10 @@ def test_server_paths_are_refused_unless_the_operator_allows_them(crate_dir, tmp
     assert "could not download 'org/name' from the Hub" in _message(excinfo)
     monkeypatch.setenv(H.LOCAL_MODELS_ENV, "1")
     assert "`crate`" in H.model_summary(crate_dir)
+
+
+def test_concepts_tab_takes_minus_one_as_the_middle_and_refuses_other_bad_layers(crate_dir, digit_png):
+    for bad in (-3, 9):  # only -1 has a meaning (the middle block); nothing else is replaced by a default
+        with pytest.raises(gr.Error) as excinfo:
+            H.concepts_tab(crate_dir, digit_png, 2, bad, 3)
+        assert _message(excinfo).startswith(f"layer: expected a block number 0..4 (0 = the embeddings), got {bad}")

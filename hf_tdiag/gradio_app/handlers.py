@@ -208,11 +208,7 @@ def crate_tab(spec, image_path, layer, compare=None, progress=gr.Progress(track_
     _require_image_classifier(loaded, "CRATE")
     image = open_image(image_path)
     num_layers = int(loaded.config.num_hidden_layers)
-    try:
-        layer = _block_number(layer, num_layers)
-    except ValueError as err:
-        gr.Warning(f"{err}; showing the last layer")
-        layer = num_layers
+    layer = _block_number(layer, num_layers)  # out of range: one clear error, never another layer's maps
     labels, attentions, pixel_values = classify(loaded, image)
     grid = _grid(loaded, pixel_values.unsqueeze(0))
     shown = _display_image(pixel_values)
@@ -368,7 +364,7 @@ def concepts_tab(
     if not images:
         raise UserInputError("image: upload an image or add some digits test images to fit the concepts on")
     num_layers = int(loaded.config.num_hidden_layers)
-    if layer < 0:
+    if layer == -1:  # the box's documented default: the middle block
         layer = max(1, num_layers // 2)
     pixel_values = pixel_values_for(images, loaded)
     result = hf_tdiag.concept_fidelity(
