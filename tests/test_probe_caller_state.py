@@ -136,3 +136,28 @@ def test_decoder_probes_restore_every_flag():
     ids = torch.randint(3, 60, (2, 5), generator=torch.Generator().manual_seed(4))
     layer_activations(model, {"input_ids": ids, "concept_mask": torch.ones(5, dtype=torch.long)}, 1, cm=cm)
     _check(model, before)
+
+
+def test_trainer_evaluation_and_the_objective_ledger_restore_every_flag(vit):
+    """The trainer's evaluation (also the SRR callback's and the study's path) and the objective ledger used to end
+    with ``model.train(was_training)``; they restore each submodule's own flag now."""
+    from hf_tdiag.diagnostics.objective_ledger import objective_ledger
+    from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
+    from hf_tdiag.training.gap import evaluate_classifier
+
+    before = _flags(vit)
+    batches = [
+        {"pixel_values": PIXELS[:2], "labels": torch.tensor([0, 1])},
+        {"pixel_values": PIXELS[2:], "labels": torch.tensor([2, 0])},
+    ]
+    first = evaluate_classifier(vit, batches, disable_tqdm=True)
+    _check(vit, before)
+    assert evaluate_classifier(vit, batches, disable_tqdm=True) == first  # eval mode: dropout 0.5 did not run
+    torch.manual_seed(0)
+    crate = CrateForImageClassification(
+        CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=2, hidden_dropout_prob=0.5)
+    )
+    crate = _mixed(crate, crate.crate.encoder.layer)
+    before = _flags(crate)
+    objective_ledger(crate, torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(3)))
+    _check(crate, before)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._caller_state import module_modes, restore_modes
 from ..measures.coding_rate import compression_rate
 from ..measures.sparse_coding import lasso_objective
 from ..measures.token_statistics import variational_compression_rate
@@ -281,7 +282,7 @@ def objective_ledger(model, inputs, *, eps: float | None = None, tolerance: floa
     if text:
         return text_objective_ledger(model, inputs, eps=eps, tolerance=tolerance)
     sums: dict[tuple[int, str], list[float]] = {}
-    count, was_training = 0, model.training
+    count, saved_modes = 0, module_modes(model)
     device = next(model.parameters()).device
     model.eval()
     try:
@@ -295,7 +296,7 @@ def objective_ledger(model, inputs, *, eps: float | None = None, tolerance: floa
                         acc[1] += float(after.sum())
                 count += int(pixels.shape[0])
     finally:
-        model.train(was_training)
+        restore_modes(saved_modes)
     if count == 0:
         raise ValueError("inputs: expected at least one image, got none")
     steps = [LedgerStep(layer, step, OBJECTIVES[step], b / count, a / count, tolerance)

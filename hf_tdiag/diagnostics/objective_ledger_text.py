@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from .._caller_state import module_modes, restore_modes
 from ..measures.coding_rate import compression_rate
 from ..measures.sparse_coding import lasso_objective
 from .objective_ledger import OBJECTIVES, LedgerStep, ObjectiveLedgerReport, _subspaces
@@ -91,7 +92,7 @@ def text_objective_ledger(model, inputs, *, eps: float, tolerance: float) -> Obj
     base = getattr(model, "crate", model)
     blocks = list(base.layer)
     sums: dict[tuple[int, str], list[float]] = {}
-    count, was_training = 0, model.training
+    count, saved_modes = 0, module_modes(model)
     device = next(model.parameters()).device
     model.eval()
     try:
@@ -112,7 +113,7 @@ def text_objective_ledger(model, inputs, *, eps: float, tolerance: float) -> Obj
                         acc[1] += after
                 count += int(ids.shape[0])
     finally:
-        model.train(was_training)
+        restore_modes(saved_modes)
     if count == 0:
         raise ValueError("inputs: expected at least one text, got none")
     steps = [LedgerStep(layer, step, OBJECTIVES[step], b / count, a / count, tolerance)

@@ -25,6 +25,7 @@ import torch
 from transformers import TrainerCallback
 
 from .._atomic import write_json
+from .._caller_state import module_modes, restore_modes
 from .._validation import positive_int
 from ..diagnostics.settings import SRRSettings
 
@@ -156,7 +157,7 @@ class SRRCallback(TrainerCallback):
         """Per-layer SRR terms (and Schatten headline numbers) of ``model`` on the fixed subset, in eval mode."""
         from ..diagnostics.srr import layer_srr
 
-        was_training = model.training
+        saved_modes = module_modes(model)
         rng = torch.get_rng_state()
         model.eval()
         try:
@@ -172,7 +173,7 @@ class SRRCallback(TrainerCallback):
                 summary = spectrum_bounds(model).summary()
                 entry["schatten"] = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float))}
         finally:
-            model.train(was_training)
+            restore_modes(saved_modes)
             torch.set_rng_state(rng)
         return entry
 

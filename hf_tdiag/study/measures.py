@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._caller_state import module_modes, restore_modes
+
 __all__ = ["MEASURES", "MeasureSettings", "compute_measures", "jiang_weight_matrices"]
 
 # measure name -> what it is; the order is the table's order. Names and definitions are Jiang et al.'s (2020).
@@ -220,7 +222,7 @@ def compute_measures(
     n = min(settings.max_examples, pixel_values.shape[0])
     device = next(model.parameters()).device
     x, y = pixel_values[:n].to(device), labels[:n].to(device)
-    was_training = model.training
+    saved_modes = module_modes(model)
     model.eval()
     out = _Collector()
     try:
@@ -239,7 +241,7 @@ def compute_measures(
         ]
         _flatness_columns(out, model, params, flat, settings, progress)
     finally:
-        model.train(was_training)
+        restore_modes(saved_modes)
     if details is not None:
         details.update(out.details)
     return out.values, out.errors

@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from .._caller_state import module_modes, restore_modes
 from .._validation import integer
 from .measures import MeasureSettings
 
@@ -46,7 +47,7 @@ def seed_stability(
         (x[i : i + settings.batch_size], y[i : i + settings.batch_size]) for i in range(0, n, settings.batch_size)
     ]
     params = list(wprobe.trainable_parameters(model).values())
-    was_training = model.training
+    saved_modes = module_modes(model)
     model.eval()
 
     def logits_fn(inputs):
@@ -72,5 +73,5 @@ def seed_stability(
         for name, fn in runs.items():
             out[name] = {int(d): _cv([fn(int(d), s)["flatness"] for s in range(seeds)]) for d in draws}
     finally:
-        model.train(was_training)
+        restore_modes(saved_modes)
     return out

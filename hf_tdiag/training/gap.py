@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .._caller_state import module_modes, restore_modes
 from .._progress import tqdm
 from .._validation import finite_float
 
@@ -21,7 +22,7 @@ def evaluate_classifier(model, dataloader, accelerator=None, desc: str = "eval",
     With an ``accelerate.Accelerator`` and a prepared dataloader, per-sample losses and predictions are gathered
     with ``gather_for_metrics`` so every sample counts once however many processes share the data.
     """
-    was_training = model.training
+    saved_modes = module_modes(model)
     model.eval()
     total_loss, correct, count = 0.0, 0, 0
     show = not disable_tqdm and (accelerator is None or accelerator.is_local_main_process)
@@ -37,7 +38,7 @@ def evaluate_classifier(model, dataloader, accelerator=None, desc: str = "eval",
             correct += int(hits.sum())
             count += int(hits.numel())
     finally:
-        model.train(was_training)
+        restore_modes(saved_modes)
     if count == 0:
         raise ValueError("dataloader: no samples to evaluate")
     return {"loss": total_loss / count, "accuracy": correct / count, "samples": count}
