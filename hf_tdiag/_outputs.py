@@ -268,6 +268,7 @@ def add_overwrite_flag(parser) -> None:
     """``--overwrite-output-dir`` (``--overwrite_output_dir`` accepted)."""
     parser.add_argument(
         OVERWRITE_FLAG,
+        OVERWRITE_FLAG.replace("-", "_").replace("__", "--", 1),  # plain argparse parsers (the recipes) take both
         action="store_true",
         help="replace the results of an earlier run in the output folder (default: refuse a folder holding another "
         "run's model, checkpoints or results)",

@@ -456,3 +456,15 @@ def test_the_cards_reproduction_command_never_carries_the_overwrite_flag(tmp_pat
 
     command = _command(_train_args(tmp_path, overwrite_output_dir=True, learning_rate=0.01))
     assert "overwrite" not in command and "--learning_rate 0.01" in command
+
+
+def test_the_overwrite_flag_takes_both_spellings_in_a_plain_parser():
+    import argparse
+
+    from hf_tdiag._outputs import add_overwrite_flag
+
+    parser = argparse.ArgumentParser()
+    add_overwrite_flag(parser)
+    assert parser.parse_args([]).overwrite_output_dir is False
+    for spelling in ("--overwrite-output-dir", "--overwrite_output_dir"):
+        assert parser.parse_args([spelling]).overwrite_output_dir is True
