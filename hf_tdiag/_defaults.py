@@ -10,6 +10,6 @@ DEFAULT_RANK_TOL = 1e-10
 
 
 #: the sections of ``hf-tdiag report``, in page order (the command line checks --sections against them)
-REPORT_SECTIONS = ("summary", "srr", "schatten", "concepts", "attention")
+REPORT_SECTIONS = ("summary", "srr", "schatten", "concepts", "attention", "ledger")
 
 __all__ = ["DEFAULT_L_PHI", "DEFAULT_RANK_TOL", "REPORT_SECTIONS"]

@@ -287,7 +287,7 @@ def test_push_to_hub_records_the_repo_url_in_the_results(tmp_path, monkeypatch):
     monkeypatch.setattr(
         hub, "publish", lambda out, repo, **kw: calls.append((out, repo, kw)) or "https://hub.test/me/x"
     )
-    monkeypatch.setattr(loop, "write_json", lambda path, data: None)
+    monkeypatch.setattr(outcome, "write_json", lambda path, data: None)
 
     class Card:
         def save(self, path):
@@ -297,7 +297,7 @@ def test_push_to_hub_records_the_repo_url_in_the_results(tmp_path, monkeypatch):
     args = targs.make_args(output_dir=str(tmp_path / "run"), push_to_hub=True)
     run = SimpleNamespace(
         args=args,
-        config=None,
+        config=SimpleNamespace(model_type="crate"),
         raw=None,
         preset=None,
         unwrapped="model",

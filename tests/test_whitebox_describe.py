@@ -1,5 +1,5 @@
-"""describe() on ToST, CRATE-MAE and CRATE-α: the handles are the models' own modules; SRR reads ToST's U; what
-has no role (CRATE-α's overcomplete dictionaries) is refused by the diagnostics that need it."""
+"""describe() on ToST, CRATE-MAE and CRATE-α: the handles are the models' own modules (CRATE-α's overcomplete
+dictionaries D and D₁ through the roles sparse_dictionary / sparse_decoder); SRR reads ToST's U."""
 
 import pytest
 import torch
@@ -28,9 +28,12 @@ def test_handles_are_the_models_own_modules():
             assert handle.attention_norm is block.layernorm_before
     assert describe(tost).layers[0].ffn_in is tost.tost.layer[0].mlp.fc1 and describe(tost).attention == "tssa"
     assert describe(mae).layers[2].ista is mae.crate_mae.encoder[2].ista
-    assert describe(alpha).layers[0].ffn_in is None and describe(alpha).layers[0].ista is None
-    with pytest.raises(ValueError, match="ffn_in"):
-        hf_tdiag.spectrum_bounds(alpha)
+    h = describe(alpha).layers[0]
+    coder = alpha.crate_alpha.encoder.layer[0].sparse_coding
+    assert h.ffn_in is None and h.ista is None and h.sparse_dictionary is coder and h.sparse_decoder is coder
+    D, D1 = h.sparse_coding_weights()
+    assert D is coder.D and D1 is coder.D1
+    assert h.paths["sparse_decoder"] == "crate_alpha.encoder.layer.0.sparse_coding"
 
 
 def test_srr_uses_tost_subspaces():

@@ -17,7 +17,22 @@ CRATE: Q = K = V = U_k (the shared ``attention.qkv`` rows of head k), W_O =
 reported with type ``"ista"``, and M_out is the identity: ``‖M_out‖₂ = 1`` in
 every factor, and, not being learned, it adds no term to ``B_ours`` and no
 ``‖M_out‖_{2,1}`` term to ξ_ℓ. L_φ is left as given (ISTA's ReLU is 1-Lipschitz;
-pass ``L_phi=1.0`` for that reading).
+pass ``L_phi=1.0`` for that reading). CRATE-MAE's encoder blocks are CRATE blocks and are read the same way.
+
+CRATE-α: Q = K = V = U_k, W_O = ``attention.out_proj`` (no bias). Its block ends with a residual sparse-coding
+step ``z⁺ = z½ + D₁a₂(x)``, ``x = LN₂(z½)``, with ``a₁ = ReLU(ηDᵀx − ηλ)``, ``a₂ = ReLU(a₁ − ηDᵀ(Da₁ − x) − ηλ)``
+and ``D, D₁`` of shape (N, r·N). In row-vector form that is the paper's residual FFN ``φ(x M_in) M_out`` with
+``M_in = D`` (N × r·N, type ``"ista_d"``, read from ``sparse_coding.D``), ``M_out = D₁ᵀ`` (r·N × N, type
+``"ista_d1"``, from ``sparse_coding.D1``) and φ the two ISTA steps as a function of ``u = xD``:
+``a₁ = ReLU(ηu − ηλ)``, ``a₂ = ReLU(a₁(I − ηDᵀD) + ηu − ηλ)``. Both matrices enter every formula exactly where
+M_in and M_out do (spectra, γ, α, ξ_ℓ). What the paper's argument does not cover, and this reading leaves out:
+φ here is not a fixed activation — it holds D a second time, through ``DᵀD`` — so (i) its Lipschitz constant in
+``u`` is the weight-dependent ``η(1 + ‖I − ηDᵀD‖₂)``, not a universal L_φ (``L_phi`` stays the user's number, as
+for CRATE), and (ii) D's covering term counts its first use ``x ↦ xD`` only, not its second one inside φ (CRATE's
+ISTA step, ``x(I + ηD − ηDᵀD)``, also uses its D twice and is read the same way).
+
+ToST is refused: its token-statistics attention (TSSA) computes no softmax of query–key logits, so the paper's
+attention matrices QK_h, Ṽ_h and the attention's Lipschitz factor ``1 + 4‖QK_h‖₂`` do not describe it.
 
 Decoders (GPT-2 and Llama families, :mod:`hf_tdiag.probes.decoders`) — the extension of the paper's matrices:
 
@@ -98,6 +113,12 @@ def _check_finite(w: EncoderWeights, layer: int, roles) -> None:
         if t is not None and not S.all_finite(t):
             raise ValueError(f"model: layer {layer} {role} ({w.layers[layer].names.get(role)}) contains NaN or inf")
 
+
+TSSA_REFUSAL = (
+    "model: ToST's token-statistics self-attention (TSSA) is not softmax attention: it forms no query–key logits, so "
+    "the bound's attention matrices QK_h = W_Q,hᵀ W_K,h, Ṽ_h and their Lipschitz factor 1 + 4‖QK_h‖₂ do not describe "
+    "it, and spectrum_bounds does not apply to ToST"
+)
 
 _ffn_spectrum = ffn_job  # one FFN matrix's σ, column norms and ‖·‖_{1,1} (module attribute: tests patch it)
 
@@ -258,6 +279,8 @@ def _source(model_or_path, streaming: bool, load_kwargs):
     from ..probes.describe import describe
 
     desc = describe(model)
+    if desc.attention == "tssa":
+        raise ValueError(TSSA_REFUSAL)
     from ..probes.offload import is_offloaded
 
     if is_offloaded(model):  # Accelerate big-model inference: one job's weights at a time from the offload store
@@ -304,7 +327,7 @@ def _matrix_groups(sh, sp: dict, gamma: dict, alpha: torch.Tensor) -> list[tuple
     if "out_sigma" in sp:
         groups.append(
             (
-                "m_out",
+                sh.ffn_out_type,
                 sp["out_sigma"],
                 sp["out_cols"],
                 sp["out_11"],
@@ -390,7 +413,8 @@ def spectrum_bounds(
         norms["out_21"],
     )
     edelman = float(S.edelman_bound(alpha, xi))
-    shapes = {"qk": (N, N), "v": (N, N), sh.ffn_in_type: (N, sh.ffn_in_width), "m_out": (sh.intermediate_size, N)}
+    shapes = {"qk": (N, N), "v": (N, N), sh.ffn_in_type: (N, sh.ffn_in_width)}
+    shapes[sh.ffn_out_type] = (sh.intermediate_size, N)
     records = _records(stats, shapes, L, H)
     return SchattenReport(
         model=name,

@@ -17,7 +17,7 @@ import torch
 from ..measures import schatten as S
 from .report import FLOAT, INT, STR, ReportContract, typed_frame
 
-MATRIX_TYPES = ("qk", "v", "m_in", "ista", "m_out")
+MATRIX_TYPES = ("qk", "v", "m_in", "ista", "ista_d", "m_out", "ista_d1")
 
 
 def _json_float(x: float) -> float | str | None:
@@ -185,7 +185,7 @@ class SchattenReport(ReportContract):
         return np.stack([m.contributions for m in self.matrices])
 
     def by_type(self, matrix_type: str) -> list[MatrixRecord]:
-        """The records of one type (``"qk"``, ``"v"``, ``"m_in"``, ``"ista"``, ``"m_out"``)."""
+        """The records of one type (one of :data:`MATRIX_TYPES`; ``"ista_d"``/``"ista_d1"``: CRATE-α's D and D₁)."""
         if matrix_type not in MATRIX_TYPES:
             raise ValueError(f"matrix_type: expected one of {MATRIX_TYPES}, got {matrix_type!r}")
         return [m for m in self.matrices if m.type == matrix_type]

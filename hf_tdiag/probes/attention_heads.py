@@ -2,7 +2,9 @@
 
 Every model is read through :func:`hf_tdiag.probes.describe.describe`:
 
-* encoders (CRATE, ViT-like, BERT-like): bidirectional, the head's rows of the query / key projections;
+* encoders (CRATE, CRATE-α, CRATE-MAE's encoder, ViT-like, BERT-like): bidirectional, the head's rows of the
+  query / key projections (the white-box families: of the one shared projection ``U``);
+* ToST is refused: its attention (TSSA) is not a softmax over query–key logits;
 * GPT-2 (``model_type`` ``gpt2``): the fused ``attn.c_attn`` (a ``Conv1D``, ``y = x W + b`` with
   ``W (d, 3d)``: query columns ``h·p:(h+1)·p``, key columns ``d + h·p:…``), causal, learned absolute positions;
 * Llama-style decoders (``self_attn.q_proj/k_proj``, grouped K/V heads, rotary position embedding):
@@ -115,6 +117,11 @@ def head_weights(model: nn.Module, layer: int, head: int) -> HeadWeights:
     if getattr(model, "config", None) is None:
         raise TypeError(f"model: expected a Transformers model with a .config, got {type(model).__name__}")
     arch = describe(model)
+    if arch.attention == "tssa":
+        raise ValueError(
+            "model: ToST's token-statistics self-attention (TSSA) has no softmax attention (no query–key logits, no "
+            "token a query selects), so the attention-as-SVM diagnostic does not apply to it"
+        )
     if arch.decoder is not None:
         return _decoder_head(model, arch, layer, head)
     integer(layer, "layer", low=0, high=arch.num_layers)

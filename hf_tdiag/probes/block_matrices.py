@@ -4,6 +4,9 @@ The blocks and their modules come from :func:`hf_tdiag.probes.describe.describe`
 role table; the accepted names are listed in :mod:`hf_tdiag.probes.families.encoders`). CRATE: Q = K = V = the
 shared projection ``attention.qkv`` split by head, the output matrix is ``attention.output_matrix()`` (every
 variant), and the ISTA dictionary ``ista.weight`` takes the place of the first FFN matrix with no second one.
+CRATE-α: Q = K = V = ``attention.qkv`` by head, W_O = ``attention.out_proj``; its overcomplete dictionary ``D``
+(role ``sparse_dictionary``) takes the place of the first FFN matrix (as the weight ``Dᵀ`` (r·d, d) of
+``x ↦ Dᵀx``) and its decoder ``D₁`` (role ``sparse_decoder``) that of the second (``D₁`` (d, r·d) of ``a ↦ D₁a``).
 Decoders are read through their :class:`~hf_tdiag.probes.decoders.DecoderLayout` instead (``describe(model).decoder``).
 
 Everything returned is a detached view of the model's parameters in PyTorch ``(out, in)`` layout (no copies, no
@@ -28,8 +31,8 @@ class LayerWeights:
     """One encoder layer's matrices, PyTorch ``(out, in)`` layout.
 
     ``query/key/value``: ``(H·d_h, N)``; ``attn_output``: ``(N, H·d_h)``;
-    ``ffn_in``: ``(I, N)`` (CRATE: the ISTA dictionary ``D``, ``(N, N)``);
-    ``ffn_out``: ``(N, I)``, or ``None`` where the block has no second FFN matrix (CRATE).
+    ``ffn_in``: ``(I, N)`` (CRATE: the ISTA dictionary ``D``, ``(N, N)``; CRATE-α: ``Dᵀ``, ``(r·N, N)``);
+    ``ffn_out``: ``(N, I)`` (CRATE-α: ``D₁``), or ``None`` where the block has no second FFN matrix (CRATE).
     ``names`` maps each role to the module path it was read from.
     """
 
@@ -46,8 +49,10 @@ class LayerWeights:
 class EncoderWeights:
     """The encoder's layers plus the shapes the bound needs.
 
-    ``family`` is ``"bert-like"`` (BERT/RoBERTa/ELECTRA/DistilBERT/ViT/DeiT layout) or ``"crate"``;
-    ``ffn_in_type`` names the role of ``ffn_in`` in reports (``"m_in"``, or ``"ista"`` for CRATE).
+    ``family`` is ``"bert-like"`` (BERT/RoBERTa/ELECTRA/DistilBERT/ViT/DeiT layout), ``"crate"`` or the white-box
+    family's name (``"crate-mae"``, ``"crate-alpha"``); ``ffn_in_type`` names the role of ``ffn_in`` in reports
+    (``"m_in"``, ``"ista"`` for CRATE's square dictionary, ``"ista_d"`` for CRATE-α's ``D``), ``ffn_out_type`` that of
+    ``ffn_out`` (``"m_out"``, ``"ista_d1"`` for CRATE-α's ``D₁``).
     """
 
     family: str
@@ -60,6 +65,7 @@ class EncoderWeights:
     ffn_in_type: str
     layers: list[LayerWeights]
     layer_paths: list[str]
+    ffn_out_type: str = "m_out"
 
     def heads(self, layer: int, role: str) -> torch.Tensor:
         """Per-head rows ``(H, d_h, N)``: W_Q,h / W_K,h / W_V,h (role query/key/value) or the rows of (W_O)ᵀ (role attn_output)."""
@@ -77,10 +83,33 @@ def _w(linear: nn.Module) -> torch.Tensor:
     return linear.weight.detach()
 
 
+def _sparse_layer(h: BlockHandles, names: dict) -> LayerWeights:
+    """CRATE-α's block: ``Dᵀ`` as ``ffn_in`` (the weight of ``x ↦ Dᵀx``), ``D₁`` as ``ffn_out``."""
+    D, D1 = h.sparse_coding_weights()
+    names.update(
+        attn_output=h.paths["attn_output"],
+        ffn_in=f"{h.paths['sparse_dictionary']}.D",
+        ffn_out=f"{h.paths['sparse_decoder']}.D1",
+    )
+    return LayerWeights(
+        query=_w(h.query),
+        key=_w(h.key),
+        value=_w(h.value),
+        attn_output=h.output_weight().detach(),
+        ffn_in=D.detach().mT,
+        ffn_out=D1.detach(),
+        names=names,
+    )
+
+
 def _layer(desc: Description, h: BlockHandles) -> LayerWeights:
-    """One block's matrices; CRATE's ISTA dictionary stands in for ``ffn_in``."""
+    """One block's matrices; CRATE's ISTA dictionary stands in for ``ffn_in``, CRATE-α's ``D``/``D₁`` for both."""
     ista = h.ista is not None
-    needed = ("attn_output", "ista") if ista else ("attn_output", "ffn_in", "ffn_out")
+    sparse = h.sparse_dictionary is not None
+    if sparse:
+        needed = ("attn_output", "sparse_dictionary", "sparse_decoder")
+    else:
+        needed = ("attn_output", "ista") if ista else ("attn_output", "ffn_in", "ffn_out")
     missing = [role for role in needed if h.module(role) is None]
     if missing:
         raise ValueError(
@@ -88,6 +117,8 @@ def _layer(desc: Description, h: BlockHandles) -> LayerWeights:
             f"{'/'.join(missing)} module (accepted names: {expected_text()})"
         )
     names = {role: h.paths[role] for role in ("query", "key", "value")}
+    if sparse:
+        return _sparse_layer(h, names)
     if ista:
         computed = hasattr(h.attn_output, "output_matrix")  # CRATE: the variant's matrix, not a parameter
         names.update(attn_output=h.paths["attn_output"] + (".output_matrix()" if computed else ""))
@@ -138,6 +169,7 @@ def encoder_weights(model: nn.Module | Description) -> EncoderWeights:
     num_heads = desc.layers[-1].num_heads
     n, inner, inter = _check_shapes(layers, num_heads)
     crate = desc.layers[0].ista is not None
+    sparse = desc.layers[0].sparse_dictionary is not None
     family = (
         "crate" if crate and desc.family == "crate" else "bert-like" if desc.family in ("vit", "bert") else desc.family
     )
@@ -149,7 +181,8 @@ def encoder_weights(model: nn.Module | Description) -> EncoderWeights:
         num_heads=num_heads,
         head_dim=inner // num_heads,
         intermediate_size=inter,
-        ffn_in_type="ista" if crate else "m_in",
+        ffn_in_type="ista" if crate else "ista_d" if sparse else "m_in",
         layers=layers,
         layer_paths=[h.path for h in desc.layers],
+        ffn_out_type="ista_d1" if sparse else "m_out",
     )

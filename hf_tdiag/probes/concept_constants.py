@@ -40,6 +40,7 @@ from ..measures.concepts.certified import (
     layernorm_lipschitz,
     layernorm_output_norm,
     op_norm,
+    sparse_coding_lipschitz,
 )
 from .concept_decoder import alpha_estimated
 from .concept_model import ConceptModel, LayerActivations
@@ -106,6 +107,14 @@ def _attention(h, X, radius, cap=None):
     return lip, dev
 
 
+def _ffn_lipschitz(cm: ConceptModel, h) -> float:
+    """Lipschitz constant of a pre-norm block's residual branch after LN2: an MLP, or CRATE-α's sparse coding."""
+    sparse = h.sparse_coding_weights()
+    if sparse is not None:
+        return sparse_coding_lipschitz(*sparse, h.sparse_dictionary.step_size)
+    return feed_forward_lipschitz(h.ffn_in.weight, h.ffn_out.weight, cm.model.config.hidden_act)
+
+
 def block_lipschitz_certified(
     cm: ConceptModel, index: int, Z: torch.Tensor, radius: torch.Tensor, capped_input: bool = False
 ) -> tuple:
@@ -134,16 +143,17 @@ def _block_certified(cm: ConceptModel, h, Z: torch.Tensor, radius: torch.Tensor,
         l_ffn = feed_forward_lipschitz(h.ffn_in.weight, h.ffn_out.weight, cm.model.config.hidden_act)
         l_ln2, e_out = _ln(ln2, y2, (1 + l_ffn) * e_mid)
         lip = l_ln1 * (1 + l_att) * l_ln2 * (1 + l_ffn)
-    else:  # pre-norm: Z½ = Z + Attn(LN1(Z)); CRATE Z⁺ = ISTA(LN2(Z½)), ViT Z⁺ = Z½ + FFN(LN2(Z½))
+    else:  # pre-norm: Z½ = Z + Attn(LN1(Z)); CRATE (and CRATE-MAE) Z⁺ = ISTA(LN2(Z½)), ViT Z⁺ = Z½ + FFN(LN2(Z½)),
+        # CRATE-α Z⁺ = Z½ + D₁a₂(LN2(Z½))
         l_ln1, e_x = _ln(ln1, y1, e)
         l_att, d_att = _attention(h, x1, e_x, math.sqrt(T) * layernorm_output_norm(ln1.weight, ln1.bias, d))
         sub1, e_mid = 1 + l_att * l_ln1, e + d_att
         l_ln2, e_y = _ln(ln2, y2, e_mid)
-        if cm.family == "crate":
+        if h.ista is not None:
             l_ista = ista_lipschitz(h.ista.weight, h.ista.step_size)
             lip, e_out = sub1 * l_ista * l_ln2, l_ista * e_y
         else:
-            l_ffn = feed_forward_lipschitz(h.ffn_in.weight, h.ffn_out.weight, cm.model.config.hidden_act)
+            l_ffn = _ffn_lipschitz(cm, h)
             lip, e_out = sub1 * (1 + l_ffn * l_ln2), e_mid + l_ffn * e_y
     # each token moves at most the whole Frobenius distance, which the Lipschitz bound also controls
     return lip, torch.minimum(e_out, (lip * e.norm(dim=-1))[:, None])

@@ -28,11 +28,17 @@ from .offload import runnable
 from .token_states import model_device, model_dtype
 
 _SUPPORTED = (
-    "CRATE (model_type 'crate'), a ViT-like image classifier (ViTForImageClassification, DeiT, ...), a "
+    "CRATE (model_type 'crate'), CRATE-α or CRATE-MAE (their image classifiers), a ViT-like image classifier "
+    "(ViTForImageClassification, DeiT, ...), a "
     "BERT-like encoder with a pooler (BertModel, BertForSequenceClassification, ...) or a GPT-2 / "
     "Llama-family decoder (GPT2LMHeadModel, LlamaForCausalLM, ...)"
 )
 _TEXT_FAMILIES = ("bert", "gpt2", "llama")
+TSSA_REFUSAL = (
+    "model: concept fidelity does not apply to ToST: its bound's α constant bounds how a Gram error moves the next "
+    "block's softmax attention and its certified constants are those of softmax-attention blocks, but ToST's TSSA "
+    "has no softmax attention (it reads per-coordinate token statistics)"
+)
 
 
 @dataclass
@@ -40,7 +46,7 @@ class ConceptModel:
     """Handles of a classifier needed to split it at layer ℓ."""
 
     model: nn.Module
-    family: str  # "crate" | "vit" | "bert"
+    family: str  # "crate" | "crate-alpha" | "crate-mae" | "vit" | "bert" | "gpt2" | "llama"
     blocks: nn.ModuleList
     readout: Callable[[torch.Tensor], torch.Tensor]  # Z^L (B, T, d) -> head features (B, d)
     readout_modules: tuple  # modules the readout uses
@@ -103,7 +109,7 @@ def _image_model(model, arch, head) -> ConceptModel:
         )
     (ih, iw), (ph, pw) = size_pair(image_size, "image_size"), size_pair(patch_size, "patch_size")
     grid = (ih // ph, iw // pw)
-    if arch.family == "crate":
+    if arch.family in ("crate", "crate-alpha"):  # pooling, then the classifier's own LayerNorm
         pooling = getattr(config, "pooling", "cls")
         norm = model.classifier_norm
 
@@ -112,7 +118,7 @@ def _image_model(model, arch, head) -> ConceptModel:
 
         return ConceptModel(
             model,
-            "crate",
+            arch.family,
             arch.encoder_layers,
             readout,
             (norm,),
@@ -135,7 +141,7 @@ def _image_model(model, arch, head) -> ConceptModel:
 
     return ConceptModel(
         model,
-        "vit",
+        "crate-mae" if arch.family == "crate-mae" else "vit",  # CRATE-MAE: its encoder's final LayerNorm, CLS token
         arch.encoder_layers,
         readout,
         (norm,),
@@ -202,6 +208,8 @@ def concept_model_parts(model: nn.Module, head: nn.Linear | None = None) -> Conc
         arch = describe(model)
     except (ValueError, TypeError) as err:
         raise ValueError(f"model: expected {_SUPPORTED}; {err}") from None
+    if arch.attention == "tssa":
+        raise ValueError(TSSA_REFUSAL)
     if arch.family == "crate_text":
         from .families.crate_text import CONCEPTS_REFUSAL
 

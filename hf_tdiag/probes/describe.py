@@ -48,6 +48,10 @@ ROLES: dict[str, str] = {
     "ffn_in": "first FFN matrix (I, d) (a gated MLP's up projection)",
     "ffn_out": "second FFN matrix (d, I) (a gated MLP's down projection)",
     "ista": "CRATE's ISTA dictionary D (d, d), in place of the FFN",
+    "sparse_dictionary": "CRATE-α's overcomplete dictionary D (d, r·d), the module's parameter D: its two ISTA steps "
+    "a₁ = ReLU(ηDᵀx − ηλ), a₂ = ReLU(a₁ − ηDᵀ(Da₁ − x) − ηλ), in place of the FFN's first matrix",
+    "sparse_decoder": "CRATE-α's decoding dictionary D₁ (d, r·d), the module's parameter D1: z⁺ = z½ + D₁a₂, in place "
+    "of the FFN's second matrix",
     "attention_norm": "pre-norm blocks: the norm of the attention input (the pre-attention LayerNorm / RMSNorm)",
     "ffn_norm": "pre-norm blocks: the norm of the FFN / ISTA input",
     "attention_post_norm": "post-norm blocks: the norm of the attention sub-layer's residual sum LN(z + attn(z))",
@@ -126,6 +130,8 @@ class BlockHandles:
     ffn_in: nn.Module | None = None
     ffn_out: nn.Module | None = None
     ista: nn.Module | None = None
+    sparse_dictionary: nn.Module | None = None  # CRATE-α: the sparse coder holding D (parameter ``.D``)
+    sparse_decoder: nn.Module | None = None  # CRATE-α: the sparse coder holding D₁ (parameter ``.D1``)
     attention_norm: nn.Module | None = None
     ffn_norm: nn.Module | None = None
     attention_post_norm: nn.Module | None = None
@@ -144,6 +150,13 @@ class BlockHandles:
         if source not in ("query", "key", "value"):
             raise ValueError(f"source: expected 'query', 'key' or 'value', got {source!r}")
         return getattr(self, source).weight
+
+    def sparse_coding_weights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """CRATE-α: ``(D, D₁)``, each ``(d, r·d)`` — the parameters ``.D`` of the ``sparse_dictionary`` module and
+        ``.D1`` of the ``sparse_decoder`` module; None for a block without them."""
+        if self.sparse_dictionary is None or self.sparse_decoder is None:
+            return None
+        return self.sparse_dictionary.D, self.sparse_decoder.D1
 
     def output_weight(self) -> torch.Tensor | None:
         """Attention output matrix ``(d, H*dh)`` (CRATE: the variant's effective output matrix)."""

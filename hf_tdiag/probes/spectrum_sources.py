@@ -38,11 +38,12 @@ class SourceShapes:
     head_dim: int
     intermediate_size: int  # I: width of the MLP's hidden layer (rows of M_out)
     ffn_in_width: int  # columns of the row-vector M_in: I, or 2I for a gated MLP ([W_gateᵀ | W_upᵀ])
-    ffn_in_type: str  # "m_in" | "ista"
+    ffn_in_type: str  # "m_in" | "ista" (CRATE's square D) | "ista_d" (CRATE-α's D)
     has_ffn_out: bool
     layers_path: str
     num_kv_heads: int | None = None
     gated: bool = False
+    ffn_out_type: str = "m_out"  # "m_out" | "ista_d1" (CRATE-α's decoder D₁)
 
 
 class EncoderSource:
@@ -68,6 +69,7 @@ class EncoderSource:
             ffn_in_type=w.ffn_in_type,
             has_ffn_out=w.layers[0].ffn_out is not None,
             layers_path=w.layer_paths[0].rsplit(".", 1)[0],
+            ffn_out_type=w.ffn_out_type,
         )
 
     @property

@@ -38,6 +38,7 @@ from ..viz import images
 from .attention_section import section_attention
 from .concept_section import _default_concept_layer, section_concepts
 from .html import Figure, Section, Table, dumps, render_html, to_jsonable
+from .ledger_section import section_ledger
 from .options import ReportInputs, ReportOptions
 from .section_tools import _TITLES, _add_figures, _arch, _forward, _png, _skip
 
@@ -285,6 +286,7 @@ SECTIONS: dict[str, SectionFn] = {
     "schatten": section_schatten,
     "concepts": section_concepts,
     "attention": section_attention,
+    "ledger": section_ledger,
 }
 
 
@@ -306,7 +308,7 @@ def build_report(
 
     Inputs come either as a prepared :class:`ReportInputs` or as ``images`` (PIL images, with optional ``labels``)
     which are run through the model's image processor. ``sections`` selects a subset of
-    ``("summary", "srr", "schatten", "concepts", "attention")``.
+    ``("summary", "srr", "schatten", "concepts", "attention", "ledger")``.
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     options = options or ReportOptions()

@@ -72,4 +72,5 @@ _TITLES = {
     "schatten": "Generalization-bound proxies (spectrum-adaptive Schatten vs Edelman)",
     "concepts": "Concept fidelity",
     "attention": "Attention maps and attention-as-SVM",
+    "ledger": "Objective ledger of the white-box blocks",
 }

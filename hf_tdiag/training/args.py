@@ -86,9 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--preset",
         type=str,
         default=None,
-        help="CrateConfig preset (crate-tiny|small|base|large|32|digits); default crate-digits for the "
-        "digits data (upsampled to 16 px with 4 px patches and mean pooling unless overridden), crate-32 for "
-        "images <= 32 px, crate-tiny otherwise.",
+        help="CrateConfig preset (crate-tiny|small|base|large|32|digits), or a CRATE-α or ToST preset "
+        "(crate-alpha-digits, crate-alpha-base-16, tost-digits, tost-small-12-p16, ...), which trains that family; "
+        "default crate-digits for the digits data (upsampled to 16 px with 4 px patches and mean pooling unless "
+        "overridden), crate-32 for images <= 32 px, crate-tiny otherwise.",
     )
     model.add_argument(
         "--variant",
@@ -96,7 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="Output matrix of MSSA (default: the checkpoint's, or crate).",
     )
-    model.add_argument("--model-name-or-path", type=str, default=None, help="Fine-tune an existing CRATE checkpoint.")
+    model.add_argument(
+        "--model-name-or-path", type=str, default=None, help="Fine-tune an existing CRATE, CRATE-α or ToST checkpoint."
+    )
     model.add_argument("--trust-remote-code", action="store_true")
     model.add_argument(
         "--ignore-mismatched-sizes",

@@ -45,6 +45,7 @@ from .checkpointing import (
     training_settings,
 )
 from .data import build_datasets, load_raw_data
+from .families import architecture_name
 from .gap import evaluate_classifier
 from .model import build_model_and_processor, image_size_of
 from .optim import build_optimizer
@@ -340,7 +341,7 @@ def _announce(run: TrainingRun) -> None:
     args, accelerator = run.args, run.accelerator
     accelerator.print(
         f"training {type(run.unwrapped).__name__} ({run.preset or args.model_name_or_path}, variant "
-        f"{run.config.variant}, {sum(p.numel() for p in run.unwrapped.parameters()):,} parameters) on {run.raw.name}: "
+        f"{architecture_name(run.config)}, {sum(p.numel() for p in run.unwrapped.parameters()):,} parameters) on {run.raw.name}: "
         f"{run.raw.num_train} train / {run.raw.num_eval} eval images, {args.num_train_epochs} epochs, "
         f"{args.max_train_steps} steps, {accelerator.num_processes} process(es) x {run.threads} thread(s), "
         f"mixed precision {accelerator.mixed_precision}"

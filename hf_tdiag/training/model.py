@@ -1,9 +1,11 @@
-"""Build the CRATE classifier and its image processor from the trainer arguments and the data."""
+"""Build the CRATE classifier (or, from their presets or checkpoints, a CRATE-α or ToST one:
+:mod:`hf_tdiag.training.families`) and its image processor from the trainer arguments and the data."""
 
 from __future__ import annotations
 
 from .._model_limits import check_training_size
 from ..models.crate import CRATE_PRESETS, CrateConfig, CrateForImageClassification, CrateImageProcessor, size_pair
+from .families import build_family_model, check_trainable, family_of_preset, family_processor
 
 _OVERRIDES = (
     "image_size",
@@ -34,16 +36,18 @@ def build_model_and_processor(args, raw):
 
         from ..loading import load_config, load_image_processor, load_pretrained
 
-        overrides = {k: getattr(args, k) for k in ("pooling", "hidden_dropout_prob") if getattr(args, k) is not None}
-        if args.variant is not None:
-            overrides["variant"] = args.variant
         trust, flag = bool(args.trust_remote_code), "model_name_or_path"
         config = load_config(args.model_name_or_path, trust_remote_code=trust, name=flag)
+        check_trainable(config, flag)  # CRATE, CRATE-α or ToST
+        names = ("pooling", "hidden_dropout_prob")
+        overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None and hasattr(config, k)}
+        if args.variant is not None:
+            if config.model_type != "crate":
+                raise ValueError(
+                    f"variant: --variant chooses CRATE's MSSA output matrix; {config.model_type!r} has none"
+                )
+            overrides["variant"] = args.variant
         config.update({"num_labels": len(raw.labels), "id2label": id2label, "label2id": label2id, **overrides})
-        if getattr(config, "model_type", None) != "crate":
-            raise ValueError(
-                f"model_name_or_path: expected a CRATE checkpoint (model_type 'crate'), got {config.model_type!r}"
-            )
         model = load_pretrained(
             args.model_name_or_path,
             AutoModelForImageClassification,
@@ -53,11 +57,16 @@ def build_model_and_processor(args, raw):
             ignore_mismatched_sizes=args.ignore_mismatched_sizes,
         )
         processor = load_image_processor(args.model_name_or_path, trust_remote_code=trust)
-        processor = processor or CrateImageProcessor.for_config(model.config)
+        if processor is None:
+            crate = model.config.model_type == "crate"
+            processor = CrateImageProcessor.for_config(model.config) if crate else family_processor(model.config)
         return model, processor, None
     preset = args.preset or default_preset(raw)
+    family = family_of_preset(preset)  # CRATE-α and ToST presets build those families (training/families.py)
+    if family is not None:
+        return build_family_model(family, preset, args, raw, id2label, label2id)
     if preset not in CRATE_PRESETS:
-        raise ValueError(f"preset: expected one of {list(CRATE_PRESETS)}, got {preset!r}")
+        raise ValueError(f"preset: expected one of {list(CRATE_PRESETS)} or a CRATE-α / ToST preset, got {preset!r}")
     overrides = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
     if "hidden_size" in overrides or "num_attention_heads" in overrides:
         hidden = overrides.get("hidden_size", CRATE_PRESETS[preset]["hidden_size"])

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .._atomic import write_json
+from .families import architecture_name
 from .gap import evaluate_classifier, generalization_gap
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def final_results(run: TrainingRun, train_runtime: float) -> dict:
         "eval_split": run.raw.eval_split,
         "augmentation": run.datasets.augmentation,
         "preset": run.preset,
-        "variant": run.config.variant,
+        "variant": architecture_name(run.config),
         "num_parameters": sum(p.numel() for p in run.unwrapped.parameters()),
         "srr_weight": args.srr_weight,
         "srr_layer": args.srr_layer,
@@ -95,8 +96,12 @@ def _publish(run: TrainingRun, results: dict) -> None:
     from .model_card import build_model_card
 
     args = run.args
-    card = build_model_card(run.config, results, args, run.raw, preset=run.preset, output_dir=args.output_dir)
-    card.save(os.path.join(args.output_dir, "README.md"))
+    crate = run.config.model_type == "crate"  # the card's template describes CRATE's blocks, not CRATE-α's or ToST's
+    if crate:
+        card = build_model_card(run.config, results, args, run.raw, preset=run.preset, output_dir=args.output_dir)
+        card.save(os.path.join(args.output_dir, "README.md"))
+    else:
+        run.accelerator.print(f"no model card: its template describes CRATE, not {run.config.model_type}")
     write_json(os.path.join(args.output_dir, "all_results.json"), results)
     run.accelerator.print(
         f"done in {results['train_runtime_s']:.1f}s: eval_accuracy {results['eval_accuracy']:.4f} eval_loss "
@@ -113,9 +118,13 @@ def _publish(run: TrainingRun, results: dict) -> None:
             model=run.unwrapped,
             processor=run.processor,
             # the card again for the repo id the Hub resolved (namespace/name): its usage snippet names the repo
-            card=lambda hub_id: build_model_card(
-                run.config, results, args, run.raw, preset=run.preset, output_dir=args.output_dir, repo_id=hub_id
-            ),
+            card=(
+                lambda hub_id: build_model_card(
+                    run.config, results, args, run.raw, preset=run.preset, output_dir=args.output_dir, repo_id=hub_id
+                )
+            )
+            if crate
+            else None,
             token=args.hub_token,
             private=args.hub_private_repo,
         )

@@ -18,6 +18,7 @@ import torch
 
 from .._atomic import write_json
 from ..diagnostics.srr import TERMS, layer_srr
+from .families import architecture_name
 
 HISTORY_FILE = "srr_history.json"
 
@@ -99,7 +100,7 @@ def write(run) -> str:
         "every": args.track_srr_every,
         "eps": args.srr_eps,
         "lam": args.srr_lambda,
-        "variant": run.config.variant,
+        "variant": architecture_name(run.config),
         "num_layers": run.config.num_hidden_layers,
         "layers": list(range(1, run.config.num_hidden_layers + 1)),
         "history": run.srr_history,
@@ -121,7 +122,7 @@ def layer_srr_step(run) -> dict:
         return {}
     report = _eval_report(run, args.layer_srr_samples, progress=not args.disable_tqdm)
     if accelerator.is_main_process:
-        write_layer_srr(report, args.output_dir, title=f"{run.config.variant} on {run.raw.name}")
+        write_layer_srr(report, args.output_dir, title=f"{architecture_name(run.config)} on {run.raw.name}")
         accelerator.print(layer_srr_table(report))
     per_layer = report.per_layer("srr")  # block outputs Z^1..Z^L
     return {

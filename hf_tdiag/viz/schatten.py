@@ -16,7 +16,8 @@ from matplotlib.figure import Figure
 
 from . import new_subplots
 
-TYPE_LABELS = {"qk": "QK (per head)", "v": "Ṽ (per head)", "m_in": "M_in", "ista": "ISTA D (as M_in)", "m_out": "M_out"}
+TYPE_LABELS = {"qk": "QK (per head)", "v": "Ṽ (per head)", "m_in": "M_in", "ista": "ISTA D (as M_in)", "m_out": "M_out",
+               "ista_d": "CRATE-α D (as M_in)", "ista_d1": "CRATE-α D₁ᵀ (as M_out)"}  # fmt: skip
 PROXY_STYLE = {"schatten_bound": ("B_ours (spectrum-adaptive)", "-", "o"), "edelman_bound": ("B_Edelman", "--", "s")}
 
 
@@ -404,7 +405,7 @@ def optimal_p_heatmap(report) -> Figure:
 
     ``report`` is a :class:`hf_tdiag.diagnostics.schatten_report.SchattenReport`; each cell is one record's ``p_opt``.
     """
-    order = {"qk": 0, "v": 1, "m_in": 2, "ista": 2, "m_out": 3}
+    order = {"qk": 0, "v": 1, "m_in": 2, "ista": 2, "ista_d": 2, "m_out": 3, "ista_d1": 3}
     columns = sorted(
         {(m.type, -1 if m.head is None else m.head) for m in report.matrices}, key=lambda c: (order.get(c[0], 9), c[1])
     )

@@ -15,6 +15,8 @@ in short (token matrices ``(T, d)``, row-vector convention ``y = x W``):
   over the ball ``≤ ‖X₀ ·‖_op + r‖·‖_op`` (and ``≤ ‖X‖_F,max ‖·‖_op`` when the inputs are LayerNorm outputs).
 * feed-forward ``x W₁ → act → W₂``: ``‖W₁‖_op · sup|act'| · ‖W₂‖_op``; GELU's ``sup|GELU'| = Φ(√2) + √2 φ(√2)``.
 * CRATE's ISTA step ``ReLU(x (I + ηD − ηDᵀD) − ηλ)``: ``‖I + ηD − ηDᵀD‖_op`` (ReLU is 1-Lipschitz).
+* CRATE-α's sparse coding ``x ↦ D₁a₂``, ``a₁ = ReLU(ηDᵀx − ηλ)``, ``a₂ = ReLU((I − ηDᵀD)a₁ + ηDᵀx − ηλ)``:
+  ``‖D₁‖_op · η‖D‖_op · (1 + ‖I − ηDᵀD‖_op)`` (each ReLU is 1-Lipschitz; ``a₁`` moves at most ``η‖D‖`` per unit).
 * a residual ``x ↦ x + f(x)``: ``1 + L_f``; compositions multiply.
 
 The ``*_deviation`` functions bound each token's move instead (inputs whose token t stays within ``r_t`` of the
@@ -39,6 +41,7 @@ __all__ = [
     "layernorm_deviation",
     "feed_forward_lipschitz",
     "ista_lipschitz",
+    "sparse_coding_lipschitz",
 ]
 
 # sup_x |GELU'(x)| with GELU'(x) = Φ(x) + x φ(x); GELU''(x) = φ(x)(2 − x²) vanishes at ±√2, the max is at +√2
@@ -201,3 +204,12 @@ def ista_lipschitz(D: torch.Tensor, step_size: float) -> float:
     D = D.detach().double()
     eye = torch.eye(D.shape[0], dtype=torch.float64, device=D.device)
     return float(op_norm(eye + step_size * D - step_size * D.T @ D))
+
+
+def sparse_coding_lipschitz(D: torch.Tensor, D1: torch.Tensor, step_size: float) -> float:
+    """``‖D₁‖_op · η‖D‖_op · (1 + ‖I − ηDᵀD‖_op)``: a Lipschitz constant of CRATE-α's two ISTA steps and decoding
+    ``x ↦ D₁a₂(x)`` (``D, D₁`` of shape (d, r·d); see the module docstring)."""
+    D, D1 = D.detach().double(), D1.detach().double()
+    eye = torch.eye(D.shape[1], dtype=torch.float64, device=D.device)
+    inner = float(op_norm(eye - step_size * D.T @ D))
+    return float(op_norm(D1)) * step_size * float(op_norm(D)) * (1.0 + inner)

@@ -1,11 +1,11 @@
 """Adapters of the white-box families beyond CRATE: ToST (``TostLayer`` blocks: one projection ``U`` =
 ``attention.qkv`` serves as query, key and value of TSSA, ``attention.out_proj`` maps the heads back, a GELU MLP
-follows, both norms pre-norm) and CRATE-MAE's encoder (CRATE blocks: ``attention.qkv``, the learned
-``attention.out_proj``, the ISTA dictionary ``ista.weight``). Blocks are recognised by class name, so models loaded
-with ``trust_remote_code`` are described too. CRATE-α's blocks are described by their attention only (``U`` =
-``attention.qkv``, ``attention.out_proj``, the norms): its two-step overcomplete sparse coding (``D``, ``D₁`` of
-shape (d, 4d)) has no role in the vocabulary, so it is neither an FFN nor a square ISTA dictionary here and the
-diagnostics that need one refuse the model."""
+follows, both norms pre-norm), CRATE-MAE's encoder (CRATE blocks: ``attention.qkv``, the learned
+``attention.out_proj``, the ISTA dictionary ``ista.weight``) and CRATE-α (``U`` = ``attention.qkv``, the output
+matrix ``attention.out_proj`` without bias, and its two-step overcomplete sparse coder ``sparse_coding``, which
+plays two roles: ``sparse_dictionary``, its parameter ``D`` (d, r·d), and ``sparse_decoder``, its parameter
+``D1`` (d, r·d)). Blocks are recognised by class name, so models loaded with ``trust_remote_code`` are described
+too."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ CRATE_ALPHA_ROLES = {
     "key": ("attention.qkv",),
     "value": ("attention.qkv",),
     "attn_output": ("attention.out_proj",),
+    "sparse_dictionary": ("sparse_coding",),
+    "sparse_decoder": ("sparse_coding",),
     "attention_norm": ("layernorm_before",),
     "ffn_norm": ("layernorm_after",),
 }
@@ -65,7 +67,7 @@ def _handles(i: int, block: nn.Module, path: str, roles: dict) -> BlockHandles:
 
 
 def describe_whitebox(model: nn.Module) -> Description | None:
-    """ToST's or CRATE-MAE's description of ``model``; None for any other model."""
+    """ToST's, CRATE-MAE's or CRATE-α's description of ``model``; None for any other model."""
     for block_class, (family, roles, attention, base_class) in _FAMILIES.items():
         lists = block_lists(model, lambda m, name=block_class: type(m).__name__ == name)
         if not lists:
