@@ -149,7 +149,9 @@ def test_cls_queries_and_bad_arguments():
     L = len(model.layers)
     with pytest.raises(ValueError, match=rf"^layer: expected a block number 1..{L}, got {L + 1}$"):
         attention_svm_diagnostic(model, x, L + 1, 0)
-    with pytest.raises(ValueError, match=rf"^layer: expected a block number 1..{L}, got 0$"):  # blocks are numbered 1..L
+    with pytest.raises(
+        ValueError, match=rf"^layer: expected a block number 1..{L}, got 0$"
+    ):  # blocks are numbered 1..L
         attention_svm_diagnostic(model, x, 0, 0)
     with pytest.raises(ValueError, match="head"):
         attention_svm_diagnostic(model, x, 1, 4)

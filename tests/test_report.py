@@ -331,6 +331,7 @@ def test_report_command_with_texts_on_bert(tmp_path):
         "schatten": "ok",
         "concepts": "skipped",
         "attention": "ok",
+        "ledger": "skipped",  # BERT has no white-box blocks
     }
     assert data["summary"]["numbers"]["num_inputs"] == 3  # the blank line is dropped
     assert data["srr"]["numbers"]["num_samples"] == 3
