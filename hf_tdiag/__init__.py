@@ -65,7 +65,18 @@ _LAZY = {
 
 
 def metric_path(name: str) -> str:
-    """Local path of a bundled ``evaluate`` module, for ``evaluate.load(metric_path(name))``."""
+    """Local path of a bundled ``evaluate`` module, for ``evaluate.load(metric_path(name))``.
+
+    Examples:
+        >>> import os, hf_tdiag
+        >>> path = hf_tdiag.metric_path("srr")
+        >>> os.path.basename(path), os.path.isfile(os.path.join(path, "srr.py"))
+        ('srr', True)
+        >>> hf_tdiag.metric_path("accuracy")
+        Traceback (most recent call last):
+            ...
+        ValueError: metric_path: unknown metric 'accuracy'; available: [...]
+    """
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics", name)
     script = os.path.join(here, f"{name}.py")
     if not os.path.isfile(script):

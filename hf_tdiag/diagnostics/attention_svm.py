@@ -246,6 +246,18 @@ def attention_svm_diagnostic(
     term is part of the comparison (default: when the query projection has a bias). ``settings``: an
     :class:`~hf_tdiag.diagnostics.settings.AttentionSVMSettings` holding these keywords (a keyword given with a
     value other than its default overrides it).
+
+    Examples:
+        >>> import torch, hf_tdiag
+        >>> from hf_tdiag import CrateConfig, CrateForImageClassification
+        >>> _ = torch.manual_seed(0)
+        >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10)).eval()
+        >>> report = hf_tdiag.attention_svm_diagnostic(model, torch.randn(2, 1, 8, 8), layer=2, head=0, max_queries=16)
+        >>> s = report.summary()
+        >>> s["num_queries"], s["feasible"], s["margin_ratio"] <= 1, -1 <= s["correlation"] <= 1
+        (16, True, True, True)
+        >>> {k: round(s[k], 3) for k in ("correlation", "margin_ratio", "svm_margin", "one_hot_fraction")}
+        {'correlation': 0.107, 'margin_ratio': 0.001, 'svm_margin': 2.604, 'one_hot_fraction': 0.0}
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a Transformers model (torch.nn.Module), got {type(model).__name__}")

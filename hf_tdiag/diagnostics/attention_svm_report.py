@@ -17,7 +17,19 @@ from .report import FLOAT, INT, ReportContract, typed_frame
 @dataclass
 class AttentionSVMReport(ReportContract):
     """Result of :func:`~hf_tdiag.diagnostics.attention_svm.attention_svm_diagnostic`: one head against its
-    max-margin solution ``W_mm`` on the sampled queries."""
+    max-margin solution ``W_mm`` on the sampled queries.
+
+    Examples:
+        >>> import torch, hf_tdiag
+        >>> from hf_tdiag import CrateConfig, CrateForImageClassification, AttentionSVMReport
+        >>> _ = torch.manual_seed(0)
+        >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10)).eval()
+        >>> report = hf_tdiag.attention_svm_diagnostic(model, torch.randn(2, 1, 8, 8), layer=1, head=0, max_queries=8)
+        >>> AttentionSVMReport.from_json(report.to_json()).summary() == report.summary()
+        True
+        >>> report.to_pandas().columns.tolist()  # one row per sampled query
+        ['layer', 'head', 'sequence', 'position', 'selected', 'head_margin', 'svm_margin', 'max_prob']
+    """
 
     layer: int  # block number 1..L
     head: int  # 0-based head index

@@ -49,7 +49,23 @@ _HEADLINE = (
 
 
 class ConceptFidelityReport(dict, ReportContract):
-    """Concept fidelity at one layer (``is_sweep`` False) or across layers (``report["per_layer"][ℓ]``)."""
+    """Concept fidelity at one layer (``is_sweep`` False) or across layers (``report["per_layer"][ℓ]``).
+
+    Examples:
+        >>> import torch, hf_tdiag
+        >>> from hf_tdiag import CrateConfig, CrateForImageClassification, ConceptFidelityReport
+        >>> _ = torch.manual_seed(0)
+        >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10)).eval()
+        >>> images = torch.randn(4, 1, 8, 8)
+        >>> report = hf_tdiag.concept_fidelity(model, images, layer=2, concepts=2, bounds=False, progress=False)
+        >>> report.is_sweep, report["layer"], report["kl"] == report.summary()["kl"]
+        (False, 2, True)
+        >>> ConceptFidelityReport.from_json(report.to_json()).summary() == report.summary()
+        True
+        >>> report.to_pandas()[["layer", "top1_agreement"]]
+           layer  top1_agreement
+        0      2             1.0
+    """
 
     def __init__(self, data: Mapping[str, Any] = (), tensors: Mapping[str, Any] | None = None):
         super().__init__(data)

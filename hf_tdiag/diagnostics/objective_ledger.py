@@ -70,7 +70,20 @@ class LedgerStep:
 
 @dataclass
 class ObjectiveLedgerReport(ReportContract):
-    """Per-block objective ledger of a white-box model (see the module docstring for the steps)."""
+    """Per-block objective ledger of a white-box model (see the module docstring for the steps).
+
+    Examples:
+        >>> import torch, hf_tdiag
+        >>> from hf_tdiag import CrateConfig, CrateForImageClassification, ObjectiveLedgerReport
+        >>> _ = torch.manual_seed(0)
+        >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10))
+        >>> ledger = hf_tdiag.objective_ledger(model, torch.randn(4, 1, 8, 8))
+        >>> again = ObjectiveLedgerReport.from_json(ledger.to_json())
+        >>> again.to_dict() == ledger.to_dict(), [s.step for s in again.steps if s.layer == 1]
+        (True, ['mssa', 'ista'])
+        >>> ledger.to_pandas().columns.tolist()
+        ['layer', 'step', 'objective', 'before', 'after', 'change', 'relative_change', 'increased']
+    """
 
     family: str
     model_type: str
@@ -270,6 +283,17 @@ def objective_ledger(model, inputs, *, eps: float | None = None, tolerance: floa
     for a text CRATE, token ids ``(B, N)``, a tokenizer's batch (``input_ids``, ``attention_mask``) or batches of those.
     ``eps``: ε of ``Rᶜ`` (default: the SRR diagnostic's, ``SRRSettings.eps``). ``tolerance``: relative slack before
     a step counts as increasing its objective. The model is run in eval mode without gradients and left as found.
+
+    Examples:
+        >>> import torch, hf_tdiag
+        >>> from hf_tdiag import CrateConfig, CrateForImageClassification
+        >>> _ = torch.manual_seed(0)
+        >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10))
+        >>> ledger = hf_tdiag.objective_ledger(model, torch.randn(4, 1, 8, 8))
+        >>> ledger.family, ledger.num_layers, [(s.layer, s.step, s.objective) for s in ledger.steps][:3]
+        ('crate', 4, [(1, 'mssa', 'Rc'), (1, 'ista', 'lasso'), (2, 'mssa', 'Rc')])
+        >>> ledger.summary()["num_steps"], len(ledger.increasing_steps()) == ledger.summary()["num_increasing_steps"]
+        (8.0, True)
     """
     from .._validation import non_negative_float, positive_float
     from .objective_ledger_text import is_crate_text, text_objective_ledger

@@ -373,6 +373,25 @@ def spectrum_bounds(
             in-memory path, bit for bit.
         settings: a :class:`~hf_tdiag.diagnostics.settings.SchattenSettings` holding these keywords (an argument
             given with a value other than its default overrides it).
+
+    Examples:
+        >>> import math, torch, hf_tdiag
+        >>> from hf_tdiag import CrateConfig, CrateForImageClassification
+        >>> _ = torch.manual_seed(0)
+        >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10))
+        >>> report = hf_tdiag.spectrum_bounds(model)  # a model object, a save_pretrained folder or a Hub id
+        >>> report.num_layers, report.hidden_size, len(report.matrices), sorted({m.type for m in report.matrices})
+        (4, 64, 36, ['ista', 'qk', 'v'])
+        >>> round(report.schatten_bound, 1), f"{report.edelman_bound:.3e}"
+        (612.9, '6.282e+02')
+        >>> bound = sum(m.min_contribution for m in report.matrices) + math.sqrt(report.num_layers)
+        >>> math.isclose(report.schatten_bound, bound)
+        True
+        >>> report.to_pandas()[["layer", "head", "type", "rank", "p_opt"]].head(3)
+           layer  head type  rank  p_opt
+        0      1     0   qk    16    2.0
+        1      1     1   qk    16    2.0
+        2      1     2   qk    16    2.0
     """
     if not isinstance(streaming, bool):
         raise TypeError(f"streaming: expected True or False, got {streaming!r}")

@@ -95,7 +95,19 @@ _RECORD_FLOATS = (
 @dataclass
 class SchattenReport(ReportContract):
     """Result of :func:`spectrum_bounds`: ``schatten_bound`` = B_ours (the spectrum-adaptive Schatten proxy
-    Σ_W min_p c(W, p) + √L), ``edelman_bound`` = B_Edelman, and one :class:`MatrixRecord` per analysed matrix."""
+    Σ_W min_p c(W, p) + √L), ``edelman_bound`` = B_Edelman, and one :class:`MatrixRecord` per analysed matrix.
+
+    Examples:
+        >>> import torch, hf_tdiag
+        >>> from hf_tdiag import CrateConfig, CrateForImageClassification, SchattenReport
+        >>> _ = torch.manual_seed(0)
+        >>> report = hf_tdiag.spectrum_bounds(CrateForImageClassification(CrateConfig.from_preset("crate-digits")))
+        >>> again = SchattenReport.from_json(report.to_json())
+        >>> (again.schatten_bound, again.edelman_bound) == (report.schatten_bound, report.edelman_bound)
+        True
+        >>> len(again.matrices), sorted(report.summary())[:4]
+        (36, ['edelman_bound', 'hidden_size', 'mean_p_opt', 'mean_p_opt_ista'])
+    """
 
     model: str
     model_type: str

@@ -63,7 +63,18 @@ class _Settings:
 
 @dataclass(frozen=True)
 class SRRSettings(_Settings):
-    """Sparse rate reduction per layer (:func:`hf_tdiag.layer_srr`)."""
+    """Sparse rate reduction per layer (:func:`hf_tdiag.layer_srr`).
+
+    Examples:
+        >>> from hf_tdiag import SRRSettings
+        >>> s = SRRSettings(eps=0.2)
+        >>> s.eps, s.lam, s.replace(lam=0.5).lam, s.lam
+        (0.2, 1.0, 0.5, 1.0)
+        >>> SRRSettings(eps=0)
+        Traceback (most recent call last):
+            ...
+        ValueError: eps: expected a finite number > 0, got 0
+    """
 
     source: str = _setting(
         "query", "the projection whose per-head weights give U for non-CRATE models", choices=("query", "key", "value")
@@ -107,7 +118,17 @@ class SRRSettings(_Settings):
 
 @dataclass(frozen=True)
 class SchattenSettings(_Settings):
-    """Spectrum-adaptive Schatten and Edelman bound proxies (:func:`hf_tdiag.spectrum_bounds`)."""
+    """Spectrum-adaptive Schatten and Edelman bound proxies (:func:`hf_tdiag.spectrum_bounds`).
+
+    Examples:
+        >>> from hf_tdiag import SchattenSettings
+        >>> SchattenSettings().L_phi, SchattenSettings(p_grid_m=8).p_grid_m
+        (1.13, 8)
+        >>> SchattenSettings(svd_method="qr")
+        Traceback (most recent call last):
+            ...
+        ValueError: svd_method: expected one of ['auto', 'svd'], got 'qr'
+    """
 
     L_phi: float = _setting(DEFAULT_L_PHI, "Lipschitz constant of the activation (GELU: 1.13)")
     p_grid_m: int | None = _setting(None, "resolution m of the p grid {0, 1/m, …, 2} (None: ⌈L + ln N⌉)")
@@ -130,7 +151,13 @@ class SchattenSettings(_Settings):
 
 @dataclass(frozen=True)
 class ConceptSettings(_Settings):
-    """Semi-NMF concept fidelity with its KL bound (:func:`hf_tdiag.concept_fidelity`)."""
+    """Semi-NMF concept fidelity with its KL bound (:func:`hf_tdiag.concept_fidelity`).
+
+    Examples:
+        >>> from hf_tdiag import ConceptSettings
+        >>> ConceptSettings().n_concepts, ConceptSettings(n_concepts=4).replace(bounds=False).to_dict()["bounds"]
+        (8, False)
+    """
 
     n_concepts: int = _setting(8, "Semi-NMF concepts k fitted on the layer's token activations")
     bounds: bool = _setting(True, "compute the certified and estimated KL bounds")
@@ -151,7 +178,17 @@ class ConceptSettings(_Settings):
 
 @dataclass(frozen=True)
 class AttentionSVMSettings(_Settings):
-    """Attention as a max-margin SVM (:func:`hf_tdiag.attention_svm_diagnostic`)."""
+    """Attention as a max-margin SVM (:func:`hf_tdiag.attention_svm_diagnostic`).
+
+    Examples:
+        >>> from hf_tdiag import AttentionSVMSettings
+        >>> AttentionSVMSettings().norm, AttentionSVMSettings(max_queries=16).max_queries
+        ('fro', 16)
+        >>> AttentionSVMSettings(norm="l1")
+        Traceback (most recent call last):
+            ...
+        ValueError: norm: expected one of ['fro', 'nuc'], got 'l1'
+    """
 
     max_queries: int | None = _setting(64, "queries sampled for the SVM (None or 0: every query)")
     one_hot_threshold: float = _setting(0.9, "a query's attention is one-hot when its largest probability is ≥ this")
