@@ -98,7 +98,7 @@ def _check_number(name: str, value, low: float, high: float = math.inf, low_open
 class CrateTextConfig(PreTrainedConfig):
     r"""Configuration of a text CRATE model (``CrateTextFor{MaskedLM,CausalLM,SequenceClassification,...}``).
 
-    Args:
+    Attributes:
         vocab_size (`int`): number of token ids.
         hidden_size (`int`): token dimension ``d``.
         num_hidden_layers (`int`): number of CRATE blocks ``L``.
@@ -122,14 +122,13 @@ class CrateTextConfig(PreTrainedConfig):
         hidden_dropout_prob, attention_probs_dropout_prob, classifier_dropout (`float`): dropout probabilities.
         initializer_range (`float`): std of the normal initializers.
 
-    Example:
-
-    ```python
-    >>> from hf_tdiag.models.crate_text import CrateTextConfig, CrateTextForCausalLM
-    >>> config = CrateTextConfig.from_preset("crate-lm-12l", num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-    ...                                      ista_dictionary_size=256, vocab_size=1000, max_position_embeddings=128)
-    >>> model = CrateTextForCausalLM(config)
-    ```
+    Examples:
+        >>> from hf_tdiag.models.crate_text import CrateTextConfig, CrateTextForCausalLM
+        >>> config = CrateTextConfig.from_preset("crate-lm-12l", num_hidden_layers=2, hidden_size=64,
+        ...     num_attention_heads=4, ista_dictionary_size=256, vocab_size=1000, max_position_embeddings=128)
+        >>> model = CrateTextForCausalLM(config)
+        >>> config.num_hidden_layers, config.hidden_size, model.config.vocab_size
+        (2, 64, 1000)
     """
 
     model_type = "crate_text"
