@@ -18,9 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "docs" / "changelog.md"
 TARGET = REPO / "CHANGELOG.md"
-HEADER = (
-    "<!-- Written by scripts/changelog.py from docs/changelog.md: edit that file, then run the script. -->\n"
-)
+HEADER = "<!-- Written by scripts/changelog.py from docs/changelog.md: edit that file, then run the script. -->\n"
 # a Markdown link or image target: ](target) or ](target "title")
 LINK = re.compile(r"(\]\()([^)\s]+)((?:\s+\"[^\"]*\")?\))")
 
