@@ -10,8 +10,10 @@ afterwards — on errors too, and whatever the block itself set:
   too small to split, and the threads' synchronisation is what collapses on a busy machine (measured on 2 cores
   with one kept busy: ``cholesky_ex`` on 192 matrices of 197×197 took 2.8 s at 2 threads against 0.11 s at 1).
 * ``"dense"`` — large matrix products (the SRR's head projections and Gram matrices): the caller's torch thread
-  count, but never more than the cores idle right now (:func:`idle_cores`: this process's cores minus the other
-  runnable tasks the kernel counts), so a core kept busy by another process is not waited for.
+  count, but never more than the cores idle right now (:func:`idle_cores`: this process's cores minus the
+  runnable tasks of other processes the kernel counts; this process's own threads, such as torch's OpenMP workers
+  still spinning after the last parallel region, are not load), so a core kept busy by another process is not
+  waited for.
 
 Pools of independent single-threaded jobs (:func:`hf_tdiag.spectrum_bounds`' workers, each at one BLAS thread)
 keep torch's count: their threads never wait for each other, so a busy core only slows them in proportion.
@@ -80,7 +82,7 @@ def model_threads(requested: int | None, model, device) -> int | None:
 # ---------------------------------------------------------------------------------------------- the policy
 
 KINDS = ("small", "dense")
-_IDLE_TTL_S = 0.5  # idle_cores() is read at most this often (three reads of /proc/loadavg, ~0.1 ms)
+_IDLE_TTL_S = 0.5  # idle_cores() is read at most this often (one to three reads of /proc, ~0.1 ms each)
 _idle_cache: dict[str, float] = {"at": -1.0, "value": 0.0}
 _controller: list = []  # [(len(sys.modules) when made, threadpoolctl.ThreadpoolController)]
 _controller_lock = threading.Lock()
@@ -94,18 +96,40 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _own_running() -> int:
+    """This process's threads in state ``R`` (running or runnable), from ``/proc/self/task/*/stat``."""
+    running = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:  # the thread ended between the listing and the read
+            continue
+        running += stat[stat.rindex(")") + 2 :].startswith("R")
+    return running
+
+
+def _loadavg_running() -> int:
+    """Running or runnable tasks on the machine now: ``/proc/loadavg``'s fourth field's numerator."""
+    with open("/proc/loadavg", encoding="ascii") as fh:
+        return int(fh.read().split()[3].split("/")[0])
+
+
 def _other_runnable() -> int:
-    """Runnable tasks other than the calling thread: the smallest of three reads of ``/proc/loadavg``'s running
-    count 1 ms apart (a just-finished parallel region's spinning workers drop out), minus one; elsewhere the
+    """Runnable tasks of other processes: ``/proc/loadavg``'s running count minus this process's running threads
+    (its own OpenMP workers spin for a while after a parallel region and must not count as load), the smallest
+    of up to three reads 1 ms apart (a process that only passes through the run queue drops out); elsewhere the
     rounded 1-minute load average."""
     try:
-        counts = []
+        best = None
         for i in range(3):
             if i:
                 time.sleep(0.001)
-            with open("/proc/loadavg", encoding="ascii") as fh:
-                counts.append(int(fh.read().split()[3].split("/")[0]))
-        return max(0, min(counts) - 1)
+            other = max(0, _loadavg_running() - max(1, _own_running()))
+            best = other if best is None else min(best, other)
+            if best == 0:  # cannot go lower: no more reads
+                break
+        return best
     except (OSError, ValueError, IndexError):
         try:
             return int(round(os.getloadavg()[0]))

@@ -1,5 +1,7 @@
 """hf_tdiag._threads.torch_threads: the count inside the block, and the caller's count afterwards."""
 
+import os
+
 import pytest
 import torch
 
@@ -70,6 +72,47 @@ def test_idle_cores_reads_the_run_queue(monkeypatch):
     assert T.idle_cores() == 3
     monkeypatch.setattr(T, "_other_runnable", lambda: 0)
     assert T.idle_cores() == 3  # cached for half a second
+
+
+def test_other_runnable_leaves_out_this_process_threads(monkeypatch):
+    import hf_tdiag._threads as T
+
+    monkeypatch.setattr(T.time, "sleep", lambda s: None)
+    reads = iter([4, 5, 3])
+    monkeypatch.setattr(T, "_loadavg_running", lambda: next(reads))
+    monkeypatch.setattr(T, "_own_running", lambda: 2)
+    assert T._other_runnable() == 1  # min(4, 5, 3) - 2 own threads (the caller and a spinning worker)
+    reads = iter([2, 7])
+    monkeypatch.setattr(T, "_loadavg_running", lambda: next(reads))
+    assert T._other_runnable() == 0  # a read with nothing else running ends the reads (the 7 is never taken)
+    monkeypatch.setattr(T, "_loadavg_running", lambda: 3)
+    monkeypatch.setattr(T, "_own_running", lambda: 0)
+    assert T._other_runnable() == 2  # the calling thread counts as one of ours even if read asleep
+
+
+def test_own_running_counts_a_busy_thread_of_this_process():
+    import threading
+
+    import hf_tdiag._threads as T
+
+    if not os.path.exists("/proc/self/task"):
+        pytest.skip("no /proc/self/task on this platform")
+    stop = threading.Event()
+    a = torch.randn(256, 256)
+
+    def spin():
+        while not stop.is_set():
+            a @ a  # releases the GIL: this thread stays in state R
+
+    worker = threading.Thread(target=spin)
+    worker.start()
+    try:
+        counts = [T._own_running() for _ in range(50)]
+    finally:
+        stop.set()
+        worker.join()
+    assert max(counts) >= 2  # the reading thread and the worker
+    assert min(counts) >= 1  # the reading thread is running while it reads
 
 
 def _tiny_crate():
