@@ -33,6 +33,7 @@ import torch
 
 from .._threads import measure_threads, threaded
 from .._validation import check_tensor, finite_float, positive_float
+from ._cpu_kernels import count_nonzero, lower_gram
 
 __all__ = [
     "FLOAT32_GRAM_TOLERANCE",
@@ -92,7 +93,12 @@ def _check_u(U, d: int, finite: bool = True) -> None:
 
 
 def _gram(A: torch.Tensor) -> torch.Tensor:
-    """``AᵀA`` or ``AAᵀ``, whichever is smaller, in ``A``'s dtype (contiguous blocks batch several times faster)."""
+    """``AᵀA`` or ``AAᵀ``, whichever is smaller, in ``A``'s dtype, at least its lower triangle (what the Cholesky
+    factorisation and ``eigvalsh`` read): by BLAS ``syrk`` on CPU where that pays (:mod:`._cpu_kernels`), else
+    both triangles by a matmul (contiguous blocks batch several times faster)."""
+    lower = lower_gram(A)
+    if lower is not None:
+        return lower
     A = A.contiguous()
     return A.transpose(-2, -1) @ A if A.shape[-2] >= A.shape[-1] else A @ A.transpose(-2, -1)
 
@@ -226,7 +232,10 @@ def _compression_rate(A: torch.Tensor, eps: float, mask=None, precision: str = "
 
 def _sparsity(Z: torch.Tensor, mask=None) -> torch.Tensor:
     if mask is None:
-        return torch.count_nonzero(Z.detach(), dim=(-2, -1)).to(torch.float64) / (Z.shape[-1] * Z.shape[-2])
+        counts = count_nonzero(Z)
+        if counts is None:
+            counts = torch.count_nonzero(Z.detach(), dim=(-2, -1)).to(torch.float64)
+        return counts / (Z.shape[-1] * Z.shape[-2])
     nonzero = Z.detach() != 0
     return (nonzero & mask.bool()[..., None]).sum(dim=(-2, -1), dtype=torch.float64) / (Z.shape[-1] * mask.sum(-1))
 

@@ -1,0 +1,61 @@
+"""hf_tdiag.measures._cpu_kernels: the one-triangle Gram by BLAS syrk and NumPy's non-zero count, against torch."""
+
+import importlib
+
+import pytest
+import torch
+
+from hf_tdiag._threads import torch_threads
+
+K = importlib.import_module("hf_tdiag.measures._cpu_kernels")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(3, 197, 160), (2, 160, 197), (2, 2, 300, 150)])
+def test_lower_gram_is_the_smaller_side_gram_lower_triangle(shape, dtype):
+    A = torch.randn(*shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    n, m = shape[-2:]
+    ref = (A.double().mT @ A.double()) if n >= m else (A.double() @ A.double().mT)  # naive, in float64
+    with torch_threads(1):
+        G = K.lower_gram(A)
+    assert G is not None and G.dtype == dtype and G.shape == ref.shape
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert float((G.double() - ref.tril()).abs().max() / ref.abs().max()) < tol
+    assert bool((G.triu(1) == 0).all())  # only the lower triangle is written
+
+
+def test_lower_gram_declines_where_torch_is_the_right_call():
+    A = torch.randn(4, 197, 160)
+    with torch_threads(1):
+        assert K.lower_gram(torch.randn(5, 64, 64)) is None  # too small per matrix for a call each
+        assert K.lower_gram(A.to(torch.bfloat16)) is None
+        assert K.lower_gram(A.clone().requires_grad_()) is None  # the gradient path stays in torch
+        with torch.no_grad():
+            assert K.lower_gram(A.clone().requires_grad_()) is not None
+    with torch_threads(2):
+        assert K.lower_gram(A) is None  # torch's threaded matmul where more than one thread runs
+
+
+def test_count_nonzero_equals_torch():
+    Z = torch.relu(torch.randn(3, 2, 100, 80, generator=torch.Generator().manual_seed(2)))
+    Z[0, 1] = 0.0
+    got = K.count_nonzero(Z)
+    assert got.dtype == torch.float64 and got.shape == (3, 2)
+    assert torch.equal(got, torch.count_nonzero(Z, dim=(-2, -1)).double())
+    assert float(got[0, 1]) == 0.0
+    assert K.count_nonzero(torch.ones(4, 8, 8)) is None  # small samples: torch
+    assert K.count_nonzero(Z.half()) is None
+
+
+def test_srr_through_the_kernels_equals_the_torch_path(monkeypatch):
+    from hf_tdiag.measures import sparse_rate_reduction
+
+    g = torch.Generator().manual_seed(3)
+    Z = torch.relu(torch.randn(4, 197, 192, generator=g))
+    U = torch.linalg.qr(torch.randn(3, 192, 64, generator=g))[0]
+    with torch_threads(1):
+        fast = sparse_rate_reduction(Z, U)
+        monkeypatch.setattr(K, "_applies", lambda A: False)
+        monkeypatch.setattr(K, "_MIN_COUNT_ELEMENTS", 1 << 60)
+        plain = sparse_rate_reduction(Z, U)
+    assert torch.allclose(fast, plain, rtol=1e-6, atol=0)
