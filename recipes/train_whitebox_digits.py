@@ -59,8 +59,10 @@ def build(family: str, hidden: int, layers: int = 4, heads: int = 4):
     if family == "crate-mae":
         from hf_tdiag.models.crate_mae import CrateMAEConfig, CrateMAEForPreTraining
 
+        # gain 3: 2x2 one-channel patches at the authors' Xavier gain are a third of the positions' amplitude
         return CrateMAEForPreTraining(CrateMAEConfig(**common, decoder_num_hidden_layers=2,
-                                                     decoder_num_attention_heads=heads, mask_ratio=0.5))  # fmt: skip
+                                                     decoder_num_attention_heads=heads, mask_ratio=0.5,
+                                                     patch_embedding_gain=3.0))  # fmt: skip
     if family == "tost":
         from hf_tdiag.models.tost import TostConfig, TostForImageClassification
 
@@ -84,12 +86,20 @@ def matched_width(family: str, target: int) -> int:
     return min(range(32, 257, 8), key=lambda h: abs(classifier_params(family, h) - target))
 
 
-def fit(model, x, y, *, epochs, lr, batch, seed, loss_fn):
-    """AdamW (weight decay 0.05) with a cosine schedule; ``loss_fn(model, xb, yb)`` gives the loss."""
+def lr_factor(step: int, steps: int, warmup: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then a cosine decay to 0 at ``steps``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * min((step - warmup) / max(steps - warmup, 1), 1.0)))
+
+
+def fit(model, x, y, *, epochs, lr, batch, seed, loss_fn, warmup_epochs=0, betas=(0.9, 0.999)):
+    """AdamW (weight decay 0.05), linear warm-up then cosine; ``loss_fn(model, xb, yb)`` gives the loss."""
     torch.manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
-    steps = epochs * math.ceil(len(y) / batch)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s / steps, 1.0))))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05, betas=betas)
+    per_epoch = math.ceil(len(y) / batch)
+    steps, warmup = epochs * per_epoch, warmup_epochs * per_epoch
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, warmup))
     model.train()
     for _ in range(epochs):
         order = torch.randperm(len(y))
@@ -133,13 +143,14 @@ def run_family(family: str, data, args) -> dict:
     if family == "crate-mae":
         from hf_tdiag.models.crate_mae import CrateMAEForImageClassification
 
-        fit(model, xtr, ytr, epochs=args.pretrain_epochs, lr=args.lr, batch=args.batch, seed=args.seed,
-            loss_fn=lambda m, xb, yb: m(pixel_values=xb).loss)  # fmt: skip
+        # MAE's schedule: AdamW betas (0.9, 0.95), warm-up over the first 5% of the epochs
+        fit(model, xtr, ytr, epochs=args.pretrain_epochs, lr=args.pretrain_lr, batch=args.batch, seed=args.seed,
+            loss_fn=lambda m, xb, yb: m(pixel_values=xb).loss, warmup_epochs=max(1, args.pretrain_epochs // 20),
+            betas=(0.9, 0.95))  # fmt: skip
         with torch.no_grad():
             result["pretrain_masked_mse_test"] = float(model(pixel_values=xte).loss)
-        classifier = CrateMAEForImageClassification(
-            model.config.__class__(**{**model.config.to_dict(), "num_labels": 10})
-        )
+        fields = {k: v for k, v in model.config.to_dict().items() if k not in ("id2label", "label2id")}
+        classifier = CrateMAEForImageClassification(model.config.__class__(**fields, num_labels=10))
         classifier.crate_mae.load_state_dict(model.crate_mae.state_dict())
         model = classifier
     fit(model, xtr, ytr, epochs=args.epochs, lr=args.lr, batch=args.batch, seed=args.seed, loss_fn=_ce)
@@ -157,8 +168,9 @@ def main(argv=None) -> int:
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     p.add_argument("--target-params", type=int, default=150_000, help="parameter count to match (default 150k)")
     p.add_argument("--epochs", type=int, default=15)
-    p.add_argument("--pretrain-epochs", type=int, default=15, help="CRATE-MAE masked-reconstruction epochs")
+    p.add_argument("--pretrain-epochs", type=int, default=100, help="CRATE-MAE masked-reconstruction epochs")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--pretrain-lr", type=float, default=3e-4, help="CRATE-MAE masked-reconstruction learning rate")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)

@@ -26,7 +26,7 @@ CRATE_MAE_PRESETS: dict[str, dict] = {
     # 8x8 grayscale images (scikit-learn digits), 16 patches of 2x2
     "crate-mae-digits": dict(image_size=8, patch_size=2, num_channels=1, hidden_size=64, num_hidden_layers=4,
                              num_attention_heads=4, decoder_num_hidden_layers=2, decoder_num_attention_heads=4,
-                             mask_ratio=0.5),
+                             mask_ratio=0.5, patch_embedding_gain=3.0),
 }  # fmt: skip
 
 _PRETRAINED_KEYWORDS = frozenset(
@@ -61,6 +61,10 @@ class CrateMAEConfig(PreTrainedConfig):
             and decoder's final LayerNorm eps (1e-6).
         mask_ratio (`float`): fraction of patches masked in pre-training (0.75).
         norm_pix_loss (`bool`): reconstruct per-patch normalized pixels.
+        patch_embedding_gain (`float`): gain of the patch projection's Xavier-uniform initialization (1.0, the
+            authors'). Xavier scales the patch content by ``sqrt(2 / (C·p² + d))``: at 16×16×3 patches it is of the
+            unit-amplitude sine-cosine positions' size, at 2×2 patches of one channel about a third of it, and the
+            encoder then sees mostly positions (the digits preset uses 3.0).
         initializer_range (`float`): std of the classifier initializer.
     """
 
@@ -80,6 +84,7 @@ class CrateMAEConfig(PreTrainedConfig):
     final_layer_norm_eps: float = 1e-6
     mask_ratio: float = 0.75
     norm_pix_loss: bool = False
+    patch_embedding_gain: float = 1.0
     initializer_range: float = 0.02
 
     def __post_init__(self, **kwargs):
@@ -108,6 +113,7 @@ class CrateMAEConfig(PreTrainedConfig):
         _check_number("final_layer_norm_eps", self.final_layer_norm_eps, 0.0, open_ends="l")
         _check_number("mask_ratio", self.mask_ratio, 0.0, 1.0, open_ends="h")
         _check_number("initializer_range", self.initializer_range, 0.0)
+        _check_number("patch_embedding_gain", self.patch_embedding_gain, 0.0, open_ends="l")
 
     @property
     def num_patches(self) -> int:

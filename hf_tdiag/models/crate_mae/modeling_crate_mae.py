@@ -207,8 +207,8 @@ class CrateMAEPreTrainedModel(PreTrainedModel):
     }
 
     def _init_weights(self, module):
-        """Xavier-uniform Linear and patch weights, normal(0.02) CLS/mask tokens, sine-cosine positions, Kaiming
-        dictionaries (the authors' initialization)."""
+        """Xavier-uniform Linear and patch weights (the patch projection at ``patch_embedding_gain``), normal(0.02)
+        CLS/mask tokens, sine-cosine positions, Kaiming dictionaries (the authors' initialization at gain 1)."""
         super()._init_weights(module)
         if isinstance(module, nn.Linear) and module.weight.ndim == 2:
             init.xavier_uniform_(module.weight)
@@ -219,7 +219,10 @@ class CrateMAEPreTrainedModel(PreTrainedModel):
             init.copy_(module.position_embeddings, sincos_position_embedding(self.config.hidden_size, grid))
             init.normal_(module.cls_token, std=0.02)
             init.normal_(module.mask_token, std=0.02)
-            init.xavier_uniform_(module.projection.weight.view(module.projection.weight.shape[0], -1))
+            init.xavier_uniform_(
+                module.projection.weight.view(module.projection.weight.shape[0], -1),
+                gain=self.config.patch_embedding_gain,
+            )
             init.zeros_(module.projection.bias)
         elif isinstance(module, CrateMAEISTA):
             init.kaiming_uniform_(module.weight)
