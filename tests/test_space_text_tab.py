@@ -67,7 +67,7 @@ def test_text_tab_numbers_match_direct_calls(text_dir):
     first = tokenizer(lines[0], return_tensors="pt")
     generated = model.generate(**first, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     continuation = tokenizer.decode(generated[0, first["input_ids"].shape[1] :], skip_special_tokens=True)
-    assert f"*{html.escape(continuation)}*" in summary
+    assert f"Greedy continuation of the first text: {TH.markdown_literal(continuation)}" in summary
     # the ledger table is objective_ledger's on the same batch; the SRR panel holds layer_srr's numbers
     ledger = hf_tdiag.objective_ledger(model, batch)
     assert [(int(r[0]), r[1]) for r in rows] == [(s.layer, s.step) for s in ledger.steps]
@@ -118,3 +118,16 @@ def test_default_text_model_is_trained_once_and_cached(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".") and p.is_dir()] == []  # no work dir left
     with pytest.raises(TypeError, match="unknown setting"):
         ensure_default_text_model(cache=tmp_path, epochs=3)
+
+
+@pytest.mark.parametrize(
+    "text, shown",
+    [
+        ("\n\no", "` '\\n\\no' `"),  # newlines visible, not a paragraph break
+        (" *a* <b>", "` ' *a* <b>' `"),  # no emphasis, no HTML: a code span shows its text as is
+        ("x`y", "`` 'x`y' ``"),  # a fence longer than the backticks inside
+        ("a``b`", "``` 'a``b`' ```"),
+    ],
+)
+def test_continuation_is_shown_literally(text, shown):
+    assert TH.markdown_literal(text) == shown

@@ -14,6 +14,7 @@ MSSA and ISTA step decrease the objective it was derived from on these texts?).
 from __future__ import annotations
 
 import html
+import re
 import threading
 
 import gradio as gr
@@ -92,6 +93,14 @@ def _first_text(batch: dict, device) -> dict:
     return {k: v[:1, keep].to(device) for k, v in batch.items()}
 
 
+def markdown_literal(text: str) -> str:
+    """``text`` as a Markdown code span of its ``repr``: newlines and spaces visible, nothing interpreted (a fence
+    one backtick longer than any run of backticks inside)."""
+    shown = repr(text)
+    fence = "`" * (1 + max((len(run) for run in re.findall(r"`+", shown)), default=0))
+    return f"{fence} {shown} {fence}"
+
+
 def _continuation(loaded: LoadedModel, first: dict, new_tokens: int) -> str:
     """Greedy continuation of the first text (``new_tokens`` tokens within the model's positions)."""
     room = int(getattr(loaded.config, "max_position_embeddings", 1 << 30)) - first["input_ids"].shape[1]
@@ -162,7 +171,7 @@ def text_tab(spec, texts, layer=-1, new_tokens=12, progress=gr.Progress(track_tq
         summary.append(f"Next-token perplexity on them: {next_token_perplexity(logits.cpu(), batch):.4g}.")
         continuation = _continuation(loaded, first, new_tokens)
         if continuation:
-            summary.append(f"Greedy continuation of the first text: *{html.escape(continuation)}*")
+            summary.append(f"Greedy continuation of the first text: {markdown_literal(continuation)}")
     summary.append(ledger_line)
     return "\n\n".join(summary), attention_fig, srr_fig, ledger_fig, rows
 
