@@ -77,6 +77,7 @@ def space_shots(context, out: Path) -> None:
             ("bounds", "Bounds", "#bounds-run", None),
             ("concepts", "Concepts", "#concepts-run", None),
             ("svm", "Attention as SVM", "#svm-head-run", None),
+            ("text", "Text", "#text-run", None),  # the default pydoc CRATE-CLM on the sample texts
         ]
         for key, label, run, before in tabs:
             page.get_by_role("tab", name=label).click()
