@@ -9,13 +9,13 @@ before and after training.
 Every model is a Transformers model (``from_pretrained``/``save_pretrained`` work on each); the loop is plain
 PyTorch (AdamW, cosine schedule, cross-entropy). CRATE-MAE follows its paper's protocol at digits scale: masked
 reconstruction on the training images, then its encoder fine-tuned with a linear head on the CLS token.
-Results: ``results.json`` (accuracies, parameter counts, configs, ledgers) in ``--output-dir``.
+Results: ``results.json`` (accuracies, parameter counts, configs, ledgers) in ``--output-dir``; a folder that
+already holds one is refused before any training unless ``--overwrite-output-dir`` is given.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -44,7 +44,10 @@ def digits_split(seed: int = 0):
     return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
 
 
-def build(family: str, hidden: int, layers: int = 4, heads: int = 4):
+MAE_PATCH_GAIN = 3.0  # 2x2 one-channel patches at the authors' Xavier gain 1 are a third of the positions' amplitude
+
+
+def build(family: str, hidden: int, layers: int = 4, heads: int = 4, mae_patch_gain: float = MAE_PATCH_GAIN):
     """A digits-sized classifier of ``family`` with width ``hidden`` (CRATE-MAE: its pre-training model)."""
     common = dict(image_size=8, patch_size=2, num_channels=1, hidden_size=hidden, num_hidden_layers=layers,
                   num_attention_heads=heads)  # fmt: skip
@@ -59,10 +62,9 @@ def build(family: str, hidden: int, layers: int = 4, heads: int = 4):
     if family == "crate-mae":
         from hf_tdiag.models.crate_mae import CrateMAEConfig, CrateMAEForPreTraining
 
-        # gain 3: 2x2 one-channel patches at the authors' Xavier gain are a third of the positions' amplitude
         return CrateMAEForPreTraining(CrateMAEConfig(**common, decoder_num_hidden_layers=2,
                                                      decoder_num_attention_heads=heads, mask_ratio=0.5,
-                                                     patch_embedding_gain=3.0))  # fmt: skip
+                                                     patch_embedding_gain=mae_patch_gain))  # fmt: skip
     if family == "tost":
         from hf_tdiag.models.tost import TostConfig, TostForImageClassification
 
@@ -137,20 +139,31 @@ def run_family(family: str, data, args) -> dict:
     xtr, ytr, xte, yte = data
     hidden = matched_width(family, args.target_params)
     torch.manual_seed(args.seed)
-    model = build(family, hidden)
+    model = build(family, hidden, mae_patch_gain=args.mae_patch_gain)
     result = {"family": family, "hidden_size": hidden, "ledger_random_init": ledger_summary(model, xte[:64])}
     start = time.perf_counter()
     if family == "crate-mae":
         from hf_tdiag.models.crate_mae import CrateMAEForImageClassification
 
         # MAE's schedule: AdamW betas (0.9, 0.95), warm-up over the first 5% of the epochs
+        warmup = (
+            max(1, args.pretrain_epochs // 20) if args.pretrain_warmup_epochs is None else args.pretrain_warmup_epochs
+        )
         fit(model, xtr, ytr, epochs=args.pretrain_epochs, lr=args.pretrain_lr, batch=args.batch, seed=args.seed,
-            loss_fn=lambda m, xb, yb: m(pixel_values=xb).loss, warmup_epochs=max(1, args.pretrain_epochs // 20),
-            betas=(0.9, 0.95))  # fmt: skip
+            loss_fn=lambda m, xb, yb: m(pixel_values=xb).loss, warmup_epochs=warmup,
+            betas=(0.9, args.pretrain_beta2))  # fmt: skip
         with torch.no_grad():
             result["pretrain_masked_mse_test"] = float(model(pixel_values=xte).loss)
         fields = {k: v for k, v in model.config.to_dict().items() if k not in ("id2label", "label2id")}
-        classifier = CrateMAEForImageClassification(model.config.__class__(**fields, num_labels=10))
+        config = model.config.__class__(**fields, num_labels=10)
+        # the paper's comparison: the same encoder fine-tuned from its random initialization, same schedule
+        torch.manual_seed(args.seed)
+        scratch_start = time.perf_counter()
+        scratch = fit(CrateMAEForImageClassification(config), xtr, ytr, epochs=args.epochs, lr=args.lr,
+                      batch=args.batch, seed=args.seed, loss_fn=_ce)  # fmt: skip
+        result["test_accuracy_without_pretraining"] = accuracy(scratch, xte, yte)
+        start += time.perf_counter() - scratch_start  # train_seconds: pre-training and fine-tuning only
+        classifier = CrateMAEForImageClassification(config)
         classifier.crate_mae.load_state_dict(model.crate_mae.state_dict())
         model = classifier
     fit(model, xtr, ytr, epochs=args.epochs, lr=args.lr, batch=args.batch, seed=args.seed, loss_fn=_ce)
@@ -170,12 +183,29 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--pretrain-epochs", type=int, default=100, help="CRATE-MAE masked-reconstruction epochs")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--pretrain-lr", type=float, default=3e-4, help="CRATE-MAE masked-reconstruction learning rate")
+    p.add_argument("--pretrain-lr", type=float, default=1e-3, help="CRATE-MAE masked-reconstruction learning rate")
+    p.add_argument(
+        "--pretrain-warmup-epochs",
+        type=int,
+        default=None,
+        help="CRATE-MAE linear warm-up epochs (default: 5%% of --pretrain-epochs, at least 1)",
+    )
+    p.add_argument("--pretrain-beta2", type=float, default=0.95, help="CRATE-MAE AdamW beta2 (MAE's 0.95)")
+    p.add_argument("--mae-patch-gain", type=float, default=MAE_PATCH_GAIN,
+                   help="CRATE-MAE patch_embedding_gain (1.0 = the authors' initialization)")  # fmt: skip
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--output-dir", default="runs/whitebox_digits")
+    p.add_argument("--output-dir", "--output_dir", dest="output_dir", default="runs/whitebox_digits")
+    from hf_tdiag._outputs import OutputExistsError, add_overwrite_flag, claim_output_dir
+
+    add_overwrite_flag(p)
     args = p.parse_args(argv)
+    try:  # before any training: a folder holding an earlier run's results.json is refused (one line, exit 1)
+        claim_output_dir(args.output_dir, ["results.json"], overwrite=args.overwrite_output_dir)
+    except OutputExistsError as err:
+        print(f"train_whitebox_digits: {err}", file=sys.stderr)
+        return 1
     torch.set_num_threads(args.threads)
     import hf_tdiag  # noqa: F401  (registers the families)
 
@@ -190,11 +220,12 @@ def main(argv=None) -> int:
         up = lambda led: "-" if led is None else f"{len(led['increasing'])}/{led['num_steps']}"  # noqa: E731
         print(f"{family:<12} {r['hidden_size']:>5} {r['params']:>8} {r['test_accuracy']:>8.4f} {r['train_seconds']:>8.1f} "
               f"{up(r['ledger_random_init']):>13} {up(r['ledger_trained']):>16}", flush=True)  # fmt: skip
-    os.makedirs(args.output_dir, exist_ok=True)
+        if "test_accuracy_without_pretraining" in r:
+            print(f"{'  (no pre-training)':<27} {r['test_accuracy_without_pretraining']:>8.4f}", flush=True)
+    from hf_tdiag._atomic import write_json
+
     path = os.path.join(args.output_dir, "results.json")
-    with open(path + ".tmp", "w") as fh:
-        json.dump({"settings": vars(args), "results": results}, fh, indent=2)
-    os.replace(path + ".tmp", path)
+    write_json(path, {"settings": vars(args), "results": results})
     print(f"wrote {path}")
     return 0
 
