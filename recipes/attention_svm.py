@@ -16,6 +16,9 @@ Experiments (settings in ``hf_tdiag.experiments.attention_gd.paper.settings``; n
 Writes one PNG and one JSON per figure (``fig2_trajectories.png`` / ``.json``, …) and ``summary.json``
 (per experiment: the settings run, the time taken and the load average then) to ``--output-dir``; runs with
 ``--only`` at the same size add to the ``summary.json`` already there, so experiments can be run one at a time.
+A run refuses (before any work, exit status 1) a folder holding the figures it would write, a ``summary.json`` of
+the other size or another run's recognised results, unless ``--overwrite-output-dir`` is given, which replaces them
+(:func:`hf_tdiag._outputs.claim_output_dir`); ``--replot`` redraws only the PNGs of the JSON files kept there.
 
     python recipes/attention_svm.py --paper --output-dir runs/attention_svm_paper     # ~40 min on 2 busy cores
     python recipes/attention_svm.py --quick --output-dir runs/attention_svm_quick     # about a minute (CI)
@@ -31,25 +34,42 @@ import sys
 import time
 
 from hf_tdiag._cli_args import ArgumentParser, add_output_dir, plain, positive_int
+from hf_tdiag._outputs import OutputExistsError, claim_output_dir
+
+# figure name -> the experiment whose result it plots (each figure: <name>.png and <name>.json)
+FIGURE_EXPERIMENTS = {
+    "fig2_trajectories": "trajectories",
+    "fig5_convergence_W": "convergence",
+    "fig6_convergence_KQ": "convergence",
+    "local_convergence": "local",
+    "fig8_margins": "convergence",
+    "svm_rank": "svm_rank",
+    "rank_vs_m": "rank_m",
+    "fig9_nonlinear": "nonlinear",
+    "fig12_gamma": "nonlinear",
+    "fig10_lambda": "multitoken_lambda",
+    "fig13_tau": "multitoken_tau",
+}
 
 
 def _figures():
     """Figure name -> (experiment, plot function)."""
     from hf_tdiag.viz import attention_svm as V
 
-    return {
-        "fig2_trajectories": ("trajectories", V.plot_trajectories),
-        "fig5_convergence_W": ("convergence", functools.partial(V.plot_convergence, param="W")),
-        "fig6_convergence_KQ": ("convergence", functools.partial(V.plot_convergence, param="KQ")),
-        "local_convergence": ("local", V.plot_local),
-        "fig8_margins": ("convergence", V.plot_margins),
-        "svm_rank": ("svm_rank", V.plot_svm_rank),
-        "rank_vs_m": ("rank_m", V.plot_rank_m),
-        "fig9_nonlinear": ("nonlinear", V.plot_nonlinear),
-        "fig12_gamma": ("nonlinear", V.plot_gamma),
-        "fig10_lambda": ("multitoken_lambda", V.plot_multitoken_lambda),
-        "fig13_tau": ("multitoken_tau", V.plot_multitoken_tau),
+    plots = {
+        "fig2_trajectories": V.plot_trajectories,
+        "fig5_convergence_W": functools.partial(V.plot_convergence, param="W"),
+        "fig6_convergence_KQ": functools.partial(V.plot_convergence, param="KQ"),
+        "local_convergence": V.plot_local,
+        "fig8_margins": V.plot_margins,
+        "svm_rank": V.plot_svm_rank,
+        "rank_vs_m": V.plot_rank_m,
+        "fig9_nonlinear": V.plot_nonlinear,
+        "fig12_gamma": V.plot_gamma,
+        "fig10_lambda": V.plot_multitoken_lambda,
+        "fig13_tau": V.plot_multitoken_tau,
     }
+    return {name: (experiment, plots[name]) for name, experiment in FIGURE_EXPERIMENTS.items()}
 
 
 def parse_args(argv=None):
@@ -106,6 +126,30 @@ def _load_summary(path: str, size: str) -> dict:
     return fresh
 
 
+def _summary_size(path: str) -> str | None:
+    """The ``size`` of the ``summary.json`` at ``path`` (None when there is none or it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh).get("size")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def claim(args) -> list[str]:
+    """Claim ``--output-dir`` before any run: the figures of the experiments in ``--only`` (PNG and JSON) clash;
+    so does a ``summary.json`` this run would not add to (another size, unreadable), whose figures are then the
+    previous run's and all go with ``--overwrite-output-dir``. Figures of other experiments at the same size are
+    kept and stay in the summary (``--only`` runs add to it)."""
+    figures = [name for name, experiment in FIGURE_EXPERIMENTS.items() if experiment in args.only]
+    writes = [f"{name}{ext}" for name in figures for ext in (".png", ".json")]
+    stale: list[str] = []
+    summary_path = os.path.join(args.output_dir, "summary.json")
+    if os.path.exists(summary_path) and _summary_size(summary_path) != ("paper" if args.paper else "quick"):
+        writes.append("summary.json")
+        stale = [f"{name}{ext}" for name in FIGURE_EXPERIMENTS for ext in (".png", ".json")]
+    return claim_output_dir(args.output_dir, writes, overwrite=args.overwrite_output_dir, stale=stale)
+
+
 def _load_average() -> list[float] | None:
     return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
@@ -114,6 +158,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.replot:
         return replot(args.output_dir, args.dpi)
+    try:
+        claim(args)  # before any run: never another run's figures without --overwrite-output-dir
+    except OutputExistsError as err:  # one line, nothing written or removed
+        print(f"attention_svm: {err}", file=sys.stderr)
+        return 1
     import torch
 
     from hf_tdiag.experiments.attention_gd.paper import PAPER, QUICK, RUNNERS
@@ -121,7 +170,6 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     settings = PAPER if args.paper else QUICK
-    os.makedirs(args.output_dir, exist_ok=True)
     summary_path = os.path.join(args.output_dir, "summary.json")
     summary = _load_summary(summary_path, "paper" if args.paper else "quick")  # --only runs add to it
     figures = _figures()

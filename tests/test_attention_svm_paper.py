@@ -4,6 +4,7 @@ import importlib.util
 import itertools
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -154,13 +155,55 @@ def test_recipe_quick_writes_a_png_and_json_per_figure(tmp_path):
     assert summary["settings"]["rank_m"]["m"] == [1, 5] and set(summary["load_average_1_5_15"]) == set(
         summary["timings_s"]
     )
-    assert recipe.main(["--quick", "--output-dir", str(out), "--only", "rank_m"]) == 0  # a later --only run adds to it
-    again = json.loads((out / "summary.json").read_text())
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert recipe.main(["--quick", "--output-dir", str(out), "--only", "rank_m"]) == 1  # its figure is there
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert recipe.main(["--quick", "--output-dir", str(out), "--only", "rank_m", "--overwrite-output-dir"]) == 0
+    again = json.loads((out / "summary.json").read_text())  # a later --only run adds to it
     assert again["figures"] == ["fig2_trajectories", "fig10_lambda", "rank_vs_m"]
     assert set(again["timings_s"]) == {"trajectories", "rank_m", "multitoken_lambda"}
     (out / "rank_vs_m.png").unlink()
     assert recipe.main(["--replot", "--dpi", "50", "--output-dir", str(out)]) == 0
     assert (out / "rank_vs_m.png").exists()
+
+
+def _recipe():
+    spec = importlib.util.spec_from_file_location(
+        "recipe_attention_svm", os.path.join(os.path.dirname(__file__), "..", "recipes", "attention_svm.py")
+    )
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    return recipe
+
+
+def test_recipe_refuses_a_folder_holding_its_earlier_figure_before_running(tmp_path, capsys):
+    recipe = _recipe()
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "rank_vs_m.json").write_text('{"earlier": true}')
+    t0 = time.perf_counter()
+    assert recipe.main(["--quick", "--output-dir", str(out), "--only", "rank_m"]) == 1
+    assert time.perf_counter() - t0 < 1.0  # refused before any experiment ran
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("attention_svm: ") and "--overwrite-output-dir" in err, err
+    assert "rank_vs_m.json" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {"rank_vs_m.json": b'{"earlier": true}'}
+
+
+def test_recipe_refuses_a_summary_of_the_other_size_and_keeps_other_figures(tmp_path, capsys):
+    """A --only run adds to a summary.json of its own size (other experiments' figures are not clashes), but a
+    paper-size summary is never replaced by a quick run's without the flag."""
+    recipe = _recipe()
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "summary.json").write_text('{"size": "paper", "figures": ["fig13_tau"]}')
+    (out / "fig13_tau.json").write_text('{"paper": true}')
+    assert recipe.main(["--quick", "--output-dir", str(out), "--only", "rank_m"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "summary.json" in err and "--overwrite-output-dir" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["fig13_tau.json", "summary.json"]
+    assert (out / "summary.json").read_text() == '{"size": "paper", "figures": ["fig13_tau"]}'
+    assert recipe.claim(recipe.parse_args(["--paper", "--output-dir", str(out), "--only", "rank_m"])) == []
 
 
 def test_nonlinear_chunk_trains_the_relu_head_of_each_instance():
