@@ -21,6 +21,10 @@ and fit times. Writes ``results.md``, ``results.json`` and per-model figures to 
 per model (``sweep_<model>.png``, also copied to ``--figures-dir``):
 
     python recipes/concept_fidelity.py --mode sweep --output-dir runs/concept_sweep --figures-dir docs/figures
+
+A folder already holding what a run would write (or another run's recognised results) is refused before any work
+(exit status 1) unless ``--overwrite-output-dir`` is given, which replaces them; the sweep's copies in
+``--figures-dir`` are claimed the same way. The digits ViT trained into ``<output-dir>/vit-digits`` is reused.
 """
 
 from __future__ import annotations
@@ -172,11 +176,45 @@ def _models_and_images(args):
     return crate, vit, digits_test_images(args.max_samples)[0], "digits test split"
 
 
+SWEEP_MODELS = ("crate", "vit", "minilm")
+COMPARE_MODELS = ("crate", "vit")
+COMPARE_FIGURES = ("heatmaps.png", "top_patches.png", "kl_vs_bound.png", "mu_sweep.png")
+
+
+def outputs(mode: str) -> list[str]:
+    """The files a run of ``mode`` writes into ``--output-dir`` (relative names)."""
+    if mode == "sweep":
+        return ["sweep.json", "sweep.md", *(f"sweep_{m}.png" for m in SWEEP_MODELS)]
+    return ["results.json", "results.md", *(f"{m}/{f}" for m in COMPARE_MODELS for f in COMPARE_FIGURES)]
+
+
+def claim(args) -> None:
+    """Claim ``--output-dir`` (and the sweep's ``--figures-dir``) before any work: both are checked before either
+    is emptied, so a refusal removes nothing."""
+    from hf_tdiag._outputs import claim_output_dir
+
+    inputs = [args.crate, args.vit, args.images, args.dataset, args.minilm]
+    claims = [(args.output_dir, outputs(args.mode), "output_dir")]
+    if args.mode == "sweep" and args.figures_dir:
+        claims.append((args.figures_dir, [f"concept_sweep_{m}.png" for m in SWEEP_MODELS], "figures_dir"))
+    for remove in (False, True):
+        for folder, writes, what in claims:
+            claim_output_dir(
+                folder, writes, overwrite=args.overwrite_output_dir, inputs=inputs, what=what, remove=remove
+            )
+
+
 def main(argv=None) -> int:
+    from hf_tdiag._outputs import OutputExistsError
+
     args = parse_args(argv)
+    try:
+        claim(args)
+    except OutputExistsError as err:  # a folder holding an earlier run: one line, nothing written or removed
+        print(f"concept_fidelity: {err}", file=sys.stderr)
+        return 1
     import hf_tdiag  # noqa: F401  (registers CRATE)
 
-    os.makedirs(args.output_dir, exist_ok=True)
     return run_sweep(args) if args.mode == "sweep" else run_compare(args)
 
 

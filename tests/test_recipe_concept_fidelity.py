@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -24,6 +25,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_IMAGES, K, LAYERS = 12, 3, 2
 FAST = ["--max-samples", str(N_IMAGES), "--concepts", str(K), "--max-iter", "20", "--refine-iter", "5"]
 FAST += ["--power-iters", "3", "--threads", "1"]
+
+
+def _module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "recipe_concept_fidelity", os.path.join(ROOT, "recipes", "concept_fidelity.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _recipe(*args: str) -> subprocess.CompletedProcess:
@@ -247,3 +263,43 @@ def test_sweep_mode_every_layer(models, compare, tmp_path):
         ref = compare[1][name]["runs"]["gram(mu=0.5)"]["per_image"]
         for key in ("delta_rec", "delta_gram", "kl", "bound_certified"):
             assert same[key] == pytest.approx(ref[key], rel=1e-6, abs=1e-12), (name, key)
+
+
+@pytest.mark.parametrize(
+    ("mode", "earlier"), [("compare", "results.json"), ("compare", "vit/mu_sweep.png"), ("sweep", "sweep.md")]
+)
+def test_refuses_a_folder_holding_its_earlier_results_before_any_work(mode, earlier, tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / earlier).parent.mkdir(parents=True)
+    (out / earlier).write_bytes(b"an earlier run")
+    t0 = time.perf_counter()
+    assert _module().main(["--mode", mode, "--output-dir", str(out), "--crate", str(tmp_path / "none")]) == 1
+    assert time.perf_counter() - t0 < 1.0  # refused before loading or training a model
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("concept_fidelity: ") and "--overwrite-output-dir" in err, err
+    assert earlier in err
+    assert _snapshot(out) == {earlier: b"an earlier run"}
+
+
+def test_sweep_refuses_earlier_copies_in_the_figures_dir_and_creates_nothing(tmp_path, capsys):
+    out, figures = tmp_path / "out", tmp_path / "figures"
+    figures.mkdir()
+    (figures / "concept_sweep_vit.png").write_bytes(b"an earlier figure")
+    assert _module().main(["--mode", "sweep", "--output-dir", str(out), "--figures-dir", str(figures)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "figures_dir" in err and "concept_sweep_vit.png" in err, err
+    assert not out.exists() and _snapshot(figures) == {"concept_sweep_vit.png": b"an earlier figure"}
+
+
+@pytest.mark.slow  # a compare run of the tiny models (~14 s)
+def test_compare_with_the_flag_replaces_the_earlier_results(models, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text('{"earlier": true}')
+    (out / "results.md").write_text("earlier")
+    _recipe(
+        "--output-dir", str(out), "--crate", str(models["CRATE"]), "--vit", str(models["ViT"]), "--gram-weight", "0.5",
+        "--overwrite-output-dir", *FAST,
+    )  # fmt: skip
+    assert set(json.loads((out / "results.json").read_text())) == {"CRATE", "ViT"}
+    assert (out / "results.md").read_text().startswith("# Concept fidelity")
