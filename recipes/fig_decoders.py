@@ -6,7 +6,10 @@ subspaces) and key / value (K = 2 shared subspaces). Right: peak resident memory
 ``spectrum_bounds(path, streaming=True)`` against the in-memory path, from the benchmark's JSON
 (``benchmarks/bench_schatten.py --streaming``), with the largest layer's weights and the fixed overhead.
 
-    python recipes/fig_decoders.py [--output-dir docs/figures]
+    python recipes/fig_decoders.py [--output-dir docs/figures] [--overwrite-output-dir]
+
+-> decoders.png, decoders.json. A folder already holding them is refused before any work (exit status 1) unless
+``--overwrite-output-dir`` is given, which replaces them (:func:`hf_tdiag._outputs.claim_output_dir`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 
 import torch
@@ -22,6 +26,7 @@ from matplotlib.figure import Figure
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import hf_tdiag
+from hf_tdiag._outputs import OutputExistsError, add_overwrite_flag, claim_output_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.join(HERE, "..", "benchmarks", "results", "bench_schatten_streaming_cpu.json")
@@ -105,23 +110,32 @@ def figure(srr: dict, bench: dict | None) -> Figure:
     return fig
 
 
-def main() -> None:
+OUTPUTS = ("decoders.png", "decoders.json")
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--output-dir", "--output_dir", default=os.path.join(HERE, "..", "docs", "figures"))
-    args = ap.parse_args()
+    add_overwrite_flag(ap)
+    args = ap.parse_args(argv)
+    try:  # before any work: never an earlier run's figure without --overwrite-output-dir
+        claim_output_dir(args.output_dir, OUTPUTS, overwrite=args.overwrite_output_dir, inputs=[BENCH])
+    except OutputExistsError as err:  # one line, nothing written or removed
+        print(f"fig_decoders: {err}", file=sys.stderr)
+        return 1
     with tempfile.TemporaryDirectory() as tmp:
         srr = srr_by_source(tmp)
     bench = None
     if os.path.isfile(BENCH):
         with open(BENCH, encoding="utf-8") as fh:
             bench = json.load(fh)
-    os.makedirs(args.output_dir, exist_ok=True)
-    png = os.path.join(args.output_dir, "decoders.png")
+    png = os.path.join(args.output_dir, OUTPUTS[0])
     figure(srr, bench).savefig(png, dpi=90)
-    with open(os.path.join(args.output_dir, "decoders.json"), "w", encoding="utf-8") as fh:
+    with open(os.path.join(args.output_dir, OUTPUTS[1]), "w", encoding="utf-8") as fh:
         json.dump({"srr": srr, "benchmark": BENCH if bench else None}, fh, indent=2)
     print(f"wrote {png}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,6 +3,9 @@
 
     python recipes/fig_mssa_step.py --output-dir docs/figures      # -> mssa_step.png, mssa_step.json (seconds)
 
+A folder already holding them is refused before any work (exit status 1) unless ``--overwrite-output-dir`` is
+given, which replaces them (:func:`hf_tdiag._outputs.claim_output_dir`).
+
 Z: Gaussian tokens; U: a random orthonormal basis split into K subspaces; the step Z + κ·MSSA(Z) uses the
 model's own CrateMSSA with that U (:mod:`hf_tdiag.diagnostics.mssa_step`); Rᶜ(·; U) with the same U.
 """
@@ -14,9 +17,12 @@ import sys
 
 import numpy as np
 
+from hf_tdiag._outputs import OutputExistsError, add_overwrite_flag, claim_output_dir
 from hf_tdiag.diagnostics.mssa_step import VARIANTS, mssa_step_compression
 from hf_tdiag.viz import save_figure
 from hf_tdiag.viz.srr import plot_mssa_step
+
+OUTPUTS = ("mssa_step.json", "mssa_step.png")
 
 
 def main(argv=None) -> int:
@@ -29,7 +35,13 @@ def main(argv=None) -> int:
     parser.add_argument("--num-heads", "--num_heads", dest="num_heads", type=int, default=4)
     parser.add_argument("--seeds", type=int, default=8, help="number of random (Z, U) draws")
     parser.add_argument("--eps", type=float, default=0.1)
+    add_overwrite_flag(parser)
     args = parser.parse_args(argv)
+    try:  # before any work: never an earlier run's figure without --overwrite-output-dir
+        claim_output_dir(args.output_dir, OUTPUTS, overwrite=args.overwrite_output_dir)
+    except OutputExistsError as err:  # one line, nothing written or removed
+        print(f"fig_mssa_step: {err}", file=sys.stderr)
+        return 1
     result = mssa_step_compression(
         np.linspace(0.0, args.max_step, args.num_steps),
         variants=VARIANTS,
@@ -50,11 +62,10 @@ def main(argv=None) -> int:
         }
         for v, c in result["Rc"].items()
     }
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "mssa_step.json"), "w", encoding="utf-8") as fh:
+    with open(os.path.join(args.output_dir, OUTPUTS[0]), "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=2)
         fh.write("\n")
-    png = save_figure(plot_mssa_step(result), os.path.join(args.output_dir, "mssa_step.png"), dpi=100)
+    png = save_figure(plot_mssa_step(result), os.path.join(args.output_dir, OUTPUTS[1]), dpi=100)
     for v, s in result["summary"].items():
         print(f"{v:8s} {s}")
     print(f"wrote {png} and mssa_step.json")

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -93,6 +94,25 @@ def test_mssa_step_recipe_writes_png_and_json(tmp_path):
     assert data["step_sizes"] == [0.0, 2.0, 4.0] and set(data["Rc"]) == {"crate", "crate-c", "crate-n", "crate-t"}
     with Image.open(tmp_path / "mssa_step.png") as im:
         assert im.format == "PNG"
+
+
+TINY_MSSA = ["--num-steps", "3", "--seeds", "2", "--num-tokens", "8", "--hidden-size", "8", "--num-heads", "2"]
+
+
+def test_mssa_step_recipe_refuses_its_earlier_figure_and_replaces_it_with_the_flag(tmp_path, capsys):
+    recipe = _recipe("fig_mssa_step")
+    (tmp_path / "mssa_step.json").write_text('{"earlier": true}')
+    t0 = time.perf_counter()
+    assert recipe.main(["--output-dir", str(tmp_path), *TINY_MSSA]) == 1
+    assert time.perf_counter() - t0 < 1.0  # refused before measuring
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fig_mssa_step: ") and "--overwrite-output-dir" in err, err
+    assert "mssa_step.json" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["mssa_step.json"]
+    assert (tmp_path / "mssa_step.json").read_text() == '{"earlier": true}'
+    assert recipe.main(["--output-dir", str(tmp_path), *TINY_MSSA, "--overwrite-output-dir"]) == 0
+    assert json.loads((tmp_path / "mssa_step.json").read_text())["step_sizes"] == [0.0, 2.0, 4.0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mssa_step.json", "mssa_step.png"]
 
 
 @pytest.fixture(scope="module")

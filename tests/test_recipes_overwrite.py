@@ -1,0 +1,51 @@
+"""Recipes without a test file of their own never lose an earlier run: a folder holding the recipe's earlier output
+is refused before any work with a one-line message naming --overwrite-output-dir, the old file left byte-identical
+and nothing new written; with the flag the output is replaced."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _recipe(name):
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", os.path.join(ROOT, "recipes", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _refused(recipe, argv, folder, name, capsys):
+    """``recipe.main(argv)`` refuses at once with one line naming the flag; ``folder`` is left as it was."""
+    before = _snapshot(folder)
+    t0 = time.perf_counter()
+    assert recipe.main(argv) == 1
+    assert time.perf_counter() - t0 < 1.0  # before any work
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"{name}: ") and "--overwrite-output-dir" in err, err
+    assert _snapshot(folder) == before
+    return err
+
+
+@pytest.mark.parametrize("earlier", ["decoders.png", "decoders.json"])
+def test_fig_decoders_refuses_its_earlier_figure(earlier, tmp_path, capsys):
+    (tmp_path / earlier).write_bytes(b"an earlier figure")
+    err = _refused(_recipe("fig_decoders"), ["--output-dir", str(tmp_path)], tmp_path, "fig_decoders", capsys)
+    assert earlier in err
+
+
+def test_fig_decoders_with_the_flag_replaces_its_earlier_figure(tmp_path):
+    (tmp_path / "decoders.json").write_text('{"earlier": true}')
+    assert _recipe("fig_decoders").main(["--output-dir", str(tmp_path), "--overwrite-output-dir"]) == 0
+    assert set(json.loads((tmp_path / "decoders.json").read_text())["srr"]) == {"query", "key", "value"}
+    assert (tmp_path / "decoders.png").read_bytes()[:4] == b"\x89PNG"
