@@ -15,6 +15,9 @@ local copies from ``--local-dir`` (a folder holding ``bert_uncased_L-.._H-.._A-.
 * ``spectral_decay.png``, ``optimal_p.png``, ``optimal_p_histogram.png``, ``contribution_vs_p.png`` for
   ``--detail-model`` (default: the largest model analysed).
 
+A folder already holding any of these is refused before any model is read (exit status 1) unless
+``--overwrite-output-dir`` is given, which replaces them (the earlier ``reports/`` folder included).
+
     python recipes/schatten_bert_miniatures.py --output-dir runs/schatten_miniatures
     python recipes/schatten_bert_miniatures.py --output-dir runs/m --local-dir ~/bert-miniatures --layers 2 4 --hidden 128 256
 """
@@ -30,6 +33,18 @@ from hf_tdiag._cli_args import ArgumentParser, add_output_dir, finite_float, pla
 from hf_tdiag._defaults import DEFAULT_L_PHI
 from hf_tdiag.viz.schatten import PAPER_NORMALIZE_AT
 
+# what a run writes into --output-dir besides reports/<name>.json
+OUTPUTS = (
+    "miniatures.csv",
+    "miniatures.json",
+    "proxies_vs_width.png",
+    "proxies_vs_depth.png",
+    "norm_scaling.png",
+    "spectral_decay.png",
+    "optimal_p.png",
+    "optimal_p_histogram.png",
+    "contribution_vs_p.png",
+)
 LAYERS = (2, 4, 6, 8, 10, 12)
 HIDDEN = (128, 256, 512, 768)
 
@@ -89,6 +104,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import hf_tdiag
     from hf_tdiag._atomic import write_csv, write_json
+    from hf_tdiag._outputs import OutputExistsError, claim_output_dir
     from hf_tdiag.viz import save_figure
     from hf_tdiag.viz.schatten import (
         plot_norm_scaling,
@@ -97,17 +113,29 @@ def main(argv=None) -> int:
         save_report_figures,
     )
 
-    os.makedirs(os.path.join(args.output_dir, "reports"), exist_ok=True)
     jobs, missing = [], []
     for num_layers in args.layers:
         for hidden in args.hidden:
             name = miniature_name(num_layers, hidden)
             where = miniature_source(name, args.local_dir)
             (jobs if where else missing).append((name, where))
-    if missing:
-        print(f"not found under {args.local_dir}: {', '.join(n for n, _ in missing)}", file=sys.stderr)
     if not jobs:
         raise SystemExit(f"no miniature found under --local-dir {args.local_dir!r}")
+    writes = [*OUTPUTS, *(os.path.join("reports", f"{name}.json") for name, _ in jobs)]
+    try:  # before any model is read: never an earlier run's tables without --overwrite-output-dir
+        claim_output_dir(
+            args.output_dir,
+            writes,
+            overwrite=args.overwrite_output_dir,
+            inputs=[args.local_dir, *(where for _, where in jobs if os.path.isdir(where))],
+            stale=["reports"],
+        )
+    except OutputExistsError as err:  # one line, nothing written or removed
+        print(f"schatten_bert_miniatures: {err}", file=sys.stderr)
+        return 1
+    os.makedirs(os.path.join(args.output_dir, "reports"), exist_ok=True)
+    if missing:
+        print(f"not found under {args.local_dir}: {', '.join(n for n, _ in missing)}", file=sys.stderr)
 
     rows, reports = [], {}
     for i, (name, where) in enumerate(jobs, 1):

@@ -6,6 +6,7 @@ import csv
 import importlib.util
 import json
 import os
+import time
 
 import evaluate
 import numpy as np
@@ -170,6 +171,40 @@ def test_miniatures_recipe_on_local_copies(miniatures, tmp_path, capsys):
         assert (out / f"{fig}.png").read_bytes()[:8] == PNG
     with pytest.raises(SystemExit):
         recipe.main(["--output_dir", str(out), "--local_dir", str(tmp_path / "empty")])
+    # a second run into the same folder is refused, the earlier tables kept; with the flag they are replaced
+    before = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    argv = ["--output-dir", str(out), "--local-dir", str(miniatures), "--layers", "1", "--hidden", "64"]
+    capsys.readouterr()
+    assert recipe.main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--overwrite-output-dir" in err and "miniatures.csv" in err, err
+    assert {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert recipe.main([*argv, "--detail-model", "bert_uncased_L-1_H-64_A-1", "--overwrite-output-dir"]) == 0
+    with open(out / "miniatures.csv", newline="") as fh:
+        assert [r["name"] for r in csv.DictReader(fh)] == ["bert_uncased_L-1_H-64_A-1"]
+    assert sorted(os.listdir(out / "reports")) == ["bert_uncased_L-1_H-64_A-1.json"]  # the earlier reports gone
+
+
+def test_miniatures_recipe_refuses_its_earlier_results_before_reading_a_model(miniatures, tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "reports").mkdir(parents=True)
+    (out / "reports" / "bert_uncased_L-1_H-64_A-1.json").write_text('{"earlier": true}')
+    (out / "notes.txt").write_text("mine")
+    recipe = _recipe()
+    t0 = time.perf_counter()
+    assert (
+        recipe.main(["--output-dir", str(out), "--local-dir", str(miniatures), "--layers", "1", "--hidden", "64"]) == 1
+    )
+    assert time.perf_counter() - t0 < 1.0
+    err = capsys.readouterr().err.strip()
+    assert (
+        len(err.splitlines()) == 1 and err.startswith("schatten_bert_miniatures: ") and "--overwrite-output-dir" in err
+    )
+    assert "bert_uncased_L-1_H-64_A-1.json" in err
+    assert {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()} == {
+        "notes.txt": b"mine",
+        os.path.join("reports", "bert_uncased_L-1_H-64_A-1.json"): b'{"earlier": true}',
+    }
 
 
 def test_scaling_figures_normalise_each_curve_as_the_paper():
