@@ -19,6 +19,11 @@ cached under ``--output-dir``/runs; a rerun trains only the missing cells. Write
 
 ``--executor ray`` trains each cell as a Ray task (``pip install "hf-tdiag[ray]"``), the same executors as
 ``hf-tdiag study`` (:mod:`hf_tdiag.study.executors`); the cache under ``--output-dir``/runs decides what is left.
+
+A rerun resumes (and rewrites the tables and figures) when every cell of the folder's ``grid.json`` is in the new
+grid; a folder whose tables hold cells the new grid drops (or tables without a readable ``grid.json``, or another
+run's results) is refused before any training (exit status 1) unless ``--overwrite-output-dir`` is given, which
+replaces the tables and figures; the cache (``runs/``, ``reports/``: keyed by every setting of a cell) is kept.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ import sys
 import time
 
 from hf_tdiag._cli_args import ArgumentParser, add_executor_flags, executor_options, plain, positive_int
+from hf_tdiag._outputs import OutputExistsError, add_overwrite_flag, claim_output_dir
+
+# what a run writes into --output-dir besides the cache (runs/, reports/)
+OUTPUTS = ("grid.csv", "grid.json", "proxies_vs_depth.png", "proxies_vs_width.png", "p_opt.png", "spectra.png")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -76,6 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="cell whose spectra are plotted (default: the deepest, widest)",
     )
     add_executor_flags(ap)
+    add_overwrite_flag(ap)
     args = ap.parse_args(argv)
     try:
         args.executor_options = executor_options(args)
@@ -129,14 +139,35 @@ def write_figures(records: list[dict], out_dir: str, detail) -> None:
     VS.plot_spectra_init_vs_trained(rep_init, rep_trained).savefig(os.path.join(out_dir, "spectra.png"), dpi=110)
 
 
+def _table_clash(out_dir: str, cells) -> bool:
+    """True when this run's tables would replace ones it does not reproduce: a ``grid.json`` holding a cell not in
+    ``cells`` (or unreadable), or tables and figures without a ``grid.json``."""
+    try:
+        with open(os.path.join(out_dir, "grid.json"), encoding="utf-8") as fh:
+            earlier = {r["key"] for r in json.load(fh)["records"]}
+    except FileNotFoundError:
+        return any(os.path.exists(os.path.join(out_dir, name)) for name in OUTPUTS)
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    return not earlier <= {c.key() for c in cells}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from hf_tdiag.study.schatten_grid import grid_cells, run_grid
 
-    os.makedirs(args.output_dir, exist_ok=True)
     cells = grid_cells(
         args.grid, args.layers, args.hidden, steps=args.steps, head_dim=args.head_dim, patch_size=args.patch_size
     )
+    try:  # before any training: a resume rewrites the tables; another grid's are replaced only with the flag
+        claim_output_dir(
+            args.output_dir,
+            OUTPUTS if _table_clash(args.output_dir, cells) else (),
+            overwrite=args.overwrite_output_dir,
+        )
+    except OutputExistsError as err:  # one line, nothing written or removed
+        print(f"schatten_trained_grid: {err}", file=sys.stderr)
+        return 1
     t0 = time.perf_counter()
     try:
         records = run_grid(

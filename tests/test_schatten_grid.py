@@ -6,6 +6,7 @@ import csv
 import importlib.util
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -119,6 +120,33 @@ def test_tiny_grid_numbers_cache_and_figures(tmp_path, capsys, one_torch_thread)
     assert again["trained"]["schatten_bound"] == pytest.approx(first["trained"]["schatten_bound"], rel=1e-12)
     data = json.loads((out / "grid.json").read_text())
     assert len(data["records"]) == 2 and len(data["rows"]) == 4
+    # a smaller grid would drop a cell from the tables: refused, the tables kept; with the flag replaced, cache kept
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert recipe.main(["--output-dir", str(out), "--grid", "tiny", "--layers", "1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--overwrite-output-dir" in err and "grid.json" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    argv = ["--output-dir", str(out), "--grid", "tiny", "--layers", "1", "--overwrite-output-dir"]
+    assert recipe.main(argv) == 0
+    assert "0 trained now" in capsys.readouterr().out
+    assert len(json.loads((out / "grid.json").read_text())["records"]) == 1
+    assert G.load_record(cells[1], str(out)) is not None  # the dropped cell stays cached
+
+
+def test_recipe_refuses_tables_of_another_grid_before_training(tmp_path, capsys):
+    out = tmp_path / "grid"
+    out.mkdir()
+    (out / "grid.json").write_text('{"rows": [], "records": [{"key": "0123456789abcdef"}]}')
+    (out / "spectra.png").write_bytes(b"an earlier figure")
+    t0 = time.perf_counter()
+    assert _recipe().main(["--output-dir", str(out), "--grid", "tiny"]) == 1
+    assert time.perf_counter() - t0 < 1.0  # no cell trained
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("schatten_trained_grid: ") and "--overwrite-output-dir" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {
+        "grid.json": b'{"rows": [], "records": [{"key": "0123456789abcdef"}]}',
+        "spectra.png": b"an earlier figure",
+    }
 
 
 def test_grid_figures_plot_the_rows():
