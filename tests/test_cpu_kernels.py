@@ -59,3 +59,29 @@ def test_srr_through_the_kernels_equals_the_torch_path(monkeypatch):
         monkeypatch.setattr(K, "_MIN_COUNT_ELEMENTS", 1 << 60)
         plain = sparse_rate_reduction(Z, U)
     assert torch.allclose(fast, plain, rtol=1e-6, atol=0)
+
+
+def test_lower_gram_edges_one_matrix_square_and_the_work_threshold():
+    g = torch.Generator().manual_seed(3)
+    with torch_threads(1):
+        one = torch.randn(300, 150, generator=g, dtype=torch.float64)  # a single matrix (no batch dimension)
+        assert torch.allclose(K.lower_gram(one), (one.mT @ one).tril(), rtol=0, atol=1e-10)
+        square = torch.randn(2, 170, 170, generator=g, dtype=torch.float64)  # not symmetric: AᵀA ≠ AAᵀ
+        ref = (square.mT @ square).tril()
+        assert not torch.allclose(ref, (square @ square.mT).tril())
+        assert torch.allclose(K.lower_gram(square), ref, rtol=0, atol=1e-10)
+        at = torch.randn(1, 1024, 64, generator=g, dtype=torch.float64)  # 64·64·1024 = 2^22: exactly the threshold
+        assert 64 * 64 * 1024 == K._MIN_SYRK_WORK and K.lower_gram(at) is not None
+        assert K.lower_gram(torch.randn(1, 1023, 64, dtype=torch.float64)) is None  # one row under it
+        assert K.lower_gram(torch.randn(5000)) is None  # a vector has no Gram matrix here
+
+
+def test_count_nonzero_edges_one_matrix_the_threshold_and_float64():
+    z = torch.relu(torch.randn(64, 64, generator=torch.Generator().manual_seed(4)))  # 4096 = the threshold
+    assert z.numel() == K._MIN_COUNT_ELEMENTS
+    got = K.count_nonzero(z)
+    assert got is not None and got.shape == () and got.dtype == torch.float64
+    assert float(got) == float(torch.count_nonzero(z))
+    assert K.count_nonzero(z[:, :63]) is None  # under it: torch's count
+    batch = K.count_nonzero(torch.stack([z, z * 0]))
+    assert batch.dtype == torch.float64 and batch.tolist() == [float(torch.count_nonzero(z)), 0.0]
