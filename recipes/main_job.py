@@ -9,6 +9,10 @@
 3. write the one-page diagnostics report (``hf-tdiag report``) for that model.
 
     python recipes/main_job.py --output-dir runs/main [any train_crate.py flag]
+
+A folder holding an earlier run (its ``main_job.json``, report, model or checkpoints) is refused before anything
+is imported or trained (one line, exit status 1) unless ``--overwrite-output-dir`` is given, which the trainer
+and the report are passed (the trainer removes the earlier run's files); ``--resume-from-checkpoint`` continues.
 """
 
 from __future__ import annotations
@@ -19,11 +23,32 @@ import time
 
 from hf_tdiag._cli_args import normalize_flag
 
+# what this recipe adds to the trainer's folder (the trainer's own files are its claim's)
+OUTPUTS = ("main_job.json", "report.html", "report.json")
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not any(normalize_flag(a).split("=")[0] == "--output-dir" for a in argv):
         argv += ["--output-dir", "runs/main"]
+    from hf_tdiag._outputs import OutputExistsError, claim_output_dir
+    from hf_tdiag.training.args import make_args
+
+    args = make_args(argv)
+    try:
+        if not args.resume_from_checkpoint:  # a resume is the trainer's to accept or refuse
+            # only a check, before any import or training; the trainer claims the folder again (removing the
+            # earlier run's files with --overwrite-output-dir) before its first step
+            claim_output_dir(
+                args.output_dir, OUTPUTS, overwrite=args.overwrite_output_dir, model_output=True, remove=False
+            )
+        return _run(args)
+    except OutputExistsError as err:  # an earlier run in the folder: one line, nothing written or removed
+        print(f"main_job: {err}", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
     import torch
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
@@ -31,10 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     from hf_tdiag._atomic import write_json
     from hf_tdiag.cli import main as cli_main
     from hf_tdiag.inputs import digits_test_images
-    from hf_tdiag.training import make_args, train
+    from hf_tdiag.training import train
     from hf_tdiag.training.srr_tracking import layer_srr_step
 
-    args = make_args(argv)
     start = time.perf_counter()
     results = train(args, after_fit=[layer_srr_step])  # per-layer SRR of the trained model, after training
     train_seconds = time.perf_counter() - start
@@ -56,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # 3. the diagnostics report for the trained model
     report_path = os.path.join(out, "report.html")
-    code = cli_main(["report", out, "--dataset", "digits", "--output-dir", out])
+    # the trainer's claim left no earlier run's report here, or the run resumed is this one: it may be replaced
+    again = ["--overwrite-output-dir"] if args.overwrite_output_dir or args.resume_from_checkpoint else []
+    code = cli_main(["report", out, "--dataset", "digits", "--output-dir", out, *again])
     summary = {
         "train_seconds": round(train_seconds, 1),
         "reloaded_test_accuracy": accuracy,

@@ -4,6 +4,7 @@ independently from the saved folder (reload with the Auto classes, classify, SRR
 import importlib.util
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -153,3 +154,35 @@ def test_report_numbers_are_the_models_predictions_on_64_test_images(main_job):
     assert numbers["accuracy"] == pytest.approx(float((probs.argmax(-1).numpy() == y_test[:64]).mean()))
     n_params = sum(p.numel() for p in model.parameters())
     assert numbers["num_parameters"] == n_params and numbers["num_layers"] == 2 and numbers["hidden_size"] == 16
+
+
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("earlier", ["main_job.json", "report.html", "config.json"])
+def test_main_job_refuses_a_folder_holding_an_earlier_run_before_any_work(earlier, tmp_path, capsys):
+    out = tmp_path / "main"
+    out.mkdir()
+    (out / earlier).write_text('{"earlier": true}')
+    recipe = _recipe()
+    t0 = time.perf_counter()
+    assert recipe.main(["--output-dir", str(out), *FLAGS]) == 1
+    assert time.perf_counter() - t0 < 1.0  # refused before training (or importing torch)
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("main_job: ") and "--overwrite-output-dir" in err, err
+    assert earlier in err
+    assert _snapshot(out) == {earlier: b'{"earlier": true}'}
+
+
+@pytest.mark.slow  # trains the tiny CRATE and writes its report again (~15 s)
+def test_main_job_with_the_flag_replaces_the_earlier_run(tmp_path, capsys):
+    out = tmp_path / "main"
+    out.mkdir()
+    (out / "main_job.json").write_text('{"earlier": true}')
+    (out / "report.html").write_text("an earlier report")
+    (out / "notes.txt").write_text("mine")
+    assert _recipe().main(["--output-dir", str(out), *FLAGS, "--overwrite-output-dir"]) == 0
+    summary = json.loads((out / "main_job.json").read_text())
+    assert "earlier" not in summary and summary["report"] == str(out / "report.html")
+    assert (out / "report.html").read_text() != "an earlier report" and (out / "notes.txt").read_text() == "mine"
