@@ -195,3 +195,45 @@ def test_srr_generalization_recipe_equals_the_cli_from_the_cache(tmp_path, tiny_
         if key != "cached":
             assert table[key] == cli_summary[key], key
     assert table["table"] and table["table_error_gap"] and table["markdown"]
+
+
+def _srr_generalization():
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(
+        "srr_generalization", os.path.join(root, "recipes", "srr_generalization.py")
+    )
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    return recipe
+
+
+def _files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("earlier", "extra"),
+    [
+        ({"study.json": b'{"grid": {"name": "other"}}', "table.md": b"an earlier table"}, []),
+        ({"study.json": b'{"grid": {"name": "other"}}'}, ["--summarize-only"]),
+        ({"table.json": b'{"earlier": true}'}, []),  # tables without their study.json
+    ],
+    ids=["another-grid", "another-grid-summarize-only", "tables-without-study"],
+)
+def test_srr_generalization_recipe_refuses_an_earlier_study_before_training(tmp_path, capsys, earlier, extra):
+    out = tmp_path / "study"
+    out.mkdir()
+    for name, data in earlier.items():
+        (out / name).write_bytes(data)
+    recipe = _srr_generalization()
+    argv = ["--grid", "tiny", "--output-dir", str(out), "--threads", "1", *extra]
+    t0 = time.perf_counter()
+    assert recipe.main(argv) == 1
+    assert time.perf_counter() - t0 < 1.0  # nothing trained or measured
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("srr_generalization: ") and "--overwrite-output-dir" in err
+    assert _files(out) == earlier
+    recipe.claim(recipe.add_arguments(recipe.ArgumentParser()).parse_args([*argv, "--overwrite-output-dir"]))
+    assert _files(out) == earlier  # the check alone removes nothing: the study runner replaces the files
