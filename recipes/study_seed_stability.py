@@ -5,7 +5,10 @@
 
 Loads up to ``--models`` trained runs kept by the study (one per variant first), recomputes
 ``pacbayes_flatness`` and ``pacbayes_flatness_mag`` with seeds 0..seeds-1 for each number of noise draws,
-and writes the values, means, standard deviations and coefficients of variation as JSON.
+and writes the values, means, standard deviations and coefficients of variation as JSON (``--output``).
+
+An existing ``--output`` file is refused before any model is loaded (one line, exit status 1) unless
+``--overwrite-output-dir`` is given, which replaces it; a file of the study it reads is never replaced.
 """
 
 import argparse
@@ -14,10 +17,30 @@ import os
 import sys
 import time
 
+from hf_tdiag._outputs import OVERWRITE_FLAG, OutputExistsError, add_overwrite_flag, check_writable
 from hf_tdiag.study import MeasureSettings, load_records
 from hf_tdiag.study.cache import write_json_atomic
 from hf_tdiag.study.stability import seed_stability
 from hf_tdiag.study.worker import examples_tensors, load_trained
+
+
+def claim_output(path: str, study_dir: str, overwrite: bool) -> None:
+    """Before any work: refuse an existing ``path`` without the flag (OutputExistsError), and a ``path`` that is a
+    folder or a file of the study read (its study.json, runs/, work/) even with it (ValueError)."""
+    if os.path.isdir(path):
+        raise ValueError(f"output: {path!r} is a folder; expected a JSON file name")
+    target, study = os.path.realpath(path), os.path.realpath(study_dir)
+    if target == os.path.join(study, "study.json") or any(
+        target.startswith(os.path.join(study, part) + os.sep) for part in ("runs", "work")
+    ):
+        raise ValueError(
+            f"output: writing {path!r} would replace a file of the study {study_dir!r}; choose another file"
+        )
+    if os.path.exists(path) and not overwrite:
+        raise OutputExistsError(
+            f"output: {path!r} already holds an earlier run's results; pass {OVERWRITE_FLAG} to replace it, or choose "
+            "another file"
+        )
 
 
 def _kept_runs(study_dir: str, count: int) -> list[dict]:
@@ -36,7 +59,13 @@ def main(argv=None) -> int:
     p.add_argument("--draws", default="10,32,64", help="comma-separated numbers of noise draws (default 10,32,64)")
     p.add_argument("--seeds", type=int, default=8, help="seeds per setting (default 8)")
     p.add_argument("--output", default="benchmarks/results/study_seed_stability.json", help="where the JSON goes")
+    add_overwrite_flag(p)
     args = p.parse_args(argv)
+    try:
+        claim_output(args.output, args.study_dir, args.overwrite_output_dir)
+    except ValueError as err:  # an earlier result or an input (OutputExistsError too): one line, nothing written
+        print(f"study_seed_stability: {err}", file=sys.stderr)
+        return 1
     with open(os.path.join(args.study_dir, "study.json"), encoding="utf-8") as f:
         study = json.load(f)
     settings = MeasureSettings(**study["settings"])
@@ -44,6 +73,7 @@ def main(argv=None) -> int:
     if not runs:
         print(f"error: no kept models under {args.study_dir}/work (run the study with --keep_models)", file=sys.stderr)
         return 1
+    check_writable(os.path.dirname(args.output) or ".", "output")  # before the first model is measured
     draws = [int(d) for d in args.draws.split(",") if d]
     out = {"study_dir": os.path.abspath(args.study_dir), "settings": study["settings"], "seeds": args.seeds, "runs": []}
     for rec in runs:
