@@ -65,7 +65,7 @@ class CrateMAEConfig(PreTrainedConfig):
             authors'). Xavier scales the patch content by ``sqrt(2 / (C·p² + d))``: at 16×16×3 patches it is of the
             unit-amplitude sine-cosine positions' size, at 2×2 patches of one channel about a third of it. Masked
             pre-training learns either way; a classifier trained from random init on such small patches needs
-            about 3 (on the digits, 0.17 test accuracy at 1 against 0.77 at 3).
+            about 3 (digits test accuracy at seeds 0-2: 0.17-0.46 at 1, 0.77-0.84 at 3).
         initializer_range (`float`): std of the classifier initializer.
     """
 
