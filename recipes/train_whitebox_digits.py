@@ -3,7 +3,7 @@
 scikit-learn digits at matched parameter counts; print the test-accuracy table and each model's objective ledger
 before and after training.
 
-    python recipes/train_whitebox_digits.py --output-dir runs/whitebox_digits          # ~10 min on 2 cores
+    python recipes/train_whitebox_digits.py --output-dir runs/whitebox_digits          # ~5 min at one thread
     python recipes/train_whitebox_digits.py --families crate tost --epochs 5 --target-params 60000
 
 Every model is a Transformers model (``from_pretrained``/``save_pretrained`` work on each); the loop is plain
