@@ -15,34 +15,17 @@ tables without a study.json or another run's results is refused before any train
 study.json and tables (the cached runs are kept: their keys tell them apart).
 """
 
-import os
 import sys
 
 from hf_tdiag._cli_args import ArgumentParser, plain
-from hf_tdiag.commands.study import add_arguments, build_grid, run
-
-# what the study writes into its folder besides the run cache (runs/, work/)
-OUTPUTS = ("study.json", "table.json", "table.csv", "table.md", "runs.csv", "scatter.png")
-
-
-def claim(args) -> None:
-    """Before any training: the study folder holds this grid's study (it continues), or no study and none of its
-    tables, or ``--overwrite-output-dir`` was given. ``--summarize-only`` is held to the same rule."""
-    from hf_tdiag._outputs import claim_output_dir
-    from hf_tdiag.study.runner import _check_study_file
-
-    out = args.output_dir or f"runs/study_{args.grid}"
-    if os.path.exists(os.path.join(out, "study.json")):
-        _check_study_file(out, build_grid(args), args.overwrite_output_dir)
-    else:  # tables of unknown origin, another command's results: the same rule as every command
-        claim_output_dir(out, OUTPUTS, overwrite=args.overwrite_output_dir, remove=False)
+from hf_tdiag.commands.study import add_arguments, claim_study_dir, run
 
 
 def main(argv=None) -> int:
     parser = add_arguments(ArgumentParser(description=plain(__doc__)))
     args = parser.parse_args(argv)
     try:
-        claim(args)
+        claim_study_dir(args)
     except ValueError as err:  # another study or run in the folder (OutputExistsError too): one line, nothing written
         print(f"srr_generalization: {err}", file=sys.stderr)
         return 1

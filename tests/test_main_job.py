@@ -4,7 +4,6 @@ independently from the saved folder (reload with the Auto classes, classify, SRR
 import importlib.util
 import json
 import os
-import time
 
 import numpy as np
 import pytest
@@ -166,9 +165,7 @@ def test_main_job_refuses_a_folder_holding_an_earlier_run_before_any_work(earlie
     out.mkdir()
     (out / earlier).write_text('{"earlier": true}')
     recipe = _recipe()
-    t0 = time.perf_counter()
     assert recipe.main(["--output-dir", str(out), *FLAGS]) == 1
-    assert time.perf_counter() - t0 < 1.0  # refused before training (or importing torch)
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("main_job: ") and "--overwrite-output-dir" in err, err
     assert earlier in err

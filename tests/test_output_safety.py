@@ -411,18 +411,18 @@ def test_models_with_the_same_folder_name_get_distinct_labels(specs, labels):
 
 def test_a_study_folder_of_another_grid_is_refused(tmp_path):
     from hf_tdiag.study.grids import StudyGrid
-    from hf_tdiag.study.runner import _check_study_file
+    from hf_tdiag.study.runner import check_study_dir
 
     old = StudyGrid(name="g", axes={"lr": [1, 2]}, fixed={"x": 1})
     (tmp_path / "study.json").write_text(json.dumps({"grid": old.to_dict()}))
-    _check_study_file(str(tmp_path), old, overwrite=False)  # the same grid continues
+    check_study_dir(str(tmp_path), old, overwrite=False)  # the same grid continues
     other = StudyGrid(name="g", axes={"lr": [1, 2, 3]}, fixed={"x": 1})
     with pytest.raises(ValueError, match="another grid"):
-        _check_study_file(str(tmp_path), other, overwrite=False)
-    _check_study_file(str(tmp_path), other, overwrite=True)
+        check_study_dir(str(tmp_path), other, overwrite=False)
+    check_study_dir(str(tmp_path), other, overwrite=True)
     (tmp_path / "study.json").write_text('{"grid": ')
     with pytest.raises(ValueError, match="cannot be read"):
-        _check_study_file(str(tmp_path), other, overwrite=False)
+        check_study_dir(str(tmp_path), other, overwrite=False)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -272,9 +271,7 @@ def test_refuses_a_folder_holding_its_earlier_results_before_any_work(mode, earl
     out = tmp_path / "out"
     (out / earlier).parent.mkdir(parents=True)
     (out / earlier).write_bytes(b"an earlier run")
-    t0 = time.perf_counter()
     assert _module().main(["--mode", mode, "--output-dir", str(out), "--crate", str(tmp_path / "none")]) == 1
-    assert time.perf_counter() - t0 < 1.0  # refused before loading or training a model
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("concept_fidelity: ") and "--overwrite-output-dir" in err, err
     assert earlier in err

@@ -6,7 +6,6 @@ import csv
 import importlib.util
 import json
 import os
-import time
 
 import evaluate
 import numpy as np
@@ -191,11 +190,9 @@ def test_miniatures_recipe_refuses_its_earlier_results_before_reading_a_model(mi
     (out / "reports" / "bert_uncased_L-1_H-64_A-1.json").write_text('{"earlier": true}')
     (out / "notes.txt").write_text("mine")
     recipe = _recipe()
-    t0 = time.perf_counter()
     assert (
         recipe.main(["--output-dir", str(out), "--local-dir", str(miniatures), "--layers", "1", "--hidden", "64"]) == 1
     )
-    assert time.perf_counter() - t0 < 1.0
     err = capsys.readouterr().err.strip()
     assert (
         len(err.splitlines()) == 1 and err.startswith("schatten_bert_miniatures: ") and "--overwrite-output-dir" in err

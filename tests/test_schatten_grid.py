@@ -6,7 +6,6 @@ import csv
 import importlib.util
 import json
 import os
-import time
 
 import numpy as np
 import pytest
@@ -138,9 +137,7 @@ def test_recipe_refuses_tables_of_another_grid_before_training(tmp_path, capsys)
     out.mkdir()
     (out / "grid.json").write_text('{"rows": [], "records": [{"key": "0123456789abcdef"}]}')
     (out / "spectra.png").write_bytes(b"an earlier figure")
-    t0 = time.perf_counter()
     assert _recipe().main(["--output-dir", str(out), "--grid", "tiny"]) == 1
-    assert time.perf_counter() - t0 < 1.0  # no cell trained
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("schatten_trained_grid: ") and "--overwrite-output-dir" in err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == {

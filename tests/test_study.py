@@ -229,11 +229,28 @@ def test_srr_generalization_recipe_refuses_an_earlier_study_before_training(tmp_
         (out / name).write_bytes(data)
     recipe = _srr_generalization()
     argv = ["--grid", "tiny", "--output-dir", str(out), "--threads", "1", *extra]
-    t0 = time.perf_counter()
     assert recipe.main(argv) == 1
-    assert time.perf_counter() - t0 < 1.0  # nothing trained or measured
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("srr_generalization: ") and "--overwrite-output-dir" in err
     assert _files(out) == earlier
-    recipe.claim(recipe.add_arguments(recipe.ArgumentParser()).parse_args([*argv, "--overwrite-output-dir"]))
+    recipe.claim_study_dir(recipe.add_arguments(recipe.ArgumentParser()).parse_args([*argv, "--overwrite-output-dir"]))
     assert _files(out) == earlier  # the check alone removes nothing: the study runner replaces the files
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_cli_summarize_only_refuses_another_grids_folder(tmp_path, capsys, overwrite):
+    from hf_tdiag.cli import main as cli_main
+
+    out = tmp_path / "study"
+    out.mkdir()
+    earlier = {"study.json": b'{"grid": {"name": "other"}}', "table.md": b"another grid's table"}
+    for name, data in earlier.items():
+        (out / name).write_bytes(data)
+    argv = ["study", "--grid", "tiny", "--output-dir", str(out), "--summarize-only", "--no-figures"]
+    rc = cli_main(argv + (["--overwrite-output-dir"] if overwrite else []))
+    err = capsys.readouterr().err
+    if not overwrite:  # the tables would have been replaced by this grid's (empty) summary
+        assert rc == 1 and "another grid" in err and "--overwrite-output-dir" in err
+        assert _files(out) == earlier
+    else:  # past the check (no runs of this grid cached: nothing to summarize)
+        assert rc == 0 and "another grid" not in err

@@ -115,12 +115,34 @@ def build_grid(args: argparse.Namespace):
     return StudyGrid(name=base.name, axes=axes, fixed=fixed, description=base.description)
 
 
+# what a study writes into its folder besides the run cache (runs/, work/)
+STUDY_OUTPUTS = ("study.json", "table.json", "table.csv", "table.md", "runs.csv", "scatter.png")
+
+
+def claim_study_dir(args: argparse.Namespace) -> None:
+    """Before any training or summarizing: the study folder holds this grid's study (it continues), or no study and
+    none of a study's tables, or ``--overwrite-output-dir`` was given; ValueError (one line) otherwise.
+    ``--summarize-only`` is held to the same rule: it rewrites the tables."""
+    import os
+
+    from hf_tdiag._outputs import claim_output_dir
+    from hf_tdiag.study.runner import check_study_dir
+
+    out = args.output_dir or f"runs/study_{args.grid}"
+    overwrite = getattr(args, "overwrite_output_dir", False)
+    if os.path.exists(os.path.join(out, "study.json")):
+        check_study_dir(out, build_grid(args), overwrite)
+    else:  # tables of unknown origin, another command's results: the rule of every command
+        claim_output_dir(out, STUDY_OUTPUTS, overwrite=overwrite, remove=False)
+
+
 def run(args: argparse.Namespace) -> int:
     from hf_tdiag.study import MeasureSettings, load_records, run_key, run_study, summarize
     from hf_tdiag.study.lock import StudyLockedError
 
     grid = build_grid(args)
     out = args.output_dir or f"runs/study_{args.grid}"
+    claim_study_dir(args)
     settings = MeasureSettings()
     if args.max_samples is not None:
         settings.max_examples = args.max_samples

@@ -43,7 +43,7 @@ def _plan(
     return specs, records
 
 
-def _check_study_file(study_dir: str, grid: StudyGrid, overwrite: bool) -> None:
+def check_study_dir(study_dir: str, grid: StudyGrid, overwrite: bool) -> None:
     """Refuse a folder whose ``study.json`` describes another grid (unless ``overwrite``): its table would be
     replaced by this one's. The cached runs stay either way (their keys tell them apart)."""
     import json
@@ -90,7 +90,7 @@ def _run_uncached(
     """Train every uncached run (at most ``limit``); return all records in grid order, the cached count, the failures."""
     from .._progress import tqdm
 
-    _check_study_file(study_dir, grid, overwrite)
+    check_study_dir(study_dir, grid, overwrite)
     os.makedirs(os.path.join(study_dir, "runs"), exist_ok=True)
     write_json_atomic(
         os.path.join(study_dir, "study.json"),
