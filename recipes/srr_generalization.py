@@ -24,9 +24,14 @@ from hf_tdiag.commands.study import add_arguments, claim_study_dir, run
 def main(argv=None) -> int:
     parser = add_arguments(ArgumentParser(description=plain(__doc__)))
     args = parser.parse_args(argv)
+    from hf_tdiag.study.lock import StudyLockedError
+
     try:
         claim_study_dir(args)
-    except ValueError as err:  # another study or run in the folder (OutputExistsError too): one line, nothing written
+    except (
+        ValueError,
+        StudyLockedError,
+    ) as err:  # another study or run in the folder (OutputExistsError too): one line, nothing written
         print(f"srr_generalization: {err}", file=sys.stderr)
         return 1
     return run(args)  # the study runner checks the folder again and passes --overwrite-output-dir on

@@ -112,3 +112,17 @@ def test_killed_study_takes_its_workers_along_and_its_lock_refuses_a_second_stud
                 os.kill(p, signal.SIGKILL)
     with study_lock(str(out)):  # the kernel released the dead study's lock: a restarted study may proceed
         pass
+
+
+def test_check_unlocked_sees_a_held_lock_and_creates_nothing(tmp_path):
+    from hf_tdiag.study.lock import LOCK_NAME, check_unlocked, study_lock
+
+    check_unlocked(str(tmp_path / "never"))  # no folder, no lock file: nothing to refuse
+    assert not (tmp_path / "never").exists()
+    out = tmp_path / "study"
+    with study_lock(str(out)):  # another open file description: flock refuses it even in this process
+        held = (out / LOCK_NAME).read_text()
+        with pytest.raises(StudyLockedError, match=r"study.*in use by another running study \(pid "):
+            check_unlocked(str(out))
+        assert (out / LOCK_NAME).read_text() == held  # the check wrote nothing into the holder's file
+    check_unlocked(str(out))  # released

@@ -120,16 +120,18 @@ STUDY_OUTPUTS = ("study.json", "table.json", "table.csv", "table.md", "runs.csv"
 
 
 def claim_study_dir(args: argparse.Namespace) -> None:
-    """Before any training or summarizing: the study folder holds this grid's study (it continues), or no study and
-    none of a study's tables, or ``--overwrite-output-dir`` was given; ValueError (one line) otherwise.
-    ``--summarize-only`` is held to the same rule: it rewrites the tables."""
+    """Before any training or summarizing: no running study holds the folder (``StudyLockedError``), and it holds
+    this grid's study (it continues), or no study and none of a study's tables, or ``--overwrite-output-dir`` was
+    given (ValueError, one line, otherwise). ``--summarize-only`` is held to the same rule: it rewrites the tables."""
     import os
 
     from hf_tdiag._outputs import claim_output_dir
+    from hf_tdiag.study.lock import check_unlocked
     from hf_tdiag.study.runner import check_study_dir
 
     out = args.output_dir or f"runs/study_{args.grid}"
     overwrite = getattr(args, "overwrite_output_dir", False)
+    check_unlocked(out)  # a running study's folder: say so first, whatever its grid
     if os.path.exists(os.path.join(out, "study.json")):
         check_study_dir(out, build_grid(args), overwrite)
     else:  # tables of unknown origin, another command's results: the rule of every command

@@ -14,7 +14,7 @@ import os
 import socket
 from collections.abc import Iterator
 
-__all__ = ["StudyLockedError", "study_lock", "LOCK_NAME"]
+__all__ = ["StudyLockedError", "study_lock", "check_unlocked", "LOCK_NAME"]
 
 LOCK_NAME = ".study.lock"
 
@@ -49,6 +49,27 @@ def _holder(path: str) -> str:
         return "unknown"
 
 
+def _locked_error(study_dir: str, path: str) -> StudyLockedError:
+    return StudyLockedError(
+        f"study_dir: {study_dir!r} is in use by another running study ({_holder(path)}); wait for it to "
+        f"finish, stop it, or use another output folder (--output-dir)"
+    )
+
+
+def check_unlocked(study_dir: str) -> None:
+    """:class:`StudyLockedError` if a running study holds the folder's lock; creates and writes nothing."""
+    path = os.path.join(study_dir, LOCK_NAME)
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:  # no study ever ran here
+        return
+    try:
+        if not _try_lock(fd):
+            raise _locked_error(study_dir, path)
+    finally:
+        os.close(fd)  # releases the lock taken for the check
+
+
 @contextlib.contextmanager
 def study_lock(study_dir: str) -> Iterator[str]:
     """Hold the study folder's lock for the block; :class:`StudyLockedError` if another study holds it."""
@@ -57,10 +78,7 @@ def study_lock(study_dir: str) -> Iterator[str]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if not _try_lock(fd):
-            raise StudyLockedError(
-                f"study_dir: {study_dir!r} is in use by another running study ({_holder(path)}); wait for it to "
-                f"finish, stop it, or use another output folder (--output-dir)"
-            )
+            raise _locked_error(study_dir, path)
         started = datetime.datetime.now().isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
