@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from hf_tdiag._threads import torch_threads
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -57,7 +59,8 @@ def test_a_folder_with_earlier_results_is_refused_before_any_training(recipe, tm
 @pytest.mark.slow  # trains two tiny models (3 s)
 def test_overwrite_replaces_them_with_a_tiny_run(recipe, tmp_path):
     (tmp_path / "results.json").write_text('{"earlier": true}')
-    assert recipe.main([*TINY, "--output-dir", str(tmp_path), "--overwrite_output_dir"]) == 0
+    with torch_threads(None):  # the recipe sets the process's thread count (--threads 1): restore it for the suite
+        assert recipe.main([*TINY, "--output-dir", str(tmp_path), "--overwrite_output_dir"]) == 0
     out = json.loads((tmp_path / "results.json").read_text())
     (row,) = out["results"]
     assert row["family"] == "crate-mae" and out["settings"]["mae_patch_gain"] == recipe.MAE_PATCH_GAIN

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import hf_tdiag  # noqa: F401
+from hf_tdiag._threads import torch_threads
 from hf_tdiag.models.crate_alpha import CrateAlphaConfig, CrateAlphaForImageClassification
 from hf_tdiag.models.crate_mae import CrateMAEConfig, CrateMAEForPreTraining
 from hf_tdiag.models.tost import TostConfig, TostForImageClassification
@@ -22,6 +23,7 @@ _SCRIPT = textwrap.dedent(
     import sys
     sys.modules["hf_tdiag"] = None  # any `import hf_tdiag` now fails
     import torch
+    torch.set_num_threads(1)  # as the parent's forward: equal bits need the same reduction order
     from transformers import AutoConfig, AutoModelForImageClassification, AutoModelForPreTraining
     x, noise = torch.load("x.pt"), torch.load("noise.pt")
     out = {}
@@ -55,7 +57,9 @@ def test_remote_code_folders_stand_alone(tmp_path):
         module = {"crate-alpha": "crate_alpha", "tost": "tost", "crate-mae": "crate_mae"}[name]
         assert {"model.safetensors", f"modeling_{module}.py", f"configuration_{module}.py"} <= files
         shutil.copytree(tmp_path / name, work / name)
-        with torch.no_grad():
+        # one thread here and in the subprocess: the suite may leave torch at another count, and ToST's
+        # reductions differ in the last bit between thread counts
+        with torch.no_grad(), torch_threads(1):
             expected[name] = model(x, noise=noise).logits if name == "crate-mae" else model(x).logits
     torch.save(x, work / "x.pt")
     torch.save(noise, work / "noise.pt")
