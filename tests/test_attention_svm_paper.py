@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("cvxpy")
 
 from scipy.optimize import nnls  # noqa: E402
+from script_files import load_script
 
 from hf_tdiag.experiments.attention_gd import make_trajectory_data, score_gap  # noqa: E402
 from hf_tdiag.experiments.attention_gd.paper import (  # noqa: E402
@@ -167,12 +168,7 @@ def test_recipe_quick_writes_a_png_and_json_per_figure(tmp_path):
 
 
 def _recipe():
-    spec = importlib.util.spec_from_file_location(
-        "recipe_attention_svm", os.path.join(os.path.dirname(__file__), "..", "recipes", "attention_svm.py")
-    )
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
-    return recipe
+    return load_script("recipes/attention_svm.py", "recipe_attention_svm")
 
 
 def test_recipe_refuses_a_folder_holding_its_earlier_figure_before_running(tmp_path, capsys):

@@ -5,12 +5,12 @@ the machine."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from pathlib import Path
 
 import pytest
+from script_files import load_script
 
 pytestmark = pytest.mark.slow
 
@@ -18,10 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _helpers():
-    spec = importlib.util.spec_from_file_location("docs_screenshots", REPO / "scripts" / "docs_screenshots.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/docs_screenshots.py")
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,12 @@ run here must fall inside it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
+from script_files import load_script
 
 pytestmark = pytest.mark.slow
 
@@ -51,9 +51,7 @@ def test_quoted_main_job_accuracy_is_what_the_main_job_writes(tmp_path):
     quotes = _quotes()
     where = {q[0] for q in quotes}
     assert {"docs/quickstart.md", "docs/guide/training.md"} <= where, "the quick start and the guide quote it"
-    spec = importlib.util.spec_from_file_location("main_job", REPO / "recipes" / "main_job.py")
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    recipe = load_script("recipes/main_job.py")
     out = tmp_path / "runs" / "main"
     assert recipe.main(["--output-dir", str(out), "--disable-tqdm"]) == 0
     summary = json.loads((out / "main_job.json").read_text(encoding="utf-8"))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from script_files import folder_bytes as _snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = [
@@ -153,10 +154,6 @@ def test_report_numbers_are_the_models_predictions_on_64_test_images(main_job):
     assert numbers["accuracy"] == pytest.approx(float((probs.argmax(-1).numpy() == y_test[:64]).mean()))
     n_params = sum(p.numel() for p in model.parameters())
     assert numbers["num_parameters"] == n_params and numbers["num_layers"] == 2 and numbers["hidden_size"] == 16
-
-
-def _snapshot(folder):
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.mark.parametrize("earlier", ["main_job.json", "report.html", "config.json"])

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file
+from script_files import folder_bytes as _snapshot
+from script_files import load_script
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 from hf_tdiag import CrateConfig, CrateForImageClassification
@@ -27,18 +29,7 @@ FAST += ["--power-iters", "3", "--threads", "1"]
 
 
 def _module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "recipe_concept_fidelity", os.path.join(ROOT, "recipes", "concept_fidelity.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _snapshot(folder):
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return load_script("recipes/concept_fidelity.py", "recipe_concept_fidelity")
 
 
 def _recipe(*args: str) -> subprocess.CompletedProcess:

@@ -3,11 +3,11 @@ an earlier run's results refused before any training (the old file unchanged) un
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from script_files import load_script
 
 from hf_tdiag._threads import torch_threads
 
@@ -16,12 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def recipe():
-    spec = importlib.util.spec_from_file_location(
-        "train_whitebox_digits", REPO / "recipes" / "train_whitebox_digits.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("recipes/train_whitebox_digits.py")
 
 
 def test_recipe_schedule_warms_up_linearly_then_decays_by_cosine(recipe):

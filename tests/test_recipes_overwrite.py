@@ -4,24 +4,18 @@ and nothing new written; with the flag the output is replaced."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
 import pytest
+from script_files import folder_bytes as _snapshot
+from script_files import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _recipe(name):
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", os.path.join(ROOT, "recipes", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _snapshot(folder):
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return load_script(f"recipes/{name}.py", f"recipe_{name}")
 
 
 def _refused(recipe, argv, folder, name, capsys, flag=True):

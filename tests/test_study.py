@@ -8,6 +8,8 @@ import textwrap
 import time
 
 import pytest
+from script_files import folder_bytes as _files
+from script_files import load_script
 
 from hf_tdiag.measures.correlation import granulated_kendall, kendall_tau
 from hf_tdiag.study import GRIDS, MEASURES, MeasureSettings, load_records, run_key, run_study
@@ -198,19 +200,7 @@ def test_srr_generalization_recipe_equals_the_cli_from_the_cache(tmp_path, tiny_
 
 
 def _srr_generalization():
-    import importlib.util
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location(
-        "srr_generalization", os.path.join(root, "recipes", "srr_generalization.py")
-    )
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
-    return recipe
-
-
-def _files(folder):
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return load_script("recipes/srr_generalization.py")
 
 
 @pytest.mark.parametrize(
