@@ -5,12 +5,18 @@ evaluation results as ``model-index`` entries (and ``base_model`` for a
 fine-tune of a Hub model); the body describes the variant (what its MSSA
 output matrix is), the size, the data and recipe, the results, the per-layer
 SRR table and figure, limitations and citations. A card is published: it
-never carries a local absolute path (local folders appear by their name).
+never carries a local absolute path (a data folder appears by its name; the
+model's own folder by the path it was given when relative, see
+:func:`folder_display`). The size is named by a preset only when the config
+has that preset's sizes (:func:`matching_preset`). The other families (and a
+CRATE with no training record) get :func:`build_family_card`, rendered from
+``model_cards/family_model_card.jinja``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -19,6 +25,8 @@ from ..models.crate.configuration_crate import size_pair
 from .data import IN_MEMORY
 
 TEMPLATE_NAME = "crate_model_card.jinja"
+FAMILY_TEMPLATE_NAME = "family_model_card.jinja"
+PROJECT_TAG = "hf-tdiag"  # every card hf-tdiag writes carries it: the cards hf-tdiag may replace
 
 VARIANT_DESCRIPTIONS = {
     "crate": "the MSSA output matrix is a learned matrix W (with bias), as in the original CRATE (Yu et al., 2023).",
@@ -67,6 +75,85 @@ def _is_hub_id(value) -> bool:
     )
 
 
+def folder_display(path) -> str:
+    """How a card names the model's own folder in ``from_pretrained(...)`` and the reproduce command: the path as
+    given when relative (``runs/main``), relative to the working directory when an absolute path lies under it, else
+    ``path/to/<name>`` (a published card never carries a local absolute path)."""
+    path = os.path.normpath(str(path))
+    if not os.path.isabs(path):
+        return path
+    relative = os.path.relpath(path, os.getcwd())
+    if relative != os.curdir and not relative.startswith(os.pardir):
+        return relative
+    return f"path/to/{os.path.basename(path) or 'model'}"
+
+
+def _preset_table(model_type: str) -> dict:
+    """The family's preset name -> fields table (empty for a model type hf-tdiag does not define)."""
+    from importlib import import_module
+
+    where = {
+        "crate": ("crate.configuration_crate", "CRATE_PRESETS"),
+        "crate-alpha": ("crate_alpha.configuration_crate_alpha", "CRATE_ALPHA_PRESETS"),
+        "crate-mae": ("crate_mae.configuration_crate_mae", "CRATE_MAE_PRESETS"),
+        "tost": ("tost.configuration_tost", "TOST_PRESETS"),
+        "crate_text": ("crate_text.configuration_crate_text", "CRATE_TEXT_PRESETS"),
+    }.get(model_type)
+    if where is None:
+        return {}
+    return getattr(import_module(f"hf_tdiag.models.{where[0]}"), where[1])
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):  # a square size may be 8 or [8, 8]
+        pair = lambda v: tuple(v) if isinstance(v, (list, tuple)) else (v, v)  # noqa: E731
+        return pair(a) == pair(b)
+    return a == b
+
+
+def matching_preset(config, prefer: str | None = None) -> str | None:
+    """The name of the preset whose sizes ``config`` has (every field the preset sets, and the head width it
+    derives), else ``None``: a config built from a preset with other sizes is no longer that preset. ``prefer``
+    is returned when it is among several matches."""
+    table = _preset_table(getattr(config, "model_type", ""))
+    matches = []
+    for name, fields in table.items():
+        reference = type(config).from_preset(name)
+        keys = set(fields) | ({"head_dim"} & set(vars(reference)))
+        if all(_same_value(getattr(config, k, None), getattr(reference, k, None)) for k in sorted(keys)):
+            matches.append(name)
+    if prefer in matches:
+        return prefer
+    return matches[0] if matches else None
+
+
+_SNIPPET = re.compile(r'from_pretrained\("[^"\n]*"')
+
+
+def retarget_card(text: str, repo_id: str) -> str:
+    """``text`` (a card hf-tdiag wrote) with every ``from_pretrained("...")`` naming ``repo_id``."""
+    return _SNIPPET.sub(lambda _: f'from_pretrained("{repo_id}"', text)
+
+
+def is_project_card(text: str | None) -> bool:
+    """Whether ``text`` is a card hf-tdiag wrote (its YAML tags carry ``hf-tdiag``)."""
+    from huggingface_hub import RepoCard
+
+    if not text or not text.lstrip().startswith("---"):
+        return False
+    try:
+        tags = RepoCard(text).data.to_dict().get("tags") or []
+    except Exception:  # a README whose front matter is not YAML: not ours
+        return False
+    return PROJECT_TAG in tags
+
+
+def is_placeholder_card(text: str | None) -> bool:
+    """Whether ``text`` is empty or the generic card ``transformers``' ``push_to_hub`` writes for a repo that has
+    none ("This is the model card of a 🤗 transformers model that has been pushed on the Hub...")."""
+    return not (text or "").strip() or "transformers model that has been pushed on the Hub" in text
+
+
 def _dataset_type(args, raw) -> str:
     """The card's dataset type: the Hub id, ``sklearn-digits``, ``imagefolder`` or ``in-memory``; else the name."""
     if _is_hub_id(raw.dataset_id) or raw.dataset_id == IN_MEMORY or raw.is_digits:
@@ -92,7 +179,9 @@ def _command(args) -> str:
             continue
         if key not in defaults or value == defaults[key] or value is None:
             continue
-        if value is True:
+        if key == "output_dir":
+            parts += ["--output_dir", folder_display(value)]
+        elif value is True:
             parts.append(f"--{key}")
         elif value is not False:
             parts += [f"--{key}", str(_public(value))]
@@ -127,7 +216,7 @@ def _card_data(variant: str, model_name: str, results: dict, args, raw) -> Model
         library_name="transformers",
         license="apache-2.0",
         pipeline_tag="image-classification",
-        tags=["crate", "white-box-transformer", "sparse-rate-reduction", "hf-tdiag", variant],
+        tags=["crate", "white-box-transformer", "sparse-rate-reduction", PROJECT_TAG, variant],
         datasets=[raw.dataset_id] if _is_hub_id(raw.dataset_id) else None,
         base_model=_base_model(args),
         metrics=["accuracy"],
@@ -243,9 +332,12 @@ def build_model_card(
     output_dir: str | None = None,
     repo_id: str | None = None,
 ) -> ModelCard:
-    """Render the card for a model trained by :func:`hf_tdiag.training.train` from its results dict."""
+    """Render the card for a model trained by :func:`hf_tdiag.training.train` from its results dict; the usage
+    snippet names ``repo_id``, else the output folder (:func:`folder_display`). ``preset`` (what the run started
+    from) is shown only when the config still has its sizes, else the preset it matches, else none."""
     variant = getattr(config, "variant", "crate")
-    repo_id = repo_id or getattr(args, "hub_model_id", None) or os.path.basename(os.path.normpath(args.output_dir))
+    repo_id = repo_id or folder_display(args.output_dir)
+    preset = matching_preset(config, prefer=preset)
     model_name = (
         f"{VARIANT_NAMES.get(variant, variant)} {('(' + preset + ') ') if preset else ''}on {_public(raw.dataset_id)}"
     )
@@ -265,4 +357,152 @@ def build_model_card(
     )
 
 
-__all__ = ["build_model_card", "template_path", "VARIANT_DESCRIPTIONS"]
+FAMILIES = {  # model_type -> (name, what it is, the paper, its tag)
+    "crate": (
+        "CRATE",
+        "a white-box transformer whose blocks are derived as steps on the sparse rate reduction objective: "
+        "multi-head subspace self-attention (MSSA) then one ISTA sparse-coding step.",
+        "Yu et al., *White-Box Transformers via Sparse Rate Reduction*, NeurIPS 2023.",
+        "crate",
+    ),
+    "crate-alpha": (
+        "CRATE-α",
+        "the scaled CRATE: MSSA then an overcomplete sparse-coding block with a residual (Yang et al., 2024).",
+        "Yang et al., *Scaling White-Box Transformers for Vision*, 2024.",
+        "crate-alpha",
+    ),
+    "crate-mae": (
+        "CRATE-MAE",
+        "a CRATE masked autoencoder: a CRATE encoder and a decoder of the inverted blocks (Pai et al., 2024).",
+        "Pai et al., *Masked Completion via Structured Diffusion with White-Box Transformers*, ICLR 2024.",
+        "crate-mae",
+    ),
+    "tost": (
+        "ToST",
+        "the Token Statistics Transformer: token statistics self-attention (TSSA), linear in the number of tokens "
+        "(Wu et al., 2025).",
+        "Wu et al., *Token Statistics Transformer: Linear-Time Attention via Variational Rate Reduction*, ICLR 2025.",
+        "tost",
+    ),
+    "crate_text": (
+        "text CRATE",
+        "a CRATE for text: MSSA and ISTA blocks over token embeddings (CRATE-LM, Bai & Ma 2024, and the "
+        "RoBERTa-shaped CRATE encoder).",
+        "Yu et al., *White-Box Transformers via Sparse Rate Reduction*, NeurIPS 2023; CRATE-LM (Bai & Ma, 2024).",
+        "crate-text",
+    ),
+}
+PIPELINE_TAGS = {
+    "AutoModelForImageClassification": "image-classification",
+    "AutoModelForCausalLM": "text-generation",
+    "AutoModelForMaskedLM": "fill-mask",
+    "AutoModelForSequenceClassification": "text-classification",
+    "AutoModelForTokenClassification": "token-classification",
+    "AutoModelForQuestionAnswering": "question-answering",
+}
+_SIZE_FIELDS = (
+    "image_size",
+    "patch_size",
+    "num_channels",
+    "vocab_size",
+    "max_position_embeddings",
+    "block",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "head_dim",
+    "decoder_hidden_size",
+    "decoder_num_hidden_layers",
+    "decoder_num_attention_heads",
+)
+
+
+def _sizes_text(config) -> str:
+    """``image_size 8, patch_size 2, ...``: the size fields the config has."""
+    parts = []
+    for name in _SIZE_FIELDS:
+        value = getattr(config, name, None)
+        if value is not None:
+            parts.append(f"{name} {_size_text(value) if name in ('image_size', 'patch_size') else value}")
+    return ", ".join(parts)
+
+
+def build_family_card(
+    config,
+    repo_id: str,
+    *,
+    class_name: str,
+    auto_class: str,
+    num_parameters: int,
+    base_model: str | None = None,
+    derived_from: str | None = None,
+    weights_changed: bool = False,
+    results: dict | None = None,
+    args=None,
+    raw=None,
+) -> ModelCard:
+    """The card of any hf-tdiag family's model: the architecture, the preset it matches (or none), the usage
+    snippet naming ``repo_id`` with ``auto_class``, ``base_model`` (a Hub id it derives from) or ``derived_from``
+    (a local folder, by name, and whether the weights changed since they were loaded from it); with a trainer's ``results`` (and its ``args``, ``raw`` data), also the data, the
+    reproduce command and the ``model-index`` metrics. Without them it says that no training record came with it."""
+    model_type = getattr(config, "model_type", "")
+    name, description, reference, tag = FAMILIES.get(model_type, (model_type, "a model.", "", model_type))
+    preset = matching_preset(config)
+    labels = [config.id2label[i] for i in sorted(config.id2label)] if auto_class in PIPELINE_TAGS else []
+    labels = labels if any(str(label) != f"LABEL_{i}" for i, label in enumerate(labels)) else []
+    if results is not None and args is not None:
+        model_name = f"{name} {('(' + preset + ') ') if preset else ''}on {_public(raw.dataset_id)}"
+        data = _card_data(tag, model_name, results, args, raw)
+        data.tags = ["white-box-transformer", PROJECT_TAG, tag]
+        data.pipeline_tag = PIPELINE_TAGS.get(auto_class)
+        base_model = _base_model(args)
+        command, dataset_name, eval_split = _command(args), _public(raw.name), raw.eval_split
+    else:
+        model_name = f"{name}{(' (' + preset + ')') if preset else ''}"
+        data = ModelCardData(
+            model_name=model_name,
+            library_name="transformers",
+            license="apache-2.0",
+            pipeline_tag=PIPELINE_TAGS.get(auto_class),
+            tags=["white-box-transformer", PROJECT_TAG, tag],
+            base_model=base_model,
+        )
+        command = dataset_name = eval_split = None
+    return ModelCard.from_template(
+        data,
+        template_path=template_path(FAMILY_TEMPLATE_NAME),
+        model_name=model_name,
+        family_name=name,
+        family_description=description,
+        reference=reference,
+        model_type=model_type,
+        class_name=class_name,
+        auto_class=auto_class,
+        repo_id=repo_id,
+        preset=preset,
+        sizes=_sizes_text(config),
+        num_parameters=f"{num_parameters:,}",
+        labels=", ".join(str(label) for label in labels[:20]) + (" …" if len(labels) > 20 else ""),
+        num_labels=len(labels),
+        base_model=base_model,
+        derived_from=None if base_model else derived_from,
+        weights_changed=weights_changed,
+        results=results,
+        dataset_name=dataset_name,
+        eval_split=eval_split,
+        command=command,
+    )
+
+
+__all__ = [
+    "build_model_card",
+    "build_family_card",
+    "matching_preset",
+    "folder_display",
+    "retarget_card",
+    "is_project_card",
+    "is_placeholder_card",
+    "template_path",
+    "VARIANT_DESCRIPTIONS",
+    "PROJECT_TAG",
+]

@@ -293,7 +293,15 @@ class CrateEncoder(nn.Module):
         return hidden_states
 
 
-class CratePreTrainedModel(PreTrainedModel):
+try:  # hf-tdiag's model card on save_pretrained / push_to_hub (hf_tdiag/training/hub_card.py)
+    from hf_tdiag.training.hub_card import HubCardMixin
+except ImportError:  # remote code where hf_tdiag is not installed: transformers' own save_pretrained / push_to_hub
+
+    class HubCardMixin:
+        pass
+
+
+class CratePreTrainedModel(HubCardMixin, PreTrainedModel):
     config: CrateConfig
     config_class = CrateConfig
     base_model_prefix = "crate"

@@ -221,7 +221,15 @@ class CrateAlphaEncoder(nn.Module):
         return hidden_states
 
 
-class CrateAlphaPreTrainedModel(PreTrainedModel):
+try:  # hf-tdiag's model card on save_pretrained / push_to_hub (hf_tdiag/training/hub_card.py)
+    from hf_tdiag.training.hub_card import HubCardMixin
+except ImportError:  # remote code where hf_tdiag is not installed: transformers' own save_pretrained / push_to_hub
+
+    class HubCardMixin:
+        pass
+
+
+class CrateAlphaPreTrainedModel(HubCardMixin, PreTrainedModel):
     config: CrateAlphaConfig
     config_class = CrateAlphaConfig
     base_model_prefix = "crate_alpha"

@@ -188,7 +188,15 @@ class CrateMAEDecoderLayer(GradientCheckpointingLayer):
         return y - self.attention(self.layernorm_after(y), **kwargs)[0]
 
 
-class CrateMAEPreTrainedModel(PreTrainedModel):
+try:  # hf-tdiag's model card on save_pretrained / push_to_hub (hf_tdiag/training/hub_card.py)
+    from hf_tdiag.training.hub_card import HubCardMixin
+except ImportError:  # remote code where hf_tdiag is not installed: transformers' own save_pretrained / push_to_hub
+
+    class HubCardMixin:
+        pass
+
+
+class CrateMAEPreTrainedModel(HubCardMixin, PreTrainedModel):
     config: CrateMAEConfig
     config_class = CrateMAEConfig
     base_model_prefix = "crate_mae"

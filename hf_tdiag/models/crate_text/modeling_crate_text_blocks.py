@@ -255,7 +255,15 @@ def pooled_token(hidden: torch.Tensor, attention_mask: torch.Tensor | None, caus
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
 
 
-class CrateTextPreTrainedModel(PreTrainedModel):
+try:  # hf-tdiag's model card on save_pretrained / push_to_hub (hf_tdiag/training/hub_card.py)
+    from hf_tdiag.training.hub_card import HubCardMixin
+except ImportError:  # remote code where hf_tdiag is not installed: transformers' own save_pretrained / push_to_hub
+
+    class HubCardMixin:
+        pass
+
+
+class CrateTextPreTrainedModel(HubCardMixin, PreTrainedModel):
     config: CrateTextConfig
     config_class = CrateTextConfig
     base_model_prefix = "crate"

@@ -264,7 +264,15 @@ class TostClassAttentionLayer(nn.Module):
         return x + torch.cat([cls, x[:, 1:]], dim=1)  # the authors' residual: patch tokens are added to themselves
 
 
-class TostPreTrainedModel(PreTrainedModel):
+try:  # hf-tdiag's model card on save_pretrained / push_to_hub (hf_tdiag/training/hub_card.py)
+    from hf_tdiag.training.hub_card import HubCardMixin
+except ImportError:  # remote code where hf_tdiag is not installed: transformers' own save_pretrained / push_to_hub
+
+    class HubCardMixin:
+        pass
+
+
+class TostPreTrainedModel(HubCardMixin, PreTrainedModel):
     config: TostConfig
     config_class = TostConfig
     base_model_prefix = "tost"
