@@ -26,13 +26,24 @@ from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ImageClassifierOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.utils import ModelOutput, logging
+from transformers.processing_utils import Unpack
+from transformers.utils import ModelOutput, TransformersKwargs, logging
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_crate import CrateConfig, size_pair
 
 logger = logging.get_logger(__name__)
+
+
+class CrateKwargs(TransformersKwargs, total=False):
+    """The keyword arguments of the forward passes: Transformers' own, and the family's recorded outputs.
+
+    Attributes:
+        output_mid_hidden_states: each block's mid state ``Z^{l-1/2}`` (after attention, before the sparse-coding step).
+    """
+
+    output_mid_hidden_states: bool | None
 
 
 @dataclass
@@ -151,7 +162,7 @@ def eager_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
-    **kwargs,
+    **kwargs: Unpack[CrateKwargs],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q k^T * scaling + mask) v`` in plain torch; returns ``(B, N, K, p)`` and the ``(B, K, N, N)`` probabilities."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
@@ -213,7 +224,9 @@ class CrateMSSA(nn.Module):
             return F.linear(heads, self.fixed_output)
         return heads
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, hidden_states: torch.Tensor, **kwargs: Unpack[CrateKwargs]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, tokens, _ = hidden_states.shape
         # (B, N, K*p) -> (B, K, N, p): w = U_k^T z, used as query, key and value
         w = self.qkv(hidden_states).view(batch, tokens, self.num_heads, self.head_dim).transpose(1, 2)
@@ -272,7 +285,7 @@ class CrateLayer(GradientCheckpointingLayer):
         self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ista = CrateISTA(config)
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Unpack[CrateKwargs]) -> tuple[torch.Tensor, torch.Tensor]:
         attn_out, _ = self.attention(self.layernorm_before(hidden_states), **kwargs)
         mid = hidden_states + attn_out
         return self.ista(self.layernorm_after(mid)), mid
@@ -287,7 +300,7 @@ class CrateEncoder(nn.Module):
         self.layer = nn.ModuleList([CrateLayer(config) for _ in range(config.num_hidden_layers)])
         self.gradient_checkpointing = False
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Unpack[CrateKwargs]) -> torch.Tensor:
         for layer in self.layer:
             hidden_states, _ = layer(hidden_states, **kwargs)
         return hidden_states
@@ -313,6 +326,7 @@ class CratePreTrainedModel(HubCardMixin, PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+    _can_compile_fullgraph = True  # torch.compile(fullgraph=True) and torch.export: tests/test_model_common.py
     # recorded by forward hooks (``capture_outputs``): hidden_states = Z^0 (first block's input), then each block's
     # output Z^l; mid_hidden_states = each block's Z^{l-1/2}; attentions = each MSSA's probabilities (eager path)
     _can_record_outputs = {
@@ -357,7 +371,7 @@ class CrateModel(CratePreTrainedModel):
         self,
         pixel_values: torch.Tensor | None = None,
         interpolate_pos_encoding: bool = False,
-        **kwargs,
+        **kwargs: Unpack[CrateKwargs],
     ) -> CrateModelOutput:
         if pixel_values is None:
             raise ValueError("CrateModel.forward: pixel_values is required")
@@ -389,7 +403,7 @@ class CrateForImageClassification(CratePreTrainedModel):
         pixel_values: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         interpolate_pos_encoding: bool = False,
-        **kwargs,
+        **kwargs: Unpack[CrateKwargs],
     ) -> CrateImageClassifierOutput:
         outputs: CrateModelOutput = self.crate(
             pixel_values, interpolate_pos_encoding=interpolate_pos_encoding, **kwargs

@@ -28,11 +28,22 @@ from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ImageClassifierOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.utils import ModelOutput
+from transformers.processing_utils import Unpack
+from transformers.utils import ModelOutput, TransformersKwargs
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_crate_alpha import CrateAlphaConfig, alpha_size_pair
+
+
+class CrateAlphaKwargs(TransformersKwargs, total=False):
+    """The keyword arguments of the forward passes: Transformers' own, and the family's recorded outputs.
+
+    Attributes:
+        output_mid_hidden_states: each block's mid state ``Z^{l-1/2}`` (after attention, before the sparse-coding step).
+    """
+
+    output_mid_hidden_states: bool | None
 
 
 @dataclass
@@ -110,7 +121,7 @@ def eager_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
-    **kwargs,
+    **kwargs: Unpack[CrateAlphaKwargs],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q kᵀ · scaling + mask) v``; returns ``(B, N, K, p)`` and the ``(B, K, N, N)`` probabilities."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
@@ -145,7 +156,9 @@ class CrateAlphaMSSA(nn.Module):
         """``U`` of shape ``(K, d, p)``: head ``k``'s columns are rows ``k·p … (k+1)·p − 1`` of ``qkv.weight``."""
         return self.qkv.weight.view(self.num_heads, self.head_dim, -1).transpose(1, 2)
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, hidden_states: torch.Tensor, **kwargs: Unpack[CrateAlphaKwargs]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, tokens, _ = hidden_states.shape
         w = self.qkv(hidden_states).view(batch, tokens, self.num_heads, self.head_dim).transpose(1, 2)
         implementation = self.config._attn_implementation
@@ -200,7 +213,9 @@ class CrateAlphaLayer(GradientCheckpointingLayer):
         self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.sparse_coding = CrateAlphaSparseCoding(config)
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, hidden_states: torch.Tensor, **kwargs: Unpack[CrateAlphaKwargs]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         attn_out, _ = self.attention(self.layernorm_before(hidden_states), **kwargs)
         mid = hidden_states + attn_out
         return mid + self.sparse_coding(self.layernorm_after(mid)), mid
@@ -215,7 +230,7 @@ class CrateAlphaEncoder(nn.Module):
         self.layer = nn.ModuleList([CrateAlphaLayer(config) for _ in range(config.num_hidden_layers)])
         self.gradient_checkpointing = False
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Unpack[CrateAlphaKwargs]) -> torch.Tensor:
         for layer in self.layer:
             hidden_states, _ = layer(hidden_states, **kwargs)
         return hidden_states
@@ -241,6 +256,7 @@ class CrateAlphaPreTrainedModel(HubCardMixin, PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+    _can_compile_fullgraph = True  # torch.compile(fullgraph=True) and torch.export: tests/test_model_common.py
     _can_record_outputs = {
         "hidden_states": OutputRecorder(CrateAlphaLayer, index=0),
         "mid_hidden_states": OutputRecorder(CrateAlphaLayer, index=1),
@@ -277,7 +293,9 @@ class CrateAlphaModel(CrateAlphaPreTrainedModel):
         return self.embeddings.projection
 
     @capture_outputs(tie_last_hidden_states=False)
-    def forward(self, pixel_values: torch.Tensor | None = None, **kwargs) -> CrateAlphaModelOutput:
+    def forward(
+        self, pixel_values: torch.Tensor | None = None, **kwargs: Unpack[CrateAlphaKwargs]
+    ) -> CrateAlphaModelOutput:
         if pixel_values is None:
             raise ValueError("CrateAlphaModel.forward: pixel_values is required")
         if not isinstance(pixel_values, torch.Tensor):
@@ -301,7 +319,10 @@ class CrateAlphaForImageClassification(CrateAlphaPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self, pixel_values: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs
+        self,
+        pixel_values: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs: Unpack[CrateAlphaKwargs],
     ) -> CrateAlphaImageClassifierOutput:
         outputs: CrateAlphaModelOutput = self.crate_alpha(pixel_values, **kwargs)
         logits = self.classifier(self.classifier_norm(outputs.pooler_output))

@@ -26,11 +26,22 @@ from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ImageClassifierOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.utils import ModelOutput
+from transformers.processing_utils import Unpack
+from transformers.utils import ModelOutput, TransformersKwargs
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_crate_mae import CrateMAEConfig
+
+
+class CrateMAEKwargs(TransformersKwargs, total=False):
+    """The keyword arguments of the forward passes: Transformers' own, and the family's recorded outputs.
+
+    Attributes:
+        output_mid_hidden_states: each block's mid state ``Z^{l-1/2}`` (after attention, before the sparse-coding step).
+    """
+
+    output_mid_hidden_states: bool | None
 
 
 @dataclass
@@ -56,13 +67,15 @@ class CrateMAEModelOutput(ModelOutput):
 
 @dataclass
 class CrateMAEForPreTrainingOutput(ModelOutput):
-    """``loss`` (masked-patch MSE), ``logits`` ``(B, N, p²·C)`` predicted patches, ``mask`` ``(B, N)``, states."""
+    """``loss`` (masked-patch MSE), ``logits`` ``(B, N, p²·C)`` predicted patches, ``mask`` ``(B, N)``, the encoder's
+    states and its attention probabilities ``(B, K, N + 1, N + 1)`` per block (``output_attentions=True``)."""
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     mask: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     mid_hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
 
 def sincos_position_embedding(dim: int, grid: int) -> torch.Tensor:
@@ -81,14 +94,18 @@ def sincos_position_embedding(dim: int, grid: int) -> torch.Tensor:
 
 
 class CrateMAEEmbeddings(nn.Module):
-    """Convolutional patches, CLS token, mask token, fixed sine-cosine positions."""
+    """Convolutional patches, CLS token, mask token (``use_mask_token``), fixed sine-cosine positions.
 
-    def __init__(self, config: CrateMAEConfig):
+    Without a mask token (the classifier's encoder, which never masks) a ``mask_token`` in a loaded state dict, the
+    pre-trained model's, is dropped: the classifier loads a pre-training checkpoint and every parameter it holds
+    takes part in its forward (DDP without ``find_unused_parameters``)."""
+
+    def __init__(self, config: CrateMAEConfig, use_mask_token: bool = True):
         super().__init__()
         self.config = config
         self.projection = nn.Conv2d(config.num_channels, config.hidden_size, config.patch_size, config.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
-        self.mask_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size)) if use_mask_token else None
         self.position_embeddings = nn.Parameter(
             torch.zeros(1, config.num_patches + 1, config.hidden_size), requires_grad=False
         )
@@ -101,6 +118,11 @@ class CrateMAEEmbeddings(nn.Module):
         ranks = torch.argsort(torch.argsort(noise, dim=1), dim=1)
         return (ranks >= keep).to(self.projection.weight.dtype)
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs: Unpack[CrateMAEKwargs]):
+        if self.mask_token is None:
+            state_dict.pop(prefix + "mask_token", None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def forward(self, pixel_values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         c, size = self.config.num_channels, self.config.image_size
         if pixel_values.ndim != 4 or tuple(pixel_values.shape[1:]) != (c, size, size):
@@ -109,12 +131,16 @@ class CrateMAEEmbeddings(nn.Module):
             )
         tokens = self.projection(pixel_values).flatten(2).transpose(1, 2)
         if mask is not None:
+            if self.mask_token is None:
+                raise ValueError("this CRATE-MAE encoder has no mask token (a classifier's); pass no mask")
             tokens = torch.where(mask.bool().unsqueeze(-1), self.mask_token.to(tokens.dtype), tokens)
         tokens = torch.cat((self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1)
         return tokens + self.position_embeddings
 
 
-def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+def eager_attention_forward(
+    module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs: Unpack[CrateMAEKwargs]
+):
     """``softmax(q kᵀ · scaling) v``; returns ``(B, N, K, p)`` and the ``(B, K, N, N)`` probabilities."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
@@ -135,7 +161,9 @@ class CrateMAEMSSA(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size) if num_heads > 1 else None
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, hidden_states: torch.Tensor, **kwargs: Unpack[CrateMAEKwargs]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, tokens, _ = hidden_states.shape
         w = self.qkv(hidden_states).view(batch, tokens, self.num_heads, self.head_dim).transpose(1, 2)
         implementation = "eager" if kwargs.get("output_attentions") else self.config._attn_implementation
@@ -168,7 +196,9 @@ class CrateMAEEncoderLayer(GradientCheckpointingLayer):
         self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ista = CrateMAEISTA(config)
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, hidden_states: torch.Tensor, **kwargs: Unpack[CrateMAEKwargs]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         mid = hidden_states + self.attention(self.layernorm_before(hidden_states), **kwargs)[0]
         return self.ista(self.layernorm_after(mid)), mid
 
@@ -183,7 +213,7 @@ class CrateMAEDecoderLayer(GradientCheckpointingLayer):
         self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.attention = CrateMAEMSSA(config, config.decoder_num_attention_heads)
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Unpack[CrateMAEKwargs]) -> torch.Tensor:
         y = self.dictionary(self.layernorm_before(hidden_states))
         return y - self.attention(self.layernorm_after(y), **kwargs)[0]
 
@@ -208,6 +238,7 @@ class CrateMAEPreTrainedModel(HubCardMixin, PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+    _can_compile_fullgraph = True  # torch.compile(fullgraph=True) and torch.export: tests/test_model_common.py
     _can_record_outputs = {
         "hidden_states": OutputRecorder(CrateMAEEncoderLayer, index=0),
         "mid_hidden_states": OutputRecorder(CrateMAEEncoderLayer, index=1),
@@ -226,7 +257,8 @@ class CrateMAEPreTrainedModel(HubCardMixin, PreTrainedModel):
             grid = self.config.image_size // self.config.patch_size
             init.copy_(module.position_embeddings, sincos_position_embedding(self.config.hidden_size, grid))
             init.normal_(module.cls_token, std=0.02)
-            init.normal_(module.mask_token, std=0.02)
+            if module.mask_token is not None:
+                init.normal_(module.mask_token, std=0.02)
             init.xavier_uniform_(
                 module.projection.weight.view(module.projection.weight.shape[0], -1),
                 gain=self.config.patch_embedding_gain,
@@ -239,12 +271,13 @@ class CrateMAEPreTrainedModel(HubCardMixin, PreTrainedModel):
 
 
 class CrateMAEModel(CrateMAEPreTrainedModel):
-    """The CRATE-MAE encoder, usable alone: unmasked by default; ``mask=`` or ``apply_mask=True`` masks patches."""
+    """The CRATE-MAE encoder, usable alone: unmasked by default; ``mask=`` or ``apply_mask=True`` masks patches
+    (with ``use_mask_token=False``, the classifier's encoder, it has no mask token and cannot mask)."""
 
-    def __init__(self, config: CrateMAEConfig):
+    def __init__(self, config: CrateMAEConfig, use_mask_token: bool = True):
         super().__init__(config)
         self.config = config
-        self.embeddings = CrateMAEEmbeddings(config)
+        self.embeddings = CrateMAEEmbeddings(config, use_mask_token=use_mask_token)
         self.encoder = nn.ModuleList([CrateMAEEncoderLayer(config) for _ in range(config.num_hidden_layers)])
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.final_layer_norm_eps)
         self.post_init()
@@ -259,7 +292,7 @@ class CrateMAEModel(CrateMAEPreTrainedModel):
         mask: torch.Tensor | None = None,
         apply_mask: bool = False,
         noise: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[CrateMAEKwargs],
     ) -> CrateMAEModelOutput:
         if not isinstance(pixel_values, torch.Tensor):
             raise TypeError(f"pixel_values must be a torch.Tensor, got {type(pixel_values).__name__}")
@@ -284,7 +317,7 @@ class CrateMAEDecoder(nn.Module):
         self.decoder_norm = nn.LayerNorm(config.hidden_size, eps=config.final_layer_norm_eps)
         self.decoder_pred = nn.Linear(config.hidden_size, config.patch_size**2 * config.num_channels)
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Unpack[CrateMAEKwargs]) -> torch.Tensor:
         for layer in self.layer:
             hidden_states = layer(hidden_states, **kwargs)
         return self.decoder_pred(self.decoder_norm(hidden_states))[:, 1:]
@@ -324,30 +357,40 @@ class CrateMAEForPreTraining(CrateMAEPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self, pixel_values: torch.Tensor | None = None, noise: torch.Tensor | None = None, **kwargs
+        self,
+        pixel_values: torch.Tensor | None = None,
+        noise: torch.Tensor | None = None,
+        **kwargs: Unpack[CrateMAEKwargs],
     ) -> CrateMAEForPreTrainingOutput:
         outputs: CrateMAEModelOutput = self.crate_mae(pixel_values, apply_mask=True, noise=noise, **kwargs)
         pred = self.decoder(outputs.last_hidden_state)
         loss = self.forward_loss(pixel_values.to(pred.dtype), pred, outputs.mask)
         return CrateMAEForPreTrainingOutput(
             loss=loss, logits=pred, mask=outputs.mask, hidden_states=outputs.hidden_states,
-            mid_hidden_states=outputs.mid_hidden_states,
+            mid_hidden_states=outputs.mid_hidden_states, attentions=outputs.attentions,
         )  # fmt: skip
 
 
 class CrateMAEForImageClassification(CrateMAEPreTrainedModel):
-    """The CRATE-MAE encoder (unmasked) with a linear head on its normalized CLS token, for fine-tuning."""
+    """The CRATE-MAE encoder (unmasked, so without the mask token) with a linear head on its normalized CLS token, for
+    fine-tuning; it loads a pre-training checkpoint (its decoder and mask token are left out)."""
+
+    # the pre-trained encoder's mask token: in every pre-training checkpoint, never used by the classifier
+    _keys_to_ignore_on_load_unexpected = [r"(^|\.)embeddings\.mask_token$"]
 
     def __init__(self, config: CrateMAEConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.crate_mae = CrateMAEModel(config)
+        self.crate_mae = CrateMAEModel(config, use_mask_token=False)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
         self.post_init()
 
     @can_return_tuple
     def forward(
-        self, pixel_values: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs
+        self,
+        pixel_values: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs: Unpack[CrateMAEKwargs],
     ) -> ImageClassifierOutput:
         outputs: CrateMAEModelOutput = self.crate_mae(pixel_values, **kwargs)
         logits = self.classifier(outputs.pooler_output)

@@ -11,6 +11,8 @@ This file imports only torch, transformers and its sibling modules so that ``sav
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,12 +28,14 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import slice_logits_to_keep
+from transformers.processing_utils import Unpack
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_crate_text import CrateTextConfig
 from .modeling_crate_text_blocks import (
     CrateTextEmbeddings,
+    CrateTextKwargs,
     CrateTextLayer,
     CrateTextModelOutput,
     CrateTextPooler,
@@ -66,16 +70,22 @@ class CrateTextModel(CrateTextPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embeddings.word_embeddings = value
 
-    def _mask(self, hidden, attention_mask, cache, position_ids):
-        if self.config.is_decoder:
+    def _mask(self, hidden, attention_mask, cache, position_ids, output_attentions=False):
+        config = self.config
+        if output_attentions and config._attn_implementation not in ("eager", "sdpa"):
+            # attention maps come from the eager path, which reads a tensor mask (sdpa's boolean one too), not flex
+            # attention's BlockMask: build the mask that path needs for this call
+            config = copy.copy(config)
+            config._attn_implementation = "eager"
+        if config.is_decoder:
             return create_causal_mask(
-                config=self.config,
+                config=config,
                 inputs_embeds=hidden,
                 attention_mask=attention_mask,
                 cache=cache,
                 position_ids=position_ids,
             )
-        return create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
+        return create_bidirectional_mask(config=config, inputs_embeds=hidden, attention_mask=attention_mask)
 
     @capture_outputs(tie_last_hidden_states=False)
     def forward(
@@ -87,7 +97,7 @@ class CrateTextModel(CrateTextPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         cache: Cache | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[CrateTextKwargs],
     ) -> CrateTextModelOutput:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("CrateTextModel.forward: pass exactly one of input_ids or inputs_embeds")
@@ -106,7 +116,7 @@ class CrateTextModel(CrateTextPreTrainedModel):
         if position_ids is None:
             position_ids = position_ids_from_mask(attention_mask, past, inputs_embeds.shape[1], inputs_embeds.device)
         hidden = self.embeddings(inputs_embeds, position_ids, token_type_ids)
-        mask = self._mask(hidden, attention_mask, cache, position_ids)
+        mask = self._mask(hidden, attention_mask, cache, position_ids, bool(kwargs.get("output_attentions")))
         for layer in self.layer:
             hidden, _ = layer(hidden, mask, cache, **kwargs)
         if self.final_layernorm is not None:
@@ -138,7 +148,7 @@ class CrateTextLMHead(nn.Module):
 _TIED = {"lm_head.decoder.weight": "crate.embeddings.word_embeddings.weight"}
 
 
-def _base_call(model, **kwargs) -> CrateTextModelOutput:
+def _base_call(model, **kwargs: Unpack[CrateTextKwargs]) -> CrateTextModelOutput:
     return model.crate(**{k: v for k, v in kwargs.items() if v is not None or k in ("input_ids", "inputs_embeds")})
 
 
@@ -164,7 +174,7 @@ class CrateTextForMaskedLM(CrateTextPreTrainedModel):
     @can_return_tuple
     def forward(
         self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-        labels=None, **kwargs,
+        labels=None, **kwargs: Unpack[CrateTextKwargs],
     ) -> MaskedLMOutput:  # fmt: skip
         out = _base_call(
             self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
@@ -199,7 +209,7 @@ class CrateTextForCausalLM(CrateTextPreTrainedModel, GenerationMixin):
     @can_return_tuple
     def forward(
         self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-        cache=None, use_cache=None, labels=None, logits_to_keep: int | torch.Tensor = 0, **kwargs,
+        cache=None, use_cache=None, labels=None, logits_to_keep: int | torch.Tensor = 0, **kwargs: Unpack[CrateTextKwargs],
     ) -> CausalLMOutputWithPast:  # fmt: skip
         if cache is None:
             cache = kwargs.pop("past_key_values", None)
@@ -243,7 +253,7 @@ class CrateTextForSequenceClassification(CrateTextPreTrainedModel):
     @can_return_tuple
     def forward(
         self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-        labels=None, **kwargs,
+        labels=None, **kwargs: Unpack[CrateTextKwargs],
     ) -> SequenceClassifierOutput:  # fmt: skip
         out = _base_call(
             self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
@@ -273,7 +283,7 @@ class CrateTextForTokenClassification(CrateTextPreTrainedModel):
     @can_return_tuple
     def forward(
         self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-        labels=None, **kwargs,
+        labels=None, **kwargs: Unpack[CrateTextKwargs],
     ) -> TokenClassifierOutput:  # fmt: skip
         out = _base_call(
             self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
@@ -301,7 +311,7 @@ class CrateTextForQuestionAnswering(CrateTextPreTrainedModel):
     @can_return_tuple
     def forward(
         self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-        start_positions=None, end_positions=None, **kwargs,
+        start_positions=None, end_positions=None, **kwargs: Unpack[CrateTextKwargs],
     ) -> QuestionAnsweringModelOutput:  # fmt: skip
         out = _base_call(
             self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
@@ -332,7 +342,7 @@ class CrateTextForMultipleChoice(CrateTextPreTrainedModel):
     @can_return_tuple
     def forward(
         self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-        labels=None, **kwargs,
+        labels=None, **kwargs: Unpack[CrateTextKwargs],
     ) -> MultipleChoiceModelOutput:  # fmt: skip
         reference = input_ids if input_ids is not None else inputs_embeds
         if reference is None or reference.ndim < 3:

@@ -25,10 +25,21 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.utils import ModelOutput
+from transformers.processing_utils import Unpack
+from transformers.utils import ModelOutput, TransformersKwargs
 from transformers.utils.output_capturing import OutputRecorder
 
 from .configuration_crate_text import CrateTextConfig
+
+
+class CrateTextKwargs(TransformersKwargs, total=False):
+    """The keyword arguments of the forward passes: Transformers' own, and the family's recorded outputs.
+
+    Attributes:
+        output_mid_hidden_states: each block's mid state ``Z^{l-1/2}`` (after attention, before the sparse-coding step).
+    """
+
+    output_mid_hidden_states: bool | None
 
 
 @dataclass
@@ -53,13 +64,19 @@ class CrateTextModelOutput(ModelOutput):
     attentions: tuple[torch.Tensor, ...] | None = None
 
 
-def position_ids_from_mask(attention_mask: torch.Tensor | None, past: int, length: int, device) -> torch.Tensor:
-    """0-based positions counting only attended tokens (``cumsum(mask) - 1``); padding gets ``-1``; ``(B|1, N)``."""
+def position_ids_from_mask(
+    attention_mask: torch.Tensor | None, past: int | torch.Tensor, length: int, device
+) -> torch.Tensor:
+    """0-based positions counting only attended tokens (``cumsum(mask) - 1``); padding gets ``-1``; ``(B|1, N)``.
+
+    ``past`` (the cached length) may be a 0-d tensor (a static cache's counter); the positions are then built by
+    adding it, so that a compiled graph does not depend on its value. A 2-D mask covers the past and the new tokens:
+    the new ones are its last ``length`` columns."""
     if attention_mask is None or attention_mask.ndim != 2:
-        return torch.arange(past, past + length, device=device).unsqueeze(0)
+        return (torch.arange(length, device=device) + past).unsqueeze(0)
     mask = attention_mask.long()
     positions = mask.cumsum(-1) * mask - 1
-    return positions[:, past : past + length]
+    return positions[:, -length:]
 
 
 class CrateTextEmbeddings(nn.Module):
@@ -80,8 +97,16 @@ class CrateTextEmbeddings(nn.Module):
         self.max_positions = config.max_position_embeddings
 
     def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, token_type_ids=None) -> torch.Tensor:
+        if inputs_embeds.shape[1] + self.position_offset > self.max_positions:  # a shape: checked when compiled too
+            raise ValueError(
+                f"input of {inputs_embeds.shape[1]} tokens is longer than the {self.max_positions - self.position_offset}"
+                f" positions of max_position_embeddings={self.max_positions} (position_offset={self.position_offset})"
+                "; pass shorter sequences"
+            )
         rows = (position_ids + self.position_offset).clamp(min=0)  # padding (-1) -> the row before position 0
-        if int(rows.max()) >= self.max_positions:
+        # the position values (a cache's length, given position_ids) are data: checked in eager mode only, where a
+        # compiled graph or an exported program would have to guard on them
+        if not torch.compiler.is_compiling() and int(rows.max()) >= self.max_positions:
             raise ValueError(
                 f"input is longer than max_position_embeddings={self.max_positions} (position row {int(rows.max())})"
                 "; pass shorter sequences"
@@ -91,7 +116,7 @@ class CrateTextEmbeddings(nn.Module):
             if token_type_ids is None:
                 token_type_ids = torch.zeros(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
             hidden = hidden + self.token_type_embeddings(token_type_ids)
-        elif token_type_ids is not None and bool((token_type_ids != 0).any()):
+        elif token_type_ids is not None and not torch.compiler.is_compiling() and bool((token_type_ids != 0).any()):
             raise ValueError("token_type_ids were given but the model has type_vocab_size=0")
         if self.layernorm is not None:
             hidden = self.layernorm(hidden)
@@ -106,7 +131,7 @@ def eager_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
-    **kwargs,
+    **kwargs: Unpack[CrateTextKwargs],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q k^T * scaling + mask) v`` in plain torch; returns ``(B, N, K, p)`` and the ``(B, K, N, M)`` probabilities."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
@@ -138,7 +163,9 @@ class CrateTextMSSA(nn.Module):
         self.out_proj = nn.Linear(inner, config.hidden_size, bias=config.attention_bias)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, hidden_states, attention_mask=None, cache: Cache | None = None, **kwargs):
+    def forward(
+        self, hidden_states, attention_mask=None, cache: Cache | None = None, **kwargs: Unpack[CrateTextKwargs]
+    ):
         batch, tokens, _ = hidden_states.shape
         w = self.qkv(hidden_states).view(batch, tokens, self.num_heads, self.head_dim).transpose(1, 2)
         keys = values = w
@@ -226,7 +253,7 @@ class CrateTextLayer(GradientCheckpointingLayer):
         self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ista = CrateTextOvercompleteISTA(config) if config.block == "crate-lm" else CrateTextISTA(config)
 
-    def forward(self, hidden_states, attention_mask=None, cache=None, **kwargs):
+    def forward(self, hidden_states, attention_mask=None, cache=None, **kwargs: Unpack[CrateTextKwargs]):
         attn_out, _ = self.attention(self.layernorm_before(hidden_states), attention_mask, cache, **kwargs)
         mid = hidden_states + attn_out
         return self.ista(self.layernorm_after(mid)), mid
@@ -274,6 +301,7 @@ class CrateTextPreTrainedModel(HubCardMixin, PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+    _can_compile_fullgraph = True  # torch.compile(fullgraph=True) and torch.export: tests/test_model_common.py
     _can_record_outputs = {
         "hidden_states": OutputRecorder(CrateTextLayer, index=0),
         "mid_hidden_states": OutputRecorder(CrateTextLayer, index=1),
@@ -293,6 +321,7 @@ class CrateTextPreTrainedModel(HubCardMixin, PreTrainedModel):
 
 __all__ = [
     "CrateTextModelOutput",
+    "CrateTextKwargs",
     "CrateTextPreTrainedModel",
     "CrateTextLayer",
     "CrateTextMSSA",

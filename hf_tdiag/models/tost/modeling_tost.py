@@ -29,11 +29,24 @@ from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ImageClassifierOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.utils import ModelOutput
+from transformers.processing_utils import Unpack
+from transformers.utils import ModelOutput, TransformersKwargs
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_tost import TostConfig
+
+
+class TostKwargs(TransformersKwargs, total=False):
+    """The keyword arguments of the forward passes: Transformers' own, and the family's recorded outputs.
+
+    Attributes:
+        output_mid_hidden_states: each block's mid state ``Z^{l-1/2}`` (after attention, before the sparse-coding step).
+        output_memberships: each TSSA's membership ``Π`` (B, K, N).
+    """
+
+    output_mid_hidden_states: bool | None
+    output_memberships: bool | None
 
 
 @dataclass
@@ -166,7 +179,7 @@ class TostTSSA(nn.Module):
         batch, tokens, _ = hidden_states.shape
         return self.qkv(hidden_states).view(batch, tokens, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Unpack[TostKwargs]) -> tuple[torch.Tensor, torch.Tensor]:
         batch, tokens, _ = hidden_states.shape
         heads, pi = token_statistics_attention(
             self.head_projections(hidden_states), self.temp, self.causal, self.attn_drop if self.training else None
@@ -201,13 +214,15 @@ class TostLayer(GradientCheckpointingLayer):
         self.gamma1 = nn.Parameter(torch.full((config.hidden_size,), float(config.layer_scale_init_value)))
         self.gamma2 = nn.Parameter(torch.full((config.hidden_size,), float(config.layer_scale_init_value)))
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Unpack[TostKwargs]) -> tuple[torch.Tensor, torch.Tensor]:
         attn_out, _ = self.attention(self.layernorm_before(hidden_states))
         mid = hidden_states + self.gamma1 * attn_out
         return mid + self.gamma2 * self.mlp(self.layernorm_after(mid)), mid
 
 
-def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+def eager_attention_forward(
+    module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs: Unpack[TostKwargs]
+):
     """``softmax(q kᵀ · scaling) v``; returns ``(B, Nq, K, p)`` and the ``(B, K, Nq, N)`` probabilities."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
@@ -230,7 +245,7 @@ class TostClassAttention(nn.Module):
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.attention_dropout = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, **kwargs: Unpack[TostKwargs]) -> tuple[torch.Tensor, torch.Tensor]:
         batch, tokens, dim = x.shape
         q, k, v = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         implementation = self.config._attn_implementation
@@ -257,7 +272,7 @@ class TostClassAttentionLayer(nn.Module):
         self.gamma1 = nn.Parameter(torch.full((config.hidden_size,), float(config.layer_scale_init_value)))
         self.gamma2 = nn.Parameter(torch.full((config.hidden_size,), float(config.layer_scale_init_value)))
 
-    def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, **kwargs: Unpack[TostKwargs]) -> torch.Tensor:
         attn_out, _ = self.attn(self.norm1(x), **kwargs)
         x = self.norm2(x + self.gamma1 * attn_out)
         cls = self.gamma2 * self.mlp(x[:, :1])
@@ -282,6 +297,7 @@ class TostPreTrainedModel(HubCardMixin, PreTrainedModel):
     _no_split_modules = ["TostLayer", "TostClassAttentionLayer"]
     _supports_sdpa = True
     _supports_attention_backend = True
+    _can_compile_fullgraph = True  # torch.compile(fullgraph=True) and torch.export: tests/test_model_common.py
     _can_record_outputs = {
         "hidden_states": OutputRecorder(TostLayer, index=0),
         "mid_hidden_states": OutputRecorder(TostLayer, index=1),
@@ -334,7 +350,7 @@ class TostModel(TostPreTrainedModel):
         return self.dropout(tokens)
 
     @capture_outputs(tie_last_hidden_states=False)
-    def forward(self, pixel_values: torch.Tensor | None = None, **kwargs) -> TostModelOutput:
+    def forward(self, pixel_values: torch.Tensor | None = None, **kwargs: Unpack[TostKwargs]) -> TostModelOutput:
         if pixel_values is None:
             raise ValueError("TostModel.forward: pixel_values is required")
         if not isinstance(pixel_values, torch.Tensor):
@@ -361,7 +377,7 @@ class TostForImageClassification(TostPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self, pixel_values: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs
+        self, pixel_values: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs: Unpack[TostKwargs]
     ) -> TostImageClassifierOutput:
         outputs: TostModelOutput = self.tost(pixel_values, **kwargs)
         logits = self.classifier(outputs.pooler_output)
