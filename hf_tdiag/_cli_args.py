@@ -20,7 +20,7 @@ import argparse
 import re
 import textwrap
 
-from .diagnostics.settings import ConceptSettings
+from .diagnostics.settings import FINITE, NON_NEGATIVE_INT, POSITIVE_INT, ConceptSettings
 
 MAX_SAMPLES = 64  # inputs measured by srr, concepts, attention-svm and report unless --max-samples says otherwise
 NUM_CONCEPTS = ConceptSettings.n_concepts  # Semi-NMF concepts k in concepts, report and the concept-fidelity recipe
@@ -95,37 +95,30 @@ def plain(text: str | None) -> str:
     return text.replace("``", "")
 
 
-def _int_at_least(text: str, low: int, words: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}")
-    return value
+def _expected_type(read, check, words: str, name: str):
+    """An argparse ``type``: the text read by ``read`` (``int``/``float``/``str``), then validated by ``check`` — the
+    same check the settings and the Python API apply (:mod:`hf_tdiag._validation`); a failure says ``expected
+    <words>, got '<text>'``."""
+
+    def parse(text: str):
+        try:
+            return check(read(text))
+        except (ValueError, TypeError):
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}") from None
+
+    parse.__name__ = name
+    return parse
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type``: an integer >= 1."""
-    return _int_at_least(text, 1, "a positive integer")
+def bounds_type(bounds, name: str | None = None):
+    """An argparse ``type`` for a number within :class:`~hf_tdiag.diagnostics.settings.Bounds` ``bounds``."""
+    read = int if bounds.kind == "int" else float
+    return _expected_type(read, lambda v: bounds.check(v, "value"), bounds.words(), name or bounds.words())
 
 
-def non_negative_int(text: str) -> int:
-    """argparse ``type``: an integer >= 0."""
-    return _int_at_least(text, 0, "a non-negative integer")
-
-
-def finite_float(text: str) -> float:
-    """argparse ``type``: a finite float (no nan/inf)."""
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
+positive_int = bounds_type(POSITIVE_INT, "positive_int")
+non_negative_int = bounds_type(NON_NEGATIVE_INT, "non_negative_int")
+finite_float = bounds_type(FINITE, "finite_float")
 
 
 def output_dir(text: str) -> str:
@@ -225,27 +218,57 @@ def flatten(values) -> list | None:
     return None if values is None else [v for token in values for v in token]
 
 
-def add_setting_flag(parser, settings_cls, name: str, *aliases: str, type=None, flag: str | None = None, **kwargs):
-    """One flag from a settings field (:mod:`hf_tdiag.diagnostics.settings`): ``--<name>`` hyphenated (or
-    ``flag``), its default, help text and choices read from ``settings_cls``; ``type`` is the argparse parser of
-    the value (default by the field's type: :func:`finite_float` for floats, :func:`positive_int` for ints, else ``str``).
-    Booleans become a switch to the non-default value: ``--<name>`` for a False default, ``--no-<name>`` for True.
-    A field whose default is None says in its help what None means.
-    """
-    meta, default = settings_cls.field_metadata(name), settings_cls.defaults()[name]
-    kwargs.setdefault("dest", name)
-    if isinstance(default, bool):
-        flag = flag or ("--no-" if default else "--") + name.replace("_", "-")
-        action = "store_false" if default else "store_true"
-        kwargs.setdefault("help", f"turn off: {meta['help']}" if default else meta["help"])
-        return parser.add_argument(flag, *aliases, action=action, **kwargs)
-    if type is None:  # from the field's annotation ("int | None" -> positive_int)
-        annotation = str(settings_cls.__dataclass_fields__[name].type)
-        type = finite_float if "float" in annotation else positive_int if "int" in annotation else str
-    kwargs.setdefault("help", meta["help"] if default is None else f"{meta['help']} (default {default})")
-    if "choices" in meta:
-        kwargs.setdefault("choices", list(meta["choices"]))
-    return parser.add_argument(flag or "--" + name.replace("_", "-"), *aliases, type=type, default=default, **kwargs)
+def flag_names(f) -> list[str]:
+    """A settings field's command-line names: its flag (``--<name>`` hyphenated, ``--no-<name>`` for a switch
+    whose default is True, or the declared ``flag``), then its old aliases."""
+    if f.flag is not None:
+        first = f.flag
+    elif f.type is bool and f.default is True:
+        first = "--no-" + f.name.replace("_", "-")
+    else:
+        first = "--" + f.name.replace("_", "-")
+    return [first, *f.aliases]
+
+
+def _setting_type(f):
+    """The argparse ``type`` of a settings field: read as its type, checked by its declaration."""
+    read = {int: int, float: float}.get(f.type, str)
+    words = f.bounds.words() if f.bounds is not None else f.type.__name__
+    return _expected_type(read, f.check, words, f.name)
+
+
+def add_settings_flags(parser, settings_cls, *, skip=(), overrides=None) -> None:
+    """One flag per field of ``settings_cls`` declared for the command line (``cli=True``, not in ``skip``): its
+    names from :func:`flag_names`, its default, help, choices and check from the declaration; ``dest`` is the
+    field's name (read back with :func:`settings_from_args`). A switch turns a boolean to its other value; a
+    ``bool | None`` field (default None) gets a switch to the value its flag names (``--no-bias``: False).
+    ``overrides``: field name -> ``add_argument`` keywords a command changes (e.g. extra choices it handles)."""
+    overrides = overrides or {}
+    for f in settings_cls.fields():
+        if not f.cli or f.name in skip:
+            continue
+        names = flag_names(f)
+        kwargs = {"dest": f.name}
+        if f.type is bool:
+            value = not names[0].startswith("--no-") if f.default is None else not f.default
+            kwargs.update(action="store_const", const=value, default=f.default)
+            kwargs["help"] = f.help + (" (on by default; this flag turns it off)" if f.default is True else "")
+            if f.default is None:
+                kwargs["help"] += f" (default: None{f.none_means})"
+        else:
+            shown = f"None{f.none_means}" if f.default is None else f.default
+            kwargs.update(type=_setting_type(f), default=f.default, help=f"{f.help} (default {shown})")
+            if f.choices is not None:
+                kwargs.update(type=str, choices=list(f.choices))
+        kwargs.update(overrides.get(f.name, {}))
+        parser.add_argument(*names, **kwargs)
+
+
+def settings_from_args(settings_cls, args: argparse.Namespace, **changes):
+    """The settings object of the flags :func:`add_settings_flags` added (fields without a flag keep their
+    defaults), with ``changes`` on top."""
+    given = {f.name: getattr(args, f.name) for f in settings_cls.fields() if hasattr(args, f.name)}
+    return settings_cls(**{**given, **changes})
 
 
 def add_threads_flag(parser) -> None:

@@ -39,7 +39,7 @@ def test_evaluate_round_trip_matches_the_probe(crate_dir):
     json.dumps(out)
     # pixel values and add_batch give the same numbers
     out_pv = module.compute(
-        model=model, pixel_values=pixel_values, layer=1, head=0, max_queries=20, return_arrays=False
+        model=model, pixel_values=pixel_values, layer=1, head=0, max_queries=20, return_report=False
     )
     assert out_pv["correlation"] == pytest.approx(out["correlation"], rel=1e-9)
     assert "head_margins" not in out_pv

@@ -177,12 +177,12 @@ def test_trainer_defaults_equal_the_parser_defaults():
 
 def test_schatten_old_l_phi_spellings():
     for flag in ("--l-phi", "--l_phi", "--L_phi", "--L-phi"):
-        assert _parse(["schatten", "m", flag, "2.5"]).l_phi == 2.5
+        assert _parse(["schatten", "m", flag, "2.5"]).L_phi == 2.5
     for flag in ("--num-workers", "--workers", "--num_workers"):
-        assert _parse(["schatten", "m", flag, "3"]).workers == 3
+        assert _parse(["schatten", "m", flag, "3"]).num_workers == 3
     # --threads means torch threads in every command, as in srr, concepts and attention-svm
     parsed = _parse(["schatten", "m", "--threads", "2"])
-    assert (parsed.threads, parsed.workers) == (2, None)
+    assert (parsed.threads, parsed.num_workers) == (2, None)
 
 
 @pytest.mark.parametrize("command, extra", [("srr", []), ("concepts", []), ("attention-svm", ["--layer", "1"])])
@@ -196,7 +196,7 @@ def test_measuring_commands_require_one_input(command, extra, capsys):
 def test_one_default_number_of_concepts():
     from hf_tdiag.report.report import ReportOptions
 
-    assert _parse(["concepts", "m", "--dataset", "digits"]).concepts == NUM_CONCEPTS
+    assert _parse(["concepts", "m", "--dataset", "digits"]).n_concepts == NUM_CONCEPTS
     assert _parse(["report", "m"]).concepts == NUM_CONCEPTS
     assert ReportOptions().n_concepts == NUM_CONCEPTS
 

@@ -86,14 +86,14 @@ def test_evaluate_module_matches_the_python_api(tmp_path):
         layer=1,
         n_concepts=4,
         max_iter=30,
-        estimate=False,
+        bounds=False,
         progress=False,
         return_report=True,
         return_per_image=False,
     )["report"]
     processed = ViTImageProcessor.from_pretrained(tmp_path / "vit")(images=images, return_tensors="pt")["pixel_values"]
     assert torch.allclose(processed, pixels, atol=0.02)  # the same digits, rounded to uint8 first
-    ref2 = concept_fidelity(model, processed, 1, SemiNMF(4, max_iter=30), estimate=False, progress=False)
+    ref2 = concept_fidelity(model, processed, 1, SemiNMF(4, max_iter=30), bounds=False, progress=False)
     assert out2["delta_gram"] == pytest.approx(ref2["delta_gram"], rel=1e-6)
     assert "per_image" not in out2
     with pytest.raises(ValueError, match="layer"):

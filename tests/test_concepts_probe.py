@@ -220,8 +220,8 @@ def test_gram_weight_lowers_delta_gram_on_a_trained_model(trained_vit):
     A = layer_activations(model, X, 1).patches
     plain = SemiNMF(6, max_iter=100).fit(A)
     aligned = SemiNMF(6, gram_weight=10.0, max_iter=100, refine_iter=60).fit(A)
-    r0 = concept_fidelity(model, X, 1, plain, estimate=False, progress=False)
-    r1 = concept_fidelity(model, X, 1, aligned, estimate=False, progress=False)
+    r0 = concept_fidelity(model, X, 1, plain, bounds=False, progress=False)
+    r1 = concept_fidelity(model, X, 1, aligned, bounds=False, progress=False)
     assert r1["delta_gram"] < 0.8 * r0["delta_gram"]
     # per image, most images improve
     better = sum(a < b for a, b in zip(r1["per_image"]["delta_gram"], r0["per_image"]["delta_gram"]))
@@ -231,8 +231,8 @@ def test_gram_weight_lowers_delta_gram_on_a_trained_model(trained_vit):
 def test_supervised_concepts_lower_kl_on_a_trained_model(trained_vit):
     model, X = trained_vit
     X = X[:100]
-    plain = concept_fidelity(model, X, 1, SemiNMF(4, max_iter=60), estimate=False, progress=False)
+    plain = concept_fidelity(model, X, 1, SemiNMF(4, max_iter=60), bounds=False, progress=False)
     sup = supervised_concepts(model, X, 1, 4, kl_weight=20.0, supervised_iter=40, lr=0.05, max_iter=60)
-    r = concept_fidelity(model, X, 1, sup, estimate=False, progress=False)
+    r = concept_fidelity(model, X, 1, sup, bounds=False, progress=False)
     assert r["kl"] < plain["kl"]
     assert all(p.grad is None for p in model.parameters())  # only the factors were trained

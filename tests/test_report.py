@@ -204,7 +204,7 @@ def test_report_on_crate_matches_direct_api_calls(crate_dir, crate_report):
     assert report.section("schatten").numbers["edelman_bound"] == pytest.approx(bounds.edelman_bound, rel=1e-12)
 
     concepts = report.section("concepts").numbers
-    direct = hf_tdiag.concept_fidelity(loaded.model, pv, concepts["layer"], 8, estimate=False, progress=False)
+    direct = hf_tdiag.concept_fidelity(loaded.model, pv, concepts["layer"], 8, bounds=False, progress=False)
     assert concepts["layer"] == 2 and concepts["n_concepts"] == 8  # defaults: middle layer of 4, NUM_CONCEPTS
     for key in ("delta_rec", "delta_gram", "kl"):
         assert concepts[key] == pytest.approx(direct[key], rel=1e-6, abs=1e-12)

@@ -10,22 +10,25 @@ import pytest
 from hf_tdiag.diagnostics.settings import (
     AttentionSVMSettings,
     ConceptSettings,
+    LedgerSettings,
     SchattenSettings,
     SRRSettings,
     resolve,
 )
 
-ALL = (SRRSettings, SchattenSettings, ConceptSettings, AttentionSVMSettings)
+ALL = (SRRSettings, SchattenSettings, ConceptSettings, AttentionSVMSettings, LedgerSettings)
 
 
 def _diagnostics():
     from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
+    from hf_tdiag.diagnostics.objective_ledger import objective_ledger
     from hf_tdiag.diagnostics.concepts import concept_fidelity
     from hf_tdiag.diagnostics.schatten import spectrum_bounds
     from hf_tdiag.diagnostics.srr import layer_srr
 
     return {
         SRRSettings: layer_srr,
+        LedgerSettings: objective_ledger,
         SchattenSettings: spectrum_bounds,
         ConceptSettings: concept_fidelity,
         AttentionSVMSettings: attention_svm_diagnostic,
@@ -92,16 +95,19 @@ def test_switches_turn_a_setting_to_its_other_value():
     assert parse(["concepts", "m", "--images", "d", "--no-bound"]).bounds is False
 
 
-def test_evaluate_modules_defaults_are_the_settings():
+def test_evaluate_modules_take_every_setting_and_spell_no_default_of_their_own():
     from hf_tdiag.metrics.attention_svm.attention_svm import AttentionSVM
+    from hf_tdiag.metrics.combining import compute_options
+    from hf_tdiag.metrics.concept_fidelity.concept_fidelity import ConceptFidelity
+    from hf_tdiag.metrics.objective_ledger.objective_ledger import ObjectiveLedger
     from hf_tdiag.metrics.srr.srr import SRR
 
-    for module, cls in ((SRR, SRRSettings), (AttentionSVM, AttentionSVMSettings)):
+    modules = ((SRR, SRRSettings), (AttentionSVM, AttentionSVMSettings), (ConceptFidelity, ConceptSettings),
+               (ObjectiveLedger, LedgerSettings))  # fmt: skip
+    for module, cls in modules:
         params = inspect.signature(module._compute).parameters
-        shared = [f for f in dataclasses.fields(cls) if f.name in params]
-        assert len(shared) >= 5
-        for f in shared:
-            assert params[f.name].default == f.default, (module.__name__, f.name)
+        assert not set(params) & set(cls.defaults()), module.__name__  # no second default for a setting
+        assert set(cls.defaults()) <= set(compute_options(module)), module.__name__
 
 
 @pytest.mark.parametrize(
@@ -115,7 +121,7 @@ def test_evaluate_modules_defaults_are_the_settings():
         (SchattenSettings, {"rank_tol": 1.0}, "rank_tol:"),
         (SchattenSettings, {"svd_method": "gram"}, "svd_method: expected one of"),
         (ConceptSettings, {"n_concepts": 0}, "n_concepts:"),
-        (AttentionSVMSettings, {"one_hot_threshold": 1.5}, r"one_hot_threshold: expected a number in \(0, 1\]"),
+        (AttentionSVMSettings, {"one_hot_threshold": 1.5}, r"one_hot_threshold: expected a finite number in \(0, 1\]"),
         (AttentionSVMSettings, {"norm": "l1"}, "norm: expected one of"),
     ],
 )
@@ -124,13 +130,16 @@ def test_bad_values_are_refused_naming_the_field(cls, changes, message):
         cls(**changes)
 
 
-def test_settings_are_frozen_and_resolve_applies_changed_keywords_only():
+def test_settings_are_frozen_and_every_keyword_given_overrides_the_object():
     s = SRRSettings(lam=0.5)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.lam = 2.0
-    # a keyword left at its default keeps the settings object's value; a changed one overrides it
-    assert resolve(SRRSettings, s, lam=SRRSettings.lam, eps=0.2) == SRRSettings(lam=0.5, eps=0.2)
-    assert resolve(SRRSettings, None, eps=0.3) == SRRSettings(eps=0.3)
+    # one rule: a keyword given replaces the object's value, even when it equals the default (no silent loss)
+    assert resolve(SRRSettings, s, {"lam": SRRSettings.lam, "eps": 0.2}) == SRRSettings(lam=1.0, eps=0.2)
+    assert resolve(SRRSettings, s, {}) == s
+    assert resolve(SRRSettings, None, {"eps": 0.3}) == SRRSettings(eps=0.3)
+    with pytest.raises(TypeError, match=r"unknown setting\(s\) \['lamda'\]"):
+        resolve(SRRSettings, s, {"lamda": 1.0})
     with pytest.raises(TypeError, match="settings: expected a SRRSettings"):
         resolve(SRRSettings, SchattenSettings())
     with pytest.raises(TypeError, match="unknown setting"):
@@ -150,6 +159,8 @@ def test_a_diagnostic_runs_with_a_settings_object():
     by_object = layer_srr(model, x, settings=SRRSettings(lam=0.25, include_mid=False), progress=False)
     by_keywords = layer_srr(model, x, lam=0.25, include_mid=False, progress=False)
     assert by_object.to_dict() == by_keywords.to_dict() and by_object.settings["lam"] == 0.25
+    both = layer_srr(model, x, settings=SRRSettings(lam=0.25, include_mid=False), lam=SRRSettings.lam, progress=False)
+    assert both.settings["lam"] == SRRSettings.lam  # the keyword given wins, though it equals the default
 
 
 def test_list_flags_take_commas_or_spaces_alike_and_check_names_before_loading(capsys):

@@ -224,7 +224,7 @@ def test_concepts_tab_reports_fidelity(crate_dir, digit_png):
     values = dict((q, v) for q, v in rows)
     loaded = load_model(crate_dir)
     pv = pixel_values_for([Image.open(digit_png)] + digits_test_images(5)[0], loaded)
-    direct = hf_tdiag.concept_fidelity(loaded.model, pv, 1, 3, estimate=False, progress=False)
+    direct = hf_tdiag.concept_fidelity(loaded.model, pv, 1, 3, bounds=False, progress=False)
     # shown to 4 significant digits (people read the table; the JSON-able numbers stay in the API), one format
     assert float(values["δ_rec = ‖A − Â‖_F (mean over images)"]) == pytest.approx(direct["delta_rec"], rel=1e-3)
     assert float(values["δ_gram = √L_gram"]) == pytest.approx(direct["delta_gram"], rel=1e-3)

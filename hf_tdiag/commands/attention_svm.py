@@ -9,11 +9,12 @@ from .._cli_args import (
     add_device_flag,
     add_input_flags,
     add_output_dir,
-    add_setting_flag,
+    add_settings_flags,
     add_threads_flag,
     add_trust_remote_code_flag,
     plain,
     positive_int,
+    settings_from_args,
 )
 from ..diagnostics.settings import AttentionSVMSettings
 
@@ -47,21 +48,18 @@ def register(subparsers) -> None:
     p.add_argument("--head", default="0", help="head index, 0-based as in Transformers, or 'all' (default 0)")
     add_input_flags(p, max_samples=8)
     p.add_argument("--queries", default="all", help="'all', 'cls' or comma-separated token positions (default all)")
-    add_setting_flag(
+    p.add_argument("--max-length", type=positive_int, default=128, help="token limit for --texts (default 128)")
+    add_settings_flags(
         p,
         AttentionSVMSettings,
-        "max_queries",
-        type=_max_queries,
-        help="queries sampled for the SVM: a number, or 'all' (0 also means all; "
-        f"default {AttentionSVMSettings.max_queries})",
+        overrides={
+            "max_queries": dict(
+                type=_max_queries,
+                help="queries sampled for the SVM: a number, or 'all' (0 also means all; "
+                f"default {AttentionSVMSettings.max_queries})",
+            )
+        },
     )
-    add_setting_flag(
-        p, AttentionSVMSettings, "norm", help=f"SVM norm (default {AttentionSVMSettings.norm}; nuc needs cvxpy)"
-    )
-    add_setting_flag(p, AttentionSVMSettings, "one_hot_threshold")
-    p.add_argument("--no-bias", action="store_true", help="do not augment queries with a constant for the query bias")
-    p.add_argument("--max-length", type=positive_int, default=128, help="token limit for --texts (default 128)")
-    add_setting_flag(p, AttentionSVMSettings, "seed", type=int)
     add_device_flag(p)
     add_threads_flag(p)
     add_output_dir(p, "attention_svm_out", "where attention_svm.json and the figures go (default attention_svm_out)")
@@ -144,11 +142,7 @@ def run(args: argparse.Namespace) -> int:
                 args.layer,
                 h,
                 queries=_queries(args.queries),
-                max_queries=args.max_queries,
-                one_hot_threshold=args.one_hot_threshold,
-                norm=args.norm,
-                include_bias=False if args.no_bias else None,
-                seed=args.seed,
+                settings=settings_from_args(AttentionSVMSettings, args),
                 progress=True,
             )
         s = diag.summary()

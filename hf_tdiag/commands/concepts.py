@@ -9,7 +9,7 @@ from .._cli_args import (
     add_device_flag,
     add_input_flags,
     add_output_dir,
-    add_setting_flag,
+    add_settings_flags,
     add_threads_flag,
     add_trust_remote_code_flag,
     finite_float,
@@ -18,6 +18,7 @@ from .._cli_args import (
     non_negative_int,
     plain,
     positive_int,
+    settings_from_args,
 )
 from ..diagnostics.settings import ConceptSettings
 
@@ -62,7 +63,6 @@ def register(subparsers) -> None:
         metavar="all|L",
         help="layer sweep: 'all' (0..L) or layers, space- or comma-separated (1 3 or 1,3); one fit per layer",
     )
-    add_setting_flag(p, ConceptSettings, "n_concepts", "--n-concepts", flag="--concepts", dest="concepts")
     p.add_argument(
         "--gram-weight",
         "--gram-weights",
@@ -75,13 +75,6 @@ def register(subparsers) -> None:
     p.add_argument("--supervised", action="store_true", help="also fit classifier-supervised concepts (FACE-like)")
     p.add_argument("--kl-weight", type=finite_float, default=10.0, help="lambda of the supervised fit (default 10)")
     add_input_flags(p)
-    add_setting_flag(
-        p,
-        ConceptSettings,
-        "max_tokens",
-        help="texts: cut every text to this many tokens (default: the shortest text's count); a text "
-        "file may give labels as 'label<TAB>text' lines",
-    )
     p.add_argument(
         "--max-iter", type=positive_int, default=200, help="Semi-NMF multiplicative-update iterations (default 200)"
     )
@@ -91,9 +84,16 @@ def register(subparsers) -> None:
         default=100,
         help="joint-objective / supervised iterations (default 100)",
     )
-    add_setting_flag(p, ConceptSettings, "bounds", "--no-bounds", flag="--no-bound")
-    add_setting_flag(p, ConceptSettings, "power_iters")
-    add_setting_flag(p, ConceptSettings, "batch_size")
+    add_settings_flags(
+        p,
+        ConceptSettings,
+        overrides={
+            "max_tokens": dict(
+                help="texts: cut every text to this many tokens (default: the shortest text's count); a text "
+                "file may give labels as 'label<TAB>text' lines"
+            )
+        },
+    )
     add_device_flag(p)
     add_threads_flag(p)
     p.add_argument("--no-figures", action="store_true", help="write only the JSON and the table")
@@ -171,6 +171,7 @@ def read_texts(path, limit=None) -> tuple[list[str], list[str] | None]:
 
 def _inputs(args, loaded):
     """(model inputs, {source, count, kind}, extra concept_fidelity kwargs, pixel values for figures or None)."""
+    cs = settings_from_args(ConceptSettings, args)
     import torch
 
     if loaded.modality == "text":
@@ -181,7 +182,12 @@ def _inputs(args, loaded):
             )
         texts, labels = read_texts(args.texts, args.max_samples)
         source = args.texts
-        opts = {"tokenizer": loaded.processor, "max_tokens": args.max_tokens, "labels": labels}
+        opts = {
+            "tokenizer": loaded.processor,
+            "max_tokens": cs.max_tokens,
+            "n_clusters": cs.n_clusters,
+            "labels": labels,
+        }
         texts = texts[: args.max_samples]
         opts["labels"] = None if labels is None else labels[: args.max_samples]
         return texts, {"source": source, "count": len(texts), "kind": "texts"}, opts, None
@@ -195,8 +201,8 @@ def _inputs(args, loaded):
     imageset = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples)
     pixels = torch.cat(
         [
-            pixel_values_for(imageset.images[i : i + args.batch_size], loaded)
-            for i in range(0, len(imageset.images), args.batch_size)
+            pixel_values_for(imageset.images[i : i + cs.batch_size], loaded)
+            for i in range(0, len(imageset.images), cs.batch_size)
         ]
     )
     return pixels, {"source": imageset.source, "count": len(imageset.images), "kind": "images"}, {}, pixels
@@ -222,6 +228,7 @@ def _describe(source: dict) -> str:
 
 
 def _run_sweep(args, model, inputs, opts, source, threads) -> int:
+    cs = settings_from_args(ConceptSettings, args)
     from hf_tdiag._threads import torch_threads
     from hf_tdiag.diagnostics.concepts import concept_fidelity
     from hf_tdiag.measures.concepts import SemiNMF
@@ -229,8 +236,8 @@ def _run_sweep(args, model, inputs, opts, source, threads) -> int:
 
     layers = _parse_layers(args.layers, int(model.config.num_hidden_layers))
     mu = float(args.gram_weight[0])
-    print(f"{args.model}: layer sweep {args.layers}, {_describe(source)}, k={args.concepts}, mu={mu:g}")
-    est = SemiNMF(args.concepts, gram_weight=mu, max_iter=args.max_iter, refine_iter=args.refine_iter)
+    print(f"{args.model}: layer sweep {args.layers}, {_describe(source)}, k={cs.n_concepts}, mu={mu:g}")
+    est = SemiNMF(cs.n_concepts, gram_weight=mu, max_iter=args.max_iter, refine_iter=args.refine_iter)
     with torch_threads(threads):
         out = concept_fidelity(
             model,
@@ -238,18 +245,19 @@ def _run_sweep(args, model, inputs, opts, source, threads) -> int:
             None,
             est,
             layers=layers,
-            bounds=args.bounds,
-            power_iters=args.power_iters,
-            batch_size=args.batch_size,
+            bounds=cs.bounds,
+            power_iters=cs.power_iters,
+            max_images_for_constants=cs.max_images_for_constants,
+            batch_size=cs.batch_size,
             **opts,
         )
-    out.update(model=args.model, inputs=source, gram_weight=mu, n_concepts=args.concepts)
+    out.update(model=args.model, inputs=source, gram_weight=mu, n_concepts=cs.n_concepts)
     _write_results(args.output_dir, "sweep.json", out, format_sweep_table(out["table"]))
     if not args.no_figures:
         path = save_figure(
             plot_layer_sweep(
                 out,
-                title=f"{os.path.basename(str(args.model).rstrip('/'))}: k={args.concepts}, "
+                title=f"{os.path.basename(str(args.model).rstrip('/'))}: k={cs.n_concepts}, "
                 f"mu={mu:g}, {_describe(source)}",
             ),
             os.path.join(args.output_dir, "sweep.png"),
@@ -259,6 +267,7 @@ def _run_sweep(args, model, inputs, opts, source, threads) -> int:
 
 
 def _figures(args, model, pixels, out, estimators, layer, threads):
+    cs = settings_from_args(ConceptSettings, args)
     from hf_tdiag._threads import torch_threads
     from hf_tdiag.diagnostics.concepts import layer_activations
     from hf_tdiag.viz.concepts import (
@@ -272,7 +281,7 @@ def _figures(args, model, pixels, out, estimators, layer, threads):
     paths = []
     if pixels is not None:
         with torch_threads(threads):
-            A = layer_activations(model, pixels, layer, batch_size=args.batch_size).patches
+            A = layer_activations(model, pixels, layer, batch_size=cs.batch_size).patches
         label = next((k for k in estimators if k.startswith("gram")), next(iter(estimators)))
         codes = estimators[label].transform(A)
         paths += [
@@ -285,7 +294,7 @@ def _figures(args, model, pixels, out, estimators, layer, threads):
                 os.path.join(args.output_dir, "top_patches.png"),
             ),
         ]
-    if args.bounds:
+    if cs.bounds:
         paths.append(save_figure(plot_kl_vs_bound(out["runs"]), os.path.join(args.output_dir, "kl_vs_bound.png")))
     sweep = [
         {
@@ -303,6 +312,7 @@ def _figures(args, model, pixels, out, estimators, layer, threads):
 
 
 def run(args: argparse.Namespace) -> int:
+    cs = settings_from_args(ConceptSettings, args)
     args.gram_weight, args.layers = flatten(args.gram_weight), flatten(args.layers)
     if any(mu < 0 for mu in args.gram_weight):
         raise ValueError(f"--gram-weight: expected values >= 0, got {args.gram_weight}")
@@ -328,22 +338,23 @@ def run(args: argparse.Namespace) -> int:
     if args.layers is not None:
         return _run_sweep(args, model, inputs, opts, source, threads)
     layer = args.layer if args.layer is not None else int(model.config.num_hidden_layers) // 2
-    print(f"{args.model}: layer {layer}, {_describe(source)}, k={args.concepts}, on {device}")
+    print(f"{args.model}: layer {layer}, {_describe(source)}, k={cs.n_concepts}, on {device}")
     with torch_threads(threads):
         out = compare_concepts(
             model,
             inputs,
             layer,
-            args.concepts,
+            cs.n_concepts,
             gram_weights=args.gram_weight,
             supervised=args.supervised,
             kl_weight=args.kl_weight,
             max_iter=args.max_iter,
             refine_iter=args.refine_iter,
             supervised_iter=args.refine_iter,
-            bounds=args.bounds,
-            power_iters=args.power_iters,
-            batch_size=args.batch_size,
+            bounds=cs.bounds,
+            power_iters=cs.power_iters,
+            max_images_for_constants=cs.max_images_for_constants,
+            batch_size=cs.batch_size,
             **opts,
         )
     estimators = out.pop("estimators")

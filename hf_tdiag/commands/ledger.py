@@ -10,14 +10,14 @@ from .._cli_args import (
     add_device_flag,
     add_input_flags,
     add_output_dir,
-    add_setting_flag,
+    add_settings_flags,
     add_threads_flag,
     add_trust_remote_code_flag,
-    finite_float,
     plain,
     positive_int,
+    settings_from_args,
 )
-from ..diagnostics.settings import SRRSettings
+from ..diagnostics.settings import LedgerSettings
 
 
 def register(subparsers) -> None:
@@ -35,14 +35,7 @@ def register(subparsers) -> None:
     p.add_argument("model", metavar="MODEL", help="a local model folder (save_pretrained) or a Hub id")
     add_input_flags(p)
     p.add_argument("--max-length", type=positive_int, default=128, help="token limit for --texts (default 128)")
-    add_setting_flag(p, SRRSettings, "eps")
-    add_setting_flag(p, SRRSettings, "batch_size")
-    p.add_argument(
-        "--tolerance",
-        type=finite_float,
-        default=1e-6,
-        help="relative increase that counts as increasing (default 1e-6)",
-    )
+    add_settings_flags(p, LedgerSettings)
     add_device_flag(p)
     add_threads_flag(p)
     add_output_dir(p, "ledger_out", "where ledger.json, ledger.csv and ledger.png go (default ledger_out)")
@@ -78,8 +71,6 @@ def run(args: argparse.Namespace) -> int:
     from hf_tdiag.loading import load_model, pixel_values_for
     from hf_tdiag.viz import save_figure
 
-    if args.tolerance < 0:
-        raise ValueError(f"--tolerance: expected a number >= 0, got {args.tolerance}")
     claim_args(args, ["ledger.json", "ledger.csv", "ledger.png"], inputs=[args.model, args.images, args.texts])
     if args.images is not None and not os.path.isdir(args.images):
         raise ValueError(f"images: expected a folder, got {args.images!r}")
@@ -92,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         images = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images
         batches = LazyBatches(images, args.batch_size, lambda chunk: pixel_values_for(chunk, loaded))
     with torch_threads(model_threads(args.threads, loaded.model, device)):
-        report = objective_ledger(loaded.model, batches, eps=args.eps, tolerance=args.tolerance)
+        report = objective_ledger(loaded.model, batches, settings=settings_from_args(LedgerSettings, args))
     json_path = os.path.join(args.output_dir, "ledger.json")
     report.to_json(json_path)
     csv_path = write_text(os.path.join(args.output_dir, "ledger.csv"), report.to_pandas().to_csv(index=False))

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._cli_args import add_output_dir, add_setting_flag, add_threads_flag, add_trust_remote_code_flag, plain
+from .._cli_args import (
+    add_output_dir,
+    add_settings_flags,
+    add_threads_flag,
+    add_trust_remote_code_flag,
+    plain,
+    settings_from_args,
+)
 from ..diagnostics.settings import SchattenSettings
 
 
@@ -20,10 +27,7 @@ def register(subparsers) -> None:
         ),
     )
     p.add_argument("models", nargs="+", metavar="MODEL", help="local folders or Hub ids")
-    add_setting_flag(p, SchattenSettings, "L_phi", "--L-phi", flag="--l-phi", dest="l_phi")
-    add_setting_flag(p, SchattenSettings, "p_grid_m")
-    add_setting_flag(p, SchattenSettings, "rank_tol")
-    add_setting_flag(p, SchattenSettings, "num_workers", "--workers", dest="workers", metavar="N")
+    add_settings_flags(p, SchattenSettings, overrides={"num_workers": {"metavar": "N"}})
     add_threads_flag(p)
     add_output_dir(
         p,
@@ -105,16 +109,14 @@ def run(args: argparse.Namespace) -> int:
                 claim_args(args, [os.path.basename(dest[key])], inputs=[args.models], folder=folder)
     from hf_tdiag._threads import torch_threads
 
+    settings = settings_from_args(SchattenSettings, args)
     reports = []
     with torch_threads(args.threads):
         for model in args.models:
             reports.append(
                 spectrum_bounds(
                     model,
-                    L_phi=args.l_phi,
-                    p_grid_m=args.p_grid_m,
-                    rank_tol=args.rank_tol,
-                    num_workers=args.workers,
+                    settings=settings,
                     progress=True,
                     trust_remote_code=args.trust_remote_code,
                 )

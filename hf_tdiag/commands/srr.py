@@ -9,7 +9,7 @@ from .._cli_args import (
     add_device_flag,
     add_input_flags,
     add_output_dir,
-    add_setting_flag,
+    add_settings_flags,
     add_threads_flag,
     add_trust_remote_code_flag,
     plain,
@@ -31,21 +31,17 @@ def register(subparsers) -> None:
     )
     p.add_argument("models", nargs="+", metavar="MODEL", help="local model folders or Hub ids")
     add_input_flags(p)
-    sources = [*SRRSettings.field_metadata("source")["choices"], "all"]
-    add_setting_flag(
+    sources = [*SRRSettings.field("source").choices, "all"]
+    add_settings_flags(
         p,
         SRRSettings,
-        "source",
-        choices=sources,
-        help=f"projection giving U for non-CRATE models (default {SRRSettings.source}; 'all' = one curve per source)",
+        overrides={
+            "source": dict(
+                choices=sources,
+                help=f"{SRRSettings.field('source').help} (default {SRRSettings.source}; 'all' = one curve per source)",
+            )
+        },
     )
-    add_setting_flag(p, SRRSettings, "measurement")
-    add_setting_flag(p, SRRSettings, "precision")
-    add_setting_flag(p, SRRSettings, "eps")
-    add_setting_flag(p, SRRSettings, "lam", "--srr-lambda")
-    add_setting_flag(p, SRRSettings, "apply_layernorm", "--apply-layernorm", flag="--layernorm")
-    add_setting_flag(p, SRRSettings, "include_mid", flag="--no-mid")
-    add_setting_flag(p, SRRSettings, "batch_size")
     p.add_argument("--max-length", type=positive_int, default=128, help="token limit for --texts (default 128)")
     add_device_flag(p)
     add_threads_flag(p)
@@ -94,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from hf_tdiag._atomic import write_json
+    from hf_tdiag._cli_args import settings_from_args
     from hf_tdiag._threads import model_threads, torch_threads
     from hf_tdiag.diagnostics.srr import layer_srr
     from hf_tdiag.loading import load_model
@@ -123,16 +120,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{label}: measuring {count} inputs on {device}")
             with torch_threads(model_threads(args.threads, loaded.model, device)):
                 reports[label] = layer_srr(
-                    loaded.model,
-                    inputs,
-                    source=source,
-                    measurement=args.measurement,
-                    precision=args.precision,
-                    eps=args.eps,
-                    lam=args.lam,
-                    apply_layernorm=args.apply_layernorm,
-                    include_mid=args.include_mid,
-                    batch_size=args.batch_size,
+                    loaded.model, inputs, settings=settings_from_args(SRRSettings, args, source=source)
                 )
     json_path = write_json(
         os.path.join(args.output_dir, "srr.json"), {"reports": {k: r.to_dict() for k, r in reports.items()}}

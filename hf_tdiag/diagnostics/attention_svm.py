@@ -45,7 +45,8 @@ from ..measures.attention_svm import AttSVMResult, att_svm_self, matrix_correlat
 from ..probes.attention_heads import HeadWeights, head_weights, num_blocks
 from ..probes.token_states import forward_kwargs
 from .attention_svm_report import AttentionSVMDiagnostic, AttentionSVMReport
-from .settings import AttentionSVMSettings, resolve
+from .entry import diagnostic_entry
+from .settings import AttentionSVMSettings
 
 __all__ = [
     "AttentionSVMReport",
@@ -219,6 +220,7 @@ def _head_inputs(model, hw: HeadWeights, inputs):
     return X, valid
 
 
+@diagnostic_entry(AttentionSVMSettings)
 def attention_svm_diagnostic(
     model: nn.Module,
     inputs,
@@ -226,13 +228,7 @@ def attention_svm_diagnostic(
     head: int,
     *,
     queries="all",
-    settings: AttentionSVMSettings | None = None,
-    max_queries: int | None = AttentionSVMSettings.max_queries,
-    one_hot_threshold: float = AttentionSVMSettings.one_hot_threshold,
-    norm: str = AttentionSVMSettings.norm,
-    include_bias: bool | None = AttentionSVMSettings.include_bias,
-    seed: int = AttentionSVMSettings.seed,
-    tol: float = AttentionSVMSettings.tol,
+    settings: AttentionSVMSettings,
     progress: bool = False,
 ) -> AttentionSVMReport:
     """Att-SVM diagnostic of head ``head`` (0-based, as Transformers numbers heads) of block ``layer`` (1..L: the
@@ -261,16 +257,7 @@ def attention_svm_diagnostic(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a Transformers model (torch.nn.Module), got {type(model).__name__}")
-    s = resolve(
-        AttentionSVMSettings,
-        settings,
-        max_queries=max_queries,
-        one_hot_threshold=one_hot_threshold,
-        norm=norm,
-        include_bias=include_bias,
-        seed=seed,
-        tol=tol,
-    )
+    s = settings
     max_queries, one_hot_threshold, norm, include_bias, seed, tol = (
         s.max_queries,
         s.one_hot_threshold,

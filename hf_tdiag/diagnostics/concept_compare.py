@@ -7,6 +7,7 @@ from .._caller_state import module_modes, restore_modes
 from ..measures.concepts import SemiNMF
 from ..probes.concept_model import ConceptModel, check_layer, layer_activations, suffix_runner
 from .concepts import DEFAULT_N_CONCEPTS, fidelity_at_layer, prepare_inputs
+from .settings import ConceptSettings
 
 
 def supervised_concepts(
@@ -92,10 +93,10 @@ def compare_concepts(
     max_iter: int = 200,
     refine_iter: int = 100,
     supervised_iter: int = 100,
-    bounds: bool = True,
-    estimate: bool | None = None,
-    power_iters: int = 20,
-    batch_size: int = 64,
+    bounds: bool = ConceptSettings.bounds,
+    power_iters: int = ConceptSettings.power_iters,
+    max_images_for_constants: int = ConceptSettings.max_images_for_constants,
+    batch_size: int = ConceptSettings.batch_size,
     progress: bool = True,
     **input_options,
 ) -> dict:
@@ -110,7 +111,6 @@ def compare_concepts(
     """
     import time
 
-    bounds = bounds if estimate is None else bool(estimate)
     if not gram_weights and not supervised:
         raise ValueError("gram_weights: expected at least one μ (or supervised=True)")
     cm, inputs, head_info = prepare_inputs(model, inputs, batch_size=batch_size, **input_options)
@@ -142,7 +142,15 @@ def compare_concepts(
     runs = {}
     for label, est in estimators.items():
         rep = fidelity_at_layer(
-            cm, acts, layer, est, bounds=bounds, power_iters=power_iters, batch_size=batch_size, progress=progress
+            cm,
+            acts,
+            layer,
+            est,
+            bounds=bounds,
+            power_iters=power_iters,
+            max_images_for_constants=max_images_for_constants,
+            batch_size=batch_size,
+            progress=progress,
         )
         rep["fit_seconds"] = times[label]
         rep["history"] = {k: list(v) for k, v in est.history_.items()}

@@ -41,7 +41,8 @@ from ..probes.concept_model import (
 )
 from ..probes.concept_text import encode_texts, fit_linear_head, pseudo_labels
 from .concept_report import ConceptFidelityReport
-from .settings import ConceptSettings, resolve
+from .entry import diagnostic_entry
+from .settings import ConceptSettings
 
 __all__ = [
     "ConceptFidelityReport",
@@ -290,10 +291,10 @@ def fidelity_at_layer(
     layer: int,
     concepts,
     *,
-    bounds: bool = True,
-    power_iters: int = 20,
-    max_images_for_constants: int = 32,
-    batch_size: int = 64,
+    bounds: bool = ConceptSettings.bounds,
+    power_iters: int = ConceptSettings.power_iters,
+    max_images_for_constants: int = ConceptSettings.max_images_for_constants,
+    batch_size: int = ConceptSettings.batch_size,
     return_tensors: bool = False,
     progress: bool = True,
 ) -> ConceptFidelityReport:
@@ -321,24 +322,18 @@ def fidelity_at_layer(
 
 
 @keeps_modes  # the probes reset every submodule to the top module's flag
+@diagnostic_entry(ConceptSettings)
 def concept_fidelity(
     model,
     inputs,
     layer: int | None = None,
     concepts=None,
     *,
-    settings: ConceptSettings | None = None,
+    settings: ConceptSettings,
     layers=None,
-    bounds: bool = ConceptSettings.bounds,
-    estimate: bool | None = None,
     tokenizer=None,
-    max_tokens: int | None = ConceptSettings.max_tokens,
     labels=None,
     head=None,
-    n_clusters: int = ConceptSettings.n_clusters,
-    power_iters: int = ConceptSettings.power_iters,
-    max_images_for_constants: int = ConceptSettings.max_images_for_constants,
-    batch_size: int = ConceptSettings.batch_size,
     return_tensors: bool = False,
     progress: bool = True,
 ) -> ConceptFidelityReport:
@@ -354,7 +349,7 @@ def concept_fidelity(
     ``reconstruct(A) -> Â``. Returns a :class:`~hf_tdiag.diagnostics.concept_report.ConceptFidelityReport`
     (``return_tensors``: with the tensors behind the numbers as ``report.tensors``) of per-input lists and means: ``delta_rec`` (absolute and relative),
     ``delta_gram``, ``gram_norm``, the lemma check, the empirical ``kl``, ``top1_agreement``; with ``bounds``
-    (``estimate`` is its former name) ``bound_certified``, ``bound_certified_chain``, ``bound_estimated``, their
+    ``bound_certified``, ``bound_certified_chain``, ``bound_estimated``, their
     terms, ``frac_kl_below_bound_certified``/``_estimated`` and ``constants_certified``/``constants_estimated``.
     ``concepts=None``: ``settings.n_concepts`` plain Semi-NMF concepts. ``settings``: a
     :class:`~hf_tdiag.diagnostics.settings.ConceptSettings` holding these keywords (a keyword given with a value other
@@ -373,17 +368,7 @@ def concept_fidelity(
         >>> s["kl"] <= s["bound_estimated"] <= s["bound_certified"], round(s["delta_rec_rel"], 3), f"{s['kl']:.1e}"
         (True, 0.646, '1.5e-06')
     """
-    bounds = bounds if estimate is None else bool(estimate)
-    s = resolve(
-        ConceptSettings,
-        settings,
-        bounds=bounds,
-        max_tokens=max_tokens,
-        n_clusters=n_clusters,
-        power_iters=power_iters,
-        max_images_for_constants=max_images_for_constants,
-        batch_size=batch_size,
-    )
+    s = settings
     concepts = s.n_concepts if concepts is None else concepts
     bounds, max_tokens, n_clusters, power_iters = s.bounds, s.max_tokens, s.n_clusters, s.power_iters
     max_images_for_constants, batch_size = s.max_images_for_constants, s.batch_size

@@ -27,7 +27,9 @@ from .._caller_state import module_modes, restore_modes
 from ..measures.coding_rate import compression_rate
 from ..measures.sparse_coding import lasso_objective
 from ..measures.token_statistics import variational_compression_rate
+from .entry import diagnostic_entry
 from .report import BOOL, FLOAT, INT, STR, ReportContract, typed_frame
+from .settings import LedgerSettings
 
 __all__ = ["FAMILY_BLOCKS", "LedgerStep", "ObjectiveLedgerReport", "objective_ledger"]
 
@@ -276,13 +278,13 @@ def _forward_states(model, family: str, pixels: torch.Tensor) -> list[tuple]:
     return [(hidden[i], mid[i], hidden[i + 1], pis[i]) for i in range(len(mid))]
 
 
-def objective_ledger(model, inputs, *, eps: float | None = None, tolerance: float = 1e-6) -> ObjectiveLedgerReport:
+@diagnostic_entry(LedgerSettings)
+def objective_ledger(model, inputs, *, settings: LedgerSettings) -> ObjectiveLedgerReport:
     """The objective ledger of a white-box ``model`` (CRATE, CRATE-α, CRATE-MAE, ToST, text CRATE) on ``inputs``.
 
     ``inputs``: pixel values ``(B, C, H, W)``, a mapping with ``pixel_values``, or an iterable of batches of those;
     for a text CRATE, token ids ``(B, N)``, a tokenizer's batch (``input_ids``, ``attention_mask``) or batches of those.
-    ``eps``: ε of ``Rᶜ`` (default: the SRR diagnostic's, ``SRRSettings.eps``). ``tolerance``: relative slack before
-    a step counts as increasing its objective. The model is run in eval mode without gradients and left as found.
+    A tensor is measured ``batch_size`` samples at a time. The model is run in eval mode without gradients and left as found.
 
     Examples:
         >>> import torch, hf_tdiag
@@ -295,14 +297,13 @@ def objective_ledger(model, inputs, *, eps: float | None = None, tolerance: floa
         >>> ledger.summary()["num_steps"], len(ledger.increasing_steps()) == ledger.summary()["num_increasing_steps"]
         (8.0, True)
     """
-    from .._validation import non_negative_float, positive_float
     from .objective_ledger_text import is_crate_text, text_objective_ledger
-    from .settings import SRRSettings
 
     text = is_crate_text(model)  # text CRATE: token batches, padding excluded (objective_ledger_text)
     family, blocks = ("crate_text", []) if text else _family_blocks(model)
-    eps = SRRSettings().eps if eps is None else positive_float(eps, "eps")
-    tolerance = non_negative_float(tolerance, "tolerance")
+    eps, tolerance = settings.eps, settings.tolerance
+    if isinstance(inputs, torch.Tensor) and inputs.ndim > 0:
+        inputs = list(inputs.split(settings.batch_size))
     if text:
         return text_objective_ledger(model, inputs, eps=eps, tolerance=tolerance)
     sums: dict[tuple[int, str], list[float]] = {}

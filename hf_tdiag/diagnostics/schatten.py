@@ -83,8 +83,9 @@ from .._threads import torch_threads
 from ..measures import schatten as S
 from ..probes.block_matrices import EncoderWeights, encoder_weights
 from ..probes.spectrum_sources import DecoderSource, EncoderSource, ffn_job, head_job, offloaded_source
+from .entry import diagnostic_entry
 from .schatten_report import FORMAT_VERSION, MATRIX_TYPES, MatrixRecord, SchattenReport, SpectrumBoundReport
-from .settings import SchattenSettings, resolve
+from .settings import SchattenSettings
 
 
 def _model_and_name(model_or_path, load_kwargs) -> tuple[torch.nn.Module, str]:
@@ -339,17 +340,12 @@ def _matrix_groups(sh, sp: dict, gamma: dict, alpha: torch.Tensor) -> list[tuple
     return groups
 
 
+@diagnostic_entry(SchattenSettings)
 def spectrum_bounds(
     model_or_path,
-    L_phi: float = SchattenSettings.L_phi,
-    p_grid_m: int | None = SchattenSettings.p_grid_m,
-    rank_tol: float = SchattenSettings.rank_tol,
     *,
-    settings: SchattenSettings | None = None,
-    svd_method: str = SchattenSettings.svd_method,
-    num_workers: int | None = SchattenSettings.num_workers,
+    settings: SchattenSettings,
     progress: bool = False,
-    streaming: bool = SchattenSettings.streaming,
     **load_kwargs,
 ) -> SchattenReport:
     """Spectrum-adaptive Schatten proxy B_ours = Σ_W min_p c(W, p) + √L and Edelman's proxy of an encoder or decoder.
@@ -393,18 +389,7 @@ def spectrum_bounds(
         1      1     1   qk    16    2.0
         2      1     2   qk    16    2.0
     """
-    if not isinstance(streaming, bool):
-        raise TypeError(f"streaming: expected True or False, got {streaming!r}")
-    s = resolve(
-        SchattenSettings,
-        settings,
-        L_phi=L_phi,
-        p_grid_m=p_grid_m,
-        rank_tol=rank_tol,
-        svd_method=svd_method,
-        num_workers=num_workers,
-        streaming=streaming,
-    )
+    s = settings
     L_phi, p_grid_m, rank_tol, svd_method = s.L_phi, s.p_grid_m, float(s.rank_tol), s.svd_method
     num_workers, streaming = s.num_workers, s.streaming
     source, name, default_workers = _source(model_or_path, streaming, load_kwargs)

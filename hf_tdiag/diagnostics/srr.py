@@ -54,7 +54,8 @@ from ..probes.describe import describe
 from ..probes.offload import releasing_memory
 from ..probes.subspaces import subspace_heads, subspaces
 from ..probes.token_states import model_device, token_states
-from .settings import SRRSettings, resolve
+from .entry import diagnostic_entry
+from .settings import SRRSettings
 from .srr_report import MEASUREMENTS, STATE_DESCRIPTIONS, STATES, TERMS, SRRReport
 
 # ---------------------------------------------------------------------------
@@ -311,21 +312,12 @@ def _settings(model, arch, device, accelerator, states, **given) -> dict[str, An
     }
 
 
+@diagnostic_entry(SRRSettings)
 def layer_srr(
     model: nn.Module,
     inputs,
     *,
-    settings: SRRSettings | None = None,
-    source: str = SRRSettings.source,
-    eps: float = SRRSettings.eps,
-    lam: float = SRRSettings.lam,
-    apply_layernorm: bool = SRRSettings.apply_layernorm,
-    include_mid: bool = SRRSettings.include_mid,
-    batch_size: int = SRRSettings.batch_size,
-    max_batches: int | None = SRRSettings.max_batches,
-    reuse_projections: bool = SRRSettings.reuse_projections,
-    measurement: str = SRRSettings.measurement,
-    precision: str = SRRSettings.precision,
+    settings: SRRSettings,
     accelerator=None,
     progress: bool = True,
 ) -> SRRReport:
@@ -342,8 +334,6 @@ def layer_srr(
     ``source`` picks ``U`` for non-CRATE models (``query``/``key``/``value``; CRATE has one shared ``U``).
     With an ``accelerate.Accelerator`` the batches are sharded across processes (a DataLoader is prepared if
     it is not already) and per-sample values are gathered with ``gather_for_metrics``, so each sample counts once.
-    ``settings``: an :class:`~hf_tdiag.diagnostics.settings.SRRSettings` holding these keywords (a keyword given
-    with a value other than its default overrides it).
 
     Examples:
         >>> import torch, hf_tdiag
@@ -365,20 +355,7 @@ def layer_srr(
         >>> report.summary()["srr_last_layer"] == report.per_layer("srr")[-1]  # "layer L" is the last block's output
         True
     """
-    s = resolve(
-        SRRSettings,
-        settings,
-        source=source,
-        eps=eps,
-        lam=lam,
-        apply_layernorm=apply_layernorm,
-        include_mid=include_mid,
-        batch_size=batch_size,
-        max_batches=max_batches,
-        reuse_projections=reuse_projections,
-        measurement=measurement,
-        precision=precision,
-    )
+    s = settings
     source, eps, lam, apply_layernorm, include_mid = s.source, s.eps, s.lam, s.apply_layernorm, s.include_mid
     batch_size, max_batches, reuse_projections = s.batch_size, s.max_batches, s.reuse_projections
     measurement, precision = s.measurement, s.precision

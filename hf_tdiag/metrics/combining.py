@@ -19,24 +19,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .._caller_state import module_modes, restore_modes
+from ..diagnostics.registry import DIAGNOSTICS, diagnostic, module_options
 
-#: the options each bundled module takes besides its inputs (``_compute``'s keywords; a test checks them)
-MODULE_OPTIONS: dict[str, tuple[str, ...]] = {
-    "srr": tuple(
-        "source measurement precision eps lam apply_layernorm include_mid batch_size max_length tokenizer "
-        "accelerator return_report progress".split()
-    ),
-    "schatten_bound": tuple("L_phi p_grid_m rank_tol return_report return_reports".split()),
-    "concept_fidelity": tuple(
-        "layer layers n_concepts gram_weight concepts max_iter refine_iter bounds estimate labels tokenizer "
-        "max_tokens n_clusters power_iters batch_size progress return_report return_per_image".split()
-    ),
-    "attention_svm": tuple(
-        "layer head queries max_queries one_hot_threshold norm include_bias seed max_length tokenizer "
-        "return_report return_arrays progress".split()
-    ),
-    "objective_ledger": tuple("eps tolerance batch_size return_report".split()),
-}
+#: the options each bundled module takes besides its inputs: its diagnostic's settings and its own options
+#: (derived from :mod:`hf_tdiag.diagnostics.registry`; a test checks them against each module's ``_compute``)
+MODULE_OPTIONS: dict[str, tuple[str, ...]] = {d.metric: module_options(d.metric) for d in DIAGNOSTICS.values()}
 
 #: what a module reads its model and inputs from (each module takes the ones it needs)
 INPUT_NAMES = ("model", "models", "images", "texts", "pixel_values")
@@ -91,9 +78,14 @@ def _prefix_owner(key: str) -> str | None:
 
 
 def compute_options(module) -> tuple[str, ...]:
-    """The options of an evaluate module: its ``_compute`` keywords besides its inputs."""
+    """The options of an evaluate module: its ``_compute`` keywords besides its inputs, and, where ``_compute``
+    takes ``**settings``, its diagnostic's settings fields."""
     skip = {"self", "inputs", "pixel_values", *INPUT_NAMES}
-    return tuple(p for p in inspect.signature(module._compute).parameters if p not in skip)
+    params = inspect.signature(module._compute).parameters.values()
+    own = tuple(p.name for p in params if p.name not in skip and p.kind is not inspect.Parameter.VAR_KEYWORD)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        own += diagnostic(module.metric_label).keywords()
+    return own
 
 
 def flat_scalars(mapping: Mapping[str, Any], prefix: str = "", suffix: str = "") -> dict[str, Any]:

@@ -8,6 +8,8 @@ from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
 from hf_tdiag.metrics.combining import flat_scalars
 from hf_tdiag.diagnostics.settings import AttentionSVMSettings
+from hf_tdiag.diagnostics.settings import resolve
+from hf_tdiag.diagnostics.registry import diagnostic
 
 _CITATION = """\
 @article{tarzanagh2023transformers,
@@ -41,12 +43,10 @@ Args:
     layer (`int`, default 1): the block number 1..L (the l-th transformer block); head (`int`, default 0): the head,
         0-based as in Transformers.
     queries (`str` or list, default "all"): "all" tokens, "cls" (position 0) or a list of positions.
-    max_queries (`int`, default 64): queries sampled (seeded) for the SVM; None or 0 = all.
-    one_hot_threshold (`float`, default 0.9): attention counts as one-hot when its largest probability is >= this.
-    norm (`str`, default "fro"): "fro" (W-parameterization) or "nuc" (KQ-parameterization; needs cvxpy, small problems).
-    include_bias (`bool`, optional): augment queries with a constant 1 (default: when the query projection has a bias).
-    seed (`int`, default 0), max_length (`int`, default 128, texts only), tokenizer (optional).
-    return_report (`bool`, default False; `return_arrays` is its former name): also return the full report as
+    The settings (hf_tdiag.AttentionSVMSettings), each a keyword:
+""" + diagnostic("attention_svm").keywords_doc() + """
+    max_length (`int`, default 128, texts only), tokenizer (optional).
+    return_report (`bool`, default False): also return the full report as
         `report`, with the per-query margins and probabilities (head_margins, svm_margins, max_probs, query_index,
         selected).
     In `evaluate.combine`, every option may carry the prefix `attention_svm_` (`attention_svm_layer=3`); options of
@@ -90,17 +90,13 @@ class AttentionSVM(ModelInputsMixin, evaluate.Measurement):
         layer=1,
         head=0,
         queries="all",
-        max_queries=AttentionSVMSettings.max_queries,
-        one_hot_threshold=AttentionSVMSettings.one_hot_threshold,
-        norm=AttentionSVMSettings.norm,
-        include_bias=AttentionSVMSettings.include_bias,
-        seed=AttentionSVMSettings.seed,
         max_length=128,
         tokenizer=None,
         return_report=False,
-        return_arrays=None,
         progress=False,
+        **settings,
     ):
+        s = resolve(AttentionSVMSettings, None, settings)  # validated before the model is loaded
         loaded, batch = self._model_and_inputs(model, inputs, pixel_values, tokenizer=tokenizer, max_length=max_length)
         diag = attention_svm_diagnostic(
             loaded.model,
@@ -108,14 +104,10 @@ class AttentionSVM(ModelInputsMixin, evaluate.Measurement):
             layer,
             head,
             queries=queries,
-            max_queries=max_queries,
-            one_hot_threshold=one_hot_threshold,
-            norm=norm,
-            include_bias=include_bias,
-            seed=seed,
+            settings=s,
             progress=progress,
         )
         out = flat_scalars(diag.summary())
-        if return_report or return_arrays:
+        if return_report:
             out["report"] = diag.to_dict()
         return out

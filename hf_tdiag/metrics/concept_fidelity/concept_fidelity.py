@@ -6,11 +6,12 @@ Thin wrapper over :func:`hf_tdiag.concept_fidelity` (probes) and :mod:`hf_tdiag.
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.measures.concepts import SemiNMF
-from hf_tdiag.diagnostics.concepts import DEFAULT_N_CONCEPTS
 from hf_tdiag.diagnostics.concepts import concept_fidelity
 from hf_tdiag.loading import load_model
 from hf_tdiag.metrics.combining import flat_scalars
 from hf_tdiag.diagnostics.settings import ConceptSettings
+from hf_tdiag.diagnostics.settings import resolve
+from hf_tdiag.diagnostics.registry import diagnostic
 
 _CITATION = """\
 @article{ding2010convex,
@@ -53,14 +54,12 @@ Args:
     pixel_values: a tensor (B, C, H, W) already processed for the model.
     layer (`int`): l in [0, L]; activations are hidden_states[l] (0 = embeddings, L = last block).
     layers (`"all"` or a list of ints): a layer sweep instead of `layer`; returns per_layer reports and a table.
-    n_concepts (`int`, default 8): number of concepts k (at most min(inputs * N, d)).
     gram_weight (`float`, default 0.0): mu; 0 is plain Semi-NMF.
     concepts (optional): a fitted hf_tdiag SemiNMF or a (k, d) dictionary tensor to evaluate instead of fitting.
     max_iter (`int`, default 200), refine_iter (`int`, default 100): Semi-NMF MU and Gram-refinement iterations.
-    bounds (`bool`, default True; `estimate` is its former name): compute both bounds and their constants.
-    labels (texts, optional): the labels the linear head is fitted on; n_clusters (`int`, default 4): the k-means
-    clusters used instead when no labels are given; max_tokens (`int`, optional): cut texts to this many tokens.
-    power_iters (`int`, default 20), batch_size (`int`, default 64), progress (`bool`, default True).
+    labels (texts, optional): the labels the linear head is fitted on; progress (`bool`, default True).
+    The settings (hf_tdiag.ConceptSettings; n_concepts is k, at most min(inputs * N, d)), each a keyword:
+""" + diagnostic("concepts").keywords_doc() + """
     return_report (`bool`, default False): also return the full report as `report` (per-input lists, the fit's
         history, the constants; with `layers` one report per layer); return_per_image (`bool`, default True):
         keep the per-input lists in it.
@@ -124,23 +123,18 @@ class ConceptFidelity(ModelInputsMixin, evaluate.Measurement):
         model=None,
         layer=None,
         layers=None,
-        n_concepts=DEFAULT_N_CONCEPTS,
         gram_weight=0.0,
         concepts=None,
         max_iter=200,
         refine_iter=100,
-        bounds=ConceptSettings.bounds,
-        estimate=None,
         labels=None,
         tokenizer=None,
-        max_tokens=ConceptSettings.max_tokens,
-        n_clusters=ConceptSettings.n_clusters,
-        power_iters=ConceptSettings.power_iters,
-        batch_size=ConceptSettings.batch_size,
         progress=True,
         return_report=False,
         return_per_image=True,
+        **settings,
     ):
+        s = resolve(ConceptSettings, None, settings)  # validated before the model is loaded
         if layer is None and layers is None:
             raise ValueError(
                 "layer: required (an int in [0, num_hidden_layers]; activations are hidden_states[layer]) "
@@ -149,7 +143,7 @@ class ConceptFidelity(ModelInputsMixin, evaluate.Measurement):
         net, model_inputs, tok = self._load(model, inputs, pixel_values, tokenizer)
         if concepts is None:
             concepts = SemiNMF(
-                int(n_concepts), gram_weight=float(gram_weight), max_iter=int(max_iter), refine_iter=int(refine_iter)
+                s.n_concepts, gram_weight=float(gram_weight), max_iter=int(max_iter), refine_iter=int(refine_iter)
             )
         report = concept_fidelity(
             net,
@@ -157,14 +151,9 @@ class ConceptFidelity(ModelInputsMixin, evaluate.Measurement):
             layer,
             concepts,
             layers=layers,
-            bounds=bounds,
-            estimate=estimate,
+            settings=s,
             tokenizer=tok,
-            max_tokens=max_tokens,
             labels=labels,
-            n_clusters=n_clusters,
-            power_iters=power_iters,
-            batch_size=batch_size,
             progress=progress,
             return_tensors=layers is None,
         )

@@ -6,7 +6,9 @@ Thin wrapper over :func:`hf_tdiag.diagnostics.objective_ledger.objective_ledger`
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.diagnostics.objective_ledger import objective_ledger
-from hf_tdiag.diagnostics.settings import SRRSettings
+from hf_tdiag.diagnostics.settings import LedgerSettings
+from hf_tdiag.diagnostics.settings import resolve
+from hf_tdiag.diagnostics.registry import diagnostic
 
 _CITATION = """\
 @inproceedings{yu2023whitebox,
@@ -36,8 +38,8 @@ _KWARGS_DESCRIPTION = """
 Args:
     model: a white-box Transformers model object, a local folder (save_pretrained) or a Hub id.
     images: PIL images; or pixel_values: a tensor (B, C, H, W) already processed for the model.
-    eps (`float`, default 0.1): epsilon of Rc. tolerance (`float`, default 1e-6): relative slack of the flag.
-    batch_size (`int`, default 32): images per forward pass.
+    The settings (hf_tdiag.LedgerSettings), each a keyword:
+""" + diagnostic("ledger").keywords_doc() + """
     return_report (`bool`, default False): also return the full report as `report`.
 Returns:
     `num_steps`, `num_increasing_steps`, `fraction_decreasing`, `mean_relative_change`, and for every step
@@ -74,13 +76,12 @@ class ObjectiveLedger(ModelInputsMixin, evaluate.Measurement):
         inputs=None,
         pixel_values=None,
         model=None,
-        eps=SRRSettings.eps,
-        tolerance=1e-6,
-        batch_size=SRRSettings.batch_size,
         return_report=False,
+        **settings,
     ):
-        loaded, inputs = self._model_and_inputs(model, inputs, pixel_values, batch_size=batch_size)
-        report = objective_ledger(loaded.model, inputs, eps=eps, tolerance=tolerance)
+        s = resolve(LedgerSettings, None, settings)  # validated before the model is loaded
+        loaded, inputs = self._model_and_inputs(model, inputs, pixel_values, batch_size=s.batch_size)
+        report = objective_ledger(loaded.model, inputs, settings=s)
         out = dict(report.summary())
         for s in report.steps:
             out[f"{s.step}_layer_{s.layer}_change"] = s.change

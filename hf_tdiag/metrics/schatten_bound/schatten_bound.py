@@ -14,8 +14,9 @@ from hf_tdiag.metrics.combining import called_by_combine
 from hf_tdiag.metrics.combining import flat_scalars
 from hf_tdiag.metrics.combining import kept_modes
 from hf_tdiag.metrics.combining import route_options
-from hf_tdiag._defaults import DEFAULT_L_PHI
-from hf_tdiag._defaults import DEFAULT_RANK_TOL
+from hf_tdiag.diagnostics.settings import SchattenSettings
+from hf_tdiag.diagnostics.settings import resolve
+from hf_tdiag.diagnostics.registry import diagnostic
 
 _CITATION = """\
 @article{sakai2026spectrum,
@@ -45,10 +46,9 @@ Args:
     models: a model object, a local folder or a Hub id, or a list of them (mixing is fine).
         `add_batch(models=[...])` / `add(model=...)` keep them for the next `compute()`; everything is analysed
         in-process (the bounds read weights, not data: in `evaluate.combine` this module stores nothing).
-    L_phi (`float`, default 1.13): Lipschitz constant of the FFN activation (GELU).
-    p_grid_m (`int`, optional): grid resolution m of p in {0, 1/m, ..., 2}; default ceil(L + ln N).
-    rank_tol (`float`, default 1e-10): singular values <= rank_tol * min(rows, cols) * max(s_1, 1) are zeros.
-    return_report (`bool`, default False; `return_reports` is its former name): also return the full report
+    The settings (hf_tdiag.SchattenSettings), each a keyword:
+""" + diagnostic("schatten").keywords_doc() + """
+    return_report (`bool`, default False): also return the full report
         (every matrix's spectrum, p and cost) as `report` (a list of them for several models).
     In `evaluate.combine`, `model=` is read as one model, every option may carry the prefix `schatten_bound_`,
     and the inputs and options of the other hf-tdiag modules are ignored.
@@ -139,16 +139,14 @@ class SchattenBound(evaluate.Metric):
     def _compute(
         self,
         models,
-        L_phi=DEFAULT_L_PHI,
-        p_grid_m=None,
-        rank_tol=DEFAULT_RANK_TOL,
         return_report=False,
-        return_reports=None,
+        **settings,
     ):
-        reports = [spectrum_bounds(m, L_phi=L_phi, p_grid_m=p_grid_m, rank_tol=rank_tol) for m in models]
+        s = resolve(SchattenSettings, None, settings)  # validated before any model is read
+        reports = [spectrum_bounds(m, settings=s) for m in models]
         rows = [_scalars(r) for r in reports]
         out = rows[0] if len(rows) == 1 else {k: [row.get(k) for row in rows] for k in rows[0]}
-        if return_report or return_reports:
+        if return_report:
             dicts = [r.to_dict() for r in reports]
             out["report"] = dicts[0] if len(dicts) == 1 else dicts
         return out

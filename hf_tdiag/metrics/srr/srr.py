@@ -8,6 +8,8 @@ from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.metrics.combining import per_layer_scalars
 from hf_tdiag.diagnostics.srr import layer_srr
 from hf_tdiag.diagnostics.settings import SRRSettings
+from hf_tdiag.diagnostics.settings import resolve
+from hf_tdiag.diagnostics.registry import diagnostic
 
 _CITATION = """\
 @inproceedings{yu2023whitebox,
@@ -41,14 +43,9 @@ Args:
     images: PIL images (a list, or a datasets Image column); or
     pixel_values: a tensor (B, C, H, W) already processed for the model; or
     texts: strings for a text encoder (tokenized with the model folder's tokenizer or `tokenizer=`).
-    source (`str`, default "query"): U from the "query", "key" or "value" projection (ignored for CRATE).
-    measurement (`str`, default "design"): "design" (the block outputs Z^l, as defined above) or "official" (the official CRATE hooks).
-    precision (`str`, default "auto"): "auto" (float32 Gram matrices where a condition check allows) or "float64".
-    eps (`float`, default 0.1): epsilon of the coding rates.
-    lam (`float`, default 1.0): weight of the sparsity term.
-    apply_layernorm (`bool`, default False): measure LN(Z) with each block's pre-attention LayerNorm.
-    include_mid (`bool`, default True): CRATE only, also measure Z^{l+1/2}.
-    batch_size (`int`, default 32), max_length (`int`, default 128, texts only), tokenizer (optional).
+    The settings (hf_tdiag.SRRSettings), each a keyword:
+""" + diagnostic("srr").keywords_doc() + """
+    max_length (`int`, default 128, texts only), tokenizer (optional).
     accelerator (optional): an accelerate.Accelerator to shard and gather across processes.
     return_report (`bool`, default False): also return the full report (`SRRReport.to_dict()`) as `report`.
     progress (`bool`, default True): show a progress bar.
@@ -90,37 +87,18 @@ class SRR(ModelInputsMixin, evaluate.Measurement):
         inputs=None,
         pixel_values=None,
         model=None,
-        source=SRRSettings.source,
-        measurement=SRRSettings.measurement,
-        precision=SRRSettings.precision,
-        eps=SRRSettings.eps,
-        lam=SRRSettings.lam,
-        apply_layernorm=SRRSettings.apply_layernorm,
-        include_mid=SRRSettings.include_mid,
-        batch_size=SRRSettings.batch_size,
         max_length=128,
         tokenizer=None,
         accelerator=None,
         return_report=False,
         progress=True,
+        **settings,
     ):
+        s = resolve(SRRSettings, None, settings)  # validated before the model is loaded
         loaded, inputs = self._model_and_inputs(
-            model, inputs, pixel_values, batch_size=batch_size, tokenizer=tokenizer, max_length=max_length
+            model, inputs, pixel_values, batch_size=s.batch_size, tokenizer=tokenizer, max_length=max_length
         )
-        report = layer_srr(
-            loaded.model,
-            inputs,
-            source=source,
-            measurement=measurement,
-            precision=precision,
-            eps=eps,
-            lam=lam,
-            apply_layernorm=apply_layernorm,
-            include_mid=include_mid,
-            batch_size=batch_size,
-            accelerator=accelerator,
-            progress=progress,
-        )
+        report = layer_srr(loaded.model, inputs, settings=s, accelerator=accelerator, progress=progress)
         out = {**report.summary(), **per_layer_scalars(report.mean[report.states[0]], report.layers)}
         out["num_samples"] = int(report.num_samples)
         if return_report:

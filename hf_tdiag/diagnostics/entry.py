@@ -1,0 +1,73 @@
+"""The public entry of a diagnostic: settings from an object and keywords by one rule, with the signature and the
+docstring derived from the settings class.
+
+A diagnostic's implementation takes ``settings`` (a validated settings object) and its own arguments;
+:func:`diagnostic_entry` turns it into the public function, which accepts ``settings=`` and every field of the
+settings class as a keyword: a keyword given always replaces the object's value (:func:`~.settings.resolve`).
+``inspect.signature`` and ``help()`` show each field as a keyword-only parameter with its default.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+from .settings import _Settings, resolve
+
+
+def _settings_section(cls: type[_Settings]) -> str:
+    lines = [
+        f"Settings (keywords, or ``settings={cls.__name__}(...)``; a keyword given replaces the object's value):",
+        *(f"    {f.name} (default ``{f.default!r}``): {f.help}; {f.constraint()}." for f in cls.fields()),
+    ]
+    return "\n".join(lines)
+
+
+def _with_settings_section(doc: str | None, cls: type[_Settings]) -> str:
+    """``doc`` with the settings section inserted before its ``Examples:`` (or appended)."""
+    doc = inspect.cleandoc(doc or "")
+    section = _settings_section(cls)
+    head, sep, tail = doc.partition("\nExamples:")
+    if sep:
+        return f"{head.rstrip()}\n\n{section}\n{sep}{tail}"
+    return f"{doc}\n\n{section}"
+
+
+def diagnostic_entry(cls: type[_Settings]):
+    """Decorator: ``impl(..., *, settings: cls, ...)`` -> the public diagnostic taking ``settings=None`` and the
+    fields of ``cls`` as keywords."""
+    names = set(cls.defaults())
+
+    def wrap(impl):
+        @functools.wraps(impl)
+        def entry(*args, settings=None, **kwargs):
+            overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+            return impl(*args, settings=resolve(cls, settings, overrides), **kwargs)
+
+        params = []
+        for p in inspect.signature(impl).parameters.values():
+            if p.name == "settings":
+                params.append(
+                    p.replace(kind=inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f"{cls.__name__} | None")
+                )
+                params += [
+                    inspect.Parameter(
+                        f.name,
+                        inspect.Parameter.KEYWORD_ONLY,
+                        default=f.default,
+                        annotation=f.type | None if f.optional else f.type,
+                    )
+                    for f in cls.fields()
+                ]
+            else:
+                params.append(p)
+        params.sort(key=lambda p: p.kind)  # **kwargs of the implementation stays last
+        entry.__signature__ = inspect.Signature(params, return_annotation=inspect.signature(impl).return_annotation)
+        entry.__doc__ = _with_settings_section(impl.__doc__, cls)
+        entry.settings_class = cls
+        return entry
+
+    return wrap
+
+
+__all__ = ["diagnostic_entry"]

@@ -1,0 +1,185 @@
+"""The diagnostics, each declared once: name, settings class, function, report class, inputs and surfaces.
+
+Every surface reads its diagnostic from :data:`DIAGNOSTICS`: the command line derives the flags of a command from
+the settings class (:func:`hf_tdiag._cli_args.add_settings_flags`), the evaluate module accepts the settings'
+fields as keywords (and documents them with :meth:`Diagnostic.keywords_doc`), ``evaluate.combine`` routes
+``<metric>_<option>`` prefixes by :func:`module_options`, the Space shows the fields marked ``space=`` as controls,
+and the docs' settings tables are :meth:`Diagnostic.settings_table`. Adding a field to a settings class is the only
+edit a new option needs. Torch-free: the command line reads it to build ``--help``.
+
+Examples:
+    >>> from hf_tdiag.diagnostics.registry import DIAGNOSTICS, diagnostic
+    >>> sorted(DIAGNOSTICS)
+    ['attention_svm', 'concepts', 'ledger', 'schatten', 'srr']
+    >>> spec = diagnostic("srr")
+    >>> spec.command, spec.metric, spec.settings.__name__, spec.inputs
+    ('srr', 'srr', 'SRRSettings', ('images', 'texts', 'pixel_values'))
+    >>> "eps" in spec.keywords(), "return_report" in module_options("srr")
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from .settings import (
+    AttentionSVMSettings,
+    ConceptSettings,
+    LedgerSettings,
+    SchattenSettings,
+    SRRSettings,
+    _Settings,
+)
+
+
+def _load(target: str):
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One diagnostic's declaration.
+
+    ``name`` is its one name (the report section, the settings' ``diagnostic``); ``command`` the ``hf-tdiag``
+    sub-command (``name`` hyphenated); ``metric`` the bundled evaluate module; ``function`` / ``report``:
+    ``"module:attribute"`` of the Python entry point and its report class; ``inputs``: what it measures (``()``:
+    the weights only); ``metric_options``: the evaluate module's keywords besides its inputs and its settings.
+    """
+
+    name: str
+    title: str
+    settings: type[_Settings]
+    function: str
+    report: str
+    inputs: tuple[str, ...]
+    metric: str
+    metric_options: tuple[str, ...] = ()
+
+    @property
+    def command(self) -> str:
+        """The ``hf-tdiag`` sub-command."""
+        return self.name.replace("_", "-")
+
+    def load_function(self):
+        """The Python entry point (imports torch)."""
+        return _load(self.function)
+
+    def load_report(self):
+        """The report class (imports torch)."""
+        return _load(self.report)
+
+    def keywords(self) -> tuple[str, ...]:
+        """The settings' field names: the keywords the function and the evaluate module accept for them."""
+        return tuple(f.name for f in self.settings.fields())
+
+    def keywords_doc(self, indent: str = "    ") -> str:
+        """One line per setting, evaluate's ``Args:`` style: ``eps (`float`, default 0.1): ε of ...``."""
+        return "\n".join(
+            f"{indent}{f.name} (`{f.type.__name__}`, default {f.default!r}): {f.help}; {f.constraint()}."
+            for f in self.settings.fields()
+        )
+
+    def settings_table(self) -> str:
+        """The docs' table of the settings: keyword, command-line flag, default, accepted values, meaning."""
+        from .._cli_args import flag_names
+
+        lines = [
+            f"Settings of `{self.function.partition(':')[2]}` (`{self.settings.__name__}`; as keywords, as "
+            f"`settings=`, as `hf-tdiag {self.command}` flags and as `{self.metric}` evaluate keywords):",
+            "",
+            "| keyword | flag | default | accepted | meaning |",
+            "|---|---|---|---|---|",
+        ]
+        for f in self.settings.fields():
+            flag = " ".join(f"`{n}`" for n in flag_names(f)[:1]) if f.cli else "—"
+            help_text = f.help.replace("|", "\\|")
+            lines.append(f"| `{f.name}` | {flag} | `{f.default!r}` | {f.constraint()} | {help_text} |")
+        return "\n".join(lines)
+
+
+DIAGNOSTICS: dict[str, Diagnostic] = {
+    d.name: d
+    for d in (
+        Diagnostic(
+            "srr",
+            "Sparse rate reduction per layer",
+            SRRSettings,
+            "hf_tdiag.diagnostics.srr:layer_srr",
+            "hf_tdiag.diagnostics.srr_report:SRRReport",
+            ("images", "texts", "pixel_values"),
+            "srr",
+            ("max_length", "tokenizer", "accelerator", "return_report", "progress"),
+        ),
+        Diagnostic(
+            "schatten",
+            "Schatten bound proxies",
+            SchattenSettings,
+            "hf_tdiag.diagnostics.schatten:spectrum_bounds",
+            "hf_tdiag.diagnostics.schatten_report:SchattenReport",
+            (),
+            "schatten_bound",
+            ("return_report",),
+        ),
+        Diagnostic(
+            "concepts",
+            "Concept fidelity",
+            ConceptSettings,
+            "hf_tdiag.diagnostics.concepts:concept_fidelity",
+            "hf_tdiag.diagnostics.concept_report:ConceptFidelityReport",
+            ("images", "texts", "pixel_values"),
+            "concept_fidelity",
+            (
+                "layer",
+                "layers",
+                "gram_weight",
+                "concepts",
+                "max_iter",
+                "refine_iter",
+                "labels",
+                "tokenizer",
+                "progress",
+                "return_report",
+                "return_per_image",
+            ),  # fmt: skip
+        ),
+        Diagnostic(
+            "attention_svm",
+            "Attention as a max-margin SVM",
+            AttentionSVMSettings,
+            "hf_tdiag.diagnostics.attention_svm:attention_svm_diagnostic",
+            "hf_tdiag.diagnostics.attention_svm_report:AttentionSVMReport",
+            ("images", "texts", "pixel_values"),
+            "attention_svm",
+            ("layer", "head", "queries", "max_length", "tokenizer", "return_report", "progress"),
+        ),
+        Diagnostic(
+            "ledger",
+            "Objective ledger",
+            LedgerSettings,
+            "hf_tdiag.diagnostics.objective_ledger:objective_ledger",
+            "hf_tdiag.diagnostics.objective_ledger:ObjectiveLedgerReport",
+            ("images", "texts", "pixel_values"),
+            "objective_ledger",
+            ("return_report",),
+        ),
+    )
+}
+
+
+def diagnostic(name: str) -> Diagnostic:
+    """The declaration of diagnostic ``name`` (its name, command, metric or settings class name)."""
+    for d in DIAGNOSTICS.values():
+        if name in (d.name, d.command, d.metric, d.settings.__name__):
+            return d
+    raise ValueError(f"diagnostic: unknown diagnostic {name!r}; known: {sorted(DIAGNOSTICS)}")
+
+
+def module_options(metric: str) -> tuple[str, ...]:
+    """The keywords evaluate module ``metric`` takes besides its inputs: its settings' fields and its own options."""
+    d = diagnostic(metric)
+    return (*d.keywords(), *d.metric_options)
+
+
+__all__ = ["DIAGNOSTICS", "Diagnostic", "diagnostic", "module_options"]
