@@ -11,7 +11,6 @@ from hf_tdiag.cli import main as cli_main
 from hf_tdiag.models.crate_alpha import CrateAlphaConfig, CrateAlphaForImageClassification
 from hf_tdiag.models.crate_alpha.convert_official import convert_official_crate_alpha, official_forward
 
-pytestmark = pytest.mark.slow
 
 ETA, LAM = 0.1, 0.1
 
@@ -132,6 +131,7 @@ def test_converter_rejects_bad_state_dicts():
         convert_official_crate_alpha({**sd, "transformer.layers.0.1.fn.D": torch.zeros(16, 32)}, _config())
 
 
+@pytest.mark.slow  # the command end to end
 def test_cli_convert_official_prints_max_logit_difference(tmp_path, capsys):
     sd = _official_state_dict(channels=1, dim=64, depth=4, heads=4, classes=10)
     torch.save(sd, tmp_path / "crate_alpha.pth")
@@ -169,7 +169,8 @@ def test_config_presets_and_validation():
         CrateAlphaConfig.from_preset("crate-alpha-giant")
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "flex_attention"])
+# flex attention compiles its kernel (~30 s on CPU): the slow run
+@pytest.mark.parametrize("impl", ["sdpa", pytest.param("flex_attention", marks=pytest.mark.slow)])
 def test_attention_implementations_agree(impl):
     if impl == "flex_attention":
         try:

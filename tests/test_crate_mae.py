@@ -13,7 +13,6 @@ from hf_tdiag.cli import main as cli_main
 from hf_tdiag.models.crate_mae import CrateMAEConfig, CrateMAEModel
 from hf_tdiag.models.crate_mae.convert_official import convert_official_crate_mae
 
-pytestmark = pytest.mark.slow
 
 D, DEPTH, DEC, HEADS, P, IMG, C = 16, 2, 2, 2, 2, 8, 1
 
@@ -131,6 +130,7 @@ def test_converter_rejects_bad_state_dicts():
         convert_official_crate_mae({**sd, "pos_embed": torch.zeros_like(sd["pos_embed"])}, _config())
 
 
+@pytest.mark.slow  # the command end to end
 def test_cli_converts_and_the_encoder_loads_alone(tmp_path, capsys):
     torch.save(_official_state_dict(D=64, DEPTH=4, DEC=2), tmp_path / "mae.pth")  # the crate-mae-digits sizes
     rc = cli_main(["convert-official", str(tmp_path / "mae.pth"), "--preset", "crate-mae-digits", "--output-dir",

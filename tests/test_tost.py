@@ -12,7 +12,6 @@ from transformers import AutoModelForImageClassification
 import hf_tdiag  # noqa: F401
 from hf_tdiag.models.tost import TostConfig, TostForImageClassification, token_statistics_attention
 
-pytestmark = pytest.mark.slow
 
 
 def _tssa_by_loops(w, tau):
