@@ -27,7 +27,8 @@ TINY = dict(max_train_steps=3, max_train_samples=64, max_eval_samples=32, layer_
         ("tost-digits", "TostForImageClassification", "tost"),
     ],  # fmt: skip
 )
-def test_train_builds_and_saves_the_family_of_the_preset(tmp_path, preset, cls, model_type):
+def test_train_builds_and_saves_the_family_of_the_preset(tmp_path, monkeypatch, preset, cls, model_type):
+    monkeypatch.chdir(tmp_path)  # the card names a folder under the working directory by its relative path
     out = tmp_path / "run"
     results = train(output_dir=str(out), preset=preset, hidden_size=32, num_hidden_layers=2, **TINY)
     assert results["variant"] == model_type and results["steps"] == 3 and results["eval_samples"] == 32
@@ -37,7 +38,13 @@ def test_train_builds_and_saves_the_family_of_the_preset(tmp_path, preset, cls, 
     assert processor.size == {"height": 8, "width": 8}
     saved = json.loads((out / "all_results.json").read_text())
     assert saved["eval_accuracy"] == pytest.approx(results["eval_accuracy"])
-    assert not (out / "README.md").exists()  # the card template describes CRATE only
+    # the family's card, with the run's metrics in the model-index and a snippet that names the folder
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(str(out / "README.md"))
+    metrics = {r.metric_type: r.metric_value for r in card.data.eval_results}
+    assert metrics["accuracy"] == pytest.approx(results["eval_accuracy"]) and model_type in card.data.tags
+    assert 'model = AutoModelForImageClassification.from_pretrained("run")' in card.text
     # the recorded accuracy is the reloaded model's on the same evaluation images (the trainer's own datasets)
     from hf_tdiag.training.args import make_args
     from hf_tdiag.training.data import build_datasets, load_raw_data

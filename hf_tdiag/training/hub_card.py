@@ -87,7 +87,7 @@ def same_weights(folder_a: str, folder_b: str) -> bool:
             handle.__exit__(None, None, None)
 
 
-def _auto_class(model, folder: str) -> str:
+def auto_class_of(model, folder: str) -> str:
     """The Auto class that loads ``type(model)`` (from the ``auto_map`` the saved config carries), else ``AutoModel``."""
     config = {}
     text = _read(os.path.join(folder, "config.json"))
@@ -138,7 +138,7 @@ def card_text(model, folder: str, target: str) -> str:
         model.config,
         target,
         class_name=type(model).__name__,
-        auto_class=_auto_class(model, folder),
+        auto_class=auto_class_of(model, folder),
         num_parameters=sum(p.numel() for p in model.parameters()),
         base_model=origin if from_hub and origin != target else None,
         derived_from=os.path.basename(os.path.normpath(origin)) if local else None,
@@ -169,4 +169,4 @@ def write_card(model, folder: str, target: str | None) -> bool:
     return True
 
 
-__all__ = ["HubCardMixin", "write_card", "card_text", "same_weights"]
+__all__ = ["HubCardMixin", "write_card", "card_text", "same_weights", "auto_class_of"]

@@ -494,7 +494,31 @@ def build_family_card(
     )
 
 
+def training_card(run, results: dict, repo_id: str | None = None) -> ModelCard:
+    """The card of a trainer run (``hf_tdiag.training.loop.TrainingRun``): :func:`build_model_card` for CRATE,
+    :func:`build_family_card` with the run's results for CRATE-α and ToST; the snippet names ``repo_id``, else the
+    output folder."""
+    args, config = run.args, run.config
+    if config.model_type == "crate":
+        return build_model_card(
+            config, results, args, run.raw, preset=run.preset, output_dir=args.output_dir, repo_id=repo_id
+        )
+    from .hub_card import auto_class_of
+
+    return build_family_card(
+        config,
+        repo_id or folder_display(args.output_dir),
+        class_name=type(run.unwrapped).__name__,
+        auto_class=auto_class_of(run.unwrapped, args.output_dir),
+        num_parameters=sum(p.numel() for p in run.unwrapped.parameters()),
+        results=results,
+        args=args,
+        raw=run.raw,
+    )
+
+
 __all__ = [
+    "training_card",
     "build_model_card",
     "build_family_card",
     "matching_preset",

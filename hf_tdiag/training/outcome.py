@@ -93,15 +93,10 @@ def _save_model(run: TrainingRun) -> None:
 
 def _publish(run: TrainingRun, results: dict) -> None:
     """Model card, ``all_results.json`` and (``--push_to_hub``) the upload; main process only."""
-    from .model_card import build_model_card
+    from .model_card import training_card
 
     args = run.args
-    crate = run.config.model_type == "crate"  # the card's template describes CRATE's blocks, not CRATE-α's or ToST's
-    if crate:
-        card = build_model_card(run.config, results, args, run.raw, preset=run.preset, output_dir=args.output_dir)
-        card.save(os.path.join(args.output_dir, "README.md"))
-    else:
-        run.accelerator.print(f"no model card: its template describes CRATE, not {run.config.model_type}")
+    training_card(run, results).save(os.path.join(args.output_dir, "README.md"))  # CRATE's card, or its family's
     write_json(os.path.join(args.output_dir, "all_results.json"), results)
     run.accelerator.print(
         f"done in {results['train_runtime_s']:.1f}s: eval_accuracy {results['eval_accuracy']:.4f} eval_loss "
@@ -118,13 +113,7 @@ def _publish(run: TrainingRun, results: dict) -> None:
             model=run.unwrapped,
             processor=run.processor,
             # the card again for the repo id the Hub resolved (namespace/name): its usage snippet names the repo
-            card=(
-                lambda hub_id: build_model_card(
-                    run.config, results, args, run.raw, preset=run.preset, output_dir=args.output_dir, repo_id=hub_id
-                )
-            )
-            if crate
-            else None,
+            card=lambda hub_id: training_card(run, results, repo_id=hub_id),
             token=args.hub_token,
             private=args.hub_private_repo,
         )

@@ -306,9 +306,11 @@ class CrateEncoder(nn.Module):
         return hidden_states
 
 
-try:  # hf-tdiag's model card on save_pretrained / push_to_hub (hf_tdiag/training/hub_card.py)
+try:  # hf-tdiag's model card on save_pretrained / push_to_hub (hf_tdiag/training/hub_card.py), in the package only
+    if not __name__.startswith("hf_tdiag."):
+        raise ImportError(f"{__name__} is a copy loaded as remote code")
     from hf_tdiag.training.hub_card import HubCardMixin
-except ImportError:  # remote code where hf_tdiag is not installed: transformers' own save_pretrained / push_to_hub
+except ImportError:  # a copy loaded with trust_remote_code: transformers' own save_pretrained / push_to_hub
 
     class HubCardMixin:
         pass
