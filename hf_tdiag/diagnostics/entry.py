@@ -39,9 +39,19 @@ def diagnostic_entry(cls: type[_Settings]):
     names = set(cls.defaults())
 
     def wrap(impl):
+        own = inspect.signature(impl).parameters
+        open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in own.values())
+        options = sorted(n for n, p in own.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and n != "settings")
+
         @functools.wraps(impl)
         def entry(*args, settings=None, **kwargs):
             overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+            unknown = sorted(set(kwargs) - set(own))
+            if unknown and not open_ended:
+                raise TypeError(
+                    f"{impl.__name__}: unknown keyword(s) {unknown}; settings ({cls.__name__}): {sorted(names)}; "
+                    f"other options: {options}"
+                )
             return impl(*args, settings=resolve(cls, settings, overrides), **kwargs)
 
         params = []

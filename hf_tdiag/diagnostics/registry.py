@@ -82,20 +82,22 @@ class Diagnostic:
         )
 
     def settings_table(self) -> str:
-        """The docs' table of the settings: keyword, command-line flag, default, accepted values, meaning."""
+        """The docs' table of the settings: keyword, command-line flag, default, accepted values, meaning, and the
+        Space control's label where the field is shown there."""
         from .._cli_args import flag_names
 
         lines = [
             f"Settings of `{self.function.partition(':')[2]}` (`{self.settings.__name__}`; as keywords, as "
             f"`settings=`, as `hf-tdiag {self.command}` flags and as `{self.metric}` evaluate keywords):",
             "",
-            "| keyword | flag | default | accepted | meaning |",
-            "|---|---|---|---|---|",
+            "| keyword | flag | default | accepted | meaning | in the Space |",
+            "|---|---|---|---|---|---|",
         ]
         for f in self.settings.fields():
-            flag = " ".join(f"`{n}`" for n in flag_names(f)[:1]) if f.cli else "—"
+            flag = f"`{flag_names(f)[0]}`" if f.cli else "—"
             help_text = f.help.replace("|", "\\|")
-            lines.append(f"| `{f.name}` | {flag} | `{f.default!r}` | {f.constraint()} | {help_text} |")
+            space = f.space.get("label", "yes") if f.space is not None else "—"
+            lines.append(f"| `{f.name}` | {flag} | `{f.default!r}` | {f.constraint()} | {help_text} | {space} |")
         return "\n".join(lines)
 
 

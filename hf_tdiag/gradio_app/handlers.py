@@ -27,6 +27,7 @@ from PIL import Image, UnidentifiedImageError
 
 from hf_tdiag._validation import block_number
 from hf_tdiag.diagnostics.settings import ConceptSettings, SchattenSettings
+from hf_tdiag.gradio_app.settings_controls import takes_settings
 from hf_tdiag.inputs import UserInputError, open_image
 from hf_tdiag.loading import HUB_ID, LoadedModel, load_hub_model, load_model, pixel_values_for
 from hf_tdiag.report.attention_section import cls_pooling_note
@@ -256,14 +257,10 @@ def digits_example(index) -> Image.Image:
 # ----------------------------------------------------------------------------- Bounds tab
 
 
-def _bounds_report(loaded: LoadedModel, L_phi: float):
+def _bounds_report(loaded: LoadedModel, settings: SchattenSettings):
     import hf_tdiag
 
-    try:
-        L_phi = float(L_phi)
-    except (TypeError, ValueError):
-        raise UserInputError(f"L_phi: expected a positive number, got {L_phi!r}") from None
-    return hf_tdiag.spectrum_bounds(loaded.model, L_phi=L_phi, progress=True)
+    return hf_tdiag.spectrum_bounds(loaded.model, settings=settings, progress=True)
 
 
 def _bounds_table(report) -> list[list]:
@@ -303,12 +300,13 @@ def _markdown_table(headers, rows) -> str:
 
 
 @user_errors
-def bounds_tab(spec, L_phi=SchattenSettings().L_phi, progress=gr.Progress(track_tqdm=True)):
+@takes_settings(SchattenSettings)
+def bounds_tab(spec, settings, progress=gr.Progress(track_tqdm=True)):
     """Bounds tab: both proxies (markdown), optimal-p histogram, spectra, contribution curves, per-matrix table."""
     from hf_tdiag.viz import schatten as viz_schatten
 
     loaded = get_model(spec)
-    report = _bounds_report(loaded, L_phi)
+    report = _bounds_report(loaded, settings)
     text = (
         f"**B_ours (spectrum-adaptive Schatten)** = {format_value(report.schatten_bound)} &nbsp;·&nbsp; "
         f"**B_Edelman** = {format_value(report.edelman_bound)} &nbsp;·&nbsp; ratio B_Edelman / B_ours = "
@@ -334,10 +332,11 @@ def bounds_tab(spec, L_phi=SchattenSettings().L_phi, progress=gr.Progress(track_
 
 
 @user_errors
+@takes_settings(ConceptSettings)
 def concepts_tab(
     spec,
     image_path,
-    n_concepts=ConceptSettings().n_concepts,
+    settings,
     layer=-1,
     extra_digits=31,
     progress=gr.Progress(track_tqdm=True),
@@ -353,10 +352,9 @@ def concepts_tab(
     images = [open_image(image_path)] if image_path else []
     try:
         extra = int(extra_digits or 0)
-        n_concepts = int(n_concepts)
         layer = int(layer if layer is not None else -1)
     except (TypeError, ValueError):
-        raise UserInputError("concepts, layer and extra images must be integers") from None
+        raise UserInputError("layer and extra images must be integers") from None
     if not 0 <= extra <= 256:
         raise UserInputError(f"extra digits images: expected 0..256, got {extra}")
     if extra:
@@ -371,9 +369,7 @@ def concepts_tab(
         loaded.model,
         pixel_values,
         layer,
-        n_concepts,
-        power_iters=10,
-        max_images_for_constants=8,
+        settings=settings.replace(power_iters=10, max_images_for_constants=8),
         return_tensors=True,
         progress=True,
     )

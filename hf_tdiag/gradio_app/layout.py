@@ -17,6 +17,7 @@ import gradio as gr
 from hf_tdiag.diagnostics.settings import ConceptSettings, SchattenSettings
 from hf_tdiag.gradio_app import handlers as H
 from hf_tdiag.gradio_app.placeholders import placeholder_figure as _ph
+from hf_tdiag.gradio_app.settings_controls import settings_controls
 from hf_tdiag.gradio_app.text_tab import build_text_tab
 from hf_tdiag.models.crate import CRATE_VARIANTS
 
@@ -141,10 +142,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     "the spectrum-adaptive Schatten proxy with a per-matrix optimal p, against Edelman et al.'s."
                 )
                 with gr.Row():
-                    l_phi = gr.Number(
-                        value=SchattenSettings().L_phi,
-                        label=f"L_φ (Lipschitz constant of the FFN activation; GELU {SchattenSettings().L_phi})",
-                    )
+                    bounds_settings = settings_controls(SchattenSettings)
                     bounds_btn = gr.Button("Compute bounds", variant="primary", elem_id="bounds-run")
                 bounds_text = gr.Markdown(elem_id="bounds-summary")
                 p_heatmap = gr.Plot(
@@ -172,7 +170,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                 bounds_table = gr.Dataframe(headers=H.BOUNDS_COLUMNS, label="Per-matrix numbers", interactive=False)
                 bounds_btn.click(
                     H.bounds_tab,
-                    inputs=[model_box, l_phi],
+                    inputs=[model_box, *bounds_settings],
                     outputs=[bounds_text, p_heatmap, spectra_plot, contrib_plot, bounds_table],
                     api_name="bounds",
                 )
@@ -192,7 +190,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                 with gr.Row():
                     with gr.Column(scale=1):
                         concept_image = _image_input("Image (optional)", "concepts-image")
-                        n_concepts = gr.Slider(2, 16, value=ConceptSettings().n_concepts, step=1, label="Concepts")
+                        concept_settings = settings_controls(ConceptSettings)
                         concept_layer = gr.Number(
                             value=-1, precision=0, label="Layer ℓ: output of block ℓ, 0 = embeddings (-1 = middle)"
                         )
@@ -227,7 +225,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                         )
                 concepts_btn.click(
                     H.concepts_tab,
-                    inputs=[model_box, concept_image, n_concepts, concept_layer, extra_digits],
+                    inputs=[model_box, concept_image, *concept_settings, concept_layer, extra_digits],
                     outputs=[concepts_text, heatmaps, top_patches, kl_plot, fidelity_table],
                     api_name="concepts",
                 )
