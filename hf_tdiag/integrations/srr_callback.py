@@ -2,15 +2,19 @@
 
 Every ``every_n_steps`` optimizer steps, at each evaluation and once before the first step, the callback measures
 :func:`hf_tdiag.layer_srr` of the model being trained on a fixed subset (the first ``num_samples`` items of
-``inputs``, by default of the Trainer's evaluation dataset), logs ``srr/layer_<ℓ>/<term>`` (terms R, Rc, sparsity,
-srr of the block outputs ``Z^ℓ``, blocks 1…L) and ``srr/mean`` through ``Trainer.log`` (so TensorBoard, W&B,
-trackio and every other ``report_to`` backend receive them, and ``trainer.state.log_history`` keeps them), and
-writes the history to ``<output_dir>/srr_history.json`` and into each ``checkpoint-<step>`` folder, so a resumed
-run continues it. ``schatten=True`` also logs the Schatten bound's headline numbers (``schatten/<key>``).
+``inputs``, by default of the Trainer's evaluation dataset) and logs ``srr/mean`` (over the blocks) and
+``srr/last`` (the last block's output); ``log_layers=True`` logs every block's terms too,
+``srr/layer_<ℓ>/<term>`` (R, Rc, sparsity, srr of the block outputs ``Z^ℓ``, blocks 1…L). The scalars go where
+``Trainer.log`` puts them: ``trainer.state.log_history`` and the ``on_log`` of every callback, so TensorBoard, W&B,
+trackio and every other ``report_to`` backend receive them. Every record, all layers and terms, goes to
+``<output_dir>/srr_history.json`` and into each ``checkpoint-<step>`` folder, so a resumed run continues it.
+``schatten=True`` also logs the Schatten bound's headline numbers (``schatten/<key>``).
 
+Use it as any callback, ``Trainer(..., callbacks=[SRRCallback(...)])``: transformers hands a callback no reference
+to the Trainer, so at ``on_train_begin`` it takes the Trainer whose training loop called it (from the calling frames)
+and logs through ``trainer.log``, as ``SRRCallback(...).attach(trainer)`` and :class:`SRRTrainer` do. A log never
+changes the Trainer's own logging schedule (``control.should_log``, its loss log due at that step, is kept).
 The measurement runs in eval mode without gradients and leaves the model's mode and the global RNG as found.
-``Trainer.log`` needs the Trainer: use :class:`hf_tdiag.integrations.SRRTrainer` (which attaches the callbacks it
-is given) or ``SRRCallback(...).attach(trainer)`` with a plain ``Trainer``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -87,7 +92,8 @@ class SRRCallback(TrainerCallback):
     ``inputs``: a tensor batch, a dict batch, a list of images or a dataset (default: the Trainer's
     ``eval_dataset``), of which the first ``num_samples`` are measured every time. ``every_n_steps``: measure after
     every N optimizer steps (None: only at evaluations and at the start). ``settings``: an
-    :class:`~hf_tdiag.diagnostics.settings.SRRSettings` (eps, lam, batch size, ...).
+    :class:`~hf_tdiag.diagnostics.settings.SRRSettings` (eps, lam, batch size, ...). ``log_layers``: log every
+    block's R, Rc, sparsity and SRR (``srr/layer_<ℓ>/<term>``) besides ``srr/mean`` and ``srr/last``.
     """
 
     def __init__(
@@ -102,6 +108,7 @@ class SRRCallback(TrainerCallback):
         schatten: bool = False,
         processor=None,
         trainer=None,
+        log_layers: bool = False,
     ):
         if every_n_steps is not None:
             positive_int(every_n_steps, "every_n_steps")
@@ -111,7 +118,9 @@ class SRRCallback(TrainerCallback):
         self.inputs, self.every_n_steps, self.num_samples = inputs, every_n_steps, num_samples
         self.measure_on_evaluate, self.at_start, self.schatten = on_evaluate, at_start, schatten
         self.settings = settings or SRRSettings()
-        self.processor, self.trainer = processor, trainer
+        if not isinstance(log_layers, bool):
+            raise TypeError(f"log_layers: expected True or False, got {log_layers!r}")
+        self.processor, self.trainer, self.log_layers = processor, trainer, log_layers
         self.history: list[dict[str, Any]] = []
         self._batch: dict[str, torch.Tensor] | None = None
 
@@ -125,10 +134,13 @@ class SRRCallback(TrainerCallback):
     # ------------------------------------------------------------------------------------------ Trainer events
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         if self.trainer is None:
-            raise RuntimeError(
-                "SRRCallback: needs the Trainer to log through; use hf_tdiag.integrations.SRRTrainer(..., "
-                "callbacks=[SRRCallback(...)]) or SRRCallback(...).attach(trainer)"
-            )
+            self.trainer = _calling_trainer()
+            if self.trainer is None:
+                raise RuntimeError(
+                    "SRRCallback: on_train_begin was not called from a Trainer's training loop, so there is nothing "
+                    "to log through; pass it as Trainer(..., callbacks=[SRRCallback(...)]) or use "
+                    "SRRCallback(...).attach(trainer)"
+                )
         inputs = self.inputs if self.inputs is not None else self.trainer.eval_dataset
         if inputs is None:
             raise ValueError("inputs: no SRR inputs given and the Trainer has no eval_dataset; pass inputs=")
@@ -137,15 +149,15 @@ class SRRCallback(TrainerCallback):
         self._batch = fixed_subset(inputs, self.num_samples, self.processor or processing_class)
         self.history = self._resumed_history(args, state)
         if self.at_start and not self.history:
-            self.record(model, state, "start")
+            self.record(model, state, "start", args=args, control=control)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.every_n_steps and state.global_step % self.every_n_steps == 0:
-            self.record(model, state, "step")
+            self.record(model, state, "step", args=args, control=control)
 
     def on_evaluate(self, args, state, control, model=None, **kwargs):
         if self.measure_on_evaluate:
-            self.record(model, state, "evaluate")
+            self.record(model, state, "evaluate", args=args, control=control)
 
     def on_save(self, args, state, control, **kwargs):
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
@@ -177,16 +189,27 @@ class SRRCallback(TrainerCallback):
             torch.set_rng_state(rng)
         return entry
 
-    def record(self, model, state, event: str) -> dict[str, Any] | None:
+    def record(self, model, state, event: str, args=None, control=None) -> dict[str, Any] | None:
         """Measure, log through the Trainer and write the history; once per optimizer step."""
         if self.history and self.history[-1]["step"] == state.global_step:
             return None  # e.g. an evaluation right after a step-N record: the weights have not changed
         entry = {"step": state.global_step, "epoch": state.epoch, "event": event, **self.measure(model)}
         self.history.append(entry)
-        self.trainer.log(scalars(entry))
+        args = args if args is not None else self.trainer.args
+        self._log(args, state, control, scalars(entry, layers=self.log_layers))
         if state.is_world_process_zero:
-            self._write(os.path.join(self.trainer.args.output_dir, HISTORY_FILE))
+            self._write(os.path.join(args.output_dir, HISTORY_FILE))
         return entry
+
+    def _log(self, args, state, control, logs: dict[str, float]) -> None:
+        """``logs`` through ``trainer.log`` (``state.log_history`` and every callback's ``on_log``), leaving the
+        Trainer's ``control.should_log`` (its own loss log due at this step) as it was."""
+        due = getattr(control, "should_log", None)
+        try:
+            self.trainer.log(logs)
+        finally:
+            if due is not None:
+                control.should_log = due
 
     # ------------------------------------------------------------------------------------------ history file
     def _write(self, path: str) -> str:
@@ -213,15 +236,35 @@ class SRRCallback(TrainerCallback):
             return [r for r in json.load(fh)["history"] if r["step"] <= state.global_step]
 
 
-def scalars(entry: Mapping[str, Any]) -> dict[str, float]:
-    """The logged scalars of one record: ``srr/layer_<ℓ>/<term>``, ``srr/mean`` and ``schatten/<key>``."""
-    logs = {
-        f"srr/layer_{ell}/{term}": float(values[ell - 1])
-        for term, values in entry["output"].items()
-        for ell in range(1, len(values) + 1)
-    }
+def _calling_trainer(depth: int = 8):
+    """The ``transformers.Trainer`` whose method is among the ``depth`` frames above the caller, else None (the
+    training loop calls ``callback_handler.on_train_begin``, which calls ``call_event``, which calls the callback)."""
+    from transformers import Trainer
+
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, Trainer):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def scalars(entry: Mapping[str, Any], layers: bool = True) -> dict[str, float]:
+    """The logged scalars of one record: ``srr/mean``, ``srr/last``, with ``layers`` every ``srr/layer_<ℓ>/<term>``,
+    and ``schatten/<key>``."""
     srr = entry["output"]["srr"]
+    logs = {}
+    if layers:
+        logs = {
+            f"srr/layer_{ell}/{term}": float(values[ell - 1])
+            for term, values in entry["output"].items()
+            for ell in range(1, len(values) + 1)
+        }
     logs["srr/mean"] = float(sum(srr) / len(srr))
+    logs["srr/last"] = float(srr[-1])
     logs.update({f"schatten/{key}": value for key, value in (entry.get("schatten") or {}).items()})
     return logs
 
