@@ -10,6 +10,7 @@ import contextlib
 import csv
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
@@ -114,3 +115,37 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> str:
     with atomic_open(path, "wb") as fh:
         fig.savefig(fh, format=fmt, dpi=dpi, bbox_inches="tight")
     return path
+
+
+STAGE_PREFIX = ".tmp-save-"
+
+
+@contextlib.contextmanager
+def staged_folder(folder: str | os.PathLike, last: tuple[str, ...] = ("config.json",)) -> Iterator[str]:
+    """``with staged_folder(out) as stage: model.save_pretrained(stage)``: the files are written into a hidden
+    folder inside ``out`` and moved into ``out`` only when the block succeeds, the names in ``last`` (the config,
+    which makes a folder look like a model) at the end. A failed write (a full disk) leaves nothing in ``out``: never
+    a config without its weights. Any error becomes an OSError naming ``out``."""
+    folder = os.fspath(folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        stage = tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=folder)
+    except OSError as err:
+        raise _naming(err, folder) from err
+    try:
+        try:
+            yield stage
+        except (ValueError, TypeError):  # a wrong argument, not a failed write
+            raise
+        except Exception as err:  # a full disk: OSError, torch's RuntimeError, safetensors' SafetensorError
+            reason = getattr(err, "strerror", None) or " ".join(str(err).split())[:200]
+            raise OSError(f"could not save into {folder!r} ({reason}); nothing was left there") from err
+        names = sorted(os.listdir(stage), key=lambda n: (n in last, last.index(n) if n in last else 0, n))
+        for name in names:
+            target = os.path.join(folder, name)
+            if os.path.isdir(target) and not os.path.islink(target):
+                raise IsADirectoryError(f"could not save into {folder!r}: {name!r} there is a folder")
+            os.replace(os.path.join(stage, name), target)
+        _fsync_dir(folder)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

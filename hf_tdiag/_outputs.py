@@ -1,31 +1,47 @@
 """Output folders that never lose a user's work: :func:`claim_output_dir` is called by every command before it
 measures or trains anything.
 
+* **Owned outputs.** A writing command records what it wrote in the folder's manifest ``.hf-tdiag-manifest.json``
+  (written atomically: each run's file patterns, what the folder held before it, and when it ends the name, size
+  and modification time of every entry it created or changed; a run killed before that owns what matches its
+  patterns and is new or changed). ``--overwrite-output-dir`` removes or replaces only files a manifest
+  lists as written by an earlier hf-tdiag run and unchanged since. Files no manifest lists (a user's README.md,
+  an application's config.json, files of an hf-tdiag older than the manifest) are never removed or replaced: a run
+  that would replace one is refused, with or without the flag, naming them.
 * A folder that already holds another run's model, checkpoints or results is refused unless the caller passes
   ``--overwrite-output-dir`` (Transformers' flag): ``output_dir: 'runs/a' already holds another run's model or
   results (config.json, model.safetensors); pass --overwrite-output-dir to replace them, or choose another folder``.
-  Files hf-tdiag does not know (a user's notes) never block and are never removed.
-* With the flag, the previous run's files of the same kind are removed first (``stale``: the trainer's model,
-  checkpoints and results; a measuring command's own outputs), so nothing old is left beside the new files looking
-  current; the other recognised files left in the folder are listed.
+  Files hf-tdiag does not know (a user's notes) never block.
+* **Inputs.** No output file ever replaces an input, and a path given as an input (a checkpoint inside the output
+  folder) is never removed: writing over a model file of a folder that is not a training run's own output, or
+  over any path given as an input, is refused even with the flag.
+* **Locked while running.** The folder is held for as long as the command runs (an OS lock, released when the
+  process ends, ``kill -9`` included): a second writing command into it, or into a running study's folder, is
+  refused in one line.
 * A measuring command may write into the folder of the model it measures (``hf-tdiag report MODEL --output-dir
   MODEL``): there only its own earlier outputs count as another run's.
-* No output file ever replaces an input: writing over a model file (``config.json``, weights, processor and
-  tokenizer files) of a folder that is not a training run's own output, or over any path given as an input, is
-  refused even with the flag.
 * The folder is created and probed with a temporary file, so an unwritable folder is found before any work.
 """
 
 from __future__ import annotations
 
+import atexit
+import datetime
 import fnmatch
+import json
 import os
 import re
 import shutil
+import socket
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 
 OVERWRITE_FLAG = "--overwrite-output-dir"
+MANIFEST_NAME = ".hf-tdiag-manifest.json"
+MANIFEST_KIND = "hf-tdiag-output-manifest"
+MANIFEST_VERSION = 1
+MAX_MANIFEST_RUNS = 200  # the oldest runs' records are dropped beyond this (their files stay, unowned)
 
 MODEL_PATTERNS = (
     "config.json",
@@ -89,7 +105,15 @@ TRAIN_PATTERNS = (
 
 
 class OutputExistsError(ValueError):
-    """The output folder holds another run's files and ``--overwrite-output-dir`` was not given."""
+    """The output folder holds another run's files and ``--overwrite-output-dir`` was not given (or cannot help)."""
+
+
+class ForeignFilesError(OutputExistsError):
+    """The run would remove or replace files that no hf-tdiag run recorded writing (refused even with the flag)."""
+
+
+class FolderInUseError(OutputExistsError):
+    """Another running job (a command, a training, a study) holds the output folder."""
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
@@ -120,6 +144,256 @@ def _same(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.abspath(a) == os.path.abspath(b)
+
+
+# ----------------------------------------------------------------------------------------------- the manifest
+def _stat(path: str) -> list[int] | None:
+    """``[size, mtime_ns]`` of a file (what tells an unchanged file from a replaced one); None for a folder."""
+    st = os.stat(path)
+    return None if os.path.isdir(path) else [int(st.st_size), int(st.st_mtime_ns)]
+
+
+_BOOKKEEPING = (MANIFEST_NAME, ".hf-tdiag.lock", ".tmp-*", ".trash-*")
+
+
+def _snapshot(folder: str, patterns: Sequence[str] | None = None) -> dict[str, list[int] | None]:
+    """Name -> :func:`_stat` of every entry of ``folder`` (matching ``patterns`` when given), hf-tdiag's own
+    bookkeeping and temporary files left out."""
+    out = {}
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if not _matches(name, _BOOKKEEPING) and (patterns is None or _matches(name, patterns)):
+            try:
+                out[name] = _stat(os.path.join(folder, name))
+            except OSError:  # gone between listing and stat
+                continue
+    return out
+
+
+def read_manifest(folder: str) -> tuple[list[dict], str | None]:
+    """The runs recorded in ``folder``'s manifest and, when there is no usable one, why (for messages)."""
+    path = os.path.join(folder, MANIFEST_NAME)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        return (
+            [],
+            f"the folder has no {MANIFEST_NAME}: an hf-tdiag older than the manifest, or another program, wrote them",
+        )
+    except (OSError, ValueError) as err:
+        return [], f"its {MANIFEST_NAME} cannot be read ({getattr(err, 'strerror', None) or err})"
+    runs = data.get("runs") if isinstance(data, dict) and data.get("kind") == MANIFEST_KIND else None
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        return [], f"its {MANIFEST_NAME} is not an hf-tdiag output manifest"
+    return runs, None
+
+
+def _owned_by(run: dict, folder: str, names: Iterable[str]) -> set[str]:
+    """The names among ``names`` that ``run`` wrote and that are unchanged since. A finished run lists what it
+    wrote (name, size, mtime); a run that never finished (killed) owns what matches its patterns and differs from
+    what was there before it started."""
+    owned = set()
+    written, before = run.get("written"), run.get("before") or {}
+    patterns = [p for p in run.get("patterns") or [] if isinstance(p, str)]
+    for name in names:
+        try:
+            now = _stat(os.path.join(folder, name))
+        except OSError:
+            continue
+        if isinstance(written, dict):
+            if name in written and (now is None or now == written[name]):
+                owned.add(name)
+        elif _matches(name, patterns) and (name not in before or (now is not None and now != before[name])):
+            owned.add(name)
+    return owned
+
+
+def owned_entries(folder: str) -> set[str]:
+    """The names in ``folder`` an earlier hf-tdiag run recorded writing there (unchanged since); what this process
+    wrote there so far counts too."""
+    if not os.path.isdir(folder):
+        return set()
+    runs, _ = read_manifest(folder)
+    held = _HELD.get(_key(folder))
+    if held is not None:
+        runs = _with_finished_record(held, runs)
+    names = [n for n in os.listdir(folder) if n != MANIFEST_NAME]
+    owned: set[str] = set()
+    for run in runs:
+        owned |= _owned_by(run, folder, names)
+    return owned
+
+
+def _write_manifest(folder: str, runs: list[dict]) -> None:
+    from ._atomic import write_json
+
+    write_json(
+        os.path.join(folder, MANIFEST_NAME),
+        {"format_version": MANIFEST_VERSION, "kind": MANIFEST_KIND, "runs": runs[-MAX_MANIFEST_RUNS:]},
+    )
+
+
+def adopt_outputs(folder: str | os.PathLike, names: Iterable[str]) -> None:
+    """Record files already in ``folder`` as an hf-tdiag run's outputs (a folder an hf-tdiag older than the manifest
+    wrote, once its owner has checked it): afterwards ``--overwrite-output-dir`` may remove or replace them."""
+    folder = os.fspath(folder)
+    check_not_in_use(folder)
+    written = {}
+    for name in names:
+        path = os.path.join(folder, name)
+        if not os.path.lexists(path):
+            raise FileNotFoundError(f"adopt_outputs: {path!r} does not exist")
+        written[name] = _stat(path)
+    runs, _ = read_manifest(folder)
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    runs.append({"command": "adopt_outputs", "pid": os.getpid(), "host": socket.gethostname(), "started": now,
+                 "patterns": sorted(written), "before": {}, "written": written, "finished": now})  # fmt: skip
+    _write_manifest(folder, runs)
+
+
+# ------------------------------------------------------------------------------------------- folders held
+_HELD: dict[str, dict] = {}  # realpath -> {"fd", "folder", "patterns", "before", "index"} for this process
+
+
+def _key(folder: str) -> str:
+    return os.path.realpath(folder)
+
+
+def _command_name() -> str:
+    argv = [os.path.basename(sys.argv[0])] + [a for a in sys.argv[1:2] if not a.startswith("-")] if sys.argv else []
+    return " ".join(argv) or "python"
+
+
+def _in_use_error(folder: str, what: str, kind: str) -> FolderInUseError:
+    holder = "a running study" if kind == "study" else "another running hf-tdiag job"
+    runs, _ = read_manifest(folder)
+    live = [r for r in runs if r.get("written") is None and r.get("pid")]
+    if kind != "study" and live:
+        r = live[-1]
+        holder += f" ({r.get('command', '?')}, pid {r.get('pid')} on {r.get('host', '?')}, started {r.get('started')})"
+    return FolderInUseError(
+        f"{what}: {folder!r} is in use by {holder}; wait for it to finish, stop it, or choose another folder"
+    )
+
+
+def check_not_in_use(folder: str | os.PathLike, what: str = "output_dir") -> None:
+    """:class:`FolderInUseError` when another process (a command, a training, a study) holds ``folder``; nothing
+    is created or written."""
+    from .study.lock import folder_held_elsewhere
+
+    folder = os.fspath(folder)
+    if _key(folder) in _HELD:
+        return
+    kind = folder_held_elsewhere(folder)
+    if kind is not None:
+        raise _in_use_error(folder, what, kind)
+
+
+def _with_finished_record(held: dict, runs: list[dict]) -> list[dict]:
+    """``runs`` with this process's record in ``held`` finished: every entry it created or changed, with its stat."""
+    index = held["index"]
+    if index >= len(runs) or runs[index].get("pid") != os.getpid():
+        return runs  # the manifest was replaced meanwhile: nothing to finish
+    before = held["before"]
+    now = _snapshot(held["folder"])  # everything the run created or changed, whether it declared it or not
+    runs = list(runs)
+    runs[index] = dict(
+        runs[index],
+        written={n: s for n, s in now.items() if n not in before or (s is not None and s != before[n])},
+        finished=datetime.datetime.now().isoformat(timespec="seconds"),
+    )
+    return runs
+
+
+def _finish_record(held: dict) -> None:
+    """Write what the run wrote into its record in the manifest."""
+    runs, _ = read_manifest(held["folder"])
+    _write_manifest(held["folder"], _with_finished_record(held, runs))
+
+
+def release_output_dir(folder: str | os.PathLike) -> None:
+    """Record what this process wrote into ``folder`` and release its lock (no-op for a folder it does not hold)."""
+    held = _HELD.pop(_key(os.fspath(folder)), None)
+    if held is None:
+        return
+    try:
+        if os.path.isdir(held["folder"]):
+            _finish_record(held)
+    except OSError:
+        pass  # a full disk at the end: the record stays unfinished, which owns by pattern (safe for the user)
+    finally:
+        os.close(held["fd"])
+
+
+def release_output_dirs() -> None:
+    """:func:`release_output_dir` for every folder this process holds (the CLI after a command; at exit)."""
+    for key in list(_HELD):
+        release_output_dir(_HELD[key]["folder"])
+
+
+atexit.register(release_output_dirs)
+
+
+def hold_output_dir(folder: str, patterns: Sequence[str], what: str = "output_dir") -> None:
+    """Lock ``folder`` for this process and start its record in the manifest (``patterns``: what this run writes).
+    A folder this process holds already gets its previous record finished and a new one."""
+    from .study.lock import acquire_folder
+
+    key = _key(folder)
+    held = _HELD.pop(key, None)
+    if held is not None:
+        try:
+            _finish_record(held)
+        except OSError:
+            pass
+        fd = held["fd"]
+    else:
+        os.makedirs(folder, exist_ok=True)
+        fd = acquire_folder(folder)
+        if fd is None:
+            raise _in_use_error(folder, what, "job")
+    try:
+        patterns = sorted(set(patterns))
+        before = _snapshot(folder)
+        runs, _ = read_manifest(folder)
+        runs.append(
+            {
+                "command": _command_name(),
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": datetime.datetime.now().isoformat(timespec="seconds"),
+                "patterns": patterns,
+                "before": before,
+                "written": None,
+            }
+        )
+        _write_manifest(folder, runs)
+    except BaseException:
+        os.close(fd)
+        raise
+    runs = runs[-MAX_MANIFEST_RUNS:]
+    _HELD[key] = {"fd": fd, "folder": folder, "patterns": patterns, "before": before, "index": len(runs) - 1}
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+def _input_names(folder: str, inputs: Sequence[str]) -> set[str]:
+    """The entries of ``folder`` that are, or hold, a path given as input (never removed)."""
+    names = set()
+    if not os.path.isdir(folder):
+        return names
+    for given in inputs:
+        if not given or not os.path.exists(given):
+            continue
+        path = os.path.abspath(given)
+        while True:
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            if _same(parent, folder):
+                names.add(os.path.basename(path))
+                break
+            path = parent
+    return names
 
 
 def _check_inputs(folder: str, writes: Sequence[str], inputs: Sequence[str], model_output: bool) -> None:
@@ -167,6 +441,11 @@ def check_writable(folder: str, what: str = "output_dir") -> None:
         ) from None
 
 
+def _top(name: str) -> str:
+    """The entry of the folder that holds ``name`` (``reports`` for ``reports/x.json``)."""
+    return os.path.normpath(name).split(os.sep)[0]
+
+
 def _remove(folder: str, name: str) -> None:
     path = os.path.join(folder, name)
     if os.path.isdir(path) and not os.path.islink(path):
@@ -178,8 +457,33 @@ def _remove(folder: str, name: str) -> None:
 
 
 def _short(names: Sequence[str], limit: int = 6) -> str:
+    names = list(names)
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _model_entries(folder: str) -> set[str]:
+    """What makes ``folder`` look like a model or a training run: model files, checkpoints, the trainer's files."""
+    if not os.path.isdir(folder):
+        return set()
+    return {
+        n
+        for n in os.listdir(folder)
+        if _matches(n, (*MODEL_PATTERNS, *TRAIN_PATTERNS))
+        or (CHECKPOINT_RE.match(n) and os.path.isdir(os.path.join(folder, n)))
+    }
+
+
+def _foreign_error(
+    folder: str, names: Sequence[str], why: str | None, what: str, model_output: bool
+) -> ForeignFilesError:
+    reason = why or "a manifest is there, but they are not in it or were changed since hf-tdiag wrote them"
+    effect = "the new model would replace them or sit beside them" if model_output else "this run would replace them"
+    return ForeignFilesError(
+        f"{what}: {folder!r} holds {_short(sorted(names))}, which no hf-tdiag run recorded writing ({reason}); "
+        f"{effect}, and hf-tdiag never removes or replaces files it did not write, even with {OVERWRITE_FLAG}: "
+        "move them away or choose another folder"
+    )
 
 
 def claim_output_dir(
@@ -193,27 +497,41 @@ def claim_output_dir(
     notify: Callable[[str], None] | None = print,
     what: str = "output_dir",
     remove: bool = True,
+    records: Sequence[str] = (),
 ) -> list[str]:
     """Make ``folder`` ready for a new run's outputs or refuse; return the names removed.
 
     ``writes``: the file names (relative to ``folder``) this run writes; ``inputs``: paths the run reads (never
-    replaced); ``stale``: glob patterns of the previous run's files removed with ``overwrite`` (the ``writes``
-    always are); ``model_output``: the run writes a model (the trainer), so model files in ``folder`` are its
-    previous run's, not inputs. Raises :class:`OutputExistsError` when the folder holds another run's model,
-    checkpoints or results and ``overwrite`` is false; ValueError when an output would replace an input or the
-    folder cannot be written. ``remove=False`` only checks (the non-main processes of a distributed run).
+    replaced or removed); ``stale``: glob patterns of the previous run's files removed with ``overwrite`` (the
+    ``writes`` always are) when a manifest lists them; ``model_output``: the run writes a model (the trainer, a
+    converter), so model files in ``folder`` are a previous run's, not inputs, and any such file no manifest
+    lists is refused; ``records``: more patterns of what the run writes (the manifest's record). Raises
+    :class:`OutputExistsError` when the folder holds another run's model, checkpoints or results and
+    ``overwrite`` is false, :class:`ForeignFilesError` when the run would remove or replace files no hf-tdiag run
+    wrote, :class:`FolderInUseError` when another job holds the folder; ValueError when an output would replace an
+    input or the folder cannot be written. ``remove=False`` only checks (the non-main processes of a distributed
+    run, a study that takes its own lock): nothing is created, removed or recorded. Otherwise the folder is held
+    (locked, its manifest record started) until :func:`release_output_dir` or the process ends.
     """
     folder = os.fspath(folder)
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(f"{what}: {folder!r} is an existing file; expected a folder")
     inputs = [os.fspath(p) for p in inputs if p is not None]
     writes = [os.fspath(w) for w in writes]
+    check_not_in_use(folder, what)
     _check_inputs(folder, writes, inputs, model_output)
-    clashes = {w for w in writes if os.path.exists(os.path.join(folder, w))}
+    protected = _input_names(folder, inputs)
+    clashes = {w for w in writes if os.path.lexists(os.path.join(folder, w))} - protected
     # measuring a model into its own folder (the report beside the model): its files are the input, not another
     # run's work; only this command's own earlier outputs there count
     into_input = not model_output and any(os.path.isdir(p) and _same(folder, p) for p in inputs)
-    existing = sorted(clashes if into_input else set(recognised_entries(folder)) | clashes)
+    owned = owned_entries(folder)
+    at_risk = (clashes | _model_entries(folder)) - protected if model_output else clashes
+    # a file inside a sub-folder (reports/x.json) is the run's when the sub-folder is
+    foreign = sorted(n for n in at_risk if n not in owned and _top(n) not in owned)
+    if foreign:
+        raise _foreign_error(folder, foreign, read_manifest(folder)[1], what, model_output)
+    existing = sorted(clashes if into_input else (set(recognised_entries(folder)) | clashes) - protected)
     removed: list[str] = []
     if existing and not overwrite:
         raise OutputExistsError(
@@ -223,19 +541,30 @@ def claim_output_dir(
     if not remove:
         return removed
     check_writable(folder, what)
-    if existing:
-        patterns = (*stale, *writes)
+    patterns = (*writes, *(records or stale), *((*TRAIN_PATTERNS, "checkpoint-*") if model_output else ()))
+    hold_output_dir(folder, patterns, what)
+    if existing or clashes:
+        candidates = (*stale, *writes)
         names = sorted(
-            n for n in os.listdir(folder) if _matches(n, patterns) or (model_output and CHECKPOINT_RE.match(n))
+            n
+            for n in os.listdir(folder)
+            if (_matches(n, candidates) or (model_output and CHECKPOINT_RE.match(n))) and n not in protected
         )
-        for name in names:
+        owned_here = {n for n in names if n in owned}
+        owned_here |= {
+            w for w in writes if w not in names and _top(w) in owned and os.path.lexists(os.path.join(folder, w))
+        }
+        kept = [n for n in names if n not in owned]
+        for name in sorted(owned_here):
             _remove(folder, name)
             removed.append(name)
-        left = [] if into_input else [n for n in recognised_entries(folder) if n not in writes]
+        left = [] if into_input else [n for n in recognised_entries(folder) if n not in writes and n not in protected]
         if notify is not None and removed:
             notify(f"{OVERWRITE_FLAG}: removed the previous run's {_short(removed)} from {folder}")
         if notify is not None and left:
             notify(f"{OVERWRITE_FLAG}: left in {folder} from earlier runs (not written by this one): {_short(left)}")
+        if notify is not None and kept:
+            notify(f"{OVERWRITE_FLAG}: kept {_short(kept)} in {folder}: no hf-tdiag run recorded writing them")
     return removed
 
 
@@ -276,8 +605,18 @@ def add_overwrite_flag(parser) -> None:
 
 
 __all__ = [
+    "MANIFEST_NAME",
+    "adopt_outputs",
     "OVERWRITE_FLAG",
+    "FolderInUseError",
+    "ForeignFilesError",
     "OutputExistsError",
+    "check_not_in_use",
+    "hold_output_dir",
+    "owned_entries",
+    "read_manifest",
+    "release_output_dir",
+    "release_output_dirs",
     "add_overwrite_flag",
     "check_writable",
     "claim_args",

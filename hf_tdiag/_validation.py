@@ -21,6 +21,10 @@ __all__ = [
     "non_negative_float",
     "all_finite",
     "check_tensor",
+    "check_unique_labels",
+    "check_dense_tensors",
+    "check_token_ids",
+    "whole_number",
 ]
 
 
@@ -201,3 +205,81 @@ def check_tensor(
     if finite and not all_finite(x):
         raise ValueError(f"{name}: contains NaN or inf values (shape {tuple(x.shape)})")
     return x
+
+
+# ----------------------------------------------------------------------------- what users give as data
+
+
+def check_unique_labels(names, name: str = "labels") -> list[str]:
+    """Class names as a list of strings, each once: two classes of one name would share one ``label2id`` entry
+    (the second silently replacing the first). ValueError naming both indices."""
+    names = [str(n) for n in names]
+    seen: dict[str, int] = {}
+    for i, label in enumerate(names):
+        if label in seen:
+            raise ValueError(
+                f"{name}: the name {label!r} is given twice (classes {seen[label]} and {i}); label2id needs one name "
+                "per class"
+            )
+        seen[label] = i
+    return names
+
+
+def check_dense_tensors(tensors, source: str) -> None:
+    """Every tensor of a loaded checkpoint (a mapping, possibly nested one level) holds data in the usual dense
+    layout: ValueError naming ``source`` and the key for a meta tensor (shapes only, no values: saved from a model
+    built on the meta device) or a sparse one."""
+    import torch
+
+    def walk(obj, prefix: str = "", depth: int = 0):
+        if isinstance(obj, torch.Tensor):
+            yield prefix, obj
+        elif isinstance(obj, dict) and depth < 3:
+            for key, value in obj.items():
+                yield from walk(value, f"{prefix}.{key}" if prefix else str(key), depth + 1)
+
+    for key, t in walk(tensors):
+        if t.is_meta:
+            raise ValueError(
+                f"{source}: the tensor {key!r} is on the meta device (a shape without values); save the checkpoint "
+                "from a model whose weights are loaded"
+            )
+        if t.layout != torch.strided:
+            raise ValueError(
+                f"{source}: the tensor {key!r} is {str(t.layout).replace('torch.', '')}; convert it with "
+                "tensor.to_dense() before saving the checkpoint"
+            )
+
+
+def check_token_ids(input_ids, vocab_size: int, name: str = "input_ids") -> None:
+    """Token ids a text model can embed: a non-empty integer tensor with every id in ``[0, vocab_size)``.
+    ValueError naming ``name``, the offending id and the vocabulary size (an embedding lookup would fail with an
+    index error, or on a GPU a device-side assert)."""
+    import torch
+
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+        kind = getattr(input_ids, "dtype", type(input_ids).__name__)
+        raise ArgumentTypeError(f"{name}: expected an integer tensor of token ids, got {kind}")
+    if input_ids.numel() == 0 or input_ids.shape[-1] == 0:
+        raise ValueError(f"{name}: no tokens (shape {tuple(input_ids.shape)}); give at least one token per sequence")
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(
+            f"{name}: the id {bad} is outside the vocabulary of {vocab_size} tokens (ids 0..{vocab_size - 1}); was "
+            "the text tokenized with this model's tokenizer?"
+        )
+
+
+def whole_number(value, name: str, *, default: int | None = None) -> int:
+    """A whole number typed into a form (the Space's number boxes give floats: ``3.0`` -> 3); a fractional value is
+    refused naming ``name``, never truncated (``2.5`` is not layer 2). ``None`` gives ``default`` where one is set."""
+    if value is None and default is not None:
+        return default
+    if _is_int(value):
+        return int(value)
+    if _is_real(value) and math.isfinite(float(value)) and float(value).is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value.strip())
+    raise ValueError(f"{name}: expected a whole number, got {value!r}")

@@ -107,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"hf-tdiag {args.command}: error: {_message(err)}", file=sys.stderr)
         return 1
+    finally:  # the output folder a command held: its manifest record finished, its lock released
+        from ._outputs import release_output_dirs
+
+        release_output_dirs()
 
 
 if __name__ == "__main__":

@@ -400,12 +400,14 @@ def load_images(spec, *, split: str | None = None, limit: int | None = None, **d
 
 
 def text_lines(path, limit: int | None = None) -> list[str]:
-    """The non-empty, stripped lines of a UTF-8 text file (one input per line), at most ``limit``."""
+    """The non-empty, stripped lines of a UTF-8 text file (one input per line), at most ``limit``; a byte-order mark
+    at its start (Windows editors write one) is not part of the first text."""
     limit = _check_limit(limit)
     if not os.path.isfile(path):
-        raise ValueError(f"texts: expected a text file with one input per line, got {str(path)!r}")
+        why = "is a folder" if os.path.isdir(path) else "does not exist"
+        raise ValueError(f"texts: {str(path)!r} {why}; expected a text file with one input per line")
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:
             lines = [line.strip() for line in fh if line.strip()][:limit]
     except UnicodeDecodeError as err:
         raise ValueError(f"texts: {str(path)!r} is not UTF-8 text ({err.reason} at byte {err.start})") from None

@@ -75,6 +75,10 @@ def _run_in_tmp_path(tmp_path, monkeypatch):
     this tmp_path): child processes run the unmutated code, as console-script subprocesses already do."""
     monkeypatch.delenv("MUTANT_UNDER_TEST", raising=False)
     monkeypatch.chdir(tmp_path)
+    yield
+    from hf_tdiag._outputs import release_output_dirs
+
+    release_output_dirs()  # output folders a command held in this process (as the CLI does after each command)
 
 
 @pytest.fixture

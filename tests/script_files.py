@@ -21,4 +21,8 @@ def folder_bytes(folder) -> dict[str, bytes]:
     """Every file under ``folder`` (recursively), by its relative path, with its bytes: a folder left as it was
     compares equal."""
     folder = Path(folder)
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != ".hf-tdiag-manifest.json"  # hf-tdiag's record of what it wrote there
+    }

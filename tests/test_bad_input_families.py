@@ -286,11 +286,11 @@ def test_a_stored_empty_text_is_refused_at_compute(bert_dir):
 
 TEXT_FILE_CASES = [
     # (id, how the file is made, message)
-    ("missing", None, "texts: expected a text file with one input per line, got '{path}'"),
+    ("missing", None, "texts: '{path}' does not exist; expected a text file with one input per line"),
     ("binary", bytes(range(256)), "texts: '{path}' is not UTF-8 text"),
     ("empty", b"", "texts: '{path}' has no non-empty lines"),
     ("blank lines", b"  \n\t\n\n", "texts: '{path}' has no non-empty lines"),
-    ("a folder", "dir", "texts: expected a text file with one input per line, got '{path}'"),
+    ("a folder", "dir", "texts: '{path}' is a folder; expected a text file with one input per line"),
 ]
 
 

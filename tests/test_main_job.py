@@ -176,6 +176,9 @@ def test_main_job_with_the_flag_replaces_the_earlier_run(tmp_path, capsys):
     (out / "main_job.json").write_text('{"earlier": true}')
     (out / "report.html").write_text("an earlier report")
     (out / "notes.txt").write_text("mine")
+    from hf_tdiag._outputs import adopt_outputs
+
+    adopt_outputs(out, ["main_job.json", "report.html"])  # an earlier run's, as its manifest records (issue 45)
     assert _recipe().main(["--output-dir", str(out), *FLAGS, "--overwrite-output-dir"]) == 0
     summary = json.loads((out / "main_job.json").read_text())
     assert "earlier" not in summary and summary["report"] == str(out / "report.html")

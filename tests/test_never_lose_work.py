@@ -113,6 +113,9 @@ def test_training_twice_into_one_folder_refuses_and_keeps_the_first_model(tmp_pa
     assert _tree(out) == first  # byte-identical: weights, checkpoints, card, results
     # with the flag the previous run's files go (a stale page from a report of the old model too), the new run's come
     _fill(out, "report.html")
+    from hf_tdiag._outputs import adopt_outputs
+
+    adopt_outputs(out, ["report.html"])  # written by an earlier hf-tdiag report, as its manifest records (issue 45)
     code, err = _train(capsys, out, "--max-train-steps", "2", "--overwrite-output-dir")
     assert code == 0, err
     after = _tree(out)

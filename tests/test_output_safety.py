@@ -17,7 +17,15 @@ from PIL import Image
 
 from hf_tdiag import _atomic
 from hf_tdiag._cli_args import device as device_type
-from hf_tdiag._outputs import OutputExistsError, claim_output_dir, recognised_entries
+from hf_tdiag._outputs import (
+    MANIFEST_NAME,
+    ForeignFilesError,
+    OutputExistsError,
+    claim_output_dir,
+    hold_output_dir,
+    recognised_entries,
+    release_output_dir,
+)
 from hf_tdiag.inputs import UserInputError, open_image, to_pil
 from hf_tdiag.training import checkpointing as ck
 
@@ -28,13 +36,25 @@ def _tree(root) -> dict[str, bytes]:
     for dirpath, _, files in os.walk(root):
         for name in files:
             path = os.path.join(dirpath, name)
-            out[os.path.relpath(path, root)] = open(path, "rb").read()
+            if name != MANIFEST_NAME:  # hf-tdiag's record of what it wrote
+                out[os.path.relpath(path, root)] = open(path, "rb").read()
     return out
 
 
+def _listing(folder) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n != MANIFEST_NAME)
+
+
 def _fill(folder, *names) -> None:
+    """Write ``names`` into ``folder``; those prefixed ``run:`` as an earlier hf-tdiag run would (its manifest
+    records them), the others as a user would (no record)."""
     os.makedirs(folder, exist_ok=True)
-    for name in names:
+    by_run = [n[4:] for n in names if n.startswith("run:")]
+    if by_run:
+        hold_output_dir(str(folder), [n.rstrip("/") for n in by_run])
+        _fill(folder, *by_run)
+        release_output_dir(str(folder))
+    for name in (n for n in names if not n.startswith("run:")):
         if name.endswith("/"):
             os.makedirs(os.path.join(folder, name), exist_ok=True)
         else:
@@ -51,11 +71,11 @@ CLAIM_CASES = [
     ("only a user's own file", ["notes.txt"], ["srr.json"], False, "ok", ["notes.txt"]),
     ("a model", ["config.json", "model.safetensors"], ["srr.json"], False, "config.json, model.safetensors", None),
     ("checkpoints", ["checkpoint-23/", "checkpoint-30/"], ["srr.json"], False, "checkpoint-23, checkpoint-30", None),
-    ("own results", ["srr.json", "srr.png"], ["srr.json", "srr.png"], False, "srr.json, srr.png", None),
+    ("own results", ["run:srr.json", "run:srr.png"], ["srr.json", "srr.png"], False, "srr.json, srr.png", None),
     ("another command's results", ["report.html"], ["srr.json"], False, "report.html", None),
     (
         "own results, overwrite",
-        ["srr.json", "srr.png", "notes.txt"],
+        ["run:srr.json", "run:srr.png", "notes.txt"],
         ["srr.json", "srr.png"],
         True,
         "ok",
@@ -89,7 +109,7 @@ def test_output_folder_is_refused_or_claimed(tmp_path, case, files, writes, over
         return
     claim_output_dir(folder, writes, overwrite=overwrite, notify=lines.append)
     assert folder.is_dir()
-    assert sorted(os.listdir(folder)) == sorted(left)
+    assert _listing(folder) == sorted(left)
     for name in left:  # what stays is untouched, and a recognised one left behind is listed
         assert (folder / name).read_text() == f"old {name}\n"
         if name in recognised_entries(str(folder)):
@@ -100,16 +120,16 @@ def test_training_overwrite_removes_the_previous_runs_files_and_keeps_a_users_ow
     folder = tmp_path / "run"
     _fill(
         folder,
-        "config.json",
-        "model.safetensors",
-        "README.md",
-        "all_results.json",
-        "report.html",
-        "layer_srr.json",
-        "main_job.json",
-        "modeling_crate.py",
-        "checkpoint-5/",
-        "logs/",
+        "run:config.json",
+        "run:model.safetensors",
+        "run:README.md",
+        "run:all_results.json",
+        "run:report.html",
+        "run:layer_srr.json",
+        "run:main_job.json",
+        "run:modeling_crate.py",
+        "run:checkpoint-5/",
+        "run:logs/",
         "notes.txt",
     )
     from hf_tdiag._outputs import MODEL_PATTERNS, RESULT_PATTERNS, TRAIN_PATTERNS
@@ -122,7 +142,7 @@ def test_training_overwrite_removes_the_previous_runs_files_and_keeps_a_users_ow
         notify=lines.append,
         stale=(*TRAIN_PATTERNS, *MODEL_PATTERNS, *RESULT_PATTERNS),
     )
-    assert os.listdir(folder) == ["notes.txt"]
+    assert _listing(folder) == ["notes.txt"]
     assert "checkpoint-5" in removed and "report.html" in removed and "main_job.json" in removed
     assert any("removed the previous run's" in line for line in lines)
 
@@ -153,11 +173,11 @@ def test_a_measurement_may_go_beside_the_model_it_measures(tmp_path):
     before = _tree(model)
     claim_output_dir(model, ["report.html", "report.json"], inputs=[str(model)])  # the model is the input
     assert _tree(model) == before
-    _fill(model, "report.html")  # an earlier report of it is another run's result
+    _fill(model, "run:report.html")  # an earlier report of it is another run's result
     with pytest.raises(OutputExistsError, match="report.html"):
         claim_output_dir(model, ["report.html", "report.json"], inputs=[str(model)])
     claim_output_dir(model, ["report.html", "report.json"], inputs=[str(model)], overwrite=True)
-    assert sorted(os.listdir(model)) == ["all_results.json", "checkpoint-4", "config.json", "model.safetensors"]
+    assert _listing(model) == ["all_results.json", "checkpoint-4", "config.json", "model.safetensors"]
 
 
 def test_a_new_model_never_replaces_its_own_input_model(tmp_path):
@@ -212,7 +232,9 @@ def _train_args(tmp_path, **kw):
 
 
 def test_a_fresh_run_refuses_another_runs_checkpoints_and_overwrite_removes_them(tmp_path):
+    hold_output_dir(str(tmp_path / "run"), ["checkpoint-*"])  # written by an earlier hf-tdiag run
     _checkpoint(tmp_path / "run", 23, run_id="other")
+    release_output_dir(str(tmp_path / "run"))
     with pytest.raises(OutputExistsError, match="checkpoint-23"):
         ck.claim_training_dir(_train_args(tmp_path))
     assert ck.claim_training_dir(_train_args(tmp_path, overwrite_output_dir=True), notify=None) is None

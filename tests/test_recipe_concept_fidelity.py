@@ -285,6 +285,9 @@ def test_compare_with_the_flag_replaces_the_earlier_results(models, tmp_path):
     out.mkdir()
     (out / "results.json").write_text('{"earlier": true}')
     (out / "results.md").write_text("earlier")
+    from hf_tdiag._outputs import adopt_outputs
+
+    adopt_outputs(out, ["results.json", "results.md"])  # an earlier run's, as its manifest records (issue 45)
     _recipe(
         "--output-dir", str(out), "--crate", str(models["CRATE"]), "--vit", str(models["ViT"]), "--gram-weight", "0.5",
         "--overwrite-output-dir", *FAST,

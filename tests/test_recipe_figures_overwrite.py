@@ -31,7 +31,7 @@ def _history(path):
 
 
 def _snapshot(folder):
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith(".hf-")}
 
 
 def test_srr_training_recipe_refuses_an_earlier_result_before_plotting(tmp_path, capsys):
@@ -108,6 +108,9 @@ def test_linear_probe_recipe_with_the_flag_replaces_the_earlier_result(tiny_crat
     out = tmp_path / "figs"
     out.mkdir()
     (out / "linear_probe.json").write_text('{"earlier": true}')
+    from hf_tdiag._outputs import adopt_outputs
+
+    adopt_outputs(out, ["linear_probe.json"])  # an earlier run's, as its manifest records (issue 45)
     assert recipe.main(["--model", str(tiny_crate), "--output-dir", str(out), "--overwrite-output-dir"]) == 0
     data = json.loads((out / "linear_probe.json").read_text())
     assert "earlier" not in data and len(data["probe_accuracy"]) == 2  # embeddings and the one block

@@ -54,6 +54,9 @@ def test_a_folder_with_earlier_results_is_refused_before_any_training(recipe, tm
 @pytest.mark.slow  # trains two tiny models (3 s)
 def test_overwrite_replaces_them_with_a_tiny_run(recipe, tmp_path):
     (tmp_path / "results.json").write_text('{"earlier": true}')
+    from hf_tdiag._outputs import adopt_outputs
+
+    adopt_outputs(tmp_path, ["results.json"])  # an earlier run's, as its manifest records (issue 45)
     with torch_threads(None):  # the recipe sets the process's thread count (--threads 1): restore it for the suite
         assert recipe.main([*TINY, "--output-dir", str(tmp_path), "--overwrite_output_dir"]) == 0
     out = json.loads((tmp_path / "results.json").read_text())

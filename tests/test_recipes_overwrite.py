@@ -11,6 +11,8 @@ import pytest
 from script_files import folder_bytes as _snapshot
 from script_files import load_script
 
+from hf_tdiag._outputs import adopt_outputs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -38,6 +40,7 @@ def test_fig_decoders_refuses_its_earlier_figure(earlier, tmp_path, capsys):
 
 def test_fig_decoders_with_the_flag_replaces_its_earlier_figure(tmp_path):
     (tmp_path / "decoders.json").write_text('{"earlier": true}')
+    adopt_outputs(tmp_path, ["decoders.json"])  # an earlier run's, as its manifest records (issue 45)
     assert _recipe("fig_decoders").main(["--output-dir", str(tmp_path), "--overwrite-output-dir"]) == 0
     assert set(json.loads((tmp_path / "decoders.json").read_text())["srr"]) == {"query", "key", "value"}
     assert (tmp_path / "decoders.png").read_bytes()[:4] == b"\x89PNG"

@@ -107,9 +107,15 @@ def test_mssa_step_recipe_refuses_its_earlier_figure_and_replaces_it_with_the_fl
     assert "mssa_step.json" in err
     assert [p.name for p in tmp_path.iterdir()] == ["mssa_step.json"]
     assert (tmp_path / "mssa_step.json").read_text() == '{"earlier": true}'
+    from hf_tdiag._outputs import adopt_outputs
+
+    adopt_outputs(tmp_path, ["mssa_step.json"])  # an earlier run's, as its manifest records (issue 45)
     assert recipe.main(["--output-dir", str(tmp_path), *TINY_MSSA, "--overwrite-output-dir"]) == 0
     assert json.loads((tmp_path / "mssa_step.json").read_text())["step_sizes"] == [0.0, 2.0, 4.0]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mssa_step.json", "mssa_step.png"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".hf-tdiag-manifest.json") == [
+        "mssa_step.json",
+        "mssa_step.png",
+    ]
 
 
 @pytest.fixture(scope="module")

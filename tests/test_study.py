@@ -223,6 +223,9 @@ def test_srr_generalization_recipe_refuses_an_earlier_study_before_training(tmp_
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("srr_generalization: ") and "--overwrite-output-dir" in err
     assert _files(out) == earlier
+    from hf_tdiag._outputs import adopt_outputs
+
+    adopt_outputs(out, list(earlier))  # an earlier study's, as its manifest records (issue 45)
     recipe.claim_study_dir(recipe.add_arguments(recipe.ArgumentParser()).parse_args([*argv, "--overwrite-output-dir"]))
     assert _files(out) == earlier  # the check alone removes nothing: the study runner replaces the files
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 
 def family_presets() -> dict[str, str]:
@@ -70,9 +69,11 @@ def run_family(args: argparse.Namespace, sd: dict, labels_reader) -> int:
     labels = labels_reader(args.labels, config.num_labels) if family == "crate-alpha" else None
     if labels is not None:
         config.id2label, config.label2id = labels, {v: k for k, v in labels.items()}
-    os.makedirs(args.output_dir, exist_ok=True)
-    model.save_pretrained(args.output_dir)
-    processor.save_pretrained(args.output_dir)
+    from hf_tdiag._atomic import staged_folder
+
+    with staged_folder(args.output_dir) as stage:  # a full disk leaves no config without weights
+        model.save_pretrained(stage)
+        processor.save_pretrained(stage)
     auto = AutoModelForImageClassification if family == "crate-alpha" else AutoModelForPreTraining
     reloaded = auto.from_pretrained(args.output_dir).eval()
     noise = (

@@ -5,7 +5,6 @@ tensors, the preset only names the layout."""
 from __future__ import annotations
 
 import argparse
-import os
 
 TEXT_LAYOUTS = {"crate-lm-12l": "crate-lm", "crate-gpt-12l": "crate-lm", "crate-bert-base": "pr-27759"}
 
@@ -14,16 +13,20 @@ def is_text_preset(preset: str) -> bool:
     return preset in TEXT_LAYOUTS
 
 
+def check_text_flags(args: argparse.Namespace) -> None:
+    """The image-only flags are refused for a text checkpoint (before the folder is claimed)."""
+    if args.variant != "crate" or args.image_size is not None or args.pooling != "cls" or args.labels is not None:
+        raise ValueError("--variant / --image-size / --pooling / --labels: not options of a text CRATE checkpoint")
+
+
 def run_text(args: argparse.Namespace, checkpoint) -> int:
     """Convert ``checkpoint`` (a loaded state_dict or nanoGPT-style dict) and write a folder; print the reload check."""
     import torch
 
-    from hf_tdiag._outputs import TRAIN_PATTERNS, claim_args
+    from hf_tdiag._atomic import staged_folder
     from hf_tdiag.models.crate_text.convert_official import convert_crate_lm, convert_pr_crate
 
-    if args.variant != "crate" or args.image_size is not None or args.pooling != "cls" or args.labels is not None:
-        raise ValueError("--variant / --image-size / --pooling / --labels: not options of a text CRATE checkpoint")
-    claim_args(args, [], inputs=[args.checkpoint, args.labels], stale=TRAIN_PATTERNS, model_output=True)
+    check_text_flags(args)
     try:
         if TEXT_LAYOUTS[args.preset] == "crate-lm":
             model = convert_crate_lm(checkpoint, num_attention_heads=12 if "model_args" not in checkpoint else None)
@@ -31,8 +34,8 @@ def run_text(args: argparse.Namespace, checkpoint) -> int:
             model = convert_pr_crate(checkpoint)
     except TypeError as err:
         raise ValueError(f"checkpoint: {args.checkpoint!r}: {err}") from None
-    os.makedirs(args.output_dir, exist_ok=True)
-    model.save_pretrained(args.output_dir)
+    with staged_folder(args.output_dir) as stage:  # a full disk leaves no config without weights
+        model.save_pretrained(stage)
     reloaded = type(model).from_pretrained(args.output_dir).eval()
     ids = torch.randint(0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

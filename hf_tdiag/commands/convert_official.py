@@ -48,10 +48,11 @@ def _load_checkpoint(path: str):
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file
 
-            return load_file(path)
-        import torch
+            loaded = load_file(path)
+        else:
+            import torch
 
-        return torch.load(path, map_location="cpu", weights_only=True)
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
     except OSError:
         raise
     except Exception as err:  # pickle, zip and safetensors errors: the file is not a readable state_dict
@@ -65,44 +66,85 @@ def _load_checkpoint(path: str):
             f"checkpoint: cannot read {path!r} as {kind}; is it truncated or another kind of file? "
             f"({type(err).__name__}: {first})"
         ) from None
+    from hf_tdiag._validation import check_dense_tensors
+
+    check_dense_tensors(loaded, f"checkpoint: {path!r}")
+    return loaded
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """The checkpoint and --labels files exist, before the output folder is claimed."""
+    if not os.path.exists(args.checkpoint):
+        raise FileNotFoundError(f"checkpoint: no such file {args.checkpoint!r}")
+    if args.labels is not None and not os.path.isfile(args.labels):
+        what = "is a folder" if os.path.isdir(args.labels) else "does not exist"
+        raise FileNotFoundError(f"--labels: {args.labels!r} {what}; expected a JSON file of class names")
 
 
 def _read_labels(path: str | None, num_labels: int) -> dict[int, str] | None:
+    """Class names from a JSON list or ``{index: name}`` object; ValueError naming --labels for a file that is not
+    UTF-8 JSON, an index that is not a whole number, a wrong count, or two classes of one name (label2id would
+    merge them)."""
     if path is None:
         return None
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:
             data = json.load(fh)
+    except UnicodeDecodeError:
+        raise ValueError(f"--labels: {path!r} is not UTF-8 text; save it as UTF-8 JSON") from None
     except ValueError as err:
         raise ValueError(f"--labels: {path!r} is not valid JSON ({err})") from None
     if isinstance(data, list):
-        labels = {i: str(v) for i, v in enumerate(data)}
+        labels = dict(enumerate(data))
     elif isinstance(data, dict):
-        labels = {int(k): str(v) for k, v in data.items()}
+        bad = [k for k in data if not str(k).strip().lstrip("-").isdigit()]
+        if bad:
+            raise ValueError(f"--labels: {path!r} has the key {bad[0]!r}; expected class indices 0..{num_labels - 1}")
+        labels = {int(k): v for k, v in data.items()}
     else:
         raise ValueError(f"--labels: expected a JSON list or object, got {type(data).__name__}")
+    not_names = [v for v in labels.values() if not isinstance(v, (str, int)) or isinstance(v, bool)]
+    if not_names:
+        raise ValueError(f"--labels: {path!r}: class names must be strings, got {not_names[0]!r}")
+    labels = {k: str(v) for k, v in labels.items()}
     if sorted(labels) != list(range(num_labels)):
         raise ValueError(f"--labels: expected names for classes 0..{num_labels - 1}, got {len(labels)} entries")
+    from hf_tdiag._validation import check_unique_labels
+
+    check_unique_labels([labels[i] for i in range(num_labels)], "--labels")
     return labels
+
+
+MODEL_WRITES = ("config.json", "model.safetensors", "preprocessor_config.json")
+
+
+def _claim(args: argparse.Namespace) -> None:
+    """The output folder, before the checkpoint is read: never a file of the input replaced or removed (a checkpoint
+    inside --output-dir stays), files no hf-tdiag run wrote refused, a folder another job writes refused."""
+    from hf_tdiag._outputs import TRAIN_PATTERNS, claim_args
+
+    claim_args(args, MODEL_WRITES, inputs=[args.checkpoint, args.labels], stale=TRAIN_PATTERNS, model_output=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from hf_tdiag.models.crate import CRATE_PRESETS, CrateConfig, CrateImageProcessor
     from hf_tdiag.models.crate.convert_official import convert_official_crate, unwrap_official_state_dict
 
+    from .._atomic import staged_folder
     from ._convert_families import family_of_preset, run_family
-    from ._convert_text import is_text_preset, run_text
+    from ._convert_text import check_text_flags, is_text_preset, run_text
 
+    _check_paths(args)
     if is_text_preset(args.preset):  # CRATE-LM / Transformers PR #27759 text checkpoints
+        check_text_flags(args)
+        _claim(args)
         return run_text(args, _load_checkpoint(args.checkpoint))
     family = family_of_preset(args.preset)
     if args.preset not in CRATE_PRESETS and family is None:
         from ._convert_families import family_presets
 
         raise ValueError(f"--preset: expected one of {[*CRATE_PRESETS, *family_presets()]}, got {args.preset!r}")
-    from hf_tdiag._outputs import TRAIN_PATTERNS, claim_args
-
-    claim_args(args, [], inputs=[args.checkpoint, args.labels], stale=TRAIN_PATTERNS, model_output=True)
+    _claim(args)
     try:
         sd = unwrap_official_state_dict(_load_checkpoint(args.checkpoint))
     except TypeError as err:
@@ -124,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
         config.id2label = labels
         config.label2id = {v: k for k, v in labels.items()}
     model = convert_official_crate(sd, config)
-    os.makedirs(args.output_dir, exist_ok=True)
-    model.save_pretrained(args.output_dir)
-    CrateImageProcessor.for_config(config).save_pretrained(args.output_dir)
+    with staged_folder(args.output_dir) as stage:  # a full disk leaves no config without weights
+        model.save_pretrained(stage)
+        CrateImageProcessor.for_config(config).save_pretrained(stage)
     n_params = sum(p.numel() for p in model.parameters())
     print(
         f"converted {args.checkpoint} -> {args.output_dir}: {args.preset} ({config.variant}, {config.num_hidden_layers} "

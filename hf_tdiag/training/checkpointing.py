@@ -26,7 +26,7 @@ import uuid
 import warnings
 from collections.abc import Callable
 
-from .._atomic import write_json
+from .._atomic import STAGE_PREFIX, write_json
 
 CHECKPOINT_PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
@@ -203,11 +203,12 @@ def _remove(path: str) -> None:
 
 
 def clean_partial(output_dir: str) -> None:
-    """Delete leftovers of interrupted writes/deletes (``.tmp-*`` and ``.trash-*`` folders)."""
+    """Delete leftovers of interrupted writes/deletes (``.tmp-checkpoint-*``, ``.trash-checkpoint-*`` and the final
+    save's ``.tmp-save-*`` folders)."""
     if not os.path.isdir(output_dir):
         return
     for name in os.listdir(output_dir):
-        if name.startswith((_TMP_PREFIX + CHECKPOINT_PREFIX, _TRASH_PREFIX + CHECKPOINT_PREFIX)):
+        if name.startswith((_TMP_PREFIX + CHECKPOINT_PREFIX, _TRASH_PREFIX + CHECKPOINT_PREFIX, STAGE_PREFIX)):
             shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
 
 
@@ -274,14 +275,26 @@ def _inside(path: str, folder: str) -> bool:
 
 
 def claim_training_dir(args, *, is_main: bool = True, notify: Callable[[str], None] | None = print) -> str | None:
-    """Before any work: refuse an output folder holding another run's model, checkpoints or results unless
-    ``args.overwrite_output_dir`` (then the previous run's files are removed), and check it can be written.
-    Resuming from a checkpoint inside the folder continues that run, so its files are not another run's; a resume
-    whose settings differ from the checkpoint's (:func:`changed_settings`) is refused. Returns the checkpoint
-    resumed from (None for a fresh run)."""
-    from .._outputs import MODEL_PATTERNS, RESULT_PATTERNS, TRAIN_PATTERNS, check_writable, claim_output_dir
+    """Before any work: refuse an output folder another running job holds, or that holds another run's model,
+    checkpoints or results unless ``args.overwrite_output_dir`` (then the previous run's files that the folder's
+    manifest lists are removed; files no hf-tdiag run recorded writing, a user's README.md or config.json, are
+    refused even with the flag), and check it can be written. Resuming from a checkpoint inside the folder
+    continues that run, so its files are not another run's; a resume whose settings differ from the checkpoint's
+    (:func:`changed_settings`) is refused. On the main process the folder is then held (locked, recorded in its
+    manifest) until :func:`hf_tdiag._outputs.release_output_dir`. Returns the checkpoint resumed from (None for a
+    fresh run)."""
+    from .._outputs import (
+        MODEL_PATTERNS,
+        RESULT_PATTERNS,
+        TRAIN_PATTERNS,
+        check_not_in_use,
+        check_writable,
+        claim_output_dir,
+        hold_output_dir,
+    )
 
     output_dir = os.fspath(args.output_dir)
+    check_not_in_use(output_dir)  # a folder another training is writing: say so before reading its checkpoints
     inputs = [getattr(args, k, None) for k in ("model_name_or_path", "train_dir", "validation_dir", "dataset_path")]
     inputs = [p for p in inputs if isinstance(p, (str, os.PathLike)) and os.path.exists(p)]
     spec = getattr(args, "resume_from_checkpoint", None)
@@ -304,6 +317,7 @@ def claim_training_dir(args, *, is_main: bool = True, notify: Callable[[str], No
         if _inside(path, output_dir):
             if is_main:
                 check_writable(output_dir)
+                hold_output_dir(output_dir, TRAIN_RECORDS)
             return path
         inputs.append(path)
     claim_output_dir(
@@ -314,8 +328,27 @@ def claim_training_dir(args, *, is_main: bool = True, notify: Callable[[str], No
         model_output=True,
         notify=notify,
         remove=is_main,
+        records=TRAIN_RECORDS,
     )
     return path
+
+
+# what a training run writes into its folder (its record in the folder's manifest)
+TRAIN_RECORDS = (
+    "config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "preprocessor_config.json",
+    "README.md",
+    "all_results.json",
+    "srr_history.json",
+    "layer_srr.*",
+    "logs",
+    "configuration_*.py",
+    "modeling_*.py",
+    "image_processing_*.py",
+    "checkpoint-*",
+)
 
 
 __all__ = [

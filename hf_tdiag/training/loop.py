@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .._outputs import release_output_dir
 from .._progress import tqdm
 from .._threads import pick_threads, torch_threads
 from . import srr_tracking
@@ -138,6 +139,13 @@ def train(
         from .srr_tracking import layer_srr_step
 
         after_fit = [layer_srr_step]
+    try:
+        return _train(args, data, after_fit, settings, run_id)
+    finally:  # what this run wrote goes into the folder's manifest, and the folder is free for the next job
+        release_output_dir(args.output_dir)
+
+
+def _train(args, data, after_fit, settings: dict, run_id: str) -> dict:
     with torch_threads():  # prepare may set the count for small CPU models; the caller's comes back
         run = prepare(args, data)
         run.settings, run.run_id = settings, run_id

@@ -29,7 +29,9 @@ def default_preset(raw) -> str:
 
 def build_model_and_processor(args, raw):
     """``(model, processor, preset)``: a new CRATE from ``--preset`` (+ overrides) or ``--model_name_or_path``."""
-    id2label = {i: name for i, name in enumerate(raw.labels)}
+    from .._validation import check_unique_labels
+
+    id2label = dict(enumerate(check_unique_labels(raw.labels, "labels (the dataset's class names)")))
     label2id = {name: i for i, name in id2label.items()}
     if args.model_name_or_path:
         from transformers import AutoModelForImageClassification

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .._atomic import write_json
+from .._atomic import staged_folder, write_json
 from .families import architecture_name
 from .gap import evaluate_classifier, generalization_gap
 
@@ -81,14 +81,12 @@ def _save_model(run: TrainingRun) -> None:
     run.accelerator.wait_for_everyone()
     state_dict = run.accelerator.get_state_dict(run.model)  # collective under FSDP: every process calls it
     if run.accelerator.is_main_process:
-        try:
-            run.unwrapped.save_pretrained(run.args.output_dir, state_dict=state_dict)
-            run.processor.save_pretrained(run.args.output_dir)
-        except (OSError, RuntimeError) as err:  # a full disk: torch and safetensors do not name the file
-            reason = getattr(err, "strerror", None) or " ".join(str(err).split())[:200]
-            raise OSError(
-                f"output_dir: could not save the trained model into {run.args.output_dir!r} ({reason})"
-            ) from err
+        try:  # written beside the folder's files and moved in, the config last: a full disk leaves no half model
+            with staged_folder(run.args.output_dir) as stage:
+                run.unwrapped.save_pretrained(stage, state_dict=state_dict)
+                run.processor.save_pretrained(stage)
+        except OSError as err:
+            raise OSError(f"output_dir: could not save the trained model: {err}") from err
 
 
 def _publish(run: TrainingRun, results: dict) -> None:
