@@ -12,6 +12,9 @@ import torch
 
 from ..measures.attention_svm import AttSVMResult
 from .report import FLOAT, INT, ReportContract, typed_frame
+from .report_json import ANY, BOOL, NUM, NUMBERS, ListOf, Nullable, Obj, check_report, report_error, stamp
+from .report_json import INT as JSON_INT
+from .report_json import STR as JSON_STR
 
 
 @dataclass
@@ -118,7 +121,7 @@ class AttentionSVMReport(ReportContract):
     def to_dict(self, include_matrices: bool = False) -> dict[str, Any]:
         """Summary, the per-query arrays and the SVM's per-constraint arrays as lists (NaN as null);
         ``include_matrices`` adds ``W_head`` and ``W_mm`` (d × d_z each)."""
-        out = self.summary()
+        out = {**stamp(KIND, FORMAT_VERSION), **self.summary()}
         out.update(
             head_margins=[float(x) for x in self.head_margins.tolist()],
             svm_margins=[float(x) for x in self.svm_margins.tolist()],
@@ -135,7 +138,9 @@ class AttentionSVMReport(ReportContract):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AttentionSVMReport:
-        """Inverse of :meth:`to_dict` (``W_head`` and ``W_mm`` are None unless they were included)."""
+        """Inverse of :meth:`to_dict` (``W_head`` and ``W_mm`` are None unless they were included); a JSON of another
+        report, a newer format, or a field missing, mistyped or of the wrong length is one ValueError naming it."""
+        _check_json(data)
         d = dict(data)
         s = d["svm"]
         arrays = {name: _tensor(d["svm_arrays"][name], dtype) for name, dtype in _SVM_ARRAYS.items()}
@@ -196,9 +201,68 @@ _SVM_ARRAYS = {
     "selected": torch.long,
 }
 
+KIND = "AttentionSVMReport"
+#: the JSON format :meth:`AttentionSVMReport.to_dict` writes (JSON without ``format_version`` is format 1 too)
+FORMAT_VERSION = 1
+_NUMS = ListOf(Nullable(NUM))  # NaN is written as null in the arrays
+_SCHEMA = Obj(
+    {
+        "layer": JSON_INT,
+        "head": JSON_INT,
+        "family": JSON_STR,
+        "norm": ANY,
+        "include_bias": BOOL,
+        "causal": BOOL,
+        "rotary": BOOL,
+        "correlation": NUM,
+        "correlation_in_span": NUM,
+        "margin_ratio": NUM,
+        "svm_margin": NUM,
+        "one_hot_fraction": NUM,
+        "one_hot_fraction_all": NUM,
+        "one_hot_threshold": NUM,
+        "head_margins": _NUMS,
+        "svm_margins": _NUMS,
+        "max_probs": _NUMS,
+        "query_index": ListOf(ListOf(JSON_INT, length=2)),
+        "selected": ListOf(JSON_INT),
+        "svm": Obj(
+            {
+                "objective": NUM,
+                "norm": ANY,
+                "feasible": BOOL,
+                "status": JSON_STR,
+                "duality_gap": NUM,
+                "iterations": JSON_INT,
+                "solve_time_s": NUM,
+                "solver": JSON_STR,
+            },
+            optional={
+                "offending": Nullable(ListOf(JSON_INT)),
+                "certificate_residual": Nullable(NUM),
+                "message": JSON_STR,
+            },
+        ),
+        "svm_arrays": Obj({name: NUMBERS for name in ("margins", "dual", "active", "constraint", "selected")}),
+    },
+    optional={"W_head": Nullable(ListOf(ListOf(NUM))), "W_mm": Nullable(ListOf(ListOf(NUM)))},
+)
+
+
+def _check_json(data) -> None:
+    """The schema, then the per-query arrays of one length (the table zips them: a shorter one would drop rows)."""
+    check_report(data, KIND, _SCHEMA, FORMAT_VERSION)
+    n = len(data["head_margins"])
+    for name in ("svm_margins", "max_probs", "query_index", "selected"):
+        if len(data[name]) != n:
+            raise report_error(
+                KIND, name, f"expected {n} entries (one per query, as head_margins), got {len(data[name])}"
+            )
+
+
 # keys of to_dict() that are fields, not the diagnostic's extra numbers
 _KNOWN_KEYS = {
-    "layer", "head", "family", "norm", "include_bias", "causal", "rotary", "num_queries", "feasible", "correlation",
+    "kind", "format_version", "layer", "head", "family", "norm", "include_bias", "causal", "rotary", "num_queries", "feasible", "correlation",
     "correlation_in_span", "margin_ratio", "svm_margin", "head_margin_min", "head_margin_median", "one_hot_fraction",
     "one_hot_fraction_all", "one_hot_threshold", "svm", "head_margins", "svm_margins", "max_probs", "query_index",
     "selected", "svm_arrays", "W_head", "W_mm",

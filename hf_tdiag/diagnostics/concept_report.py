@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .report import FLOAT, INT, ReportContract, typed_frame
+from .report_json import ANY, NUM, MapOf, Nullable, Obj, check_report, report_error, stamp
+from .report_json import INT as JSON_INT
 
 #: the table's columns: one row per layer ℓ (``hidden_states[ℓ]``, 0 = the embeddings)
 TABLE_COLUMNS = {
@@ -95,7 +97,7 @@ class ConceptFidelityReport(dict, ReportContract):
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready deep copy of the numbers (the sweep's per-layer keys become strings, as JSON has them)."""
-        out = self._plain()
+        out = {**stamp(KIND, FORMAT_VERSION), **self._plain()}
         out["summary"] = self.summary()
         return out
 
@@ -110,9 +112,12 @@ class ConceptFidelityReport(dict, ReportContract):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ConceptFidelityReport:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict`; a JSON of another report, a newer format, or a table field missing or
+        mistyped (one layer's, or any layer's of a sweep) is one ValueError naming the field."""
+        _check_json(data)
         data = copy.deepcopy(dict(data))
-        data.pop("summary", None)
+        for key in ("summary", "kind", "format_version"):
+            data.pop(key, None)
         if "per_layer" in data:
             data["per_layer"] = {int(k): cls(v) for k, v in data["per_layer"].items()}
         return cls(data)
@@ -129,6 +134,36 @@ class ConceptFidelityReport(dict, ReportContract):
         if self.is_sweep:
             return plot_layer_sweep(self)
         return plot_kl_vs_bound({f"layer {self['layer']}": self}, kind=kind)
+
+
+KIND = "ConceptFidelityReport"
+#: the JSON format :meth:`ConceptFidelityReport.to_dict` writes (JSON without ``format_version`` is format 1 too)
+FORMAT_VERSION = 1
+# one layer's numbers: the layer and its KL are always there; the table's other columns when measured (null: not)
+_LAYER = Obj(
+    {"layer": JSON_INT, "kl": NUM},
+    optional={
+        name: Nullable(JSON_INT if kind == INT else NUM)
+        for name, kind in TABLE_COLUMNS.items()
+        if name not in ("layer", "kl")
+    },
+)
+
+
+def _check_json(data) -> None:
+    """One layer's report, or a sweep: ``per_layer`` keyed by layer numbers, each a layer's report."""
+    if isinstance(data, Mapping) and "per_layer" in data:
+        check_report(data, KIND, Obj({"per_layer": MapOf(ANY)}), FORMAT_VERSION)
+        if not data["per_layer"]:
+            raise report_error(KIND, "per_layer", "expected at least one layer, got none")
+        for key, layer in data["per_layer"].items():
+            if not str(key).isdigit():
+                raise report_error(KIND, f"per_layer.{key}", "expected a layer number as the key")
+            problem = _LAYER.problem(layer, f"per_layer.{key}")
+            if problem:
+                raise report_error(KIND, *problem)
+    else:
+        check_report(data, KIND, _LAYER, FORMAT_VERSION)
 
 
 __all__ = ["ConceptFidelityReport", "TABLE_COLUMNS"]

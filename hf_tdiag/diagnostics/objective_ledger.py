@@ -70,6 +70,19 @@ class LedgerStep:
         return self.change > self.tolerance * abs(self.before)
 
 
+LEDGER_KIND = "ObjectiveLedgerReport"
+#: the JSON format :meth:`ObjectiveLedgerReport.to_dict` writes (JSON without ``format_version`` is format 1 too)
+LEDGER_FORMAT_VERSION = 1
+
+
+def _ledger_schema():
+    from .report_json import INT, NUM, STR, ListOf, Obj
+
+    step = Obj({"layer": INT, "step": STR, "objective": STR, "before": NUM, "after": NUM})
+    return Obj({"family": STR, "model_type": STR, "num_layers": INT, "num_samples": INT, "eps": NUM,
+                "tolerance": NUM, "steps": ListOf(step)})  # fmt: skip
+
+
 @dataclass
 class ObjectiveLedgerReport(ReportContract):
     """Per-block objective ledger of a white-box model (see the module docstring for the steps).
@@ -112,7 +125,10 @@ class ObjectiveLedgerReport(ReportContract):
 
     def to_dict(self) -> dict:
         """Plain data: the fields, every step (with its change and flag) and the summary."""
+        from .report_json import stamp
+
         return {
+            **stamp(LEDGER_KIND, LEDGER_FORMAT_VERSION),
             "family": self.family,
             "model_type": self.model_type,
             "num_layers": self.num_layers,
@@ -136,7 +152,11 @@ class ObjectiveLedgerReport(ReportContract):
 
     @classmethod
     def from_dict(cls, data: Mapping) -> ObjectiveLedgerReport:
-        """The report :meth:`to_dict` wrote."""
+        """The report :meth:`to_dict` wrote; a JSON of another report, a newer format, or a field missing or
+        mistyped is one ValueError naming the field."""
+        from .report_json import check_report
+
+        check_report(data, LEDGER_KIND, _ledger_schema(), LEDGER_FORMAT_VERSION)
         try:
             tolerance = float(data["tolerance"])
             steps = [

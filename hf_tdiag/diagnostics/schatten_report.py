@@ -16,6 +16,9 @@ import torch
 
 from ..measures import schatten as S
 from .report import FLOAT, INT, STR, ReportContract, typed_frame
+from .report_json import ANY, BOOL, NUM, Choice, ListOf, MapOf, Nullable, Obj, check_report, report_error, stamp
+from .report_json import INT as JSON_INT
+from .report_json import STR as JSON_STR
 
 MATRIX_TYPES = ("qk", "v", "m_in", "ista", "ista_d", "m_out", "ista_d1")
 
@@ -224,7 +227,7 @@ class SchattenReport(ReportContract):
     def to_dict(self, include_spectra: bool = True) -> dict[str, Any]:
         """JSON-ready dict; ``include_spectra=False`` drops per-matrix singular values and curves."""
         return {
-            "format_version": FORMAT_VERSION,
+            **stamp(KIND, FORMAT_VERSION),
             "model": self.model,
             "model_type": self.model_type,
             "family": self.family,
@@ -264,9 +267,13 @@ class SchattenReport(ReportContract):
     def from_dict(cls, data: Mapping[str, Any]) -> SchattenReport:
         """Inverse of :meth:`to_dict` (with spectra); JSON written before format 2 (0-based ``layer``, keys
         ``ours``/``edelman``) is converted."""
-        d = _upgrade(dict(data))
+        version = check_report(data, KIND, _SCHEMA_V1 if _version_of(data) == 1 else _SCHEMA, FORMAT_VERSION)
+        d = _upgrade(dict(data), version)
         if "singular_values" not in (d["matrices"][0] if d["matrices"] else {"singular_values": 1}):
             raise ValueError("path_or_text: the report was written without spectra (include_spectra=False)")
+        problem = _MATRICES.problem(d["matrices"], "matrices")
+        if problem:
+            raise report_error(KIND, *problem)
         mats = []
         for m in d["matrices"]:
             m = dict(
@@ -282,8 +289,8 @@ class SchattenReport(ReportContract):
             mats.append(MatrixRecord(**m))
         arrays = {k: np.asarray(d[k], dtype=np.float64) for k in ("p_grid", "alpha", "xi")}
         gains = None if d.get("layer_gains") is None else np.asarray(d["layer_gains"], dtype=np.float64)
-        skip = {"matrices", "degenerate", "layer_gains", "format_version", *arrays}
-        return cls(**{k: v for k, v in d.items() if k not in skip}, **arrays, matrices=mats, layer_gains=gains)
+        plain = {k: d[k] for k in _PLAIN_FIELDS if k in d}
+        return cls(**plain, **arrays, matrices=mats, layer_gains=gains)
 
     def to_pandas(self):
         """One row per analysed matrix: ``layer`` (block 1..L), ``head`` (<NA> for FFN/ISTA matrices), ``type``, the
@@ -314,16 +321,67 @@ class SchattenReport(ReportContract):
 FORMAT_VERSION = 2
 
 
-def _upgrade(d: dict[str, Any]) -> dict[str, Any]:
+KIND = "SchattenReport"
+_FLOATS = {name: NUM for name in _RECORD_FLOATS if not name.startswith("flip_factor")}
+_MATRIX = Obj(
+    {
+        "layer": JSON_INT,
+        "head": Nullable(JSON_INT),
+        "type": Choice(*MATRIX_TYPES),
+        "shape": ListOf(JSON_INT, length=2),
+        "rank": JSON_INT,
+        **_FLOATS,
+        "flip_factor_down": Nullable(NUM),
+        "flip_factor_up": Nullable(NUM),
+    },
+    optional={"singular_values": ListOf(NUM), "contributions": ListOf(NUM)},
+)
+_MATRICES = ListOf(_MATRIX)
+_COMMON = {
+    "model": JSON_STR,
+    "model_type": JSON_STR,
+    "family": JSON_STR,
+    "num_layers": JSON_INT,
+    "hidden_size": JSON_INT,
+    "num_heads": JSON_INT,
+    "head_dim": JSON_INT,
+    "intermediate_size": JSON_INT,
+    "L_phi": NUM,
+    "rank_tol": NUM,
+    "p_grid": ListOf(NUM),
+    "alpha": ListOf(NUM),
+    "xi": ListOf(NUM),
+    "matrices": ListOf(MapOf(ANY)),  # each record checked after the format-1 upgrade (_MATRIX)
+}
+_OPTIONAL = {
+    "layers_path": JSON_STR,
+    "layer_gains": Nullable(ListOf(NUM)),
+    "num_kv_heads": Nullable(JSON_INT),
+    "gated": BOOL,
+}
+_SCHEMA = Obj({**_COMMON, "schatten_bound": NUM, "edelman_bound": NUM}, optional=_OPTIONAL)
+_SCHEMA_V1 = Obj({**_COMMON, "ours": NUM, "edelman": NUM}, optional=_OPTIONAL)
+# the constructor's plain fields read from the JSON (the arrays and records are built separately)
+_PLAIN_FIELDS = (*(k for k in _COMMON if k not in ("p_grid", "alpha", "xi", "matrices")), "schatten_bound",
+                 "edelman_bound", "layers_path", "num_kv_heads", "gated")  # fmt: skip
+
+
+def _version_of(data) -> int:
+    version = data.get("format_version", 1) if isinstance(data, Mapping) else 1
+    return version if isinstance(version, int) else 1
+
+
+def _upgrade(d: dict[str, Any], version: int) -> dict[str, Any]:
     """A report dict in the current format: format 1 (no ``format_version``) numbered blocks from 0 and named the
     bounds ``ours``/``edelman``."""
-    version = d.get("format_version", 1)
-    if version > FORMAT_VERSION:
-        raise ValueError(f"format_version: {version} is newer than this hf-tdiag reads ({FORMAT_VERSION}); upgrade")
     if version == 1:
         d["schatten_bound"], d["edelman_bound"] = d.pop("ours"), d.pop("edelman")
-        d["matrices"] = [dict(m, layer=m["layer"] + 1) for m in d["matrices"]]
+        d["matrices"] = [dict(m, layer=m["layer"] + 1) if _is_int(m.get("layer")) else m for m in d["matrices"]]
     return d
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 #: deprecated name of :class:`SchattenReport`

@@ -11,6 +11,9 @@ from typing import Any
 import torch
 
 from .report import FLOAT, INT, STR, ReportContract, typed_frame
+from .report_json import ANY, NUM, Choice, ListOf, MapOf, Nullable, Obj, check_report, report_error, stamp
+from .report_json import INT as JSON_INT
+from .report_json import STR as JSON_STR
 from .settings import SRRSettings
 
 TERMS: tuple[str, ...] = ("R", "Rc", "sparsity", "srr")
@@ -140,6 +143,7 @@ class SRRReport(ReportContract):
     def to_dict(self, include_samples: bool = False) -> dict[str, Any]:
         """JSON-ready dict: settings, layers, per-state per-term mean/std lists, embeddings, summary (+ samples)."""
         out: dict[str, Any] = {
+            **stamp(KIND, FORMAT_VERSION),
             "measure": "sparse_rate_reduction",
             "measurement": self.settings.get("measurement", "design"),
             "settings": self.settings,
@@ -194,7 +198,9 @@ class SRRReport(ReportContract):
 
     @classmethod
     def from_dict(cls, data: Mapping) -> SRRReport:
-        """Inverse of :meth:`to_dict` (per-sample values only if they were included)."""
+        """Inverse of :meth:`to_dict` (per-sample values only if they were included); a JSON of another report, a
+        newer format, or a field missing, mistyped or of the wrong length is one ValueError naming the field."""
+        _check_json(data)
         states = tuple(data["states"])
         values = embedding_values = None
         if "samples" in data:
@@ -214,6 +220,61 @@ class SRRReport(ReportContract):
             data.get("embeddings"),
             embedding_values,
         )
+
+
+KIND = "SRRReport"
+#: the JSON format :meth:`SRRReport.to_dict` writes (JSON without ``format_version`` is format 1 too)
+FORMAT_VERSION = 1
+_PER_TERM = MapOf(ListOf(NUM), keys=TERMS)
+_SCHEMA = Obj(
+    {
+        "settings": MapOf(ANY),
+        "num_samples": JSON_INT,
+        "layers": ListOf(JSON_INT),
+        "states": MapOf(JSON_STR),
+        "mean": MapOf(_PER_TERM),
+        "std": MapOf(_PER_TERM),
+    },
+    optional={
+        "measurement": Choice(*MEASUREMENTS),
+        "embeddings": Nullable(Obj({"mean": MapOf(NUM, keys=TERMS), "std": MapOf(NUM, keys=TERMS)})),
+        "samples": MapOf(MapOf(ListOf(ListOf(NUM)), keys=TERMS)),
+        "embedding_samples": Nullable(MapOf(ListOf(NUM), keys=TERMS)),
+    },
+)
+
+
+def _check_json(data) -> None:
+    """The schema, then what it cannot say: one value per block for every listed state, blocks numbered 1..L, and
+    per-sample lists of ``num_samples`` entries."""
+    check_report(data, KIND, _SCHEMA, FORMAT_VERSION, measure=("measure", "sparse_rate_reduction"))
+    num_layers, n = len(data["layers"]), data["num_samples"]
+    if not data["states"]:
+        raise report_error(KIND, "states", "expected at least one measured state, got none")
+    if data["layers"] != list(range(1, num_layers + 1)):
+        raise report_error(KIND, "layers", f"expected the block numbers 1..{num_layers}, got {data['layers']}")
+    for part in ("mean", "std"):
+        for state in data["states"]:
+            if state not in data[part]:
+                raise report_error(KIND, f"{part}.{state}", "missing (the state is listed in 'states')")
+            for term in TERMS:
+                if len(data[part][state][term]) != num_layers:
+                    raise report_error(
+                        KIND,
+                        f"{part}.{state}.{term}",
+                        f"expected {num_layers} values (one per block), got {len(data[part][state][term])}",
+                    )
+    for state in data["states"] if "samples" in data else ():
+        for term in TERMS:
+            rows = data["samples"].get(state, {}).get(term)
+            if rows is None or len(rows) != n or any(len(r) != num_layers for r in rows):
+                raise report_error(
+                    KIND, f"samples.{state}.{term}", f"expected {n} lists of {num_layers} values (samples x blocks)"
+                )
+    if data.get("embedding_samples") is not None:
+        for term in TERMS:
+            if len(data["embedding_samples"][term]) != n:
+                raise report_error(KIND, f"embedding_samples.{term}", f"expected {n} values (one per sample)")
 
 
 __all__ = ["MEASUREMENTS", "STATE_DESCRIPTIONS", "STATES", "TERMS", "SRRReport"]
