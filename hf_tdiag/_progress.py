@@ -3,7 +3,9 @@
 :func:`tqdm` takes tqdm's arguments. It shows nothing when ``TQDM_DISABLE`` is set (to anything but ``0``/``false``;
 ``hf-tdiag --quiet`` sets it) or when the caller passes ``disable=True``. Outside a terminal (a log file, CI, a
 pipe; Jupyter excepted) each refresh is written as a plain line, at most every 10 seconds, without the carriage
-returns and cursor moves a terminal bar uses.
+returns and cursor moves a terminal bar uses; and a transient bar (``leave=False``: an evaluation pass inside a
+training job, a solver's iterations inside a diagnostic) writes nothing there, so a log holds one bar per long job
+(in a terminal it is drawn and erased as usual).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def tqdm(*args, disable: bool | None = False, **kwargs):
         return _tqdm(*args, disable=True, **kwargs)
     stream = kwargs.get("file") or sys.stderr
     if not _in_terminal(stream):
+        if kwargs.get("leave") is False:  # transient: erased in a terminal, only noise in a log
+            return _tqdm(*args, disable=True, **kwargs)
         kwargs["file"] = LogLines(stream)
         kwargs.setdefault("mininterval", LOG_INTERVAL_S)
     return _tqdm(*args, disable=False, **kwargs)

@@ -9,7 +9,9 @@ it with the Auto classes.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -172,6 +174,59 @@ def check_layers_against_weights(source, config, name: str = "model") -> None:
         )
 
 
+class _HeldReports(logging.Filter):
+    """Holds back transformers' ``LOAD REPORT`` records while a model loads; :meth:`replay` logs them after all."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" in str(record.msg):
+            self.records.append(record)
+            return False
+        return True
+
+    def replay(self) -> None:
+        for record in self.records:
+            logging.getLogger(record.name).handle(record)
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """While a model loads: no "Loading weights" bar (transformers' progress bars off, then restored) and the
+    ``LOAD REPORT`` held back (yields the holder; its ``replay()`` logs the report)."""
+    from transformers.utils import logging as hf_logging
+
+    held = _HeldReports()
+    logger = logging.getLogger("transformers.modeling_utils")
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    logger.addFilter(held)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(held)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _only_other_heads(model, info: dict) -> bool:
+    """Whether the load left nothing to report but checkpoint weights of another head: a backbone (``AutoModel``)
+    loaded from a classifier's (or a pre-training model's) checkpoint, whose head weights it has no place for. A
+    missing or size-mismatched weight, or an unexpected one inside the backbone, is a real problem."""
+    if info.get("missing_keys") or info.get("mismatched_keys") or info.get("error_msgs"):
+        return False
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    unexpected = list(info.get("unexpected_keys") or [])
+    if not unexpected or not prefix or getattr(model, prefix, None) is not None:
+        return not unexpected  # a head model: any unexpected key is its own problem
+    own = {name.split(".", 1)[0] for name, _ in model.named_parameters()} | {
+        name.split(".", 1)[0] for name, _ in model.named_buffers()
+    }
+    return all(key.split(".", 1)[0] not in own and not key.startswith(prefix + ".") for key in unexpected)
+
+
 def load_pretrained(
     source, auto_class=None, *, config=None, trust_remote_code: bool = False, name: str = "model", **kwargs
 ) -> nn.Module:
@@ -198,7 +253,13 @@ def load_pretrained(
             else AutoModel
         )
     try:
-        return auto_class.from_pretrained(source, config=config, trust_remote_code=trust, **kwargs)
+        with quiet_loading() as reports:
+            model, info = auto_class.from_pretrained(
+                source, config=config, trust_remote_code=trust, output_loading_info=True, **kwargs
+            )
+        if not _only_other_heads(model, info):
+            reports.replay()  # a missing, mismatched or unexpected weight of this model's own: transformers' report
+        return model
     except ValueError as err:
         if not trust and "trust_remote_code" in str(err):
             raise ValueError(_refusal(source, name)) from None
