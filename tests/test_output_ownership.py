@@ -236,7 +236,9 @@ def test_a_training_records_what_it_wrote_and_a_second_run_replaces_only_that(tm
     assert cli_main(["train", "--output-dir", str(folder), *TINY, "--checkpointing-steps", "1"]) == 0
     runs, problem = read_manifest(str(folder))
     assert problem is None and len(runs) == 1 and runs[0]["finished"]
-    assert {"config.json", "model.safetensors", "all_results.json", "README.md", "checkpoint-2"} <= set(runs[0]["written"])
+    assert {"config.json", "model.safetensors", "all_results.json", "README.md", "checkpoint-2"} <= set(
+        runs[0]["written"]
+    )
     (folder / "my_notes.md").write_text("keep me\n")
     first = _tree(folder)
     assert cli_main(["train", "--output-dir", str(folder), *TINY, "--overwrite-output-dir", "--seed", "5"]) == 0

@@ -19,7 +19,6 @@ from hf_tdiag import _atomic
 from hf_tdiag._cli_args import device as device_type
 from hf_tdiag._outputs import (
     MANIFEST_NAME,
-    ForeignFilesError,
     OutputExistsError,
     claim_output_dir,
     hold_output_dir,
