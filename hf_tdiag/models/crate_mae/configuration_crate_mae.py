@@ -66,7 +66,8 @@ class CrateMAEConfig(PreTrainedConfig):
             unit-amplitude sine-cosine positions' size, at 2×2 patches of one channel about a third of it. Masked
             pre-training learns either way; a classifier trained from random init on such small patches needs
             about 3 (digits test accuracy at seeds 0-2: 0.17-0.46 at 1, 0.77-0.84 at 3).
-        initializer_range (`float`): std of the classifier initializer.
+        initializer_range (`float`): std of the CLS and mask tokens' normal initialization (MAE's 0.02); the linear
+            maps are Xavier-uniform and the dictionaries Kaiming-uniform, as the authors initialize them.
     """
 
     model_type = "crate-mae"

@@ -248,8 +248,9 @@ class CrateMAEPreTrainedModel(HubCardMixin, PreTrainedModel):
     }
 
     def _init_weights(self, module):
-        """Xavier-uniform Linear and patch weights (the patch projection at ``patch_embedding_gain``), normal(0.02)
-        CLS/mask tokens, sine-cosine positions, Kaiming dictionaries (the authors' initialization at gain 1)."""
+        """Xavier-uniform Linear and patch weights (the patch projection at ``patch_embedding_gain``), normal
+        CLS/mask tokens (std ``initializer_range``, MAE's 0.02), sine-cosine positions, Kaiming dictionaries (the
+        authors' initialization at gain 1)."""
         super()._init_weights(module)
         if isinstance(module, nn.Linear) and module.weight.ndim == 2:
             init.xavier_uniform_(module.weight)
@@ -258,9 +259,9 @@ class CrateMAEPreTrainedModel(HubCardMixin, PreTrainedModel):
         if isinstance(module, CrateMAEEmbeddings):
             grid = self.config.image_size // self.config.patch_size
             init.copy_(module.position_embeddings, sincos_position_embedding(self.config.hidden_size, grid))
-            init.normal_(module.cls_token, std=0.02)
+            init.normal_(module.cls_token, std=self.config.initializer_range)
             if module.mask_token is not None:
-                init.normal_(module.mask_token, std=0.02)
+                init.normal_(module.mask_token, std=self.config.initializer_range)
             init.xavier_uniform_(
                 module.projection.weight.view(module.projection.weight.shape[0], -1),
                 gain=self.config.patch_embedding_gain,

@@ -152,6 +152,13 @@ def _base_call(model, **kwargs: Unpack[CrateTextKwargs]) -> CrateTextModelOutput
     return model.crate(**{k: v for k, v in kwargs.items() if v is not None or k in ("input_ids", "inputs_embeds")})
 
 
+def _uncached(model, kwargs: dict) -> dict:
+    """``kwargs`` for a head that returns no cache: a caller's ``use_cache`` (a Trainer's, a pipeline's) is replaced by
+    no cache at all (``False`` for a causal base model, nothing for an encoder)."""
+    kwargs.pop("use_cache", None)
+    return {"use_cache": False if model.config.is_decoder else None, **kwargs}
+
+
 class CrateTextForMaskedLM(CrateTextPreTrainedModel):
     """Bidirectional CRATE with the LM head; ``labels`` of masked positions (others -100) give the MLM loss."""
 
@@ -257,8 +264,7 @@ class CrateTextForSequenceClassification(CrateTextPreTrainedModel):
     ) -> SequenceClassifierOutput:  # fmt: skip
         out = _base_call(
             self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-            position_ids=position_ids, inputs_embeds=inputs_embeds, use_cache=False if self.config.is_decoder else None,
-            **kwargs,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, **_uncached(self, kwargs),
         )  # fmt: skip
         token = pooled_token(out.last_hidden_state, attention_mask, self.config.is_decoder)
         logits = self.classifier(token)
@@ -287,8 +293,7 @@ class CrateTextForTokenClassification(CrateTextPreTrainedModel):
     ) -> TokenClassifierOutput:  # fmt: skip
         out = _base_call(
             self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-            position_ids=position_ids, inputs_embeds=inputs_embeds, use_cache=False if self.config.is_decoder else None,
-            **kwargs,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, **_uncached(self, kwargs),
         )  # fmt: skip
         logits = self.classifier(self.dropout(out.last_hidden_state))
         loss = self.loss_function(logits, labels, self.config, **kwargs) if labels is not None else None
@@ -315,8 +320,7 @@ class CrateTextForQuestionAnswering(CrateTextPreTrainedModel):
     ) -> QuestionAnsweringModelOutput:  # fmt: skip
         out = _base_call(
             self, input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-            position_ids=position_ids, inputs_embeds=inputs_embeds, use_cache=False if self.config.is_decoder else None,
-            **kwargs,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, **_uncached(self, kwargs),
         )  # fmt: skip
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)
         loss = None
@@ -355,7 +359,7 @@ class CrateTextForMultipleChoice(CrateTextPreTrainedModel):
         out = _base_call(
             self, input_ids=flat(input_ids), attention_mask=flat(attention_mask), token_type_ids=flat(token_type_ids),
             position_ids=flat(position_ids), inputs_embeds=flat(inputs_embeds, keep=2),
-            use_cache=False if self.config.is_decoder else None, **kwargs,
+            **_uncached(self, kwargs),
         )  # fmt: skip
         logits = self.classifier(self.dropout(out.pooler_output)).view(-1, choices)
         loss = F.cross_entropy(logits, labels) if labels is not None else None

@@ -117,8 +117,9 @@ class TostPositionEncoding(nn.Module):
         self.token_projection = nn.Conv2d(2 * self.hidden_dim, config.hidden_size, kernel_size=1)
         self.temperature = temperature
 
-    def forward(self, batch: int, height: int, width: int) -> torch.Tensor:
-        device = self.token_projection.weight.device
+    def forward(self, batch: int, height: int, width: int, device: torch.device | None = None) -> torch.Tensor:
+        # ``device``: the tokens' (an offloaded projection's weight sits on the meta device until its forward)
+        device = self.token_projection.weight.device if device is None else device
         dtype = torch.float64 if self.token_projection.weight.dtype == torch.float64 else torch.float32
         ones = torch.ones(batch, height, width, device=device, dtype=dtype)
         scale, eps = 2 * math.pi, 1e-6
@@ -348,7 +349,7 @@ class TostModel(TostPreTrainedModel):
         """Patch tokens plus positions: the input ``Z⁰`` of the first TSSA block, (B, N, d)."""
         tokens, (height, width) = self.patch_embeddings(pixel_values)
         if self.position_encoding is not None:
-            tokens = tokens + self.position_encoding(tokens.shape[0], height, width)
+            tokens = tokens + self.position_encoding(tokens.shape[0], height, width, tokens.device)
         return self.dropout(tokens)
 
     @capture_outputs(tie_last_hidden_states=False)
