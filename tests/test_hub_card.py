@@ -1,4 +1,4 @@
-"""The card ``save_pretrained`` / ``push_to_hub`` write for every family (hf_tdiag/training/hub_card.py): the preset
+"""The card ``save_pretrained`` / ``push_to_hub`` write for every family (hf_tdiag/_hub_card.py): the preset
 only where the sizes are that preset's, the snippet naming the folder path or the repo id (and it loads), a user's
 README kept, a training card carried over only while the weights are the folder's; pushed to the local Hub server
 (tests/hub_server.py): the README's YAML and snippet, ``base_model`` for a fine-tune of a Hub model."""
@@ -15,6 +15,7 @@ import torch
 from huggingface_hub import ModelCard
 
 import hf_tdiag  # noqa: F401  (registers the families)
+from hf_tdiag._hub_card import same_weights
 from hf_tdiag.models.crate import CRATE_PRESETS, CrateConfig, CrateForImageClassification
 from hf_tdiag.models.crate_alpha import CRATE_ALPHA_PRESETS, CrateAlphaConfig, CrateAlphaForImageClassification
 from hf_tdiag.models.crate_mae import CRATE_MAE_PRESETS, CrateMAEConfig, CrateMAEForPreTraining
@@ -22,7 +23,6 @@ from hf_tdiag.models.crate_text import CrateTextConfig, CrateTextForCausalLM
 from hf_tdiag.models.crate_text.configuration_crate_text import CRATE_TEXT_PRESETS
 from hf_tdiag.models.tost import TOST_PRESETS, TostConfig, TostForImageClassification
 from hf_tdiag.training import model_card
-from hf_tdiag.training.hub_card import same_weights
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hub_server import LocalHub  # noqa: E402

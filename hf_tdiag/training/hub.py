@@ -2,7 +2,7 @@
 
 The filled model card is pushed *last*, rendered for the repo id the Hub resolved (``model.push_to_hub`` of the
 model in memory sends, with the weights, the family's card without a training record,
-:mod:`hf_tdiag.training.hub_card`). The model push carries the safetensors weights,
+:mod:`hf_tdiag._hub_card`). The model push carries the safetensors weights,
 the config with its ``auto_map`` and the ``configuration_crate.py`` /
 ``modeling_crate.py`` files (CRATE classes are registered for the Auto
 classes), so the repo loads with ``trust_remote_code=True`` where hf-tdiag is

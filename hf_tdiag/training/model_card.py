@@ -503,7 +503,7 @@ def training_card(run, results: dict, repo_id: str | None = None) -> ModelCard:
         return build_model_card(
             config, results, args, run.raw, preset=run.preset, output_dir=args.output_dir, repo_id=repo_id
         )
-    from .hub_card import auto_class_of
+    from .._hub_card import auto_class_of
 
     return build_family_card(
         config,

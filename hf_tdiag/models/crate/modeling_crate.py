@@ -306,10 +306,10 @@ class CrateEncoder(nn.Module):
         return hidden_states
 
 
-try:  # hf-tdiag's model card on save_pretrained / push_to_hub (hf_tdiag/training/hub_card.py), in the package only
+try:  # hf-tdiag's model card on save_pretrained / push_to_hub (hf_tdiag/_hub_card.py), in the package only
     if not __name__.startswith("hf_tdiag."):
         raise ImportError(f"{__name__} is a copy loaded as remote code")
-    from hf_tdiag.training.hub_card import HubCardMixin
+    from hf_tdiag._hub_card import HubCardMixin
 except ImportError:  # a copy loaded with trust_remote_code: transformers' own save_pretrained / push_to_hub
 
     class HubCardMixin:

@@ -280,10 +280,10 @@ class TostClassAttentionLayer(nn.Module):
         return x + torch.cat([cls, x[:, 1:]], dim=1)  # the authors' residual: patch tokens are added to themselves
 
 
-try:  # hf-tdiag's model card on save_pretrained / push_to_hub (hf_tdiag/training/hub_card.py), in the package only
+try:  # hf-tdiag's model card on save_pretrained / push_to_hub (hf_tdiag/_hub_card.py), in the package only
     if not __name__.startswith("hf_tdiag."):
         raise ImportError(f"{__name__} is a copy loaded as remote code")
-    from hf_tdiag.training.hub_card import HubCardMixin
+    from hf_tdiag._hub_card import HubCardMixin
 except ImportError:  # a copy loaded with trust_remote_code: transformers' own save_pretrained / push_to_hub
 
     class HubCardMixin:

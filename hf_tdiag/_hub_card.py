@@ -123,7 +123,7 @@ def _same_folder(a: str, b: str) -> bool:
 
 def card_text(model, folder: str, target: str) -> str:
     """The card for ``model`` saved in ``folder``, its usage snippet naming ``target`` (a repo id or folder path)."""
-    from .model_card import build_family_card, is_project_card, retarget_card
+    from .training.model_card import build_family_card, is_project_card, retarget_card
 
     origin = _origin(model)
     local = bool(origin) and os.path.isdir(origin) and not _same_folder(origin, folder)
@@ -152,8 +152,8 @@ def write_card(model, folder: str, target: str | None) -> bool:
     card hf-tdiag did not write and is not ``transformers``' generic one; for a save (``target`` None: the folder's
     own path, :func:`~hf_tdiag.training.model_card.folder_display`) unless the folder holds a README hf-tdiag did not
     write. Returns whether it wrote."""
-    from .._atomic import write_text
-    from .model_card import folder_display, is_placeholder_card, is_project_card
+    from ._atomic import write_text
+    from .training.model_card import folder_display, is_placeholder_card, is_project_card
 
     path = os.path.join(folder, README)
     existing = _read(path)
