@@ -56,6 +56,7 @@ def _run(args) -> int:
     from hf_tdiag._atomic import write_json
     from hf_tdiag.cli import main as cli_main
     from hf_tdiag.inputs import digits_test_images
+    from hf_tdiag.loading import quiet_loading
     from hf_tdiag.training import train
     from hf_tdiag.training.srr_tracking import layer_srr_step
 
@@ -64,8 +65,11 @@ def _run(args) -> int:
     train_seconds = time.perf_counter() - start
     out = args.output_dir
 
-    # 2. reload through the Auto classes, as a user of the saved folder would
-    model = AutoModelForImageClassification.from_pretrained(out).eval()
+    # 2. reload through the Auto classes, as a user of the saved folder would (without transformers' weight-loading
+    # bar: one progress bar per job in its log)
+    with quiet_loading() as held:
+        model = AutoModelForImageClassification.from_pretrained(out).eval()
+    held.replay()  # the model it saved reloads whole: any load report is a real problem, shown
     processor = AutoImageProcessor.from_pretrained(out)
     images, labels = digits_test_images(None)
     with torch.no_grad():
