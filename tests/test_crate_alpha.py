@@ -11,7 +11,6 @@ from hf_tdiag.cli import main as cli_main
 from hf_tdiag.models.crate_alpha import CrateAlphaConfig, CrateAlphaForImageClassification
 from hf_tdiag.models.crate_alpha.convert_official import convert_official_crate_alpha, official_forward
 
-
 ETA, LAM = 0.1, 0.1
 
 

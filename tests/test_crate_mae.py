@@ -13,7 +13,6 @@ from hf_tdiag.cli import main as cli_main
 from hf_tdiag.models.crate_mae import CrateMAEConfig, CrateMAEModel
 from hf_tdiag.models.crate_mae.convert_official import convert_official_crate_mae
 
-
 D, DEPTH, DEC, HEADS, P, IMG, C = 16, 2, 2, 2, 2, 8, 1
 
 

@@ -13,7 +13,6 @@ import hf_tdiag  # noqa: F401
 from hf_tdiag.models.tost import TostConfig, TostForImageClassification, token_statistics_attention
 
 
-
 def _tssa_by_loops(w, tau):
     """TSSA per head k, coordinate i and token n, written out from the equations (float64)."""
     B, K, N, p = w.shape
