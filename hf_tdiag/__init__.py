@@ -1,20 +1,22 @@
 """hf-tdiag: white-box transformers (CRATE) and transformer diagnostics for the Hugging Face ecosystem.
 
-Importing this package registers the ``crate`` model type with ``AutoConfig``,
-``AutoModel``, ``AutoModelForImageClassification`` and ``AutoImageProcessor``.
+Importing this package registers every model family of ``hf_tdiag.models.families`` (CRATE, CRATE-α, ToST,
+CRATE-MAE, text CRATE) with transformers' Auto classes, so ``AutoModel.from_pretrained(<folder>)`` loads them.
 Heavier capabilities (measures, metrics, training) are imported lazily.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 __version__ = "0.1.0"
 
-from ._autoregister import install as _install_auto_registration  # noqa: E402
 from ._lazy import lazy_exports as _lazy_exports  # noqa: E402
+from .models.families import register_all as _register_all  # noqa: E402
 
-_install_auto_registration()
+if "hf_tdiag_cli" not in sys.modules:  # the console script registers once it has parsed (--help stays torch-free)
+    _register_all()
 
 # public name -> "module:attribute", resolved on first access
 _LAZY = {

@@ -17,6 +17,7 @@ import sys
 from . import __version__
 from . import commands as _commands_pkg
 from ._cli_args import ArgumentParser
+from .models.families import register_all
 
 
 def _version() -> str:
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    register_all()  # the model families, for a command started by the console script (see hf_tdiag_cli)
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _warnings_as_lines(args.command)

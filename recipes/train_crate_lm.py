@@ -261,9 +261,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from hf_tdiag._atomic import write_json
     from hf_tdiag._outputs import claim_output_dir
-    from hf_tdiag.models.crate_text import register_crate_text
-
-    register_crate_text()  # the Auto classes also load the saved crate_text folders
 
     args = build_parser().parse_args(argv)
     for name in ("steps", "hidden_size", "layers", "heads", "block_size", "vocab_size", "batch_size", "topics"):

@@ -88,10 +88,8 @@ def main(argv=None) -> int:
 
     from hf_tdiag._atomic import write_json
     from hf_tdiag._outputs import claim_output_dir
-    from hf_tdiag.models.crate_text import register_crate_text
     from hf_tdiag.text_corpus import corpus, token_blocks, train_tokenizer
 
-    register_crate_text()
     args = base.build_parser().parse_args(argv)
     # the first Accelerator fixes the process group: several processes on a machine without an accelerator (the
     # CPU config's torchrun launcher) run on the CPU with gloo, or each would train alone as a single process

@@ -56,7 +56,7 @@ def _subparser_help(command: str, capsys) -> str:
 def test_help_and_version_import_neither_torch_nor_transformers():
     code = (
         "import sys, contextlib, io\n"
-        "from hf_tdiag.cli import main\n"
+        "from hf_tdiag_cli import main\n"
         "for argv in [['--help'], ['--version']] + [[c, '--help'] for c in sys.argv[1:]]:\n"
         "    with contextlib.redirect_stdout(io.StringIO()) as out:\n"
         "        try:\n"
