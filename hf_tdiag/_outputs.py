@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -246,7 +245,7 @@ def adopt_outputs(folder: str | os.PathLike, names: Iterable[str]) -> None:
         written[name] = _stat(path)
     runs, _ = read_manifest(folder)
     now = datetime.datetime.now().isoformat(timespec="seconds")
-    runs.append({"command": "adopt_outputs", "pid": os.getpid(), "host": socket.gethostname(), "started": now,
+    runs.append({"command": "adopt_outputs", "pid": os.getpid(), "started": now,
                  "patterns": sorted(written), "before": {}, "written": written, "finished": now})  # fmt: skip
     _write_manifest(folder, runs)
 
@@ -270,7 +269,7 @@ def _in_use_error(folder: str, what: str, kind: str) -> FolderInUseError:
     live = [r for r in runs if r.get("written") is None and r.get("pid")]
     if kind != "study" and live:
         r = live[-1]
-        holder += f" ({r.get('command', '?')}, pid {r.get('pid')} on {r.get('host', '?')}, started {r.get('started')})"
+        holder += f" ({r.get('command', '?')}, pid {r.get('pid')}, started {r.get('started')})"
     return FolderInUseError(
         f"{what}: {folder!r} is in use by {holder}; wait for it to finish, stop it, or choose another folder"
     )
@@ -360,7 +359,6 @@ def hold_output_dir(folder: str, patterns: Sequence[str], what: str = "output_di
             {
                 "command": _command_name(),
                 "pid": os.getpid(),
-                "host": socket.gethostname(),
                 "started": datetime.datetime.now().isoformat(timespec="seconds"),
                 "patterns": patterns,
                 "before": before,
