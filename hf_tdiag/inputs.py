@@ -300,6 +300,19 @@ def image_folder_splits(train_dir, validation_dir=None):
     return datasets.load_dataset("imagefolder", data_files=files)
 
 
+def _check_utf8_names(folder: Path) -> None:
+    """ValueError naming the first file or folder whose name is not valid UTF-8 (the datasets library cannot read
+    it, and would report the whole folder as a failed dataset); the folder's own name included."""
+    for p in [folder, *folder.rglob("*")]:
+        try:
+            os.fsencode(p.name).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(
+                f"images: the name {os.fsencode(p.name)!r} in {os.fsdecode(os.fsencode(p.parent))!r} is not valid "
+                "UTF-8 (written on a system with another encoding); rename it"
+            ) from None
+
+
 def _is_image_folder(path: Path) -> bool:
     return path.is_dir() and any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.rglob("*") if p.is_file())
 
@@ -375,6 +388,7 @@ def images_from_folder(path, limit: int | None = None, split: str | None = None)
         raise ValueError(f"images: expected a folder of images, got {str(path)!r} (not a folder)")
     if not _is_image_folder(Path(path)):
         raise ValueError(f"images: no image files ({', '.join(IMAGE_SUFFIXES)}) found under {str(path)!r}")
+    _check_utf8_names(Path(path))
     found = images_from_dataset(path, split=split, limit=limit)
     found.source = os.fspath(path)
     return found

@@ -8,12 +8,14 @@ object, NaN, out-of-range values)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
 from hf_tdiag._validation import check_dense_tensors, check_token_ids, check_unique_labels, whole_number
-from hf_tdiag.inputs import text_lines, to_pil
+from hf_tdiag.inputs import load_images, text_lines, to_pil
 
 OK = "ok"
 
@@ -22,6 +24,16 @@ def _file(tmp_path, data: bytes, name: str = "t.txt") -> str:
     path = tmp_path / name
     path.write_bytes(data)
     return str(path)
+
+
+def _image_tree(tmp_path, folder: bytes, name: bytes) -> str:
+    """``tmp_path/<folder>/cls/<name>``, an 8x8 PNG, names given as bytes (as another system wrote them)."""
+    from PIL import Image
+
+    root = os.path.join(os.fsencode(str(tmp_path)), folder)
+    os.makedirs(os.path.join(root, b"cls"), exist_ok=True)
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(os.fsdecode(os.path.join(root, b"cls", name)))
+    return os.fsdecode(root)
 
 
 # (id, call(tmp_path) -> result, expected: ("ok", value) or (exception type, text in its one-line message))
@@ -77,6 +89,10 @@ CASES = [
     ("texts: UTF-16", lambda p: text_lines(_file(p, "hi".encode("utf-16"))), (ValueError, "is not UTF-8 text")),
     ("texts: latin-1", lambda p: text_lines(_file(p, "café".encode("latin-1"))), (ValueError, "is not UTF-8 text")),
     ("texts: blank", lambda p: text_lines(_file(p, b" \n\t\n")), (ValueError, "has no non-empty lines")),
+    # image folders whose names are not UTF-8 (the datasets library fails on the whole folder)
+    ("folder: non-UTF-8 folder name", lambda p: load_images(_image_tree(p, b"d\xff", b"a.png")), (ValueError, "b'd\\xff' in")),
+    ("folder: non-UTF-8 file name", lambda p: load_images(_image_tree(p, b"d", b"\xe9t\xe9.png")), (ValueError, "is not valid UTF-8")),
+    ("folder: UTF-8 names", lambda p: len(load_images(_image_tree(p, "dé".encode(), "été.png".encode())).images), (OK, 1)),
     # array images
     ("image: complex values", lambda p: to_pil(np.ones((8, 8), dtype=np.complex64)), (TypeError, "expected a numeric image array, got dtype complex64")),
     ("image: complex tensor", lambda p: to_pil(torch.ones(8, 8, dtype=torch.complex64)), (TypeError, "got dtype complex64")),
