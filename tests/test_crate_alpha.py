@@ -203,3 +203,41 @@ def test_save_reload_identical_logits(tmp_path):
     with torch.no_grad():
         expected = model(x).logits
         assert torch.equal(reloaded(x).logits, expected)
+
+
+def test_subspaces_are_the_heads_rows_of_qkv():
+    """``U_k`` (d, p) is ``qkv.weight[k·p:(k+1)·p]ᵀ``: the layout every diagnostic reads the subspaces in."""
+    attention = CrateAlphaForImageClassification(_config()).crate_alpha.encoder.layer[0].attention
+    U = attention.subspaces()
+    assert U.shape == (2, 16, 8)
+    for k in range(2):
+        assert torch.equal(U[k], attention.qkv.weight[k * 8 : (k + 1) * 8].T)
+
+
+@pytest.mark.parametrize(
+    ("heads", "head_dim", "projected"), [(1, 16, False), (2, 8, True), (2, 16, True), (1, 8, True)]
+)
+def test_the_output_matrix_is_the_identity_only_for_one_head_of_full_width(heads, head_dim, projected):
+    """As the authors' code: no output matrix when K = 1 and p = d (the heads already are the d coordinates)."""
+    model = CrateAlphaForImageClassification(_config(num_attention_heads=heads, head_dim=head_dim)).eval()
+    attention = model.crate_alpha.encoder.layer[0].attention
+    assert (attention.out_proj is not None) == projected
+    x = torch.randn(1, 16, 16)
+    with torch.no_grad():
+        out, _ = attention(x)
+        w = attention.qkv(x).view(1, 16, heads, head_dim).transpose(1, 2)
+        heads_out = (torch.softmax(w @ w.transpose(-1, -2) / head_dim**0.5, -1) @ w).transpose(1, 2).reshape(1, 16, -1)
+    torch.testing.assert_close(out, attention.out_proj(heads_out) if projected else heads_out, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_maps_on_an_sdpa_model_come_from_the_eager_path():
+    model = convert_official_crate_alpha(_official_state_dict(), _config())
+    model.set_attn_implementation("sdpa")
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        out = model(x, output_attentions=True, output_mid_hidden_states=True, output_hidden_states=True)
+    assert len(out.attentions) == 2
+    layer = model.crate_alpha.encoder.layer[0]
+    with torch.no_grad():
+        w = layer.attention.qkv(layer.layernorm_before(out.hidden_states[0])).view(2, 17, 2, 8).transpose(1, 2)
+    torch.testing.assert_close(out.attentions[0], torch.softmax(w @ w.transpose(-1, -2) / 8**0.5, -1))
