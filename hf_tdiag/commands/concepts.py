@@ -172,7 +172,6 @@ def read_texts(path, limit=None) -> tuple[list[str], list[str] | None]:
 def _inputs(args, loaded):
     """(model inputs, {source, count, kind}, extra concept_fidelity kwargs, pixel values for figures or None)."""
     cs = settings_from_args(ConceptSettings, args)
-    import torch
 
     if loaded.modality == "text":
         if not args.texts:
@@ -191,20 +190,15 @@ def _inputs(args, loaded):
         texts = texts[: args.max_samples]
         opts["labels"] = None if labels is None else labels[: args.max_samples]
         return texts, {"source": source, "count": len(texts), "kind": "texts"}, opts, None
+    from hf_tdiag.batching import concat, encoded_batches
     from hf_tdiag.inputs import load_images
-    from hf_tdiag.loading import pixel_values_for
 
     if args.texts:
         raise ValueError(f"texts: {args.model!r} is an image model; use --images or --dataset")
     if args.images is not None and not os.path.isdir(args.images):
         raise ValueError(f"images: expected a folder, got {args.images!r}")
     imageset = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples)
-    pixels = torch.cat(
-        [
-            pixel_values_for(imageset.images[i : i + cs.batch_size], loaded)
-            for i in range(0, len(imageset.images), cs.batch_size)
-        ]
-    )
+    pixels = concat(list(encoded_batches(loaded, imageset.images, cs.batch_size)))
     return pixels, {"source": imageset.source, "count": len(imageset.images), "kind": "images"}, {}, pixels
 
 

@@ -52,27 +52,20 @@ def register(subparsers) -> None:
 
 
 def _inputs(args, loaded):
-    from hf_tdiag._model_limits import check_texts_fit
-    from hf_tdiag.inputs import LazyBatches, load_images, text_lines
-    from hf_tdiag.loading import pixel_values_for
+    from hf_tdiag.batching import encoded_batches
+    from hf_tdiag.inputs import load_images, text_lines
 
     if args.texts is not None:
         if loaded.modality != "text" or loaded.processor is None:
             raise ValueError(f"texts: {loaded.source!r} is not a text model with a tokenizer in its folder")
-        lines = text_lines(args.texts, args.max_samples)
-        tok = loaded.processor
-        check_texts_fit(loaded.model, tok, lines, args.max_length, name=f"--texts {args.texts!r}")
-
-        def encode(chunk):
-            return dict(
-                tok(list(chunk), padding=True, truncation=True, max_length=args.max_length, return_tensors="pt")
-            )
-
-        return LazyBatches(lines, args.batch_size, encode), len(lines)
-    if args.images is not None and not os.path.isdir(args.images):
-        raise ValueError(f"images: expected a folder, got {args.images!r}")
-    images = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images
-    return LazyBatches(images, args.batch_size, lambda chunk: pixel_values_for(chunk, loaded)), len(images)
+        items = text_lines(args.texts, args.max_samples)
+        name = f"--texts {args.texts!r}"
+    else:
+        if args.images is not None and not os.path.isdir(args.images):
+            raise ValueError(f"images: expected a folder, got {args.images!r}")
+        items = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images
+        name = "images"
+    return encoded_batches(loaded, items, args.batch_size, max_length=args.max_length, name=name), len(items)
 
 
 def _model_labels(specs: list[str]) -> list[str]:

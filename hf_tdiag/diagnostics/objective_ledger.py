@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._caller_state import module_modes, restore_modes
+from ..batching import iter_batches
 from ..measures.coding_rate import compression_rate
 from ..measures.sparse_coding import lasso_objective
 from ..measures.token_statistics import variational_compression_rate
@@ -322,8 +323,7 @@ def objective_ledger(model, inputs, *, settings: LedgerSettings) -> ObjectiveLed
     text = is_crate_text(model)  # text CRATE: token batches, padding excluded (objective_ledger_text)
     family, blocks = ("crate_text", []) if text else _family_blocks(model)
     eps, tolerance = settings.eps, settings.tolerance
-    if isinstance(inputs, torch.Tensor) and inputs.ndim > 0:
-        inputs = list(inputs.split(settings.batch_size))
+    inputs = iter_batches(inputs, settings.batch_size)
     if text:
         return text_objective_ledger(model, inputs, eps=eps, tolerance=tolerance)
     sums: dict[tuple[int, str], list[float]] = {}

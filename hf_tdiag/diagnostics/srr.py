@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import platform
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -43,6 +43,7 @@ from torch import nn
 from .._caller_state import module_modes, restore_modes
 from .._model_limits import check_batch_states, check_finite_weights, check_token_count
 from .._progress import tqdm
+from ..batching import iter_batches
 from ..measures.coding_rate import (
     coding_rate,
     compression_rate,
@@ -57,67 +58,6 @@ from ..probes.token_states import model_device, token_states
 from .entry import diagnostic_entry
 from .settings import SRRSettings
 from .srr_report import MEASUREMENTS, STATE_DESCRIPTIONS, STATES, TERMS, SRRReport
-
-# ---------------------------------------------------------------------------
-# input streaming
-# ---------------------------------------------------------------------------
-
-
-def _split(inputs, batch_size: int) -> Iterable:
-    if isinstance(inputs, torch.Tensor):
-        return [inputs[i : i + batch_size] for i in range(0, inputs.shape[0], batch_size)]
-    n = None
-    for value in inputs.values():
-        if isinstance(value, torch.Tensor) and value.ndim > 0:
-            n = value.shape[0]
-            break
-    if n is None:
-        raise ValueError("inputs: a dict batch needs at least one tensor with a batch dimension")
-    return [
-        {k: (v[i : i + batch_size] if isinstance(v, torch.Tensor) and v.ndim > 0 else v) for k, v in inputs.items()}
-        for i in range(0, n, batch_size)
-    ]
-
-
-class _Rows(torch.utils.data.Dataset):
-    """Rows of a tensor / dict of tensors, for sharding with Accelerate."""
-
-    def __init__(self, inputs):
-        self.inputs = inputs
-        first = (
-            inputs
-            if isinstance(inputs, torch.Tensor)
-            else next(v for v in inputs.values() if isinstance(v, torch.Tensor))
-        )
-        self.n = first.shape[0]
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if isinstance(self.inputs, torch.Tensor):
-            return self.inputs[i]
-        return {k: v[i] for k, v in self.inputs.items() if isinstance(v, torch.Tensor)}
-
-
-def _batches(inputs, batch_size: int, accelerator) -> Iterable:
-    if isinstance(inputs, (torch.Tensor, Mapping)):
-        if isinstance(inputs, torch.Tensor) and inputs.ndim == 0:
-            raise ValueError("inputs: expected a batched tensor, got a scalar")
-        if accelerator is None:
-            return _split(inputs, batch_size)
-        inputs = torch.utils.data.DataLoader(_Rows(inputs), batch_size=batch_size, shuffle=False)
-    if accelerator is not None and isinstance(inputs, torch.utils.data.DataLoader):
-        from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
-
-        if not isinstance(inputs, (DataLoaderShard, DataLoaderDispatcher)):
-            inputs = accelerator.prepare_data_loader(inputs)
-    if not hasattr(inputs, "__iter__"):
-        raise TypeError(
-            f"inputs: expected pixel values / input ids (tensor), a dict batch or a DataLoader, got {type(inputs).__name__}"
-        )
-    return inputs
-
 
 # ---------------------------------------------------------------------------
 # the measurement
@@ -356,15 +296,12 @@ def layer_srr(
         True
     """
     s = settings
-    source, eps, lam, apply_layernorm, include_mid = s.source, s.eps, s.lam, s.apply_layernorm, s.include_mid
-    batch_size, max_batches, reuse_projections = s.batch_size, s.max_batches, s.reuse_projections
-    measurement, precision = s.measurement, s.precision
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module (a Transformers model), got {type(model).__name__}")
     if accelerator is not None:
         model = accelerator.unwrap_model(model)
     arch = describe(model)
-    if apply_layernorm and not any(h.attention_norm is not None for h in arch.layers):
+    if s.apply_layernorm and not any(h.attention_norm is not None for h in arch.layers):
         warnings.warn(
             f"apply_layernorm: {arch.model_type or type(model).__name__} has no pre-attention LayerNorm (its blocks "
             "normalise after attention), so the states are measured without one, as with apply_layernorm=False",
@@ -373,36 +310,33 @@ def layer_srr(
         )
     device = model_device(model)
     # float32 views of the projection weights (no copy for a float32 model); float64 copies for precision="float64"
-    u_dtype = torch.float64 if precision == "float64" else torch.float32
-    U = [u.to(device=device, dtype=u_dtype) for u in subspaces(model, source, detach=True)]
+    u_dtype = torch.float64 if s.precision == "float64" else torch.float32
+    U = [u.to(device=device, dtype=u_dtype) for u in subspaces(model, s.source, detach=True)]
     bad = [ell for ell, u in enumerate(U, 1) if not bool(torch.isfinite(u).all())]
     if bad:
-        raise ValueError(f"model: the {source} projections of blocks {bad} contain NaN or inf values")
+        raise ValueError(f"model: the {s.source} projections of blocks {bad} contain NaN or inf values")
     check_finite_weights(model)  # any other weight with NaN/inf, named, before the states would carry it
-    states = _states(arch, include_mid, measurement)
-    given = dict(
-        source=source,
-        eps=eps,
-        lam=lam,
-        apply_layernorm=apply_layernorm,
-        reuse_projections=reuse_projections,
-        measurement=measurement,
-        precision=precision,
-    )
+    states = _states(arch, s.include_mid, s.measurement)
+    per_batch = {k: getattr(s, k) for k in _PER_BATCH}
     with releasing_memory(model, [h.block for h in arch.layers]):  # offloaded blocks: their copies' pages freed
         values, embeddings = _measure(
             model,
-            _batches(inputs, batch_size, accelerator),
+            iter_batches(inputs, s.batch_size, accelerator),
             accelerator,
-            max_batches,
+            s.max_batches,
             progress,
-            include_mid=include_mid,
+            include_mid=s.include_mid,
             arch=arch,
             U=U,
-            **given,
+            **per_batch,
         )
-    settings = _settings(model, arch, device, accelerator, states, **given)
-    return SRRReport.from_values(values, states, settings, embedding_values=embeddings)
+    return SRRReport.from_values(
+        values, states, _settings(model, arch, device, accelerator, states, **per_batch), embedding_values=embeddings
+    )
+
+
+# the settings each batch is measured with (batch_srr_values' keywords) and the report records
+_PER_BATCH = ("source", "eps", "lam", "apply_layernorm", "reuse_projections", "measurement", "precision")
 
 
 __all__ = [

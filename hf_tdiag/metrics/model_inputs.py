@@ -13,9 +13,9 @@ import os
 
 import torch
 
-from .._model_limits import check_texts_fit
-from ..inputs import LazyBatches, check_texts
-from ..loading import load_model, pixel_values_for
+from ..batching import encoded_batches
+from ..inputs import check_texts
+from ..loading import load_model
 from .combining import ABSENT, called_by_combine, compute_options, kept_modes, route_options
 
 
@@ -58,27 +58,11 @@ class ModelInputsMixin:
         if not items:
             kinds = ", ".join(f"{k}=" for k in (*self.input_kinds, "pixel_values"))
             raise ValueError(f"{self.metric_label}: no inputs; pass {kinds}")
-        if isinstance(items[0], str):
-            if "texts" not in self.input_kinds:
-                raise ValueError(f"{self.metric_label}: takes images, got strings")
-            if tokenizer is None and loaded.modality == "image":
-                raise ValueError(f"texts: {loaded.source!r} is an image model; pass images= or pixel_values=")
-            tok = tokenizer if tokenizer is not None else (loaded.processor if loaded.modality == "text" else None)
-            if tok is None:
-                raise ValueError(f"tokenizer: no tokenizer found for {loaded.source!r}; pass tokenizer=")
-            check_texts(items)
-            check_texts_fit(loaded.model, tok, items, max_length, hint="pass max_length={limit}, or shorter texts")
-
-            def prepare(chunk):
-                return dict(tok(list(chunk), padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
-        else:
-
-            def prepare(chunk):
-                return pixel_values_for(list(chunk), loaded)
-
-        if batch_size is None:
-            return loaded, prepare(items)
-        return loaded, LazyBatches(items, batch_size, prepare)
+        if isinstance(items[0], str) and "texts" not in self.input_kinds:
+            raise ValueError(f"{self.metric_label}: takes images, got strings")
+        batches = encoded_batches(loaded, items, batch_size or len(items), tokenizer=tokenizer, max_length=max_length,
+                                  name="texts", hint="pass max_length={limit}, or shorter texts")  # fmt: skip
+        return loaded, (next(iter(batches)) if batch_size is None else batches)
 
     def add_batch(self, *, images=None, texts=None, inputs=None, **kwargs):
         """Store a batch of PIL images (``images=``) or strings (``texts=``)."""

@@ -21,6 +21,7 @@ from torch import nn
 
 from .._caller_state import module_modes, restore_modes
 from .._validation import block_number
+from ..batching import concat, split
 from ..models.crate.configuration_crate import size_pair
 from .concept_decoder import DecoderConceptModel, decoder_block_forward, final_norm
 from .describe import describe
@@ -242,7 +243,7 @@ def pixel_values(inputs) -> torch.Tensor:
     ):
         parts = list(inputs)  # an iterable of batches (e.g. hf_tdiag.inputs.LazyBatches)
         if parts and all(isinstance(p, (torch.Tensor, Mapping)) or hasattr(p, "keys") for p in parts):
-            return torch.cat([pixel_values(p) for p in parts])
+            return concat([pixel_values(p) for p in parts])
         raise TypeError(
             "inputs: expected pixel_values as a tensor (images, channels, height, width), a dict/BatchFeature with "
             "'pixel_values' or an iterable of such batches (run the image processor first)"
@@ -326,10 +327,8 @@ def _model_batches(cm: ConceptModel, inputs, batch_size: int):
     if cm.modality == "text":
         enc = text_encoding(inputs)
         keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in enc]
-        n = enc["input_ids"].shape[0]
-        return [{k: enc[k][i : i + batch_size] for k in keys} for i in range(0, n, batch_size)], enc
-    pixels = pixel_values(inputs)
-    return [{"pixel_values": pixels[i : i + batch_size]} for i in range(0, pixels.shape[0], batch_size)], None
+        return split({k: enc[k] for k in keys}, batch_size), enc
+    return split({"pixel_values": pixel_values(inputs)}, batch_size), None
 
 
 def layer_activations(

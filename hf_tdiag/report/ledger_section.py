@@ -17,14 +17,6 @@ from .section_tools import _TITLES, _add_figures, _skip
 LEDGER_BATCH = 64
 
 
-def _batches(batch, size: int = LEDGER_BATCH) -> list:
-    """The report's inputs in chunks of ``size`` (a tensor, or a dict of tensors cut along the first axis)."""
-    if isinstance(batch, torch.Tensor):
-        return [batch[i : i + size] for i in range(0, batch.shape[0], size)]
-    n = next(v for v in batch.values() if isinstance(v, torch.Tensor)).shape[0]
-    return [{k: v[i : i + size] for k, v in batch.items() if isinstance(v, torch.Tensor)} for i in range(0, n, size)]
-
-
 def _has_whitebox_blocks(model: torch.nn.Module) -> bool:
     from hf_tdiag.diagnostics.objective_ledger import FAMILY_BLOCKS
 
@@ -59,7 +51,7 @@ def section_ledger(loaded: LoadedModel, inputs: ReportInputs | None, options: Re
     if inputs is None:
         return _skip("ledger", title, "needs inputs: each step's objective is measured on the inputs' token states")
     try:
-        report = objective_ledger(loaded.model, _batches(inputs.batch), eps=options.srr_eps)
+        report = objective_ledger(loaded.model, inputs.batch, eps=options.srr_eps, batch_size=LEDGER_BATCH)
     except ValueError as err:
         if _has_whitebox_blocks(loaded.model):
             raise
