@@ -54,6 +54,7 @@ def _run(args) -> int:
 
     import hf_tdiag  # noqa: F401  (registers the crate Auto classes)
     from hf_tdiag._atomic import write_json
+    from hf_tdiag._outputs import hold_output_dir, release_output_dir
     from hf_tdiag.cli import main as cli_main
     from hf_tdiag.inputs import digits_test_images
     from hf_tdiag.loading import quiet_loading
@@ -94,7 +95,13 @@ def _run(args) -> int:
         "report": report_path if code == 0 else None,
         **{k: v for k, v in results.items() if isinstance(v, (int, float, str))},
     }
-    write_json(os.path.join(out, "main_job.json"), summary)
+    # recorded in the folder's manifest as this run's (the report command released the folder): the next run with
+    # --overwrite-output-dir may replace it
+    hold_output_dir(out, OUTPUTS[:1])
+    try:
+        write_json(os.path.join(out, "main_job.json"), summary)
+    finally:
+        release_output_dir(out)
     print(f"[main job] summary written to {os.path.join(out, 'main_job.json')}")
     return code
 
