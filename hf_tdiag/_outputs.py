@@ -496,6 +496,7 @@ def claim_output_dir(
     what: str = "output_dir",
     remove: bool = True,
     records: Sequence[str] = (),
+    check_lock: bool = True,
 ) -> list[str]:
     """Make ``folder`` ready for a new run's outputs or refuse; return the names removed.
 
@@ -508,7 +509,8 @@ def claim_output_dir(
     ``overwrite`` is false, :class:`ForeignFilesError` when the run would remove or replace files no hf-tdiag run
     wrote, :class:`FolderInUseError` when another job holds the folder; ValueError when an output would replace an
     input or the folder cannot be written. ``remove=False`` only checks (the non-main processes of a distributed
-    run, a study that takes its own lock): nothing is created, removed or recorded. Otherwise the folder is held
+    run, a study that takes its own lock): nothing is created, removed or recorded; with ``check_lock=False`` too
+    (those other processes) a folder held by another process is not refused. Otherwise the folder is held
     (locked, its manifest record started) until :func:`release_output_dir` or the process ends.
     """
     folder = os.fspath(folder)
@@ -516,7 +518,8 @@ def claim_output_dir(
         raise ValueError(f"{what}: {folder!r} is an existing file; expected a folder")
     inputs = [os.fspath(p) for p in inputs if p is not None]
     writes = [os.fspath(w) for w in writes]
-    check_not_in_use(folder, what)
+    if remove or check_lock:  # the other processes of a distributed run skip it: their main process holds the lock
+        check_not_in_use(folder, what)
     _check_inputs(folder, writes, inputs, model_output)
     protected = _input_names(folder, inputs)
     clashes = {w for w in writes if os.path.lexists(os.path.join(folder, w))} - protected

@@ -223,6 +223,13 @@ def test_a_second_training_into_a_folder_a_running_training_holds_is_refused(tmp
                          "--output-dir", str(folder), "--overwrite-output-dir"])  # fmt: skip
         assert "in use by another running hf-tdiag job" in _one_line_error(capsys, code)
         assert _tree(folder) == before
+        # the other processes of a distributed run only check: their main process holds the lock
+        from hf_tdiag.training.args import make_args
+        from hf_tdiag.training.checkpointing import claim_training_dir
+
+        args = make_args(output_dir=str(folder), overwrite_output_dir=True)
+        assert claim_training_dir(args, is_main=False, notify=None) is None
+        assert _tree(folder) == before
     finally:
         first.kill()  # SIGKILL
         first.wait()

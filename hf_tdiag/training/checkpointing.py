@@ -294,7 +294,8 @@ def claim_training_dir(args, *, is_main: bool = True, notify: Callable[[str], No
     )
 
     output_dir = os.fspath(args.output_dir)
-    check_not_in_use(output_dir)  # a folder another training is writing: say so before reading its checkpoints
+    if is_main:  # a folder another training is writing: say so before reading its checkpoints (the other
+        check_not_in_use(output_dir)  # processes of this run skip it: their main process takes the lock)
     inputs = [getattr(args, k, None) for k in ("model_name_or_path", "train_dir", "validation_dir", "dataset_path")]
     inputs = [p for p in inputs if isinstance(p, (str, os.PathLike)) and os.path.exists(p)]
     spec = getattr(args, "resume_from_checkpoint", None)
@@ -328,6 +329,7 @@ def claim_training_dir(args, *, is_main: bool = True, notify: Callable[[str], No
         model_output=True,
         notify=notify,
         remove=is_main,
+        check_lock=is_main,
         records=TRAIN_RECORDS,
     )
     return path
