@@ -625,3 +625,17 @@ def test_float32_guard_compares_the_estimate_with_the_tolerance_and_the_inner_le
             assert seen == ([torch.float32, torch.float64] if fallback else [torch.float32]), (c, value)
         if c < 1:
             assert float(logdet.abs().max()) < 1.0
+
+
+def test_srr_from_terms_is_the_papers_combination():
+    """SRR = Rᶜ − R + λ·sparsity, worked by hand: 3 − 2 + 2·0.5 = 2; the diagnostics' terms follow it."""
+    import torch
+
+    from hf_tdiag.measures.coding_rate import srr_from_terms, srr_terms
+
+    out = srr_from_terms(torch.tensor([2.0]), torch.tensor([3.0]), torch.tensor([0.5]), 2.0)
+    assert out.tolist() == [2.0]
+    torch.manual_seed(0)
+    Z, U = torch.randn(2, 6, 8, dtype=torch.float64), torch.randn(2, 8, 4, dtype=torch.float64)
+    t = srr_terms(Z, U, eps=0.5, lam=0.3)
+    torch.testing.assert_close(t["srr"], t["Rc"] - t["R"] + 0.3 * t["sparsity"], rtol=0, atol=0)

@@ -50,6 +50,7 @@ from ..measures.coding_rate import (
     compression_rate_from_projections,
     official_compression_rate,
     sparsity,
+    srr_from_terms,
 )
 from ..probes.describe import describe
 from ..probes.offload import releasing_memory
@@ -87,7 +88,7 @@ class _StateTerms:
     def __call__(self, Z, Rc) -> torch.Tensor:
         """The four terms, ``Rc`` given (computed after :meth:`rc`, which scans ``Z``)."""
         R, sp = self._r_sparsity(Z)
-        return torch.stack([R, Rc, sp, Rc - R + self.lam * sp], dim=-1)
+        return torch.stack([R, Rc, sp, srr_from_terms(R, Rc, sp, self.lam)], dim=-1)
 
     def rc(self, Z, U, A=None):
         """``Rᶜ(Z; U)`` (from ``A`` = the forward's own projections when given); scans ``Z`` once."""

@@ -48,6 +48,7 @@ __all__ = [
     "official_compression_rate",
     "sparsity",
     "sparse_rate_reduction",
+    "srr_from_terms",
     "srr_terms",
 ]
 
@@ -335,6 +336,11 @@ def sparsity(Z: torch.Tensor, token_mask: torch.Tensor | None = None, *, check_f
     return _sparsity(Z, _check_mask(token_mask, Z))
 
 
+def srr_from_terms(R: torch.Tensor, Rc: torch.Tensor, sparsity: torch.Tensor, lam: float) -> torch.Tensor:
+    """``SRR = Rᶜ − R + λ·sparsity`` from the three terms (Yu et al. 2023, eq. 1; lower is better)."""
+    return Rc - R + lam * sparsity
+
+
 @threaded("dense")
 def sparse_rate_reduction(
     Z: torch.Tensor,
@@ -385,4 +391,4 @@ def srr_terms(
     R = _coding_rate(Z, eps, mask, precision)
     Rc = _compression_rate(projections, eps, mask, precision)
     sp = _sparsity(Z, mask)
-    return {"R": R, "Rc": Rc, "sparsity": sp, "srr": Rc - R + lam * sp}
+    return {"R": R, "Rc": Rc, "sparsity": sp, "srr": srr_from_terms(R, Rc, sp, lam)}
