@@ -21,8 +21,8 @@ ALL = (SRRSettings, SchattenSettings, ConceptSettings, AttentionSVMSettings, Led
 
 def _diagnostics():
     from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
-    from hf_tdiag.diagnostics.objective_ledger import objective_ledger
     from hf_tdiag.diagnostics.concepts import concept_fidelity
+    from hf_tdiag.diagnostics.objective_ledger import objective_ledger
     from hf_tdiag.diagnostics.schatten import spectrum_bounds
     from hf_tdiag.diagnostics.srr import layer_srr
 

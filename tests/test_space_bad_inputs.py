@@ -171,12 +171,12 @@ def test_a_mode_pillow_cannot_convert_is_named(crate_dir):
 
 ARGUMENT_ERRORS = [
     # (id, handler call, text of the error)
-    ("concepts not a number", lambda d: H.concepts_tab(d, None, "many"), "must be integers"),
+    ("concepts not a number", lambda d: H.concepts_tab(d, None, "many"), "n_concepts: expected a positive integer"),
     ("extra digits too many", lambda d: H.concepts_tab(d, None, 4, -1, 10**6), "extra digits images: expected 0..256"),
     ("svm n huge", lambda d: H.svm_experiment(n=10**9), "n: expected an integer in [1, 32], got 1000000000"),
     ("svm d text", lambda d: H.svm_experiment(d="wide"), "d: expected an integer in [2, 64], got 'wide'"),
     ("example index huge", lambda d: H.digits_example(10**9), "example: expected an index between 0 and"),
-    ("L_phi text", lambda d: H.bounds_tab(d, "abc"), "L_phi: expected a positive number, got 'abc'"),
+    ("L_phi text", lambda d: H.bounds_tab(d, "abc"), "L_phi: expected a finite number > 0, got 'abc'"),
     ("head out of range", lambda d: H.svm_head_tab(d, None, 1, 99, 2), "head: expected 0..3, got 99"),
 ]
 

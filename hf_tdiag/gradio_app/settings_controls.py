@@ -51,7 +51,8 @@ def _read(f, value):
         try:
             return float(value)
         except ValueError:
-            raise UserInputError(f"{f.name}: expected a number, got {value!r}") from None
+            words = f.bounds.words() if f.bounds is not None else "a number"
+            raise UserInputError(f"{f.name}: expected {words}, got {value!r}") from None
     return value
 
 
