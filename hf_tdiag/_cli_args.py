@@ -156,7 +156,8 @@ def device(text: str) -> str:
 
 
 def add_output_dir(parser, default: str | None, help: str, *aliases: str, required: bool = False) -> None:
-    """``--output-dir DIR`` (``--output_dir`` accepted; ``aliases`` are old names kept for scripts)."""
+    """``--output-dir DIR`` (``--output_dir`` accepted; ``aliases`` are old names kept for scripts); a measuring
+    command's ``default`` is :func:`default_output_dir`."""
     parser.add_argument(
         "--output-dir", *aliases, type=output_dir, default=default, required=required, metavar="DIR", help=help
     )
@@ -165,10 +166,67 @@ def add_output_dir(parser, default: str | None, help: str, *aliases: str, requir
     add_overwrite_flag(parser)  # a folder holding another run's results is refused without it
 
 
-def add_input_flags(parser, *, texts: bool = True, required: bool = True, max_samples: int = MAX_SAMPLES) -> None:
-    """The inputs a measure runs on: one of ``--images DIR``, ``--dataset NAME``, ``--texts FILE``; ``--split``;
-    ``--max-samples N`` (``--limit``/``--max-images`` kept as old names)."""
-    src = parser.add_mutually_exclusive_group(required=required)
+#: where a command writes when --output-dir is not given: one folder per command under one root
+OUTPUT_ROOT = "hf-tdiag-out"
+INPUT_FLAGS = "--images DIR, --dataset NAME or --texts FILE"
+INPUTS_HELP = (
+    "Inputs: one of --images, --dataset or --texts; without them, the held-out split of the dataset the model was "
+    "trained on, where its folder's all_results.json (written by hf-tdiag's trainer) names one."
+)
+
+
+def default_output_dir(command: str) -> str:
+    """``hf-tdiag-out/<command>``: every command's default output folder."""
+    return f"{OUTPUT_ROOT}/{command}"
+
+
+def trained_on(model: str) -> tuple[str, str] | None:
+    """``(dataset, split)`` of the held-out data a model folder was trained on, from the ``all_results.json`` hf-tdiag's
+    trainer writes beside the model; None where the folder records none that can be read again (a split carved out
+    of the training data, or a plain image folder)."""
+    import json
+    import os
+
+    path = os.path.join(str(model), "all_results.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            record = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    dataset, split = (record.get("dataset"), record.get("eval_split")) if isinstance(record, dict) else (None, None)
+    if dataset == "sklearn-digits":
+        return "digits", "test"
+    if not (isinstance(dataset, str) and isinstance(split, str) and re.fullmatch(r"\w+", split)):
+        return None
+    if os.path.isdir(dataset) and not os.path.isfile(os.path.join(dataset, "dataset_dict.json")):
+        return None  # a folder of images: no split to read again
+    return dataset, split
+
+
+def default_inputs(args: argparse.Namespace, models, *, required: bool = True) -> bool:
+    """When no input flag was given, set ``args.dataset``/``args.split`` to the held-out data every one of ``models``
+    was trained on (:func:`trained_on`; they must agree). True when inputs are set; else False, or with ``required``
+    a ValueError naming the flags."""
+    if any(getattr(args, name, None) is not None for name in ("images", "dataset", "texts")):
+        return True
+    found = {trained_on(m) for m in models}
+    if len(found) == 1 and None not in found:
+        dataset, split = found.pop()
+        args.dataset, args.split = dataset, args.split or split
+        print(f"inputs: the {args.split} split of {dataset!r}, the data the model was trained on")
+        return True
+    if not required:
+        return False
+    why = "records no dataset it was trained on" if len(models) == 1 else "do not record one common training dataset"
+    names = ", ".join(repr(str(m)) for m in models)
+    raise ValueError(f"inputs: pass {INPUT_FLAGS} ({names} {why})")
+
+
+def add_input_flags(parser, *, texts: bool = True, max_samples: int = MAX_SAMPLES) -> None:
+    """The inputs a measure runs on: one of ``--images DIR``, ``--dataset NAME``, ``--texts FILE`` (none: the data the
+    model was trained on, :func:`default_inputs`); ``--split``; ``--max-samples N`` (``--limit``/``--max-images`` kept
+    as old names)."""
+    src = parser.add_mutually_exclusive_group()
     src.add_argument(
         "--images", metavar="DIR", help="folder of images (class sub-folders allowed) or a save_to_disk folder"
     )

@@ -6,12 +6,15 @@ import argparse
 import os
 
 from .._cli_args import (
+    INPUTS_HELP,
     add_device_flag,
     add_input_flags,
     add_output_dir,
     add_settings_flags,
     add_threads_flag,
     add_trust_remote_code_flag,
+    default_inputs,
+    default_output_dir,
     finite_float,
     flatten,
     list_of,
@@ -44,7 +47,7 @@ def register(subparsers) -> None:
             "each: delta_rec, delta_gram, the empirical KL when the layer-l concept tokens are replaced by A_hat (CLS "
             "untouched), top-1 agreement and the KL bound twice: certified (every constant an upper bound, "
             "docs/concept_bound.md) and estimated (local estimates). With --layers all: the same for every layer "
-            "(first --gram-weight), with a log-scale figure. MODEL is a local folder or a Hub id."
+            "(first --gram-weight), with a log-scale figure. MODEL is a local folder or a Hub id. " + INPUTS_HELP
         ),
     )
     p.add_argument("model", metavar="MODEL", help="local model folder (save_pretrained) or Hub id")
@@ -98,7 +101,9 @@ def register(subparsers) -> None:
     add_threads_flag(p)
     p.add_argument("--no-figures", action="store_true", help="write only the JSON and the table")
     add_output_dir(
-        p, "concepts_out", "where concepts.json (or sweep.json), table.txt and figures go (default concepts_out)"
+        p,
+        default_output_dir("concepts"),
+        f"where concepts.json (or sweep.json), table.txt and figures go (default {default_output_dir('concepts')})",
     )
     add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
@@ -312,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--gram-weight: expected values >= 0, got {args.gram_weight}")
     from hf_tdiag._outputs import claim_args
 
+    default_inputs(args, [args.model])
     claim_args(
         args,
         ["sweep.json" if args.layers is not None else "concepts.json", "table.txt"],
