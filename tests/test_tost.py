@@ -187,3 +187,34 @@ def test_save_reload_identical_logits(tmp_path):
     with torch.no_grad():
         expected = model(x).logits
         assert torch.equal(reloaded(x).logits, expected)
+
+
+def test_class_attention_maps_come_from_the_eager_path_and_match_sdpa():
+    """Attention maps asked of an sdpa model: the class attention runs on the eager path, its CLS query's softmax
+    over every token written out here; the eager model's logits are the sdpa model's."""
+    model = _randomized(_small())
+    model.set_attn_implementation("sdpa")
+    img = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        out = model(img, output_attentions=True)
+        block = model.tost.class_attention[0]
+        tokens = model.tost.embed(img)
+        for layer in model.tost.layer:
+            tokens = layer(tokens)[0]
+        z = torch.cat([model.tost.cls_token.expand(2, -1, -1), tokens], 1)
+        q, k, _ = block.attn.qkv(block.norm1(z)).reshape(2, 5, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        expected = torch.softmax(q[:, :, :1] @ k.transpose(-1, -2) / 8**0.5, -1)
+    assert len(out.attentions) == 2 and out.attentions[0].shape == (2, 2, 1, 5)
+    torch.testing.assert_close(out.attentions[0], expected, rtol=1e-5, atol=1e-6)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        torch.testing.assert_close(model(img).logits, out.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_eval_ignores_the_attention_dropout():
+    dropped = _randomized(_small(attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.5))
+    plain = _randomized(_small())
+    plain.load_state_dict(dropped.state_dict())
+    img = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(dropped(img).logits, plain.eval()(img).logits, rtol=0, atol=0)
