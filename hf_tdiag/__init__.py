@@ -15,9 +15,6 @@ __version__ = "0.1.0"
 from ._lazy import lazy_exports as _lazy_exports  # noqa: E402
 from .models.families import register_all as _register_all  # noqa: E402
 
-if "hf_tdiag_cli" not in sys.modules:  # the console script registers once it has parsed (--help stays torch-free)
-    _register_all()
-
 # public name -> "module:attribute", resolved on first access
 _LAZY = {
     "CrateConfig": "hf_tdiag.models.crate:CrateConfig",
@@ -96,3 +93,7 @@ __getattr__ = _lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = ["__version__", "metric_path", *_LAZY]
+
+# last: the model modules the registration imports may import from a complete hf_tdiag (their card mixin)
+if "hf_tdiag_cli" not in sys.modules:  # the console script registers once it has parsed (--help stays torch-free)
+    _register_all()
