@@ -53,12 +53,13 @@ def _tiny(model_type: str, **overrides):
 
 
 def _exported_classes() -> dict[str, type]:
-    """Every class ``hf_tdiag`` or a family package exports, by name (resolved through their lazy tables)."""
+    """Every class of ``hf_tdiag.models`` that ``hf_tdiag`` or a family package exports, by name (resolved through
+    their lazy tables)."""
     packages = [hf_tdiag, *(importlib.import_module(f"hf_tdiag.models.{f.package}") for f in FAMILIES.values())]
     found = {}
     for package in packages:
-        for name in package._LAZY:
-            value = getattr(package, name)
+        for name, target in package._LAZY.items():
+            value = getattr(package, name) if target.startswith("hf_tdiag.models.") else None
             if isinstance(value, type):
                 found[name] = value
     return found
@@ -86,6 +87,19 @@ def test_the_table_names_every_family_folder_and_every_exported_class():
     assert registrable.keys() == in_table.keys(), sorted(registrable.keys() ^ in_table.keys())
     for name, cls in registrable.items():
         assert in_table[name] is cls, name
+    # every model class a family's modeling modules define (its abstract base aside) is in its entry
+    for family in FAMILIES.values():
+        folder = os.path.join(MODELS, family.package)
+        defined = set()
+        for name in sorted(f[:-3] for f in os.listdir(folder) if f.startswith("modeling_") and f.endswith(".py")):
+            module = importlib.import_module(f"hf_tdiag.models.{family.package}.{name}")
+            defined |= {
+                c.__name__
+                for c in vars(module).values()
+                if isinstance(c, type) and c.__module__ == module.__name__ and issubclass(c, PreTrainedModel)
+            }
+        in_entry = {t.split(":")[1] for t in family.models.values()}
+        assert {n for n in defined if not n.endswith("PreTrainedModel")} == in_entry, family.model_type
     # and each family package exports every class of its entry, as the object the entry names
     for family in FAMILIES.values():
         package = importlib.import_module(f"hf_tdiag.models.{family.package}")
