@@ -157,6 +157,9 @@ CASES = [
     Case("text-multiple-choice", "crate_text", CrateTextForMultipleChoice, _text(False), text=True, choices=3),
 ]
 BY_NAME = {case.name: case for case in CASES}
+# one head class per family (the checks that cost more than a forward)
+FAMILY_HEADS = ["crate-classification", "crate-alpha-classification", "crate-mae-classification",
+                "tost-classification", "text-causal-lm"]  # fmt: skip
 
 
 def compared(case: Case, output, inputs: dict) -> dict[str, torch.Tensor]:
@@ -179,3 +182,15 @@ def compared(case: Case, output, inputs: dict) -> dict[str, torch.Tensor]:
                 tensor = tensor * mask[:, None, -tensor.shape[2] :, None].to(tensor.dtype)
             out[f"{name}.{i}"] = tensor
     return out
+
+
+def _run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)
+
+
+def _assert_same(case, a, b, inputs, atol=1e-5):
+    ta, tb = compared(case, a, inputs), compared(case, b, inputs)
+    assert ta.keys() == tb.keys()
+    for key in ta:
+        torch.testing.assert_close(ta[key], tb[key], rtol=atol, atol=atol, msg=key)

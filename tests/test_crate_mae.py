@@ -10,7 +10,7 @@ from transformers import AutoModel
 
 import hf_tdiag  # noqa: F401
 from hf_tdiag.cli import main as cli_main
-from hf_tdiag.models.crate_mae import CrateMAEConfig, CrateMAEModel
+from hf_tdiag.models.crate_mae import CrateMAEConfig, CrateMAEForPreTraining, CrateMAEModel
 from hf_tdiag.models.crate_mae.convert_official import convert_official_crate_mae
 
 D, DEPTH, DEC, HEADS, P, IMG, C = 16, 2, 2, 2, 2, 8, 1
@@ -139,3 +139,52 @@ def test_cli_converts_and_the_encoder_loads_alone(tmp_path, capsys):
     assert line.endswith("0 after reloading")
     encoder = AutoModel.from_pretrained(tmp_path / "out")
     assert isinstance(encoder, CrateMAEModel) and encoder.config.model_type == "crate-mae"
+
+
+def test_sincos_positions_are_the_float64_formula_bit_for_bit():
+    from hf_tdiag.models.crate_mae.modeling_crate_mae import sincos_position_embedding
+
+    assert torch.equal(sincos_position_embedding(64, 14), _sincos(64, 14))  # 14x14 patches, as ViT-B/16 at 224
+
+
+def test_unpatchify_inverts_patchify_in_the_documented_layout():
+    """Patches row by row, the pixels of a patch row by row, channels last; three channels."""
+    config = CrateMAEConfig(image_size=4, patch_size=2, num_channels=3, hidden_size=16, num_hidden_layers=1,
+                            num_attention_heads=2, decoder_num_hidden_layers=1, decoder_num_attention_heads=2)  # fmt: skip
+    model = CrateMAEForPreTraining(config)
+    img = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).reshape(2, 3, 4, 4)
+    patches = model.patchify(img)
+    assert patches.shape == (2, 4, 12)
+    # patch 1 = rows 0-1, columns 2-3; its first entries: pixel (0, 2) in channels 0, 1, 2, then pixel (0, 3)
+    assert patches[0, 1, :6].tolist() == [img[0, c, 0, col].item() for col in (2, 3) for c in range(3)]
+    assert torch.equal(model.unpatchify(patches), img)
+
+
+def test_the_loss_over_a_single_masked_patch_is_that_patchs_error():
+    config = CrateMAEConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=16, num_hidden_layers=1,
+                            num_attention_heads=2, decoder_num_hidden_layers=1, decoder_num_attention_heads=2,
+                            mask_ratio=1 / 16)  # fmt: skip
+    torch.manual_seed(0)
+    model = CrateMAEForPreTraining(config).eval()
+    img = torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = model(img, noise=torch.rand(1, 16, generator=torch.Generator().manual_seed(2)))
+    assert float(out.mask.sum()) == 1.0
+    n = int(out.mask[0].argmax())
+    expected = ((out.logits[0, n] - model.patchify(img)[0, n]) ** 2).mean()
+    torch.testing.assert_close(out.loss, expected)
+
+
+def test_one_head_has_no_output_matrix():
+    """As the authors' code: with K = 1 (p = d) the MSSA output is the head itself."""
+    config = CrateMAEConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=16, num_hidden_layers=1,
+                            num_attention_heads=1, decoder_num_hidden_layers=1, decoder_num_attention_heads=1)  # fmt: skip
+    torch.manual_seed(0)
+    attention = CrateMAEModel(config).encoder[0].attention
+    assert attention.out_proj is None
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        out, _ = attention(x)
+        w = attention.qkv(x)
+        expected = torch.softmax(w @ w.transpose(-1, -2) / 4.0, -1) @ w
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
