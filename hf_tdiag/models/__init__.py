@@ -1,1 +1,1 @@
-"""Model families shipped by hf-tdiag."""
+"""Model families shipped by hf-tdiag, each declared once in :mod:`hf_tdiag.models.families`."""
