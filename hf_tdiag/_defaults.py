@@ -11,5 +11,7 @@ DEFAULT_RANK_TOL = 1e-10
 
 #: the sections of ``hf-tdiag report``, in page order (the command line checks --sections against them)
 REPORT_SECTIONS = ("summary", "srr", "schatten", "concepts", "attention", "ledger")
+#: the sections that run the model on inputs (the others read its weights and config)
+SECTIONS_WITH_INPUTS = ("srr", "concepts", "attention", "ledger")
 
-__all__ = ["DEFAULT_L_PHI", "DEFAULT_RANK_TOL", "REPORT_SECTIONS"]
+__all__ = ["DEFAULT_L_PHI", "DEFAULT_RANK_TOL", "REPORT_SECTIONS", "SECTIONS_WITH_INPUTS"]

@@ -88,7 +88,7 @@ def parse_args(argv=None):
         help="Gram weights mu to fit (default 0 0.3 1 3 10)",
     )
     p.add_argument("--kl-weight", type=finite_float, default=10.0, help="lambda of the supervised fit (default 10)")
-    add_input_flags(p, texts=False, required=False, max_samples=256)
+    add_input_flags(p, texts=False, max_samples=256)
     p.add_argument("--max-iter", type=positive_int, default=200, help="Semi-NMF iterations (default 200)")
     p.add_argument(
         "--refine-iter", type=non_negative_int, default=100, help="joint / supervised iterations (default 100)"
@@ -297,9 +297,9 @@ def run_compare(args) -> int:
     from hf_tdiag._atomic import write_json, write_text
     from hf_tdiag._threads import model_threads
     from hf_tdiag.commands.concepts import _json_ready, format_table
-    from hf_tdiag.diagnostics.concept_compare import compare_concepts
-    from hf_tdiag.diagnostics.concepts import layer_activations
+    from hf_tdiag.diagnostics.concepts import compare_concepts
     from hf_tdiag.loading import load_model, pixel_values_for
+    from hf_tdiag.probes.concept_model import layer_activations
     from hf_tdiag.viz.concepts import (
         plot_concept_heatmaps,
         plot_kl_vs_bound,

@@ -448,7 +448,12 @@ CLI_CASES = [
         "--eps: expected a finite number",
     ),
     ("srr batch size 0", ["srr", "{root}/crate", "--dataset", "digits", "--batch-size", "0"], 2, "--batch-size"),
-    ("srr no input", ["srr", "{root}/crate"], 2, "one of the arguments --images --dataset --texts is required"),
+    (
+        "srr no input",
+        ["srr", "{root}/crate"],
+        1,
+        "inputs: pass --images DIR, --dataset NAME or --texts FILE ('{root}/crate' records no dataset",
+    ),
     (
         "srr unknown flag",
         ["srr", "{root}/crate", "--dataset", "digits", "--frobnicate"],

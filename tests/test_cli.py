@@ -186,11 +186,48 @@ def test_schatten_old_l_phi_spellings():
 
 
 @pytest.mark.parametrize("command, extra", [("srr", []), ("concepts", []), ("attention-svm", ["--layer", "1"])])
-def test_measuring_commands_require_one_input(command, extra, capsys):
-    with pytest.raises(SystemExit) as info:
-        cli_main([command, "m", *extra])
-    assert info.value.code == 2
-    assert "one of the arguments --images --dataset" in capsys.readouterr().err
+def test_measuring_commands_require_one_input(command, extra, capsys, tmp_path):
+    """A model that records no training dataset needs an input flag; nothing is written or loaded first."""
+    out = tmp_path / "out"
+    assert cli_main([command, "m", *extra, "--output-dir", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"hf-tdiag {command}: error: inputs: pass --images DIR, --dataset NAME or --texts FILE")
+    assert "'m' records no dataset it was trained on" in err and not out.exists()
+
+
+def test_a_model_trained_by_hf_tdiag_is_measured_on_its_held_out_split_and_outputs_have_one_root(
+    tmp_path, monkeypatch, capsys
+):
+    """Without an input flag the inputs are the split the folder's all_results.json names (the trainer's record);
+    with --dataset the flag wins; outputs default to hf-tdiag-out/<command>."""
+    import json
+
+    from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcessor
+    from hf_tdiag._cli_args import trained_on
+
+    model_dir = tmp_path / "run"
+    model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=1))
+    model.save_pretrained(model_dir)
+    CrateImageProcessor.for_config(model.config).save_pretrained(model_dir)
+    assert trained_on(str(model_dir)) is None
+    (model_dir / "all_results.json").write_text(json.dumps({"dataset": "sklearn-digits", "eval_split": "test"}))
+    assert trained_on(str(model_dir)) == ("digits", "test")
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["srr", str(model_dir), "--max-samples", "6", "--no-mid"]) == 0
+    assert "inputs: the test split of 'digits'" in capsys.readouterr().out
+    (report,) = json.loads((tmp_path / "hf-tdiag-out" / "srr" / "srr.json").read_text())["reports"].values()
+    from hf_tdiag import layer_srr
+    from hf_tdiag.inputs import digits_images
+
+    pixels = CrateImageProcessor.for_config(model.config)(images=digits_images(limit=6, split="test").images,
+                                                           return_tensors="pt")["pixel_values"]  # fmt: skip
+    expected = layer_srr(model, pixels, include_mid=False, progress=False)
+    assert report["num_samples"] == 6
+    assert report["mean"]["output"]["srr"] == pytest.approx(expected.mean["output"]["srr"], rel=1e-6)
+    # records that name no split to read again give no default
+    for record in ({"dataset": "x", "eval_split": "train[0.1 held out]"}, {"dataset": str(tmp_path)}, [1], "{"):
+        (model_dir / "all_results.json").write_text(record if isinstance(record, str) else json.dumps(record))
+        assert trained_on(str(model_dir)) is None
 
 
 def test_one_default_number_of_concepts():
@@ -383,3 +420,22 @@ def test_save_pretrained_writes_the_auto_maps_without_the_auto_classes_in_use(tm
 def test_trust_remote_code_is_an_explicit_flag(command, extra):
     assert _parse([command, "m", *extra]).trust_remote_code is False
     assert _parse([command, "m", *extra, "--trust_remote_code"]).trust_remote_code is True
+
+
+def test_report_without_inputs_names_the_sections_that_need_them_and_runs_the_weight_only_ones(tmp_path, capsys):
+    import json
+
+    from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcessor
+
+    model_dir = tmp_path / "model"
+    model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=1))
+    model.save_pretrained(model_dir)
+    CrateImageProcessor.for_config(model.config).save_pretrained(model_dir)
+    out = tmp_path / "out"
+    assert cli_main(["report", str(model_dir), "--output-dir", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "inputs: the sections srr, concepts, attention, ledger measure the model on inputs" in err
+    assert "--sections summary,schatten" in err and not out.exists()
+    assert cli_main(["report", str(model_dir), "--sections", "summary,schatten", "--output-dir", str(out)]) == 0
+    sections = json.loads((out / "report.json").read_text())["sections"]
+    assert {k: v["status"] for k, v in sections.items()} == {"summary": "ok", "schatten": "ok"}

@@ -49,7 +49,16 @@ def test_cli_report_into_a_model_folder_named_config_refuses_and_keeps_the_model
     before = _tree(tmp_path / "model")
     for extra in ([], ["--overwrite-output-dir"]):
         code, err = _cli(
-            ["report", str(tmp_path / "model"), "-o", str(tmp_path / "model" / "config.html"), *extra], capsys
+            [
+                "report",
+                str(tmp_path / "model"),
+                "--dataset",
+                "digits",
+                "-o",
+                str(tmp_path / "model" / "config.html"),
+                *extra,
+            ],
+            capsys,
         )
         assert code == 1 and "config.json" in err and "would replace" in err and len(err.strip().splitlines()) == 1
     assert _tree(tmp_path / "model") == before and not (tmp_path / "model" / "config.html").exists()
@@ -65,8 +74,8 @@ def test_cli_report_into_a_model_folder_named_config_refuses_and_keeps_the_model
             ["attention-svm", "M", "--layer", "1", "--dataset", "digits", "--output-dir", "N"],
             "already holds another run's",
         ),
-        (["report", "M", "--output-dir", "N"], "already holds another run's"),
-        (["report", "M", "-o", "page.txt"], "--output: expected a file name ending in .html"),
+        (["report", "M", "--dataset", "digits", "--output-dir", "N"], "already holds another run's"),
+        (["report", "M", "--dataset", "digits", "-o", "page.txt"], "--output: expected a file name ending in .html"),
         (["srr", "M", "--dataset", "digits", "--output_dir", "old"], "srr.json"),  # the underscore spelling too
     ],
     ids=["srr", "schatten", "concepts", "attention-svm", "report", "report-suffix", "srr-old-results"],

@@ -6,12 +6,15 @@ import argparse
 import os
 
 from .._cli_args import (
+    INPUTS_HELP,
     add_device_flag,
     add_input_flags,
     add_output_dir,
     add_settings_flags,
     add_threads_flag,
     add_trust_remote_code_flag,
+    default_inputs,
+    default_output_dir,
     plain,
     positive_int,
     settings_from_args,
@@ -35,7 +38,7 @@ def register(subparsers) -> None:
             "each query's attended token as its selection, solve the attention SVM W_mm = argmin ||W|| s.t. "
             "(x_sel - x_t)^T W x_q >= 1 in the head's input space, and report the correlation of the head's "
             "W_K^T W_Q with W_mm, its margins against the SVM margin and how one-hot its attention is. "
-            "Writes attention_svm.json and one figure per head. MODEL is a local folder or a Hub id."
+            "Writes attention_svm.json and one figure per head. MODEL is a local folder or a Hub id. " + INPUTS_HELP
         ),
     )
     p.add_argument("model", metavar="MODEL", help="local model folder (save_pretrained) or Hub id")
@@ -62,7 +65,11 @@ def register(subparsers) -> None:
     )
     add_device_flag(p)
     add_threads_flag(p)
-    add_output_dir(p, "attention_svm_out", "where attention_svm.json and the figures go (default attention_svm_out)")
+    add_output_dir(
+        p,
+        default_output_dir("attention-svm"),
+        f"where attention_svm.json and the figures go (default {default_output_dir('attention-svm')})",
+    )
     add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
 
@@ -110,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_tdiag.viz import save_figure
     from hf_tdiag.viz.attention_svm import plot_head_diagnostic
 
+    default_inputs(args, [args.model])
     claim_args(
         args,
         ["attention_svm.json"],

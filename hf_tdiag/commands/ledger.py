@@ -7,12 +7,15 @@ import argparse
 import os
 
 from .._cli_args import (
+    INPUTS_HELP,
     add_device_flag,
     add_input_flags,
     add_output_dir,
     add_settings_flags,
     add_threads_flag,
     add_trust_remote_code_flag,
+    default_inputs,
+    default_output_dir,
     plain,
     positive_int,
     settings_from_args,
@@ -29,7 +32,7 @@ def register(subparsers) -> None:
             "For every block, measure the objective of each step before and after it on the given images: "
             "Rc(Z; U) across MSSA, the LASSO objective across each ISTA step (CRATE's one, CRATE-α's two), ToST's "
             "variational compression objective across TSSA; flag the steps that increase theirs. Writes "
-            "ledger.json, ledger.csv and ledger.png. Models that are not white-box are refused."
+            "ledger.json, ledger.csv and ledger.png. Models that are not white-box are refused. " + INPUTS_HELP
         ),
     )
     p.add_argument("model", metavar="MODEL", help="a local model folder (save_pretrained) or a Hub id")
@@ -38,7 +41,11 @@ def register(subparsers) -> None:
     add_settings_flags(p, LedgerSettings)
     add_device_flag(p)
     add_threads_flag(p)
-    add_output_dir(p, "ledger_out", "where ledger.json, ledger.csv and ledger.png go (default ledger_out)")
+    add_output_dir(
+        p,
+        default_output_dir("ledger"),
+        f"where ledger.json, ledger.csv and ledger.png go (default {default_output_dir('ledger')})",
+    )
     add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
 
@@ -70,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_tdiag.loading import load_model
     from hf_tdiag.viz import save_figure
 
+    default_inputs(args, [args.model])
     claim_args(args, ["ledger.json", "ledger.csv", "ledger.png"], inputs=[args.model, args.images, args.texts])
     if args.images is not None and not os.path.isdir(args.images):
         raise ValueError(f"images: expected a folder, got {args.images!r}")

@@ -1,8 +1,9 @@
 """``hf-tdiag report MODEL [--images DIR|--dataset NAME|--texts FILE] --output-dir DIR``: one-page diagnostics report.
 
 Writes a self-contained HTML page (figures embedded), ``report.html``, and the numbers behind it, ``report.json``,
-into ``--output-dir``. Without an input flag only the weight-based sections run. Exit code 1 if any section
-failed (the page is still written).
+into ``--output-dir``. Without an input flag the inputs are the held-out data the model was trained on (a model
+trained by hf-tdiag records it); a model that records none needs an input flag, unless ``--sections`` names only the
+weight-based sections (summary, schatten). Exit code 1 if any section failed (the page is still written).
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ import os
 import sys
 
 from .._cli_args import (
+    INPUT_FLAGS,
     NUM_CONCEPTS,
     add_input_flags,
     add_output_dir,
     add_threads_flag,
     add_trust_remote_code_flag,
+    default_inputs,
+    default_output_dir,
     flatten,
     list_of,
     non_negative_int,
     plain,
     positive_int,
 )
-from .._defaults import REPORT_SECTIONS
+from .._defaults import REPORT_SECTIONS, SECTIONS_WITH_INPUTS
 
 
 def register(subparsers) -> None:
@@ -33,8 +37,12 @@ def register(subparsers) -> None:
         description=plain(__doc__),
     )
     p.add_argument("model", help="local model folder (save_pretrained) or Hub id (loaded with trust_remote_code=False)")
-    add_input_flags(p, required=False)
-    add_output_dir(p, "report_out", "folder for report.html and report.json (default report_out)")
+    add_input_flags(p)
+    add_output_dir(
+        p,
+        default_output_dir("report"),
+        f"folder for report.html and report.json (default {default_output_dir('report')})",
+    )
     p.add_argument(
         "-o",
         "--output",
@@ -84,6 +92,15 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from hf_tdiag._outputs import claim_args
 
+    sections = flatten(args.sections)
+    if not default_inputs(args, [args.model], required=False):
+        need = [s for s in (sections or REPORT_SECTIONS) if s in SECTIONS_WITH_INPUTS]
+        if need:
+            free = ",".join(s for s in REPORT_SECTIONS if s not in SECTIONS_WITH_INPUTS)
+            raise ValueError(
+                f"inputs: the sections {', '.join(need)} measure the model on inputs: pass {INPUT_FLAGS} "
+                f"({args.model!r} records no dataset it was trained on), or --sections {free} for the weight-only ones"
+            )
     page = args.output or os.path.join(args.output_dir, "report.html")
     if os.path.splitext(page)[1].lower() not in (".html", ".htm"):
         raise ValueError(f"--output: expected a file name ending in .html, got {page!r}")
@@ -111,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         attention_head=args.head,
     )
     with torch_threads(model_threads(args.threads, loaded.model, next(loaded.model.parameters()).device)):
-        report = build_report(loaded, inputs, sections=flatten(args.sections), options=options, title=args.title)
+        report = build_report(loaded, inputs, sections=sections, options=options, title=args.title)
     html_path, json_path = report.save(page)
     for section in report.sections:
         line = f"  {section.key:<10} {section.status}"

@@ -10,6 +10,7 @@ from .._cli_args import (
     add_settings_flags,
     add_threads_flag,
     add_trust_remote_code_flag,
+    default_output_dir,
     plain,
     settings_from_args,
 )
@@ -31,9 +32,9 @@ def register(subparsers) -> None:
     add_threads_flag(p)
     add_output_dir(
         p,
-        "schatten_out",
+        default_output_dir("schatten"),
         "where schatten.json (full reports with spectra), schatten.csv (one row per "
-        "model), matrices.csv (one row per matrix) and the figures go (default schatten_out)",
+        f"model), matrices.csv (one row per matrix) and the figures go (default {default_output_dir('schatten')})",
     )
     p.add_argument(
         "--no-figures", action="store_true", help="skip the spectral-decay, optimal-p and contribution figures"

@@ -6,12 +6,15 @@ import argparse
 import os
 
 from .._cli_args import (
+    INPUTS_HELP,
     add_device_flag,
     add_input_flags,
     add_output_dir,
     add_settings_flags,
     add_threads_flag,
     add_trust_remote_code_flag,
+    default_inputs,
+    default_output_dir,
     plain,
     positive_int,
 )
@@ -26,7 +29,7 @@ def register(subparsers) -> None:
             "Measure R(Z), Rc(Z; U), sparsity and SRR = Rc - R + lam*sparsity at every layer (Hu, Zou & Xu 2024), "
             "averaged over the given inputs; write a JSON report and a figure with all models on one plot. "
             "MODEL is a local folder (save_pretrained) or a Hub id. U is CRATE's shared projection, or the "
-            "query/key/value projection of other encoders (--source; 'all' measures all three)."
+            "query/key/value projection of other encoders (--source; 'all' measures all three). " + INPUTS_HELP
         ),
     )
     p.add_argument("models", nargs="+", metavar="MODEL", help="local model folders or Hub ids")
@@ -46,7 +49,7 @@ def register(subparsers) -> None:
     add_device_flag(p)
     add_threads_flag(p)
     p.add_argument("--labels", nargs="+", default=None, help="legend labels, one per MODEL")
-    add_output_dir(p, "srr_out", "where srr.json and srr.png go (default srr_out)")
+    add_output_dir(p, default_output_dir("srr"), f"where srr.json and srr.png go (default {default_output_dir('srr')})")
     add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
 
@@ -93,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--labels: expected {len(args.models)} labels (one per MODEL), got {len(args.labels)}")
     from hf_tdiag._outputs import claim_args
 
+    default_inputs(args, args.models)
     claim_args(args, ["srr.json", "srr.png"], inputs=[args.models, args.images, args.texts])
     names = _model_labels(args.models) if args.labels is None else list(args.labels)
     if len(set(names)) != len(names):
