@@ -239,9 +239,7 @@ def attention_svm_diagnostic(
     or a list of positions; at most ``max_queries`` are sampled (seeded) for the SVM
     (``None`` or 0: all, as ``--max-queries 0`` on the command line). Decoder heads (GPT-2, Llama-style) get the causal Att-SVM.
     ``include_bias``: augment queries with a constant 1 so the query bias's key-dependent
-    term is part of the comparison (default: when the query projection has a bias). ``settings``: an
-    :class:`~hf_tdiag.diagnostics.settings.AttentionSVMSettings` holding these keywords (a keyword given with a
-    value other than its default overrides it).
+    term is part of the comparison (default: when the query projection has a bias).
 
     Examples:
         >>> import torch, hf_tdiag
@@ -258,14 +256,6 @@ def attention_svm_diagnostic(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a Transformers model (torch.nn.Module), got {type(model).__name__}")
     s = settings
-    max_queries, one_hot_threshold, norm, include_bias, seed, tol = (
-        s.max_queries,
-        s.one_hot_threshold,
-        s.norm,
-        s.include_bias,
-        s.seed,
-        s.tol,
-    )
     hw = head_weights(model, block_index(model, layer), head)
     ids = inputs.get("input_ids") if hasattr(inputs, "get") else None
     if isinstance(ids, torch.Tensor) and ids.ndim == 2:  # before the model's own size mismatch
@@ -273,45 +263,26 @@ def attention_svm_diagnostic(
     X, valid = _head_inputs(model, hw, inputs)
     logp = _log_probs(hw, X, valid)  # (B, N, N)
     max_p, selected = logp.exp().max(-1)
-    use_bias = (hw.b_Q is not None and bool(hw.b_Q.abs().max() > 0)) if include_bias is None else bool(include_bias)
+    use_bias = (hw.b_Q is not None and bool(hw.b_Q.abs().max() > 0)) if s.include_bias is None else s.include_bias
     W_head, Z = _head_matrix(hw, X, use_bias)
-    qmask = _sample_queries(valid.cpu(), queries, max_queries or None, seed, hw.causal).to(X.device)
+    qmask = _sample_queries(valid.cpu(), queries, s.max_queries or None, s.seed, hw.causal).to(X.device)
     res = att_svm_self(
-        X, selected, norm, query_mask=qmask, token_mask=valid, queries=Z, causal=hw.causal, tol=tol, progress=progress
-    )
-    qi = res.query_index
-    head_margins = _head_margins(res, X, Z, W_head, logp, norm, hw.rotary)
-    common = dict(
-        layer=layer,
-        head=head,
-        family=hw.family,
-        norm=norm,
-        include_bias=use_bias,
-        head_margins=head_margins.cpu(),
-        max_probs=max_p[qi[:, 0], qi[:, 1]].cpu(),
-        one_hot_threshold=float(one_hot_threshold),
-        query_index=qi.cpu(),
-        selected=res.selected.cpu(),
-        W_head=W_head.cpu(),
-        svm=res,
-        causal=hw.causal,
-        rotary=hw.rotary,
-        one_hot_fraction=float((max_p[qi[:, 0], qi[:, 1]] >= one_hot_threshold).to(torch.float64).mean()),
-        one_hot_fraction_all=float(
-            (max_p[valid & _query_positions(valid, hw.causal)] >= one_hot_threshold).to(torch.float64).mean()
-        ),
-    )
+        X, selected, s.norm, query_mask=qmask, token_mask=valid, queries=Z, causal=hw.causal, tol=s.tol,
+        progress=progress,
+    )  # fmt: skip
+    head_margins = _head_margins(res, X, Z, W_head, logp, s.norm, hw.rotary)
+    common = _head_fields(layer, head, hw, s, use_bias, head_margins, max_p, valid, res, W_head)
     if not res.feasible:
-        nan = math.nan
         return AttentionSVMReport(
-            correlation=nan,
-            correlation_in_span=nan,
-            margin_ratio=nan,
-            svm_margins=torch.full_like(head_margins, nan).cpu(),
+            correlation=math.nan,
+            correlation_in_span=math.nan,
+            margin_ratio=math.nan,
+            svm_margins=torch.full_like(head_margins, math.nan).cpu(),
             svm_margin=0.0,
             extra={"message": res.message},
             **common,
         )
+    qi = res.query_index
     W_vis, rank_p, rank_s = visible_projection(X, valid, qi, Z[qi[:, 0], qi[:, 1]], W_head)
     corr_span = matrix_correlation(W_vis, res.W) if float(torch.linalg.norm(W_vis)) > 0 else math.nan
     return AttentionSVMReport(
@@ -322,6 +293,31 @@ def attention_svm_diagnostic(
         svm_margin=1.0 / res.objective,
         extra={"visible_rank": [rank_p, rank_s], "head_dim": hw.head_dim, "tokens_per_sequence": X.shape[1]},
         **common,
+    )
+
+
+def _head_fields(layer, head, hw, s, use_bias, head_margins, max_p, valid, res, W_head) -> dict:
+    """The report fields that do not depend on the SVM being feasible: the head, its margins, how one-hot it is."""
+    qi = res.query_index
+    sampled = max_p[qi[:, 0], qi[:, 1]]
+    every = max_p[valid & _query_positions(valid, hw.causal)]
+    return dict(
+        layer=layer,
+        head=head,
+        family=hw.family,
+        norm=s.norm,
+        include_bias=use_bias,
+        head_margins=head_margins.cpu(),
+        max_probs=sampled.cpu(),
+        one_hot_threshold=float(s.one_hot_threshold),
+        query_index=qi.cpu(),
+        selected=res.selected.cpu(),
+        W_head=W_head.cpu(),
+        svm=res,
+        causal=hw.causal,
+        rotary=hw.rotary,
+        one_hot_fraction=float((sampled >= s.one_hot_threshold).to(torch.float64).mean()),
+        one_hot_fraction_all=float((every >= s.one_hot_threshold).to(torch.float64).mean()),
     )
 
 
