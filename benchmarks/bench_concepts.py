@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from hf_tdiag.diagnostics.concepts import layer_activations, suffix_runner
+    from hf_tdiag.probes.concept_model import layer_activations, suffix_runner
 
     if args.model:
         from transformers import ViTForImageClassification

@@ -6,7 +6,7 @@
   mean (the smallest scale on the domain) while the others climb ``‖X‖_op`` on their spheres. Source-level mutants of
   ``alpha_constants`` (the data's spread instead of the segment minimum, ``‖X‖_op`` at the data, the largest token
   scale, post-norm without the radius) must fail that check.
-* The estimated constants err low (``hf_tdiag.probes.concept_constants`` module doc, ``docs/concept_bound.md`` §9):
+* The estimated constants err low (``hf_tdiag.diagnostics.concepts.constants`` module doc, ``docs/concept_bound.md`` §9):
   on random models, inputs and reconstructions each estimate is at most its certified counterpart, the power
   iteration at most the exact Jacobian norm at the data, and a decoder's α (median token scale) at most α with the
   smallest token scale at the data.
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import inspect
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -22,9 +23,9 @@ import torch
 from decoder_models import build
 from transformers import BertConfig, BertForSequenceClassification, ViTConfig, ViTForImageClassification
 
-import hf_tdiag.probes.concept_constants as CC
+import hf_tdiag.diagnostics.concepts.constants as CC
+import hf_tdiag.measures.concepts.alpha as ALPHA
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
-from hf_tdiag.probes.concept_decoder import alpha_estimated
 from hf_tdiag.probes.concept_model import concept_model_parts, layer_activations
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -192,13 +193,20 @@ def test_certified_alpha_bounds_alpha_at_the_worst_points_of_its_domain(family, 
 
 
 def _mutant(old: str, new: str):
-    """``alpha_constants`` of a copy of ``hf_tdiag.probes.concept_constants`` whose source has ``old`` replaced by
-    ``new`` (the whole module is recompiled, so the text may sit in any helper of alpha_constants)."""
-    source = inspect.getsource(CC)
-    assert source.count(old) == 1, f"the mutated text is no longer in concept_constants.py once: {old!r}"
-    namespace = {"__name__": "hf_tdiag.probes._alpha_mutant", "__package__": "hf_tdiag.probes"}
-    exec(compile(source.replace(old, new), CC.__file__, "exec"), namespace)  # noqa: S102 - the test's own mutant
-    return namespace["alpha_constants"]
+    """``alpha_constants`` running on a copy of ``hf_tdiag.measures.concepts.alpha`` (where α's formulas are) whose
+    source has ``old`` replaced by ``new`` (the whole module is recompiled, so the text may sit in any helper)."""
+    source = inspect.getsource(ALPHA)
+    assert source.count(old) == 1, f"the mutated text is no longer in measures/concepts/alpha.py once: {old!r}"
+    namespace = {"__name__": "hf_tdiag.measures.concepts._alpha_mutant", "__package__": "hf_tdiag.measures.concepts"}
+    exec(compile(source.replace(old, new), ALPHA.__file__, "exec"), namespace)  # noqa: S102 - the test's own mutant
+
+    def mutated(*args):
+        with mock.patch.multiple(
+            CC, alpha_prenorm=namespace["alpha_prenorm"], alpha_postnorm=namespace["alpha_postnorm"]
+        ):
+            return CC.alpha_constants(*args)
+
+    return mutated
 
 
 MUTANTS = [
@@ -211,7 +219,7 @@ MUTANTS = [
         "x_op",
         "vit",
     ),
-    ("post-norm without the radius", "gain * (x_op + e.norm(dim=-1))", "gain * x_op", "bert"),
+    ("post-norm without the radius", "gain, x_op + e.norm(dim=-1), 1.0", "gain, x_op, 1.0", "bert"),
 ]
 
 
@@ -266,7 +274,7 @@ def test_decoder_alpha_estimate_is_below_alpha_with_the_smallest_token_scale(see
     ids = torch.randint(3, 60, (3, 7), generator=torch.Generator().manual_seed(seed))
     acts = layer_activations(model, {"input_ids": ids, "concept_mask": torch.ones(7, dtype=torch.long)}, 1, cm=cm)
     Z = acts.block_inputs[0]
-    est = alpha_estimated(cm, 1, Z)
+    est = CC.decoder_alpha_estimated(cm, 1, Z)
     ln = model.transformer.h[1].ln_1
     Wv = model.transformer.h[1].attn.c_attn.weight[:, 64:].T  # GPT-2's Conv1D: (in, 3·d), values last third
     Wo = model.transformer.h[1].attn.c_proj.weight.T

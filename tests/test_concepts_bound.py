@@ -8,8 +8,9 @@ import torch
 from transformers import BertConfig, BertModel, ViTConfig, ViTForImageClassification
 
 from hf_tdiag import CrateConfig, CrateForImageClassification
-from hf_tdiag.diagnostics.concepts import concept_fidelity, layer_activations, prepare_inputs
-from hf_tdiag.measures.concepts import SemiNMF
+from hf_tdiag.diagnostics.concepts import concept_fidelity, prepare_inputs
+from hf_tdiag.diagnostics.concepts.constants import block_lipschitz_certified
+from hf_tdiag.measures.concepts import Reconstruction, SemiNMF
 from hf_tdiag.measures.concepts.certified import (
     GELU_LIPSCHITZ,
     attention_lipschitz,
@@ -17,7 +18,7 @@ from hf_tdiag.measures.concepts.certified import (
     ista_lipschitz,
     layernorm_lipschitz,
 )
-from hf_tdiag.probes.concept_constants import block_lipschitz_certified
+from hf_tdiag.probes.concept_model import layer_activations
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -270,14 +271,6 @@ def _adversarial(model, inputs, layer, k, steps=8, seed=0, **kw):
     return A + D.detach(), A_hat0
 
 
-class _Fixed:
-    def __init__(self, A_hat):
-        self.A_hat = A_hat
-
-    def reconstruct(self, A):
-        return self.A_hat
-
-
 def _check_report(r):
     per = r["per_image"]
     for kl, cert, chain in zip(per["kl"], per["bound_certified"], per["bound_certified_chain"]):
@@ -306,8 +299,11 @@ def test_certified_bound_holds_on_every_input_including_adversarial_reconstructi
         inputs, kw = _digits(8), {}
     for layer in range(0, 3):
         A_adv, A_hat0 = _adversarial(model, inputs, layer, 3, **kw)
-        plain = concept_fidelity(model, inputs, layer, _Fixed(A_hat0), power_iters=8, progress=False, **kw)
-        adv = concept_fidelity(model, inputs, layer, _Fixed(A_adv), power_iters=8, progress=False, **kw)
+        fixed = {
+            name: Reconstruction(lambda A, A_hat=A_hat: A_hat) for name, A_hat in (("plain", A_hat0), ("adv", A_adv))
+        }
+        plain = concept_fidelity(model, inputs, layer, fixed["plain"], power_iters=8, progress=False, **kw)
+        adv = concept_fidelity(model, inputs, layer, fixed["adv"], power_iters=8, progress=False, **kw)
         _check_report(plain)
         _check_report(adv)
         assert adv["delta_rec"] == pytest.approx(plain["delta_rec"], rel=1e-4)  # same sphere

@@ -10,8 +10,7 @@ from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 import hf_tdiag
 from hf_tdiag import CrateConfig, CrateForImageClassification
 from hf_tdiag.cli import main
-from hf_tdiag.diagnostics.concept_compare import compare_concepts
-from hf_tdiag.diagnostics.concepts import concept_fidelity
+from hf_tdiag.diagnostics.concepts import compare_concepts, concept_fidelity
 from hf_tdiag.measures.concepts import SemiNMF, match_concepts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

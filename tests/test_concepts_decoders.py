@@ -11,7 +11,8 @@ from decoder_models import TEXTS, char_tokenizer, decoder_dirs, decoder_models  
 from transformers import AutoModelForCausalLM
 
 import hf_tdiag
-from hf_tdiag.probes.concept_decoder import value_output_gain
+from hf_tdiag.measures.concepts.alpha import value_output_gain
+from hf_tdiag.probes.concept_decoder import value_output_heads
 from hf_tdiag.probes.concept_model import concept_model_parts, layer_activations
 from hf_tdiag.probes.concept_text import encode_texts
 from hf_tdiag.probes.describe import describe
@@ -110,7 +111,7 @@ def test_alpha_gain_uses_the_shared_kv_head(decoder_models):
         * float(torch.linalg.matrix_norm(Wo[:, h * 8 : (h + 1) * 8], ord=2))
         for h in range(8)
     )
-    assert value_output_gain(model, describe(model).decoder, 1) == pytest.approx(expect, rel=1e-12)
+    assert value_output_gain(value_output_heads(model, describe(model).decoder, 1)) == pytest.approx(expect, rel=1e-12)
     # GPT-2 stores c_proj as Conv1D (in, out): W_O,h are the rows h·p:(h+1)·p of its weight
     gpt2 = decoder_models["gpt2"]
     a = gpt2.transformer.h[0].attn
@@ -120,7 +121,7 @@ def test_alpha_gain_uses_the_shared_kv_head(decoder_models):
         * float(torch.linalg.matrix_norm(P[h * 8 : (h + 1) * 8], ord=2))
         for h in range(4)
     )
-    assert value_output_gain(gpt2, describe(gpt2).decoder, 0) == pytest.approx(expect, rel=1e-12)
+    assert value_output_gain(value_output_heads(gpt2, describe(gpt2).decoder, 0)) == pytest.approx(expect, rel=1e-12)
 
 
 def test_layer_sweep_on_a_decoder(decoder_models):

@@ -8,9 +8,9 @@ from transformers import BertConfig, BertForSequenceClassification, ViTConfig, V
 
 import hf_tdiag
 from hf_tdiag import CrateConfig, CrateForImageClassification
-from hf_tdiag.diagnostics.concept_compare import supervised_concepts
-from hf_tdiag.diagnostics.concepts import concept_fidelity, layer_activations, suffix_runner
-from hf_tdiag.measures.concepts import SemiNMF, fidelity_errors, jacobian_spectral_norm, kl_divergence
+from hf_tdiag.diagnostics.concepts import concept_fidelity, supervised_concepts
+from hf_tdiag.measures.concepts import Reconstruction, SemiNMF, fidelity_errors, jacobian_spectral_norm, kl_divergence
+from hf_tdiag.probes.concept_model import layer_activations, suffix_runner
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -110,18 +110,11 @@ def test_suffix_runner_leaves_cls_untouched_and_uses_replaced_patches():
     assert not torch.allclose(changed, run(acts.patches))
 
 
-class _Identity:
-    n_concepts = None
-
-    def reconstruct(self, A):
-        return A.clone()
-
-
 @pytest.mark.parametrize("make", [_vit, _crate], ids=["vit", "crate"])
 def test_empirical_kl_is_exactly_zero_when_reconstruction_is_exact(make):
     model = make()
     X, _ = _digits()
-    r = concept_fidelity(model, X[:8], 1, _Identity(), power_iters=3, progress=False)
+    r = concept_fidelity(model, X[:8], 1, Reconstruction(torch.clone), power_iters=3, progress=False)
     assert r["per_image"]["kl"] == [0.0] * 8
     assert r["kl"] == 0.0 and r["top1_agreement"] == 1.0
     assert r["delta_rec"] == 0.0 and r["delta_gram"] == 0.0

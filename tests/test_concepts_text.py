@@ -9,8 +9,9 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 import hf_tdiag
 from hf_tdiag.cli import main
-from hf_tdiag.diagnostics.concepts import concept_fidelity, layer_activations, prepare_inputs
+from hf_tdiag.diagnostics.concepts import concept_fidelity, prepare_inputs
 from hf_tdiag.measures.concepts import SemiNMF
+from hf_tdiag.probes.concept_model import layer_activations
 from hf_tdiag.probes.concept_text import BUILTIN_SENTENCES, builtin_texts, encode_texts, fit_linear_head
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

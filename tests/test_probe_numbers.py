@@ -26,14 +26,14 @@ from transformers import (
 )
 
 from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
-from hf_tdiag.diagnostics.concept_compare import compare_concepts
-from hf_tdiag.diagnostics.schatten import SpectrumBoundReport, spectrum_bounds
+from hf_tdiag.diagnostics.concepts import compare_concepts
+from hf_tdiag.diagnostics.concepts.constants import alpha_constants
+from hf_tdiag.diagnostics.schatten import SchattenReport, spectrum_bounds
 from hf_tdiag.diagnostics.srr import batch_srr_values, layer_srr
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
 from hf_tdiag.probes.attention_heads import head_weights
 from hf_tdiag.probes.block_matrices import encoder_weights
 from hf_tdiag.probes.checkpoint import open_checkpoint
-from hf_tdiag.probes.concept_constants import alpha_constants
 from hf_tdiag.probes.concept_decoder import decoder_block_forward
 from hf_tdiag.probes.concept_model import concept_model_parts, layer_activations, text_encoding
 from hf_tdiag.probes.concept_text import encode_texts
@@ -334,7 +334,7 @@ def test_spectrum_report_json_round_trip_from_text_and_file(tmp_path):
     text = rep.to_json()
     path = tmp_path / "report.json"
     rep.to_json(path)
-    for back in (SpectrumBoundReport.from_json("\n  " + text), SpectrumBoundReport.from_json(path)):
+    for back in (SchattenReport.from_json("\n  " + text), SchattenReport.from_json(path)):
         assert back.to_dict() == json.loads(text)
         assert len(back.matrices) == len(rep.matrices)
         for a, b in zip(back.matrices, rep.matrices):
@@ -372,18 +372,25 @@ def test_batch_values_without_given_subspaces_equal_the_reports():
 
 
 def test_token_scale_is_what_each_norm_divides_by():
-    from hf_tdiag.probes.concept_decoder import token_scale
+    from hf_tdiag.measures.concepts.alpha import token_scale
+    from hf_tdiag.probes.concept_decoder import norm_eps
 
     Z = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0)) * 3 + 1  # non-zero mean: var ≠ mean square
     ln = torch.nn.LayerNorm(8, eps=1e-3)
     rms = build("llama").model.norm  # LlamaRMSNorm, variance_epsilon = config.rms_norm_eps
     z = Z.double().numpy()
-    np.testing.assert_allclose(token_scale(Z, ln).numpy(), np.sqrt(z.var(-1) + 1e-3), rtol=1e-12)
-    np.testing.assert_allclose(token_scale(Z, rms).numpy(), np.sqrt((z**2).mean(-1) + rms.variance_epsilon), rtol=1e-12)
+    np.testing.assert_allclose(
+        token_scale(Z, norm_eps(ln), centred=True).numpy(), np.sqrt(z.var(-1) + 1e-3), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        token_scale(Z, norm_eps(rms), centred=False).numpy(),
+        np.sqrt((z**2).mean(-1) + rms.variance_epsilon),
+        rtol=1e-12,
+    )
     # and they are what the modules themselves divide by: LN(z)·s = z − z̄ (unit weight, zero bias)
     with torch.no_grad():
         np.testing.assert_allclose(
-            (ln(Z).double() * token_scale(Z, ln)[..., None]).numpy(), z - z.mean(-1, keepdims=True), atol=1e-4
+            (ln(Z).double() * token_scale(Z, ln.eps)[..., None]).numpy(), z - z.mean(-1, keepdims=True), atol=1e-4
         )
 
 

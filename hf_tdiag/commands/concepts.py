@@ -51,42 +51,9 @@ def register(subparsers) -> None:
         ),
     )
     p.add_argument("model", metavar="MODEL", help="local model folder (save_pretrained) or Hub id")
-    layer = p.add_mutually_exclusive_group()
-    layer.add_argument(
-        "--layer",
-        type=non_negative_int,
-        default=None,
-        help="l in [0, L]: activations are hidden_states[l] (default: L // 2)",
-    )
-    layer.add_argument(
-        "--layers",
-        default=None,
-        type=list_of(_layer_token),
-        nargs="+",
-        metavar="all|L",
-        help="layer sweep: 'all' (0..L) or layers, space- or comma-separated (1 3 or 1,3); one fit per layer",
-    )
-    p.add_argument(
-        "--gram-weight",
-        "--gram-weights",
-        type=list_of(finite_float),
-        nargs="+",
-        default=[[0.0, 1.0]],
-        metavar="MU",
-        help="Gram weights mu to fit, space- or comma-separated (default: 0 1); several values give a mu sweep",
-    )
-    p.add_argument("--supervised", action="store_true", help="also fit classifier-supervised concepts (FACE-like)")
-    p.add_argument("--kl-weight", type=finite_float, default=10.0, help="lambda of the supervised fit (default 10)")
+    _add_layer_flags(p)
+    _add_fit_flags(p)
     add_input_flags(p)
-    p.add_argument(
-        "--max-iter", type=positive_int, default=200, help="Semi-NMF multiplicative-update iterations (default 200)"
-    )
-    p.add_argument(
-        "--refine-iter",
-        type=non_negative_int,
-        default=100,
-        help="joint-objective / supervised iterations (default 100)",
-    )
     add_settings_flags(
         p,
         ConceptSettings,
@@ -107,6 +74,49 @@ def register(subparsers) -> None:
     )
     add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
+
+
+def _add_layer_flags(p) -> None:
+    """``--layer L`` or ``--layers all|L ...`` (one of them)."""
+    layer = p.add_mutually_exclusive_group()
+    layer.add_argument(
+        "--layer",
+        type=non_negative_int,
+        default=None,
+        help="l in [0, L]: activations are hidden_states[l] (default: L // 2)",
+    )
+    layer.add_argument(
+        "--layers",
+        default=None,
+        type=list_of(_layer_token),
+        nargs="+",
+        metavar="all|L",
+        help="layer sweep: 'all' (0..L) or layers, space- or comma-separated (1 3 or 1,3); one fit per layer",
+    )
+
+
+def _add_fit_flags(p) -> None:
+    """The fits: Gram weights, the supervised fit and its λ, the iteration counts."""
+    p.add_argument(
+        "--gram-weight",
+        "--gram-weights",
+        type=list_of(finite_float),
+        nargs="+",
+        default=[[0.0, 1.0]],
+        metavar="MU",
+        help="Gram weights mu to fit, space- or comma-separated (default: 0 1); several values give a mu sweep",
+    )
+    p.add_argument("--supervised", action="store_true", help="also fit classifier-supervised concepts (FACE-like)")
+    p.add_argument("--kl-weight", type=finite_float, default=10.0, help="lambda of the supervised fit (default 10)")
+    p.add_argument(
+        "--max-iter", type=positive_int, default=200, help="Semi-NMF multiplicative-update iterations (default 200)"
+    )
+    p.add_argument(
+        "--refine-iter",
+        type=non_negative_int,
+        default=100,
+        help="joint-objective / supervised iterations (default 100)",
+    )
 
 
 def format_table(table: list[dict]) -> str:
@@ -268,7 +278,7 @@ def _run_sweep(args, model, inputs, opts, source, threads) -> int:
 def _figures(args, model, pixels, out, estimators, layer, threads):
     cs = settings_from_args(ConceptSettings, args)
     from hf_tdiag._threads import torch_threads
-    from hf_tdiag.diagnostics.concepts import layer_activations
+    from hf_tdiag.probes.concept_model import layer_activations
     from hf_tdiag.viz.concepts import (
         plot_concept_heatmaps,
         plot_kl_vs_bound,
@@ -327,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from hf_tdiag._threads import model_threads, torch_threads
-    from hf_tdiag.diagnostics.concept_compare import compare_concepts
+    from hf_tdiag.diagnostics.concepts import compare_concepts
     from hf_tdiag.loading import load_model
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -128,8 +128,8 @@ DIAGNOSTICS: dict[str, Diagnostic] = {
             "concepts",
             "Concept fidelity",
             ConceptSettings,
-            "hf_tdiag.diagnostics.concepts:concept_fidelity",
-            "hf_tdiag.diagnostics.concept_report:ConceptFidelityReport",
+            "hf_tdiag.diagnostics.concepts.fidelity:concept_fidelity",
+            "hf_tdiag.diagnostics.concepts.report:ConceptFidelityReport",
             ("images", "texts", "pixel_values"),
             "concept_fidelity",
             (

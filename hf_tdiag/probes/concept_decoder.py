@@ -19,7 +19,8 @@ language model reads out:
 Constants of the bound: the **estimated** ones only (power-iteration Jacobian norms of each suffix block and of the
 readout at the data, realised ratios, ``α`` at the data with each block's own norm: RMSNorm divides by
 ``√(mean z² + ε)``, LayerNorm by ``√(var z + ε)``; ``Σ_h ‖W_V,g(h)‖‖W_O,h‖`` over query heads, a grouped-query
-K/V head counted for every query head that reads it). The **certified** constants are derived for LayerNorm,
+K/V head counted for every query head that reads it). This module reads what they need (:func:`value_output_heads`,
+:func:`attention_norm_reading`); the formulas are :mod:`hf_tdiag.measures.concepts.alpha`. The **certified** constants are derived for LayerNorm,
 full (non-causal) softmax attention and two-matrix MLPs (``docs/concept_bound.md``); RMSNorm, rotary positions,
 causal masks and gated MLPs are not covered by that derivation, so decoder reports carry no ``bound_certified``
 and say why (``bound_certified_note``).
@@ -27,13 +28,12 @@ and say why (``bound_certified_note``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from ..measures.concepts.certified import op_norm
+from ..measures.concepts.alpha import Norm
 from .decoders import model_getter
 from .offload import readable
 from .token_states import model_device
@@ -114,50 +114,34 @@ def norm_eps(norm: nn.Module) -> float:
     raise ValueError(f"model: norm {type(norm).__name__} has no eps")
 
 
-def token_scale(Z: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """Per token what the norm divides by: ``√(var z + ε)`` (LayerNorm) or ``√(mean z² + ε)`` (RMSNorm)."""
-    Zd = Z.double()
-    centred = isinstance(norm, nn.LayerNorm)
-    second = Zd.var(dim=-1, unbiased=False) if centred else Zd.square().mean(dim=-1)
-    return torch.sqrt(second + norm_eps(norm))
-
-
-def value_output_gain(model: nn.Module, layout, layer: int) -> float:
-    """``Σ_h ‖W_V,g(h)‖_op ‖W_O,h‖_op`` over the query heads h of block ``layer`` (g(h) its shared K/V head)."""
+def value_output_heads(model: nn.Module, layout, layer: int) -> list:
+    """``[(W_V,g(h), W_O,h)]`` over the query heads h of block ``layer`` (g(h) its shared K/V head), detached."""
     get = model_getter(model)
-    total = 0.0
+    heads = []
     for h in range(layout.num_heads):
         head = layout.head(layer, h, get)
-        total += float(op_norm(head.W_V.double())) * float(op_norm(head.W_O.double()))
-    return total
+        heads.append((head.W_V.detach(), head.W_O.detach()))
+    return heads
 
 
 @torch.no_grad()
-def alpha_estimated(cm, layer: int, Z: torch.Tensor) -> torch.Tensor:
-    """Per input ``α = γ_max²/(2√p s²) · ‖X‖_op · Σ_h ‖W_V,g(h)‖‖W_O,h‖`` of block ℓ+1 at the data ``Z``: ``X`` its
-    attention input (the pre-attention norm of ``Z``), ``s`` the median token scale of that norm (zeros when no
-    block follows ℓ). It errs low: at most α with the smallest token scale at the data (and so at most any sup over
-    a domain around it)."""
-    if layer >= cm.num_layers:
-        return torch.zeros(Z.shape[0], dtype=torch.float64, device=Z.device)
-    h = cm.arch.layers[layer]
-    norm = h.attention_norm
-    gain = value_output_gain(cm.model, cm.arch.decoder, layer) / (2.0 * math.sqrt(h.head_dim))
+def attention_norm_reading(cm, layer: int, Z: torch.Tensor) -> tuple:
+    """``(Norm, centred, X)`` of block ``layer + 1``'s pre-attention norm: its parameters, whether it centres tokens
+    (LayerNorm; RMSNorm does not) and its output ``X`` on the data states ``Z``."""
+    norm = cm.arch.layers[layer].attention_norm
     with readable(cm.model, norm):  # an offloaded block's norm
         weight = getattr(norm, "weight", None)
-        g2 = float(weight.detach().double().abs().max()) ** 2 if weight is not None else 1.0
-        s2 = token_scale(Z, norm).median(dim=-1).values.square()
-        return g2 * gain * op_norm(norm(Z)) / s2
+        params = Norm(None if weight is None else weight.detach().to(torch.float64, copy=True), None, norm_eps(norm))
+        return params, isinstance(norm, nn.LayerNorm), norm(Z)
 
 
 __all__ = [
     "CERTIFIED_NOTE",
     "DecoderConceptModel",
-    "alpha_estimated",
+    "attention_norm_reading",
     "capture_block_kwargs",
     "decoder_block_forward",
     "final_norm",
     "norm_eps",
-    "token_scale",
-    "value_output_gain",
+    "value_output_heads",
 ]

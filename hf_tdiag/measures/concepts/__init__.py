@@ -19,17 +19,21 @@ Reported fidelity quantities: ``δ_rec = ‖A − Â‖_F``, ``δ_gram = √L_gr
 
 Modules (one job each): :mod:`.updates` (Ding–Li–Jordan steps), :mod:`.nnls` (codes for a fixed
 dictionary), :mod:`.init` (starting codes), :mod:`.joint` (the joint objective and its refinement),
-:mod:`.semi_nmf` (the estimator), :mod:`.supervised` (the classifier-supervised baseline), :mod:`.gram`
-(Gram losses and fidelity errors), :mod:`.bound` (KL and the bound), :mod:`.lipschitz` (local Lipschitz
-estimates), :mod:`.matching` (Hungarian matching), :mod:`.floor` (the Eckart–Young floor).
+:mod:`.semi_nmf` (the estimator), :mod:`.supervised` (the classifier-supervised baseline),
+:mod:`.reconstruction` (a fixed map A -> Â as an estimator), :mod:`.gram`
+(Gram losses and fidelity errors), :mod:`.bound` (KL and the bound), :mod:`.certified` (certified Lipschitz
+constants of each piece), :mod:`.chain` (the certified chain through blocks and readout), :mod:`.alpha` (the
+constant ``α`` and token scales), :mod:`.lipschitz` (local Lipschitz estimates), :mod:`.matching` (Hungarian
+matching), :mod:`.floor` (the Eckart–Young floor).
 """
 
 from .bound import kl_bound, kl_bound_chain, kl_divergence
 from .floor import truncated_svd_error
 from .gram import fidelity_errors, gram_error, gram_lemma_rhs, gram_loss, gram_loss_grad
-from .lipschitz import jacobian_spectral_norm
+from .lipschitz import jacobian_spectral_norm, realized_ratio
 from .matching import match_concepts
 from .nnls import nnls_codes
+from .reconstruction import Reconstruction
 from .semi_nmf import SemiNMF
 from .supervised import ClassifierSupervisedSemiNMF
 from .updates import lstsq_dictionary, mu_update_codes, semi_nmf_objective
@@ -37,6 +41,7 @@ from .updates import lstsq_dictionary, mu_update_codes, semi_nmf_objective
 __all__ = [
     "SemiNMF",
     "ClassifierSupervisedSemiNMF",
+    "Reconstruction",
     "semi_nmf_objective",
     "mu_update_codes",
     "lstsq_dictionary",
@@ -52,4 +57,5 @@ __all__ = [
     "match_concepts",
     "truncated_svd_error",
     "jacobian_spectral_norm",
+    "realized_ratio",
 ]

@@ -40,3 +40,11 @@ def jacobian_spectral_norm(
         (w,) = torch.autograd.grad(y, xg, grad_outputs=jv, retain_graph=True)
         v = w / per_sample_norm(w).view(view)
     return sigma
+
+
+def realized_ratio(out_hat: torch.Tensor, out: torch.Tensor, in_hat: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+    """Per sample ``‖f(Ẑ) − f(Z)‖_F / ‖Ẑ − Z‖_F`` (0 where ``Ẑ = Z``): a lower estimate of the Lipschitz constant on
+    the segment ``[Z, Ẑ]`` (mean-value inequality), float64."""
+    num = (out_hat - out).double().flatten(1).norm(dim=1)
+    den = (in_hat - inp).double().flatten(1).norm(dim=1)
+    return torch.where(den > 0, num / den.clamp(min=1e-300), torch.zeros_like(num))

@@ -42,7 +42,7 @@ class ClassifierSupervisedSemiNMF(SemiNMF):
     ``fit(A, suffix)`` takes activations ``(images, N, d)`` and a callable ``suffix`` mapping a chunk
     of patch activations to logits ``(chunk, classes)`` — ``suffix(patches)`` or, when it accepts a
     second argument, ``suffix(patches, index)`` with ``index`` the slice of the chunk's images in ``A``
-    (the remaining blocks and the head, see :func:`hf_tdiag.diagnostics.concepts.suffix_runner`). After the plain Semi-NMF MU phase,
+    (the remaining blocks and the head, see :func:`hf_tdiag.probes.concept_model.suffix_runner`). After the plain Semi-NMF MU phase,
     ``supervised_iter`` Adam steps (U projected back to ≥ 0) back-propagate through the suffix.
     ``lr`` is relative to the mean magnitude of each factor. ``history_`` adds ``kl`` per step;
     ``start_components_`` is the plain Semi-NMF dictionary the supervised steps started from.

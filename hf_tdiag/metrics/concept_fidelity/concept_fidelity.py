@@ -7,6 +7,9 @@ import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.measures.concepts import SemiNMF
 from hf_tdiag.diagnostics.concepts import concept_fidelity
+from hf_tdiag.diagnostics.concepts.estimator import as_estimator
+from hf_tdiag.diagnostics.concepts.estimator import check_one_count
+from hf_tdiag._validation import positive_int
 from hf_tdiag.loading import load_model
 from hf_tdiag.metrics.combining import flat_scalars
 from hf_tdiag.diagnostics.settings import ConceptSettings
@@ -55,7 +58,9 @@ Args:
     layer (`int`): l in [0, L]; activations are hidden_states[l] (0 = embeddings, L = last block).
     layers (`"all"` or a list of ints): a layer sweep instead of `layer`; returns per_layer reports and a table.
     gram_weight (`float`, default 0.0): mu; 0 is plain Semi-NMF.
-    concepts (optional): a fitted hf_tdiag SemiNMF or a (k, d) dictionary tensor to evaluate instead of fitting.
+    concepts (optional): the number of concepts k (an int; fitted with gram_weight, max_iter and refine_iter) or a
+        concept estimator (a fitted or unfitted hf_tdiag SemiNMF, SemiNMF.from_components(W) for a (k, d)
+        dictionary, or anything with fit/transform/inverse_transform); not together with n_concepts.
     max_iter (`int`, default 200), refine_iter (`int`, default 100): Semi-NMF MU and Gram-refinement iterations.
     labels (texts, optional): the labels the linear head is fitted on; progress (`bool`, default True).
     The settings (hf_tdiag.ConceptSettings; n_concepts is k, at most min(inputs * N, d)), each a keyword:
@@ -134,22 +139,20 @@ class ConceptFidelity(ModelInputsMixin, evaluate.Measurement):
         return_per_image=True,
         **settings,
     ):
+        check_one_count(concepts, settings)
         s = resolve(ConceptSettings, None, settings)  # validated before the model is loaded
+        estimator = _estimator(s.n_concepts if concepts is None else concepts, gram_weight, max_iter, refine_iter)
         if layer is None and layers is None:
             raise ValueError(
                 "layer: required (an int in [0, num_hidden_layers]; activations are hidden_states[layer]) "
                 "unless layers= ('all' or a list) is given"
             )
         net, model_inputs, tok = self._load(model, inputs, pixel_values, tokenizer)
-        if concepts is None:
-            concepts = SemiNMF(
-                s.n_concepts, gram_weight=float(gram_weight), max_iter=int(max_iter), refine_iter=int(refine_iter)
-            )
         report = concept_fidelity(
             net,
             model_inputs,
             layer,
-            concepts,
+            estimator,
             layers=layers,
             settings=s,
             tokenizer=tok,
@@ -159,16 +162,29 @@ class ConceptFidelity(ModelInputsMixin, evaluate.Measurement):
         )
         out = _scalars(report)
         if return_report:
-            full = report.to_dict()
-            if layers is None:
-                history = getattr(report.tensors["concepts"], "history_", None)
-                if history is not None:
-                    full["history"] = {k: list(v) for k, v in history.items()}
-            if not return_per_image:
-                for rep in full["per_layer"].values() if layers is not None else [full]:
-                    rep.pop("per_image", None)
-            out["report"] = full
+            out["report"] = _full_report(report, layers is not None, return_per_image)
         return out
+
+
+def _estimator(concepts, gram_weight, max_iter, refine_iter):
+    """An int k: a Semi-NMF with this module's options; an estimator as given (anything else refused)."""
+    if isinstance(concepts, int) and not isinstance(concepts, bool):
+        k = positive_int(concepts, "concepts")
+        return SemiNMF(k, gram_weight=float(gram_weight), max_iter=int(max_iter), refine_iter=int(refine_iter))
+    return as_estimator(concepts)
+
+
+def _full_report(report, sweep, return_per_image):
+    """The report as JSON-ready data: one layer's with the fit's loss history; per-input lists dropped on request."""
+    full = report.to_dict()
+    if not sweep:
+        history = getattr(report.tensors["concepts"], "history_", None)
+        if history is not None:
+            full["history"] = {k: list(v) for k, v in history.items()}
+    if not return_per_image:
+        for rep in full["per_layer"].values() if sweep else [full]:
+            rep.pop("per_image", None)
+    return full
 
 
 def _scalars(report):

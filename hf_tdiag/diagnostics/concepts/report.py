@@ -12,9 +12,9 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from .report import FLOAT, INT, ReportContract, typed_frame
-from .report_json import ANY, NUM, MapOf, Nullable, Obj, check_report, report_error, stamp
-from .report_json import INT as JSON_INT
+from ..report import FLOAT, INT, ReportContract, typed_frame
+from ..report_json import ANY, NUM, MapOf, Nullable, Obj, check_report, report_error, stamp
+from ..report_json import INT as JSON_INT
 
 #: the table's columns: one row per layer ℓ (``hidden_states[ℓ]``, 0 = the embeddings)
 TABLE_COLUMNS = {
@@ -129,7 +129,7 @@ class ConceptFidelityReport(dict, ReportContract):
 
     def plot(self, kind: str = "estimated"):
         """One layer: per-input KL against the ``kind`` bound; a sweep: KL and bounds per layer."""
-        from ..viz.concepts import plot_kl_vs_bound, plot_layer_sweep
+        from ...viz.concepts import plot_kl_vs_bound, plot_layer_sweep
 
         if self.is_sweep:
             return plot_layer_sweep(self)

@@ -1,13 +1,18 @@
 """Plain, Gram-aligned and classifier-supervised concepts at one layer, side by side (:func:`compare_concepts`):
-each fitted on the same activations and scored with :func:`~hf_tdiag.diagnostics.concepts.fidelity_at_layer`."""
+each fitted on the same activations and scored with :func:`~hf_tdiag.diagnostics.concepts.layer.fidelity_at_layer`."""
 
 from __future__ import annotations
 
-from .._caller_state import module_modes, restore_modes
-from ..measures.concepts import SemiNMF
-from ..probes.concept_model import ConceptModel, check_layer, layer_activations, suffix_runner
-from .concepts import DEFAULT_N_CONCEPTS, fidelity_at_layer, prepare_inputs
-from .settings import ConceptSettings
+import time
+
+from ..._caller_state import module_modes, restore_modes
+from ...measures.concepts import ClassifierSupervisedSemiNMF, SemiNMF, match_concepts
+from ...probes.concept_model import ConceptModel, check_layer, layer_activations, suffix_runner
+from ..settings import ConceptSettings
+from .estimator import ACCEPTED, as_estimator, is_fitted
+from .fidelity import DEFAULT_N_CONCEPTS
+from .inputs import prepare_inputs
+from .layer import fidelity_at_layer
 
 
 def supervised_concepts(
@@ -22,8 +27,6 @@ def supervised_concepts(
     **kwargs,
 ):
     """Fit classifier-supervised concepts at layer ℓ (``L_rec + λ·KL`` through the suffix; FACE-like baseline)."""
-    from ..measures.concepts import ClassifierSupervisedSemiNMF
-
     if cm is None:
         cm, inputs, _ = prepare_inputs(model, inputs, batch_size=batch_size)
     layer = check_layer(cm, layer)
@@ -41,16 +44,14 @@ def supervised_concepts(
 
 def _agreement(estimators) -> dict:
     """Hungarian-matched cosine of each dictionary to the supervised one, and the cosine of their refinement moves."""
-    from ..measures.concepts import match_concepts
-
     ref = estimators["supervised"].components_
     # every fit shares the deterministic start and MU phase, so the refinements can be compared as moves
     # away from the plain Semi-NMF dictionary: cosine of vec(W_fit − W_MU) and vec(W_sup − W_MU)
     base = estimators["supervised"].start_components_
     agreement = {}
     for label, est in estimators.items():
-        if label == "supervised":
-            continue
+        if label == "supervised" or getattr(est, "components_", None) is None:
+            continue  # the reference itself, or a given estimator without a dictionary
         m = match_concepts(est.components_, ref)
         agreement[label] = {
             "mean_cosine": m["mean_cosine"],
@@ -81,11 +82,80 @@ def _table_row(label, rep, agreement):
     }
 
 
+def _count_and_given(concepts) -> tuple:
+    """``(k, given estimator or None)``: an int is k; an estimator is scored as the run ``"given"`` and its
+    ``n_concepts`` is k for the other fits."""
+    if isinstance(concepts, int) and not isinstance(concepts, bool):
+        return as_estimator(concepts).n_concepts, None
+    est = as_estimator(concepts)
+    k = getattr(est, "n_concepts", None)
+    if not isinstance(k, int) or isinstance(k, bool):
+        raise TypeError(f"concepts: expected {ACCEPTED} with an int n_concepts, got {type(est).__name__}")
+    return k, est
+
+
+def _fit(est, acts):
+    """``est`` fitted on the layer's activations (``fit``, else ``fit_transform``)."""
+    if callable(getattr(est, "fit", None)):
+        est.fit(acts.patches)
+    else:
+        est.fit_transform(acts.patches)
+    return est
+
+
+def _timed(fit) -> tuple:
+    t0 = time.perf_counter()
+    est = fit()
+    return est, time.perf_counter() - t0
+
+
+def _fits(model, inputs, layer, k, cm, acts, given, options) -> tuple:
+    """``({label: fitted estimator}, {label: seconds})``: one Semi-NMF per μ, the given estimator, the supervised fit."""
+    estimators, times = {}, {}
+    max_iter, progress = options["max_iter"], options["progress"]
+    for mu in options["gram_weights"]:
+        label = "plain" if float(mu) == 0 else f"gram(mu={float(mu):g})"
+        semi = SemiNMF(
+            k, gram_weight=float(mu), max_iter=max_iter, refine_iter=options["refine_iter"], verbose=progress
+        )
+        estimators[label], times[label] = _timed(lambda semi=semi: semi.fit(acts.patches))
+    if given is not None:
+        estimators["given"], times["given"] = (given, 0.0) if is_fitted(given) else _timed(lambda: _fit(given, acts))
+    if options["supervised"]:
+        estimators["supervised"], times["supervised"] = _timed(
+            lambda: supervised_concepts(
+                model,
+                inputs,
+                layer,
+                k,
+                kl_weight=options["kl_weight"],
+                batch_size=options["batch_size"],
+                cm=cm,
+                supervised_iter=options["supervised_iter"],
+                max_iter=max_iter,
+                verbose=progress,
+            )
+        )
+    return estimators, times
+
+
+def _runs(cm, acts, layer, estimators, times, scoring) -> dict:
+    """Each estimator's :func:`fidelity_at_layer` report, with its fit time and loss history."""
+    runs = {}
+    for label, est in estimators.items():
+        rep = fidelity_at_layer(cm, acts, layer, est, **scoring)
+        rep["fit_seconds"] = times[label]
+        history = getattr(est, "history_", None)
+        rep["history"] = {k: list(v) for k, v in history.items()} if history else None
+        runs[label] = rep
+    return runs
+
+
 def compare_concepts(
     model,
     inputs,
     layer: int,
-    n_concepts: int = DEFAULT_N_CONCEPTS,
+    concepts=DEFAULT_N_CONCEPTS,
     *,
     gram_weights=(0.0, 1.0),
     supervised: bool = True,
@@ -102,6 +172,10 @@ def compare_concepts(
 ) -> dict:
     """Plain / Gram-aligned (each μ in ``gram_weights``) / classifier-supervised concepts at layer ℓ, side by side.
 
+    ``concepts``: the number of concepts k of every fit (an int), or a concept estimator
+    (:mod:`~hf_tdiag.diagnostics.concepts.estimator`; fitted here if it is not) scored beside them as the run
+    ``"given"``, its ``n_concepts`` the k of the other fits.
+
     Returns ``runs`` (label -> :func:`concept_fidelity` report, plus fit time and loss history),
     ``agreement`` (Hungarian-matched cosine similarity of each dictionary to the supervised one, and
     ``update_cosine``: cosine between the refinement moves ``W − W_MU`` of the fit and of the supervised fit,
@@ -109,61 +183,26 @@ def compare_concepts(
     ``table`` (one row per run) and ``estimators`` (label -> fitted estimator). ``input_options`` (tokenizer,
     max_tokens, labels, head, n_clusters) are those of :func:`concept_fidelity`.
     """
-    import time
-
     if not gram_weights and not supervised:
         raise ValueError("gram_weights: expected at least one μ (or supervised=True)")
+    k, given = _count_and_given(concepts)
     cm, inputs, head_info = prepare_inputs(model, inputs, batch_size=batch_size, **input_options)
     layer = check_layer(cm, layer)
     acts = layer_activations(model, inputs, layer, batch_size=batch_size, cm=cm)
-    estimators, times = {}, {}
-    for mu in gram_weights:
-        label = "plain" if float(mu) == 0 else f"gram(mu={float(mu):g})"
-        t0 = time.perf_counter()
-        estimators[label] = SemiNMF(
-            n_concepts, gram_weight=float(mu), max_iter=max_iter, refine_iter=refine_iter, verbose=progress
-        ).fit(acts.patches)
-        times[label] = time.perf_counter() - t0
-    if supervised:
-        t0 = time.perf_counter()
-        estimators["supervised"] = supervised_concepts(
-            model,
-            inputs,
-            layer,
-            n_concepts,
-            kl_weight=kl_weight,
-            batch_size=batch_size,
-            cm=cm,
-            supervised_iter=supervised_iter,
-            max_iter=max_iter,
-            verbose=progress,
-        )
-        times["supervised"] = time.perf_counter() - t0
-    runs = {}
-    for label, est in estimators.items():
-        rep = fidelity_at_layer(
-            cm,
-            acts,
-            layer,
-            est,
-            bounds=bounds,
-            power_iters=power_iters,
-            max_images_for_constants=max_images_for_constants,
-            batch_size=batch_size,
-            progress=progress,
-        )
-        rep["fit_seconds"] = times[label]
-        rep["history"] = {k: list(v) for k, v in est.history_.items()}
-        runs[label] = rep
+    options = dict(gram_weights=gram_weights, supervised=supervised, kl_weight=kl_weight, max_iter=max_iter)
+    options.update(refine_iter=refine_iter, supervised_iter=supervised_iter, batch_size=batch_size, progress=progress)
+    estimators, times = _fits(model, inputs, layer, k, cm, acts, given, options)
+    scoring = dict(bounds=bounds, power_iters=power_iters, max_images_for_constants=max_images_for_constants)
+    scoring.update(batch_size=batch_size, progress=progress)
+    runs = _runs(cm, acts, layer, estimators, times, scoring)
     agreement = _agreement(estimators) if supervised else {}
-    table = [_table_row(label, rep, agreement) for label, rep in runs.items()]
     return {
         "layer": layer,
-        "n_concepts": n_concepts,
+        "n_concepts": k,
         "kl_weight": kl_weight if supervised else None,
         "runs": runs,
         "agreement": agreement,
-        "table": table,
+        "table": [_table_row(label, rep, agreement) for label, rep in runs.items()],
         "estimators": estimators,
         "grid": cm.grid,
         "head": head_info,
