@@ -138,7 +138,7 @@ def _schatten_bert(repeats: int, quick: bool) -> dict:
     base = _time(lambda: dense_reference(model.state_dict(), layers, 12, svd_call="values"), 1)
     report = ours["_out"]
     value = getattr(report, "schatten_bound", None)
-    value = report.ours if value is None else value
+    value = report.schatten_bound if value is None else value
     rel = abs(value - base["_out"]["ours"]) / abs(base["_out"]["ours"])
     base["_out"] = None
     return {"ours": ours, "baseline": base, "agreement": {"bound_rel_diff": rel}, "layers": layers}

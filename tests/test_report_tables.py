@@ -203,7 +203,6 @@ def test_concept_report_table_holds_the_report_numbers_and_sweeps_number_layers(
 
 def test_schatten_json_of_format_1_reads_with_one_based_layers_and_new_names():
     import json
-    import warnings
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
@@ -216,10 +215,7 @@ def test_schatten_json_of_format_1_reads_with_one_based_layers_and_new_names():
     back = type(report).from_json(json.dumps(old))
     assert back.schatten_bound == report.schatten_bound and back.edelman_bound == report.edelman_bound
     assert [m.layer for m in back.matrices] == [m.layer for m in report.matrices]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert report.ours == report.schatten_bound and report.edelman == report.edelman_bound
-    assert [w.category for w in caught] == [DeprecationWarning, DeprecationWarning]
+    assert not hasattr(report, "ours") and not hasattr(report, "edelman")  # one name per number: no aliases
     with pytest.raises(ValueError, match="format_version"):
         type(report).from_dict(dict(report.to_dict(), format_version=99))
 

@@ -44,13 +44,12 @@ from .._validation import block_number
 from ..measures.attention_svm import AttSVMResult, att_svm_self, matrix_correlation
 from ..probes.attention_heads import HeadWeights, head_weights, num_blocks
 from ..probes.token_states import forward_kwargs
-from .attention_svm_report import AttentionSVMDiagnostic, AttentionSVMReport
+from .attention_svm_report import AttentionSVMReport
 from .entry import diagnostic_entry
 from .settings import AttentionSVMSettings
 
 __all__ = [
     "AttentionSVMReport",
-    "AttentionSVMDiagnostic",
     "attention_svm_diagnostic",
     "block_index",
     "head_qk",

@@ -288,8 +288,4 @@ def _tensor(values, dtype) -> torch.Tensor:
     return torch.tensor(_none_to_nan(values), dtype=torch.float64).to(dtype)
 
 
-#: deprecated name of :class:`AttentionSVMReport`
-AttentionSVMDiagnostic = AttentionSVMReport
-
-
-__all__ = ["AttentionSVMReport", "AttentionSVMDiagnostic"]
+__all__ = ["AttentionSVMReport"]

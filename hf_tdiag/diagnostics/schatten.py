@@ -84,7 +84,7 @@ from ..measures import schatten as S
 from ..probes.block_matrices import EncoderWeights, encoder_weights
 from ..probes.spectrum_sources import DecoderSource, EncoderSource, ffn_job, head_job, offloaded_source
 from .entry import diagnostic_entry
-from .schatten_report import FORMAT_VERSION, MATRIX_TYPES, MatrixRecord, SchattenReport, SpectrumBoundReport
+from .schatten_report import FORMAT_VERSION, MATRIX_TYPES, MatrixRecord, SchattenReport
 from .settings import SchattenSettings
 
 
@@ -449,6 +449,5 @@ __all__ = [
     "FORMAT_VERSION",
     "MatrixRecord",
     "SchattenReport",
-    "SpectrumBoundReport",
     "spectrum_bounds",
 ]

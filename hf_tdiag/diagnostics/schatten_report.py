@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -251,18 +250,6 @@ class SchattenReport(ReportContract):
             "matrices": [m.to_dict(include_spectra) for m in self.matrices],
         }
 
-    @property
-    def ours(self) -> float:
-        """Deprecated name of :attr:`schatten_bound`."""
-        warnings.warn("SchattenReport.ours is deprecated; use .schatten_bound", DeprecationWarning, stacklevel=2)
-        return self.schatten_bound
-
-    @property
-    def edelman(self) -> float:
-        """Deprecated name of :attr:`edelman_bound`."""
-        warnings.warn("SchattenReport.edelman is deprecated; use .edelman_bound", DeprecationWarning, stacklevel=2)
-        return self.edelman_bound
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SchattenReport:
         """Inverse of :meth:`to_dict` (with spectra); JSON written before format 2 (0-based ``layer``, keys
@@ -384,10 +371,6 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-#: deprecated name of :class:`SchattenReport`
-SpectrumBoundReport = SchattenReport
-
-
 def _curve(m: MatrixRecord, ps, num_layers: int, hidden_size: int) -> np.ndarray:
     """c(W, p) of one record at the given p values, from its kept singular values, γ and α."""
     p = torch.as_tensor(np.asarray(ps, dtype=np.float64))
@@ -396,4 +379,4 @@ def _curve(m: MatrixRecord, ps, num_layers: int, hidden_size: int) -> np.ndarray
     return S.contributions(powers, p, m.gamma, m.alpha, num_layers, hidden_size).numpy()
 
 
-__all__ = ["FORMAT_VERSION", "MATRIX_TYPES", "MatrixRecord", "SchattenReport", "SpectrumBoundReport"]
+__all__ = ["FORMAT_VERSION", "MATRIX_TYPES", "MatrixRecord", "SchattenReport"]

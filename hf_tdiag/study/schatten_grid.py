@@ -184,7 +184,7 @@ def train(model, cell: GridCell, data, device: str = "cpu") -> dict[str, float]:
 
 
 def report_summary(report) -> dict[str, Any]:
-    """The numbers the grid tables and figures use, from one :class:`SpectrumBoundReport`."""
+    """The numbers the grid tables and figures use, from one :class:`SchattenReport`."""
     out = {
         "schatten_bound": report.schatten_bound,
         "edelman_bound": report.edelman_bound,
@@ -369,8 +369,8 @@ __all__ = [
 
 
 def load_report_pair(record: dict, cache_dir: str):
-    """The full init and trained :class:`SpectrumBoundReport` of a cached record (spectra included)."""
-    from hf_tdiag.diagnostics.schatten import SchattenReport as SpectrumBoundReport
+    """The full init and trained :class:`SchattenReport` of a cached record (spectra included)."""
+    from hf_tdiag.diagnostics.schatten import SchattenReport
 
     paths = _paths(cache_dir, record["key"])
-    return tuple(SpectrumBoundReport.from_json(paths[stage]) for stage in ("init", "trained"))
+    return tuple(SchattenReport.from_json(paths[stage]) for stage in ("init", "trained"))
