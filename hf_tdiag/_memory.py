@@ -2,8 +2,8 @@
 
 glibc raises its mmap threshold to the size of the last freed block (up to 32 MiB), so a loop that allocates and frees
 blocks of a few MiB (a float64 copy of 8 MiB of a weight matrix, its absolute values, a read tensor) is served from
-the heap after the first one, and the freed parts of the heap stay resident: measured on a 0.6 B-parameter decoder,
-the streaming Schatten path's peak grew to ~9x the largest layer's weights. ``malloc_trim(0)`` returns every free page
+the heap after the first one, and the freed parts of the heap stay resident: the streaming Schatten path's peak
+grew to several times the largest layer's weights on a decoder. ``malloc_trim(0)`` returns every free page
 (also inside the heap); elsewhere than glibc this is a no-op.
 """
 

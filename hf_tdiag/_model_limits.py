@@ -1,4 +1,4 @@
-"""What a model can take, checked before any work, with errors that name the input and the limit (issue 29).
+"""What a model can take, checked before any work, with errors that name the input and the limit.
 
 * :func:`position_limit`: the most tokens a text model's learned absolute position embeddings hold (BERT's
   ``position_embeddings``, GPT-2's ``wpe``; RoBERTa's offset by its padding index, OPT's by its ``offset``); None

@@ -7,8 +7,8 @@ afterwards — on errors too, and whatever the block itself set:
 
 * ``"small"`` — batched factorizations and solves of small matrices (Cholesky, triangular solves, ``eigvalsh``,
   SVDs of a few hundred rows, the Att-SVM's active-set and Newton steps): **one thread**. Each factorization is
-  too small to split, and the threads' synchronisation is what collapses on a busy machine (measured on 2 cores
-  with one kept busy: ``cholesky_ex`` on 192 matrices of 197×197 took 2.8 s at 2 threads against 0.11 s at 1).
+  too small to split, and the threads' synchronisation is what collapses on a busy machine (a batched
+  ``cholesky_ex`` at two threads with one core kept busy is over ten times slower than at one).
 * ``"dense"`` — large matrix products (the SRR's head projections and Gram matrices): the caller's torch thread
   count, but never more than the cores idle right now (:func:`idle_cores`: this process's cores minus the
   runnable tasks of other processes the kernel counts; this process's own threads, such as torch's OpenMP workers
@@ -60,8 +60,8 @@ def pick_threads(requested: int | None = None, *, device="cpu", num_parameters: 
 
     ``requested`` (a ``--threads`` flag) wins; else an ``OMP_NUM_THREADS`` set in the environment is respected
     (torch already follows it); else one thread for models under ``SMALL_MODEL_PARAMETERS`` on CPU, whose
-    small matrix products spend more time synchronising threads than computing (measured: ``hf-tdiag srr``
-    on the digits CRATE runs several times faster on one thread than on all cores of a busy machine).
+    small matrix products spend more time synchronising threads than computing (``hf-tdiag srr`` on the digits
+    CRATE runs several times faster on one thread than on all cores of a busy machine).
     """
     import os
 

@@ -1,74 +1,12 @@
 """``hf_tdiag.spectrum_bounds``: spectrum-adaptive Schatten and Edelman bound proxies of an encoder or a decoder.
 
-Wires the weight probe (:mod:`hf_tdiag.probes.block_matrices`) to the math in
-:mod:`hf_tdiag.measures.schatten`. Per layer ℓ and head h (row-vector
-orientation, PyTorch weights ``(out, in)``):
-
-* ``QK = W_Q,hᵀ W_K,h`` (N×N), ``Ṽ = W_V,hᵀ (W_O)ᵀ[rows of head h]`` (N×N),
-  ``M_in`` = FFN input weightᵀ (N×I), ``M_out`` = FFN output weightᵀ (I×N).
-  No 1/√d_h, no LayerNorm, biases, embeddings or pooler.
-* Per-head spectra come from the d_h×d_h QR core (exact: the products have rank ≤ d_h),
-  batched over heads; all math in float64 on the weights' device.
-
-CRATE: Q = K = V = U_k (the shared ``attention.qkv`` rows of head k), W_O =
-``attention.output_matrix()``. A CRATE block has no MLP; its ISTA step
-``ReLU(z + η Dᵀ(z − D z) − ηλ)`` is parameterised by the dictionary ``D``
-(``ista.weight``, read like an ``nn.Linear`` weight), so ``Dᵀ`` plays M_in and is
-reported with type ``"ista"``, and M_out is the identity: ``‖M_out‖₂ = 1`` in
-every factor, and, not being learned, it adds no term to ``B_ours`` and no
-``‖M_out‖_{2,1}`` term to ξ_ℓ. L_φ is left as given (ISTA's ReLU is 1-Lipschitz;
-pass ``L_phi=1.0`` for that reading). CRATE-MAE's encoder blocks are CRATE blocks and are read the same way.
-
-CRATE-α: Q = K = V = U_k, W_O = ``attention.out_proj`` (no bias). Its block ends with a residual sparse-coding
-step ``z⁺ = z½ + D₁a₂(x)``, ``x = LN₂(z½)``, with ``a₁ = ReLU(ηDᵀx − ηλ)``, ``a₂ = ReLU(a₁ − ηDᵀ(Da₁ − x) − ηλ)``
-and ``D, D₁`` of shape (N, r·N). In row-vector form that is the paper's residual FFN ``φ(x M_in) M_out`` with
-``M_in = D`` (N × r·N, type ``"ista_d"``, read from ``sparse_coding.D``), ``M_out = D₁ᵀ`` (r·N × N, type
-``"ista_d1"``, from ``sparse_coding.D1``) and φ the two ISTA steps as a function of ``u = xD``:
-``a₁ = ReLU(ηu − ηλ)``, ``a₂ = ReLU(a₁(I − ηDᵀD) + ηu − ηλ)``. Both matrices enter every formula exactly where
-M_in and M_out do (spectra, γ, α, ξ_ℓ). What the paper's argument does not cover, and this reading leaves out:
-φ here is not a fixed activation — it holds D a second time, through ``DᵀD`` — so (i) its Lipschitz constant in
-``u`` is the weight-dependent ``η(1 + ‖I − ηDᵀD‖₂)``, not a universal L_φ (``L_phi`` stays the user's number, as
-for CRATE), and (ii) D's covering term counts its first use ``x ↦ xD`` only, not its second one inside φ (CRATE's
-ISTA step, ``x(I + ηD − ηDᵀD)``, also uses its D twice and is read the same way).
-
-ToST is refused: its token-statistics attention (TSSA) computes no softmax of query–key logits, so the paper's
-attention matrices QK_h, Ṽ_h and the attention's Lipschitz factor ``1 + 4‖QK_h‖₂`` do not describe it.
-
-Decoders (GPT-2 and Llama families, :mod:`hf_tdiag.probes.decoders`) — the extension of the paper's matrices:
-
-* **Grouped-query attention.** Query head h reads K/V head g(h) = h // (H/H_kv). The attention output is
-  Σ_h softmax(x W_Q,h (x W_K,g(h))ᵀ) x W_V,g(h) W_O,h — exactly multi-head attention with each K/V head repeated for
-  the H/H_kv query heads of its group (Transformers' ``repeat_kv``). The paper's per-head analysis applies to that
-  equivalent multi-head model, so there are H matrices of each kind per layer:
-  ``QK_h = W_Q,hᵀ W_K,g(h)`` and ``Ṽ_h = W_V,g(h)ᵀ (W_O)ᵀ[rows of h]`` (N×N, rank ≤ d_h). A shared K/V head enters
-  the products of every query head of its group; the bound's complexity is in the products, not in the factors.
-* **Gated MLP** ``down(act(x W_gateᵀ) ⊙ x W_upᵀ)``: it is the paper's ``φ(x M_in) M_out`` with
-  ``M_in = [W_gateᵀ | W_upᵀ]`` (N × 2I, type ``m_in``), ``M_out = W_downᵀ`` (I × N) and the non-elementwise
-  φ(a, b) = act(a) ⊙ b from R^{2I} to R^I. Every step of the paper's argument that touches the MLP uses only that
-  x ↦ x M_in is linear (its covering number), ‖M_in‖₂, ‖M_out‖₂ and a Lipschitz constant of φ, so the formulas carry
-  over unchanged with ‖M_in‖₂ = ‖[W_gateᵀ | W_upᵀ]‖₂ and ‖M_in‖_{2,1} = ‖W_gateᵀ‖_{2,1} + ‖W_upᵀ‖_{2,1}. φ is
-  bilinear in (act(a), b), so its Lipschitz constant is not universal — it grows with the size of the
-  pre-activations on the data's domain; ``L_phi`` stays the user's number (default 1.13, GELU's) and is not derived.
-  Counting gate and up as one matrix keeps one M_in term per layer, as in the paper, with one post-hoc p.
-* **Rotary position embedding** is a parameter-free rotation R applied to q and k after the projections; it does
-  not change the weight matrices, and the proxies are computed from the weights. The logit of a query x and a key
-  x' at offset Δ is ``(x W_Q,hᵀ) R_Δ (x' W_K,g(h)ᵀ)ᵀ = x (W_Q,hᵀ R_Δ W_K,g(h)) x'ᵀ`` (PyTorch ``(p, d)`` weights):
-  the matrix ``W_Q,hᵀ R_Δ W_K,g(h)`` has the same rank (≤ d_h) and the same spectral
-  norm bound ‖W_Q,h‖₂‖W_K,g(h)‖₂ for every Δ, but not the same other singular values; ``QK_h`` is its Δ = 0 member
-  (no supremum over offsets is taken). GPT-2's learned absolute positions are embeddings, excluded like BERT's.
-* RMSNorm (and LayerNorm) scales, biases (Qwen's q/k/v biases, GPT-2's), Gemma's embedding scaling, per-head q/k
-  norms (Qwen3, Gemma3), the embeddings and the LM head — tied or untied — are not matrices of the bound, as for
-  BERT. GPT-2's ``Conv1D`` stores ``W (in, out)`` (``y = x W + b``): its weights already are the row-vector matrices.
-
-Streaming (``streaming=True``, :mod:`hf_tdiag.probes.checkpoint`): the layout is read from the model class built
-on the meta device; each job — a layer's heads, its M_in, its M_out — opens only the shards holding its tensors
-(``safe_open``), and FFN matrices larger than 2²⁰ entries are reduced in row blocks of their tall orientation
-(Gram ``Σ_c A_cᵀA_c`` by in-place ``dsyrk``; TSQR when ill-conditioned), so at most one block is in float64 at a
-time. The in-memory path runs the same jobs on the model's parameters: same numbers, bit for bit.
-
-A model dispatched with Accelerate's big-model inference (``device_map`` with CPU/disk offload, ``cpu_offload``)
-runs the same jobs, each reading its tensors from the offload store while it runs
-(:func:`hf_tdiag.probes.spectrum_sources.offloaded_source`, one worker): about one block's weights at a time.
+Wires the weight probes (:mod:`hf_tdiag.probes.block_matrices`, :mod:`hf_tdiag.probes.spectrum_sources`) to the math
+in :mod:`hf_tdiag.measures.schatten`: per layer and head the matrices ``QK``, ``Ṽ``, ``M_in``, ``M_out`` (CRATE's
+ISTA dictionary, CRATE-α's ``D``/``D₁``, decoders' grouped-query heads and gated MLPs), their spectra, the factors
+γ and α and both proxies. Which matrices each architecture contributes, and why, is in the user guide
+(docs/guide/schatten.md, "Which matrices each architecture contributes"); ToST is refused (its attention computes
+no query–key softmax). ``streaming=True`` reads a checkpoint folder shard by shard; an Accelerate-offloaded model is
+read one block at a time.
 """
 
 from __future__ import annotations

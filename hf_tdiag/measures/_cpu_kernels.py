@@ -3,7 +3,7 @@
 * :func:`lower_gram` — ``AᵀA`` or ``AAᵀ`` (the smaller side) through BLAS ``?syrk``, which computes one
   triangle of a symmetric product: half the multiply-adds of torch's ``A @ A.mT``. The token-side Gram matrix
   of ``R(Z)`` (197×197 from 768 features per sample at ViT-B/16 width) is the largest cost of the SRR after the
-  head projections; ``syrk`` takes it from 13.5 to 7.9 ms on 16 samples at one thread (2-core Xeon).
+  head projections, and ``syrk`` nearly halves it.
 * :func:`count_nonzero` — NumPy's SIMD ``count_nonzero`` per sample, about 2.6× faster than
   ``torch.count_nonzero`` on (16, 197, 768) float32.
 
@@ -22,7 +22,7 @@ import torch
 from .._threads import measure_threads
 
 # a per-matrix BLAS call costs ~10-20 µs of Python and dispatch: worth it from a few million multiply-adds on
-# (measured: 16 matrices of 197×197 from 768 (30 M each) gain 1.7×; 192 of 64×64 from 197 (0.8 M each) lose 1.4×)
+# (a ViT-B token Gram, ~30 M multiply-adds, gains; a 64×64 head Gram, ~1 M, loses)
 _MIN_SYRK_WORK = 1 << 22
 _MIN_COUNT_ELEMENTS = 1 << 12  # a NumPy call per sample pays from a few thousand elements on
 _DTYPES = (torch.float32, torch.float64)

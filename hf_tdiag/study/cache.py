@@ -28,7 +28,7 @@ __all__ = [
     "remove_temporaries",
 ]
 
-STUDY_VERSION = 2  # 2: Jiang et al.'s measures and Psi (issue 14)
+STUDY_VERSION = 2  # 2: Jiang et al.'s measures and Psi
 
 
 def run_key(hparams: Mapping[str, Any], fixed: Mapping[str, Any], settings) -> str:
