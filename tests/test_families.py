@@ -103,6 +103,8 @@ def test_the_table_names_every_family_folder_and_every_exported_class():
     # and each family package exports every class of its entry, as the object the entry names
     for family in FAMILIES.values():
         package = importlib.import_module(f"hf_tdiag.models.{family.package}")
+        names = {t.split(":")[1] for t in [family.config, *family.models.values(), family.image_processor] if t}
+        assert set(family.exports()) == names and names <= set(package._LAZY), family.model_type
         for name, target in family.exports().items():
             assert getattr(package, name) is getattr(importlib.import_module(target.split(":")[0]), name)
 
@@ -146,7 +148,8 @@ def _registrations() -> dict:
     autos = {auto for f in FAMILIES.values() for auto in f.models}
     mappings = [CONFIG_MAPPING, IMAGE_PROCESSOR_MAPPING, VIDEO_PROCESSOR_MAPPING]
     mappings += [getattr(modeling_auto, auto)._model_mapping for auto in sorted(autos)]
-    return {id(m): dict(m._extra_content) for m in mappings}
+    # the processor mappings' values are dicts that a registration updates in place: copied too
+    return {id(m): {k: dict(v) if isinstance(v, dict) else v for k, v in m._extra_content.items()} for m in mappings}
 
 
 def test_register_is_idempotent(monkeypatch):
@@ -164,6 +167,20 @@ def test_register_is_idempotent(monkeypatch):
     families.register_all()  # registered families return at once
     with pytest.raises(ValueError, match=r"register: unknown model type 'vit'; hf-tdiag's families are \['crate'"):
         families.register("vit")
+
+
+def test_a_family_named_like_a_transformers_model_type_is_refused(monkeypatch):
+    class ViTLikeConfig(PreTrainedConfig):
+        model_type = "vit"
+
+    class Clash(families.Family):
+        def load(self, target):
+            return ViTLikeConfig
+
+    monkeypatch.setitem(FAMILIES, "vit", Clash(model_type="vit", package="vit", config="configuration_vit:X"))
+    with pytest.raises(ValueError, match="'vit' is already used by a Transformers config"):
+        families.register("vit")
+    assert CONFIG_MAPPING["vit"].__name__ == "ViTConfig" and "vit" not in families._REGISTERED
 
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))

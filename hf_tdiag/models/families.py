@@ -107,7 +107,10 @@ _REGISTERED: set[str] = set()
 
 
 def register(model_type: str) -> None:
-    """Register one family with transformers' Auto classes and mark its classes for remote code. Idempotent."""
+    """Register one family with transformers' Auto classes and mark its classes for remote code. Idempotent.
+
+    Registering a model type again replaces its classes (transformers refuses only its own model types: a family
+    named like one of them fails here instead of replacing transformers' classes)."""
     if model_type in _REGISTERED:
         return
     family = FAMILIES.get(model_type)
@@ -117,21 +120,21 @@ def register(model_type: str) -> None:
     from transformers.models.auto.configuration_auto import AutoConfig
 
     config = family.load(family.config)
-    AutoConfig.register(model_type, config, exist_ok=True)
+    AutoConfig.register(model_type, config)
     config.register_for_auto_class()
     if family.image_processor is not None:
         from transformers.models.auto.image_processing_auto import AutoImageProcessor
         from transformers.models.auto.video_processing_auto import AutoVideoProcessor
 
         processor = family.load(family.image_processor)
-        AutoImageProcessor.register(config, image_processor_classes={"pil": processor}, exist_ok=True)
+        AutoImageProcessor.register(config, image_processor_classes={"pil": processor})
         processor.register_for_auto_class("AutoImageProcessor")
         # and as having no video processor: else pipeline() looks for one, guesses a class from the image
         # processor's auto_map and asks whether to run remote code, although the family is registered here
-        AutoVideoProcessor.register(config, video_processor_classes={}, exist_ok=True)
+        AutoVideoProcessor.register(config, video_processor_classes={})
     for auto, target in family.models.items():
         model = family.load(target)
-        getattr(modeling_auto, auto).register(config, model, exist_ok=True)
+        getattr(modeling_auto, auto).register(config, model)
         model.register_for_auto_class(auto)
     _REGISTERED.add(model_type)
 
