@@ -188,3 +188,18 @@ def test_one_head_has_no_output_matrix():
         w = attention.qkv(x)
         expected = torch.softmax(w @ w.transpose(-1, -2) / 4.0, -1) @ w
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_decoder_dictionary_starts_kaiming_uniform_as_the_authors():
+    """Bound sqrt(6 / d) (Kaiming-uniform, fan-in d), not Xavier's sqrt(6 / 2d): a branch on the decoder layer was
+    skipped by transformers (a remote-code module without parameters of its own), leaving Xavier."""
+    config = CrateMAEConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=64, num_hidden_layers=1,
+                            num_attention_heads=2, decoder_num_hidden_layers=2, decoder_num_attention_heads=2)  # fmt: skip
+    torch.manual_seed(0)
+    model = CrateMAEForPreTraining(config)
+    bound = math.sqrt(6 / 64)
+    for layer in model.decoder.layer:
+        w = layer.dictionary.weight
+        assert float(w.abs().max()) <= bound and float(w.abs().max()) > 0.95 * bound
+        assert float(w.std()) == pytest.approx(bound / math.sqrt(3), rel=0.05)
+    assert float(model.decoder.decoder_pred.weight.abs().max()) <= math.sqrt(6 / (64 + 4))  # Xavier elsewhere

@@ -72,3 +72,28 @@ def test_the_bare_model_state_and_the_encoder_pooler():
     sd = {k: v.double() for k, v in model.state_dict().items()}
     pooled = torch.tanh(ref["hidden"][:, 0] @ sd["pooler.dense.weight"].T + sd["pooler.dense.bias"])
     torch.testing.assert_close(out.pooler_output.double(), pooled, rtol=1e-4, atol=1e-4)
+
+
+def test_the_mssa_output_projection_starts_depth_scaled():
+    """CRATE-LM's initialization: the MSSA output projection normal(0, initializer_range / sqrt(2 L))."""
+    config = CrateTextConfig.from_preset(
+        "crate-lm-12l", vocab_size=V, hidden_size=64, num_hidden_layers=8, num_attention_heads=4,
+        max_position_embeddings=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = CrateTextModel(config)
+    weights = torch.cat([layer.attention.out_proj.weight.detach().flatten() for layer in model.layer])
+    assert float(weights.std()) == pytest.approx(0.02 / 4, rel=0.05)  # 8 x 4096 draws
+    assert abs(float(weights.mean())) < 1e-3
+
+
+def test_token_types_on_a_model_without_them_are_refused_unless_all_zero():
+    model = _randomized(CrateTextForCausalLM, "crate-lm-12l")
+    assert model.config.type_vocab_size == 0
+    ids = torch.randint(1, V, (1, 4), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        plain = model(input_ids=ids, use_cache=False).logits
+        zeros = model(input_ids=ids, token_type_ids=torch.zeros_like(ids), use_cache=False).logits
+    torch.testing.assert_close(zeros, plain)
+    with pytest.raises(ValueError, match="type_vocab_size=0"):
+        model(input_ids=ids, token_type_ids=torch.tensor([[0, 1, 0, 0]]), use_cache=False)

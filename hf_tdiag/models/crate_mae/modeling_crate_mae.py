@@ -210,6 +210,7 @@ class CrateMAEDecoderLayer(GradientCheckpointingLayer):
         super().__init__()
         self.layernorm_before = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dictionary = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.dictionary.kaiming_dictionary = True  # Kaiming-uniform, as the authors (_init_weights)
         self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.attention = CrateMAEMSSA(config, config.decoder_num_attention_heads)
 
@@ -252,7 +253,11 @@ class CrateMAEPreTrainedModel(HubCardMixin, PreTrainedModel):
         CLS/mask tokens (std ``initializer_range``, MAE's 0.02), sine-cosine positions, Kaiming dictionaries (the
         authors' initialization at gain 1)."""
         super()._init_weights(module)
-        if isinstance(module, nn.Linear) and module.weight.ndim == 2:
+        if isinstance(module, nn.Linear) and getattr(module, "kaiming_dictionary", False):
+            # on the Linear itself: transformers skips _init_weights for a remote-code module without parameters of
+            # its own (the decoder layer), so a branch on the layer never ran and the dictionary was Xavier-uniform
+            init.kaiming_uniform_(module.weight)
+        elif isinstance(module, nn.Linear) and module.weight.ndim == 2:
             init.xavier_uniform_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
@@ -269,8 +274,6 @@ class CrateMAEPreTrainedModel(HubCardMixin, PreTrainedModel):
             init.zeros_(module.projection.bias)
         elif isinstance(module, CrateMAEISTA):
             init.kaiming_uniform_(module.weight)
-        elif isinstance(module, CrateMAEDecoderLayer):
-            init.kaiming_uniform_(module.dictionary.weight)
 
 
 class CrateMAEModel(CrateMAEPreTrainedModel):

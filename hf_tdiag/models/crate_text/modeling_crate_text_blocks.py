@@ -161,6 +161,7 @@ class CrateTextMSSA(nn.Module):
         inner = self.num_heads * self.head_dim
         self.qkv = nn.Linear(config.hidden_size, inner, bias=False)
         self.out_proj = nn.Linear(inner, config.hidden_size, bias=config.attention_bias)
+        self.out_proj.depth_scaled = True  # initialised at initializer_range / sqrt(2 L) (_init_weights)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
@@ -316,9 +317,11 @@ class CrateTextPreTrainedModel(HubCardMixin, PreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, (CrateTextISTA, CrateTextOvercompleteISTA)):
             init.kaiming_uniform_(module.weight)
-        elif isinstance(module, CrateTextMSSA):
+        elif isinstance(module, nn.Linear) and getattr(module, "depth_scaled", False):
+            # on the projection itself: transformers skips _init_weights for a remote-code module without parameters
+            # of its own (CrateTextMSSA), so a branch on the MSSA never ran
             std = self.config.initializer_range / (2 * self.config.num_hidden_layers) ** 0.5
-            init.normal_(module.out_proj.weight, mean=0.0, std=std)
+            init.normal_(module.weight, mean=0.0, std=std)
 
 
 __all__ = [
