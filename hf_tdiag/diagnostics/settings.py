@@ -15,6 +15,7 @@ runs with ``lam=0.5, eps=0.2`` — every keyword given replaces the object's val
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -133,6 +134,12 @@ def _base_type(annotation) -> tuple[type, bool]:
     return annotation, False
 
 
+@functools.cache
+def _declared_fields(cls) -> tuple[Field, ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple(Field(f.name, f.default, *_base_type(hints[f.name]), **f.metadata) for f in dataclasses.fields(cls))
+
+
 class _Settings:
     """What every settings class shares: per-field validation from the declaration, ``fields()``,
     ``defaults()``, ``replace(**changes)``, ``to_dict()``."""
@@ -151,12 +158,7 @@ class _Settings:
     @classmethod
     def fields(cls) -> tuple[Field, ...]:
         """The declared fields, in order."""
-        hints = typing.get_type_hints(cls)
-        out = []
-        for f in dataclasses.fields(cls):
-            kind, optional = _base_type(hints[f.name])
-            out.append(Field(f.name, f.default, kind, optional, **f.metadata))
-        return tuple(out)
+        return _declared_fields(cls)
 
     @classmethod
     def field(cls, name: str) -> Field:
