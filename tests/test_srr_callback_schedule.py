@@ -51,7 +51,7 @@ def test_records_at_start_every_n_steps_and_at_evaluations(tmp_path):
     model = _model()
     data = torch.randn(6, 1, 8, 8, generator=torch.Generator().manual_seed(1))
     trainer = _Trainer(tmp_path, [{"pixel_values": x, "labels": 0} for x in data])
-    callback = SRRCallback(every_n_steps=3, num_samples=4).attach(trainer)
+    callback = SRRCallback(every_n_steps=3, num_samples=4, log_layers=True).attach(trainer)
     assert trainer.callback_handler.callbacks == [callback]
     state, control, args = TrainerState(), TrainerControl(), trainer.args
     expected = {}
@@ -79,6 +79,7 @@ def test_records_at_start_every_n_steps_and_at_evaluations(tmp_path):
     for logs, record in zip(trainer.logged, callback.history):
         srr = record["output"]["srr"]
         assert logs["srr/layer_2/srr"] == pytest.approx(srr[1]) and logs["srr/mean"] == pytest.approx(sum(srr) / 2)
+        assert logs["srr/last"] == pytest.approx(srr[-1])
         assert {f"srr/layer_{ell}/{t}" for ell in (1, 2) for t in ("R", "Rc", "sparsity", "srr")} < set(logs)
     written = json.loads((tmp_path / HISTORY_FILE).read_text())
     assert [r["step"] for r in written["history"]] == [0, 3, 6, 7] and written["every_n_steps"] == 3
@@ -87,7 +88,7 @@ def test_records_at_start_every_n_steps_and_at_evaluations(tmp_path):
 def test_without_every_n_steps_only_the_start_and_evaluations(tmp_path):
     model = _model()
     trainer = _Trainer(tmp_path, torch.randn(4, 1, 8, 8))
-    callback = SRRCallback(num_samples=2, at_start=False).attach(trainer)
+    callback = SRRCallback(num_samples=2, at_start=False).attach(trainer)  # default: the compact keys
     state, control = TrainerState(), TrainerControl()
     callback.on_train_begin(trainer.args, state, control, model=model)
     for step in range(1, 5):
@@ -95,6 +96,7 @@ def test_without_every_n_steps_only_the_start_and_evaluations(tmp_path):
         callback.on_step_end(trainer.args, state, control, model=model)
     callback.on_evaluate(trainer.args, state, control, model=model)
     assert [(r["step"], r["event"]) for r in callback.history] == [(4, "evaluate")]
+    assert set(trainer.logged[0]) == {"srr/mean", "srr/last"}
 
 
 def test_a_resumed_run_continues_the_checkpoints_history(tmp_path):
