@@ -65,6 +65,7 @@ def run_ray(
     num_cpus: int | None = None,
     num_gpus: float | None = None,
     max_retries: int = 1,
+    memory: int | None = None,
 ) -> None:
     """Run ``task(spec)`` for every spec as a Ray task (the spec carrying ``threads = num_cpus``) and report each as
     it finishes (any order). ``task`` must be safe to run twice for one spec (a retried task): the default returns a
@@ -72,7 +73,7 @@ def run_ray(
 
     Connects to ``address`` (e.g. ``"auto"`` for a cluster started with ``ray start --head``) or, without one,
     starts a local instance with ``jobs × num_cpus`` CPUs and shuts it down afterwards; an instance the caller
-    already initialised is used as it is.
+    already initialised is used as it is. ``memory``: the bytes each task asks Ray for (default: none asked).
     """
     ray = import_ray()
     cpus = int(num_cpus or threads or 1)
@@ -82,7 +83,10 @@ def run_ray(
         kwargs = {"address": address} if address else {"num_cpus": jobs * cpus}
         ray.init(include_dashboard=False, log_to_driver=False, **kwargs)
     try:
-        remote = ray.remote(task).options(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, retry_exceptions=False)
+        extra = {"memory": int(memory)} if memory else {}
+        remote = ray.remote(task).options(
+            num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, retry_exceptions=False, **extra
+        )
         pending = {remote.remote(dict(spec, threads=cpus)): spec for spec in specs}
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)
