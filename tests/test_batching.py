@@ -92,3 +92,13 @@ def test_images_become_the_processors_pixel_values_chunk_by_chunk(tmp_path):
     batches = list(encoded_batches(loaded, images, 2))
     whole = CrateImageProcessor.for_config(model.config)(images=images, return_tensors="pt")["pixel_values"]
     assert [b.shape[0] for b in batches] == [2, 2, 1] and torch.equal(concat(batches), whole)
+
+
+def test_token_ids_outside_the_vocabulary_or_empty_are_refused_naming_the_input():
+    import hf_tdiag
+
+    model = _text_model(None).model
+    with pytest.raises(ValueError, match="inputs: input_ids: the id 40 is outside the vocabulary of 9 tokens"):
+        hf_tdiag.layer_srr(model, {"input_ids": torch.tensor([[1, 2, 40]])}, progress=False)
+    with pytest.raises(ValueError, match=r"inputs: input_ids: no tokens \(shape \(1, 0\)\)"):
+        hf_tdiag.layer_srr(model, {"input_ids": torch.zeros(1, 0, dtype=torch.long)}, progress=False)
