@@ -403,4 +403,4 @@ def test_space_model_box_takes_hub_ids_over_http(hub_app, digit_png, monkeypatch
     assert "'org/missing' is not a model repository on the Hub" in html.unescape(str(excinfo.value))
     with pytest.raises(AppError) as excinfo:  # a server path: refused without looking at the disk
         client.predict(str(root / "crate"), api_name="/model_summary")
-    assert "local paths are turned off" in html.unescape(str(excinfo.value))
+    assert "local folders are turned off" in html.unescape(str(excinfo.value))

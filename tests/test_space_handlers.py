@@ -173,7 +173,8 @@ def test_unexpected_exceptions_become_short_errors():
 
     with pytest.raises(gr.Error) as excinfo:
         boom()
-    assert excinfo.value.message == "RuntimeError: &lt;kaboom&gt;"  # escaped: gr.Error messages render as HTML
+    # the toast renders its text as HTML: a "<" opening a tag is escaped, nothing else (API clients read it plain)
+    assert excinfo.value.message == "RuntimeError: &lt;kaboom>"
 
 
 def test_model_summary_describes_the_model(crate_dir, bert_dir):
@@ -228,8 +229,9 @@ def test_concepts_tab_reports_fidelity(crate_dir, digit_png):
     # shown to 4 significant digits (people read the table; the JSON-able numbers stay in the API), one format
     assert float(values["δ_rec = ‖A − Â‖_F (mean over images)"]) == pytest.approx(direct["delta_rec"], rel=1e-3)
     assert float(values["δ_gram = √L_gram"]) == pytest.approx(direct["delta_gram"], rel=1e-3)
-    assert all(len(v.replace("-", "").replace(".", "").split("e")[0].lstrip("0")) <= 4 for v in values.values())
-    _one_number_format(rows)
+    numbers = {q: v for q, v in values.items() if not q.startswith("↳")}  # "↳ ..." rows: a bound's label and why
+    assert all(len(v.replace("-", "").replace(".", "").split("e")[0].lstrip("0")) <= 4 for v in numbers.values())
+    _one_number_format([[q, v] for q, v in numbers.items()])
     assert "3 concepts after block 1" in text and "6 images" in text
     assert all(isinstance(f, Figure) for f in (heat, top, kl))
     with pytest.raises(gr.Error) as excinfo:
@@ -309,8 +311,9 @@ def test_crate_tab_works_for_a_vit_classifier(tmp_path, digit_png):
 
 
 def test_server_paths_are_refused_unless_the_operator_allows_them(crate_dir, tmp_path, monkeypatch):
-    """A visitor cannot load or even probe the server's folders: an existing model folder, an existing folder
-    without config.json and a missing path all get the same answer, naming only what was typed."""
+    """A visitor cannot load the server's folders, nor probe paths: an existing model folder, an existing folder
+    without config.json and a missing path all get the same answer, naming what was typed and how the operator
+    allows local folders."""
     monkeypatch.delenv(H.LOCAL_MODELS_ENV)
     (tmp_path / "empty").mkdir()
     answers = []
@@ -318,17 +321,23 @@ def test_server_paths_are_refused_unless_the_operator_allows_them(crate_dir, tmp
         with pytest.raises(gr.Error) as excinfo:
             H.model_summary(spec)
         message = _message(excinfo)
-        assert "local paths are turned off" in message
+        assert "local folders are turned off" in message and f"{H.LOCAL_MODELS_ENV}=1" in message
         answers.append(message.replace(repr(spec), "SPEC"))
     assert len(set(answers)) == 1
-    # a name that is a Hub id goes to the Hub, even when a folder of that name exists under the working directory
+    # a Hub-id-shaped name that is a saved model's folder in the working directory (runs/main) is that folder: the
+    # same refusal, not a download attempt; a name that is no model folder here goes to the Hub
     monkeypatch.chdir(tmp_path)
-    CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10)).save_pretrained("org/name")
+    CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10)).save_pretrained("runs/main")
     with pytest.raises(gr.Error) as excinfo:
-        H.model_summary("org/name")  # tests run offline: the Hub is unreachable, the local folder never read
-    assert "could not download 'org/name' from the Hub" in _message(excinfo)
+        H.model_summary("runs/main")
+    assert _message(excinfo).replace("'runs/main'", "SPEC") == answers[0]
+    (tmp_path / "org" / "name").mkdir(parents=True)  # a folder, but no saved model in it
+    with pytest.raises(gr.Error) as excinfo:
+        H.model_summary("org/name")  # tests run offline: the Hub cannot be reached, and the message says so
+    assert _message(excinfo).startswith("model: the Hugging Face Hub could not be reached from this server, so 'org/")
     monkeypatch.setenv(H.LOCAL_MODELS_ENV, "1")
     assert "`crate`" in H.model_summary(crate_dir)
+    assert "`crate`" in H.model_summary("runs/main")
 
 
 def test_concepts_tab_takes_minus_one_as_the_middle_and_refuses_other_bad_layers(crate_dir, digit_png):

@@ -6,9 +6,11 @@ traceback: :func:`user_errors` turns it into ``gr.Error`` with a message naming 
 
 Model specs: ``""`` or ``"default"`` is the small CRATE trained on the digits data (see
 :mod:`hf_tdiag.gradio_app.default_model`), ``"default:crate-c"`` etc. the same recipe for another variant; anything
-else is a Hub id, downloaded from the Hub and loaded with ``trust_remote_code=False`` — never looked up on the
-server's disk, so a visitor learns nothing about its folders. Local folders are accepted only when the operator sets
-``HF_TDIAG_SPACE_LOCAL_MODELS=1`` (e.g. for a Space run on one's own machine).
+else is a Hub id, downloaded from the Hub and loaded with ``trust_remote_code=False``. Local folders are accepted
+only when the operator sets ``HF_TDIAG_SPACE_LOCAL_MODELS=1`` (e.g. for a Space run on one's own machine); otherwise
+a spec written as a path (``./runs/main``, ``/data/m``) or naming a saved model folder in the server's working
+directory (``runs/main``) is refused with a message naming that variable, and a Hub that cannot be reached is said
+to be unreachable.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import functools
 import html
 import logging
 import os
+import re
 import threading
 from collections import OrderedDict
 
@@ -44,9 +47,19 @@ _cache_lock = threading.Lock()
 _model_cache: OrderedDict[tuple[str, bool], LoadedModel] = OrderedDict()
 
 
+_MARKUP = re.compile(r"<(?=[A-Za-z/!?])|&(?=#?\w+;)")
+
+
+def toast_text(message: str) -> str:
+    """``message`` for ``gr.Error``: plain text, except the two things the browser's toast (which renders its text as
+    sanitised HTML) would read as markup — a ``<`` opening a tag and an ``&`` opening an entity — escaped. Quotes and
+    everything else stay as typed, so API clients (``gradio_client``) receive the message as written."""
+    return _MARKUP.sub(lambda m: "&lt;" if m.group() == "<" else "&amp;", message)
+
+
 def user_errors(fn):
-    """Run ``fn``; turn bad-input errors into ``gr.Error`` with an escaped message, and anything else into a
-    short ``gr.Error`` too (logged with its traceback) so the server keeps running."""
+    """Run ``fn``; turn bad-input errors into ``gr.Error`` with the message (:func:`toast_text`), and anything else
+    into a short ``gr.Error`` too (logged with its traceback) so the server keeps running."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -55,14 +68,14 @@ def user_errors(fn):
         except gr.Error:
             raise
         except (ValueError, TypeError, FileNotFoundError, UnidentifiedImageError) as err:
-            raise gr.Error(html.escape(str(err)), title="Invalid input", print_exception=False) from None
+            raise gr.Error(toast_text(str(err)), title="Invalid input", print_exception=False) from None
         except torch.OutOfMemoryError:
             raise gr.Error(
                 "out of memory: try a smaller model or fewer/smaller images", print_exception=False
             ) from None
         except Exception as err:  # noqa: BLE001 - the Space must survive anything a user can trigger
             logger.exception("handler %s failed", fn.__name__)
-            raise gr.Error(html.escape(f"{type(err).__name__}: {err}"), title="Internal error") from None
+            raise gr.Error(toast_text(f"{type(err).__name__}: {err}"), title="Internal error") from None
 
     return wrapper
 
@@ -100,12 +113,44 @@ def _load(spec: str) -> LoadedModel:
         return loaded
     if local_models_allowed():
         return load_model(spec)
-    if not HUB_ID.fullmatch(spec):  # the same answer whether or not such a path exists on the server
+    if looks_like_path(spec) or is_model_folder(spec):
         raise UserInputError(
-            f"model: expected a Hub id such as 'google/vit-base-patch16-224' (or nothing, for the default digits "
-            f"CRATE), got {spec!r}; local paths are turned off on this Space"
+            f"model: {spec!r} is a local path, and local folders are turned off on this Space (it loads Hub ids); "
+            f"whoever starts the app allows them with the environment variable {LOCAL_MODELS_ENV}=1"
         )
-    return load_hub_model(spec)
+    if not HUB_ID.fullmatch(spec):
+        raise UserInputError(
+            f"model: expected a Hub id such as 'google/vit-base-patch16-224' (or nothing, for the default model), "
+            f"got {spec!r}"
+        )
+    try:
+        return load_hub_model(spec)
+    except ValueError as err:
+        prefix = f"model: could not download {spec!r} from the Hub ("
+        if str(err).startswith(prefix):  # the Hub did not answer: say so, not as if the id were wrong
+            raise UserInputError(
+                f"model: the Hugging Face Hub could not be reached from this server, so {spec!r} was not downloaded "
+                f"({str(err)[len(prefix) : -1]})"
+            ) from None
+        raise
+
+
+def looks_like_path(spec: str) -> bool:
+    """True for a spec written as a path (``/…``, ``./…``, ``../…``, ``~…``, a backslash or the platform's own
+    separator), which no Hub id is; the disk is not looked at."""
+    return (
+        spec.startswith(("/", "./", "../", "~", ".\\"))
+        or spec in (".", "..")
+        or "\\" in spec
+        or (os.sep != "/" and os.sep in spec)
+    )
+
+
+def is_model_folder(spec: str) -> bool:
+    """True when ``spec`` (a relative name like ``runs/main``, which could also be a Hub id) is a folder holding a
+    saved model (``config.json``) in the server's working directory: a visitor learns only that such a model
+    folder exists there, which the refusal names anyway."""
+    return os.path.isfile(os.path.join(spec, "config.json"))
 
 
 def get_model(spec) -> LoadedModel:
@@ -140,9 +185,9 @@ def _grid(loaded: LoadedModel, pixel_values: torch.Tensor) -> tuple[int, int]:
 
 
 @user_errors
-def model_summary(spec, progress=gr.Progress(track_tqdm=True)) -> str:
+def model_summary(model, progress=gr.Progress(track_tqdm=True)) -> str:
     """Markdown describing the loaded model (family, size, labels)."""
-    loaded = get_model(spec)
+    loaded = get_model(model)
     from hf_tdiag.probes.describe import describe
 
     arch = describe(loaded.model)
@@ -198,14 +243,14 @@ def _block_number(layer, num_layers: int) -> int:
 
 
 @user_errors
-def crate_tab(spec, image_path, layer, compare=None, progress=gr.Progress(track_tqdm=True)):
+def crate_tab(model, image_path, layer, compare=None, progress=gr.Progress(track_tqdm=True)):
     """CRATE tab: prediction, attention maps of every head of ``layer``, per-layer mean attention, per-layer SRR
     curves of this image (for the model and, for ``compare``, the default digits CRATE of each listed variant),
     and a markdown table of every compared model's prediction."""
     from hf_tdiag import viz
     from hf_tdiag.models.crate import CRATE_VARIANTS
 
-    loaded = get_model(spec)
+    loaded = get_model(model)
     _require_image_classifier(loaded, "CRATE")
     image = open_image(image_path)
     num_layers = int(loaded.config.num_hidden_layers)
@@ -238,11 +283,12 @@ def crate_tab(spec, image_path, layer, compare=None, progress=gr.Progress(track_
 
 
 @user_errors
-def digits_example(index) -> Image.Image:
+def digits_example(example_index) -> Image.Image:
     """A digits image (PIL, mode L) from the held-out split the default model was not trained on."""
     from hf_tdiag.inputs import digits_test_images
 
     images, labels = digits_test_images()
+    index = example_index
     if index is None:
         index = 0
     try:
@@ -301,14 +347,16 @@ def _markdown_table(headers, rows) -> str:
 
 @user_errors
 @takes_settings(SchattenSettings)
-def bounds_tab(spec, settings, progress=gr.Progress(track_tqdm=True)):
+def bounds_tab(model, settings, progress=gr.Progress(track_tqdm=True)):
     """Bounds tab: both proxies (markdown), optimal-p histogram, spectra, contribution curves, per-matrix table."""
     from hf_tdiag.viz import schatten as viz_schatten
 
-    loaded = get_model(spec)
+    loaded = get_model(model)
     report = _bounds_report(loaded, settings)
     text = (
-        f"**B_ours (spectrum-adaptive Schatten)** = {format_value(report.schatten_bound)} &nbsp;·&nbsp; "
+        f"**B_ours (spectrum-adaptive Schatten)** = {format_value(report.schatten_bound)}"
+        + (" **(degenerate)**" if report.degenerate else "")
+        + " &nbsp;·&nbsp; "
         f"**B_Edelman** = {format_value(report.edelman_bound)} &nbsp;·&nbsp; ratio B_Edelman / B_ours = "
         f"{format_value(report.edelman_bound / report.schatten_bound)}  \n"
         f"{report.num_layers} layers, width {report.hidden_size}, {report.num_heads} heads, "
@@ -317,7 +365,7 @@ def bounds_tab(spec, settings, progress=gr.Progress(track_tqdm=True)):
     )
     note = report.degenerate_note()
     if note:
-        text += f"\n\n**Note:** {note}"
+        text += f"\n\n**Degenerate:** {note}"
     text += "".join(f"\n\n{_markdown_table(*t)}" for t in report.breakdown_tables().values())
     return (
         text,
@@ -334,7 +382,7 @@ def bounds_tab(spec, settings, progress=gr.Progress(track_tqdm=True)):
 @user_errors
 @takes_settings(ConceptSettings)
 def concepts_tab(
-    spec,
+    model,
     image_path,
     settings,
     layer=-1,
@@ -344,10 +392,11 @@ def concepts_tab(
     """Concepts tab: Semi-NMF concepts of layer ``layer``'s patch tokens over the uploaded image plus
     ``extra_digits`` held-out digits images; heatmaps, top patches, KL vs bound, and the fidelity numbers."""
     import hf_tdiag
+    from hf_tdiag._meaning import concept_bound_flags
     from hf_tdiag.inputs import digits_test_images
-    from hf_tdiag.report.concept_section import concept_plots, fidelity_rows
+    from hf_tdiag.report.concept_section import concept_plots, fidelity_rows, num_classes
 
-    loaded = get_model(spec)
+    loaded = get_model(model)
     _require_image_classifier(loaded, "Concepts")
     images = [open_image(image_path)] if image_path else []
     try:
@@ -374,18 +423,46 @@ def concepts_tab(
         progress=True,
     )
     tensors = result.tensors
-    plots = [fig for _, fig in concept_plots(loaded, pixel_values, tensors["codes"], result)]
-    while len(plots) < 3:
-        plots.append(None)
-    rows = fidelity_rows(result)
-    text = (
-        f"{result['n_concepts']} concepts after block {result['layer']} of {result['num_layers']}, "
-        f"fitted on {result['n_images']} images ({'the uploaded image first' if image_path else 'digits only'}). "
-        f"Empirical KL {result['kl']:.3g} vs bound {result.get('bound_certified', float('nan')):.3g} with certified "
-        f"constants, {result.get('bound_estimated', float('nan')):.3g} with estimated ones (KL ≤ estimated bound for "
-        f"{100 * result.get('frac_kl_below_bound_estimated', float('nan')):.0f}% of images)."
+    by_caption = dict(concept_plots(loaded, pixel_values, tensors["codes"], result))
+    plots = [next((fig for caption, fig in by_caption.items() if caption.startswith(start)), None)
+             for start in ("Concept codes", "Top-activating", "Empirical KL")]  # fmt: skip
+    flags = concept_bound_flags(result, num_classes(loaded, result))
+    codes = tensors["codes"].reshape(result["n_images"], result["n_tokens"], -1)
+    return (
+        concepts_text(result, flags, image_path is not None and image_path != "", codes),
+        *plots,
+        _formatted(fidelity_rows(result, flags)),
     )
-    return text, plots[0], plots[1], plots[2], _formatted(rows)
+
+
+def concepts_text(result, flags: dict, uploaded: bool, codes) -> str:
+    """The Concepts tab's summary: what was fitted on how many images, the mean KL with its 95% interval, each bound
+    with its label (vacuous: why), and which concepts the figures show."""
+    from hf_tdiag._meaning import concept_intervals
+    from hf_tdiag.report.concept_section import shown_concepts, shown_concepts_note
+
+    n = result["n_images"]
+    intervals = concept_intervals(result)
+    kl_ci = intervals.get("kl")
+    lines = [
+        f"{result['n_concepts']} concepts after block {result['layer']} of {result['num_layers']}, fitted on {n} "
+        f"images ({'the uploaded image first' if uploaded else 'digits only'}).",
+        f"**Empirical KL** (mean over the {n} images) = {format_value(result['kl'])}"
+        + (f", 95% interval {format_value(kl_ci[0])} to {format_value(kl_ci[1])}" if kl_ci else "")
+        + f"; top-1 agreement {result['top1_agreement']:.1%} ({round(result['top1_agreement'] * n)} of {n}).",
+    ]
+    for key, words in (("bound_certified", "certified constants"), ("bound_estimated", "estimated constants")):
+        if result.get(key) is None:
+            continue
+        share = result.get(f"frac_kl_below_bound_{key.split('_')[1]}")
+        line = f"**KL bound, {words}** = {format_value(result[key])}"
+        if share is not None:
+            line += f" (KL below it on {share:.0%} of the images)"
+        if key in flags:
+            line += f" — **{flags[key].split(':', 1)[0]}**:{flags[key].split(':', 1)[1]}"
+        lines.append(line + ".")
+    lines.append(shown_concepts_note(codes, shown_concepts(codes)))
+    return "  \n".join(lines)
 
 
 def _formatted(rows) -> list[list[str]]:
@@ -470,14 +547,14 @@ def svm_experiment(n=6, T=8, d=16, steps=2000, seed=0, progress=gr.Progress(trac
 
 
 @user_errors
-def svm_head_tab(spec, image_path, layer=-1, head=0, extra_digits=15, progress=gr.Progress(track_tqdm=True)):
+def svm_head_tab(model, image_path, layer=-1, head=0, extra_digits=15, progress=gr.Progress(track_tqdm=True)):
     """Head diagnostic: how max-margin-like head ``head`` of ``layer`` is on the image(s)."""
     import hf_tdiag
     from hf_tdiag.inputs import digits_test_images
     from hf_tdiag.report.attention_section import svm_table
     from hf_tdiag.viz import attention_svm as viz_attention_svm
 
-    loaded = get_model(spec)
+    loaded = get_model(model)
     if loaded.modality != "image":
         raise UserInputError(
             f"model: this tab feeds images; {loaded.source!r} is a {loaded.model_type} text model "

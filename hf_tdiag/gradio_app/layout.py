@@ -7,7 +7,6 @@ disk); ``launch`` starts building it in the background so the first visitor wait
 
 from __future__ import annotations
 
-import html
 import logging
 import threading
 import types
@@ -22,16 +21,19 @@ from hf_tdiag.gradio_app.text_tab import build_text_tab
 from hf_tdiag.models.crate import CRATE_VARIANTS
 
 MAX_FILE_SIZE = "25mb"
-# small inputs (8×8 digits) are shown enlarged with crisp pixels; pass to ``launch(css=CSS)``
+# small inputs (8×8 digits) are shown enlarged with crisp pixels; error and warning toasts sit at the bottom right
+# (Gradio puts them at the top right, over the title); pass to ``launch(css=CSS)``
 CSS = """
 #crate-image img, #concepts-image img, #svm-image img { image-rendering: pixelated; min-width: 128px; object-fit: contain; }
+.toast-wrap { top: auto !important; bottom: var(--size-4) !important; }
 """
 
 INTRO = """# hf-tdiag — white-box transformers and transformer diagnostics
-Pick a model (empty = a small **CRATE** trained on scikit-learn's 8×8 digits, trained on first use and cached; or a
-Hub id — downloaded and loaded with `trust_remote_code=False`, so no code from a typed id ever runs), then explore:
-attention maps and per-layer sparse rate reduction (**CRATE**), generalization-bound proxies (**Bounds**),
-Semi-NMF concepts and their fidelity (**Concepts**), and attention as a max-margin SVM (**Attention as SVM**)."""
+Pick a model (empty = the built-in one: a small **CRATE** trained on scikit-learn's 8×8 digits, and on the **Text**
+tab a small causal CRATE trained on Python's documentation, each trained on first use and cached; or a Hub id —
+downloaded and loaded with `trust_remote_code=False`, so no code from a typed id ever runs), then explore: attention
+maps and per-layer sparse rate reduction (**CRATE**), generalization-bound proxies (**Bounds**), Semi-NMF concepts
+and their fidelity (**Concepts**), attention as a max-margin SVM (**Attention as SVM**) and text models (**Text**)."""
 
 
 def _guard_image_input(component: gr.Image) -> gr.Image:
@@ -47,7 +49,7 @@ def _guard_image_input(component: gr.Image) -> gr.Image:
         except Exception:  # noqa: BLE001 - Pillow raises several exception types for non-images
             name = getattr(payload, "orig_name", None) or "the uploaded file"
             raise gr.Error(
-                html.escape(f"image: {name!r} is not an image file Pillow can read (PNG, JPEG, WebP, BMP, GIF…)"),
+                H.toast_text(f"image: {name!r} is not an image file Pillow can read (PNG, JPEG, WebP, BMP, GIF…)"),
                 title="Invalid input",
                 print_exception=False,
             ) from None
@@ -77,21 +79,23 @@ def build_demo(default_model: str = "") -> gr.Blocks:
         gr.Markdown(INTRO)
         with gr.Row():
             model_box = gr.Textbox(
-                label="Model (empty = default digits CRATE, or a Hub id)",
+                label="Model: a Hub id, or empty for each tab's built-in model (a digits CRATE; on Text, a pydoc "
+                "CRATE-CLM)",
                 value=default_model,
-                placeholder="e.g. google/vit-base-patch16-224  (default:crate-c = the digits CRATE-C)",
+                placeholder="empty = built-in · a Hub id, e.g. google/vit-base-patch16-224 · default:crate-c for the "
+                "digits CRATE-C variant",
                 scale=4,
                 elem_id="model-box",
             )
             load_btn = gr.Button("Load model", scale=1, elem_id="load-model")
-        model_info = gr.Markdown(elem_id="model-info")
+        model_info = gr.Markdown(label="Model summary", show_label=False, elem_id="model-info")
         load_btn.click(H.model_summary, inputs=model_box, outputs=model_info, api_name="model_summary")
 
         with gr.Tabs():
             with gr.Tab("CRATE", id="crate"):
                 with gr.Row():
                     with gr.Column(scale=1):
-                        image = _image_input("Image (upload, or use a digits example)", "crate-image")
+                        image = _image_input("Image", "crate-image")
                         with gr.Row():
                             example_index = gr.Number(value=0, precision=0, minimum=0, label="Digits test example #")
                             example_btn = gr.Button("Use digits example", elem_id="crate-example")
@@ -127,7 +131,9 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                             elem_id="crate-srr",
                             value=_ph("crate-srr"),
                         )
-                        compare_table = gr.Markdown(elem_id="crate-compare-table")
+                        compare_table = gr.Markdown(
+                            label="Predictions of the compared models", show_label=False, elem_id="crate-compare-table"
+                        )
                 example_btn.click(H.digits_example, inputs=example_index, outputs=image, api_name="digits_example")
                 run_btn.click(
                     H.crate_tab,
@@ -144,7 +150,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                 with gr.Row():
                     bounds_settings = settings_controls(SchattenSettings)
                     bounds_btn = gr.Button("Compute bounds", variant="primary", elem_id="bounds-run")
-                bounds_text = gr.Markdown(elem_id="bounds-summary")
+                bounds_text = gr.Markdown(label="Bounds summary", show_label=False, elem_id="bounds-summary")
                 p_heatmap = gr.Plot(
                     label="Optimal p per matrix type",
                     format="png",
@@ -189,7 +195,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                 )
                 with gr.Row():
                     with gr.Column(scale=1):
-                        concept_image = _image_input("Image (optional)", "concepts-image")
+                        concept_image = _image_input("Image (optional) for the concepts", "concepts-image")
                         concept_settings = settings_controls(ConceptSettings)
                         concept_layer = gr.Number(
                             value=-1, precision=0, label="Layer ℓ: output of block ℓ, 0 = embeddings (-1 = middle)"
@@ -197,7 +203,9 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                         extra_digits = gr.Slider(0, 128, value=31, step=1, label="Also fit on N digits test images")
                         concepts_btn = gr.Button("Fit concepts", variant="primary", elem_id="concepts-run")
                     with gr.Column(scale=2):
-                        concepts_text = gr.Markdown(elem_id="concepts-summary")
+                        concepts_text = gr.Markdown(
+                            label="Concepts summary", show_label=False, elem_id="concepts-summary"
+                        )
                         heatmaps = gr.Plot(
                             label="Concept heatmaps",
                             format="png",
@@ -243,7 +251,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     svm_steps = gr.Slider(10, 5000, value=2000, step=10, label="GD steps (each run: W and (K, Q))")
                     svm_seed = gr.Number(value=0, precision=0, label="seed")
                 svm_btn = gr.Button("Run experiment", variant="primary", elem_id="svm-run")
-                svm_text = gr.Markdown(elem_id="svm-summary")
+                svm_text = gr.Markdown(label="Experiment summary", show_label=False, elem_id="svm-summary")
                 svm_plot = gr.Plot(
                     label="Correlation with W_mm",
                     format="png",
@@ -263,13 +271,13 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                 )
                 with gr.Row():
                     with gr.Column(scale=1):
-                        head_image = _image_input("Image (optional)", "svm-image")
+                        head_image = _image_input("Image (optional) for the head diagnostic", "svm-image")
                         head_layer = gr.Number(value=-1, precision=0, label="Layer: block 1..L (-1 = last)")
                         head_index = gr.Number(value=0, precision=0, label="Head (0-based)")
                         head_digits = gr.Slider(0, 64, value=15, step=1, label="Also use N digits test images")
                         head_btn = gr.Button("Diagnose head", variant="primary", elem_id="svm-head-run")
                     with gr.Column(scale=2):
-                        head_text = gr.Markdown(elem_id="svm-head-summary")
+                        head_text = gr.Markdown(label="Head summary", show_label=False, elem_id="svm-head-summary")
                         head_plot = gr.Plot(
                             label="Margins and attention",
                             format="png",
@@ -277,7 +285,9 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                             elem_id="svm-head-plot",
                             value=_ph("svm-head-plot"),
                         )
-                        head_table = gr.Dataframe(headers=["quantity", "value"], label="Diagnostic", interactive=False)
+                        head_table = gr.Dataframe(
+                            headers=["quantity", "value"], label="Head diagnostic", interactive=False
+                        )
                 head_btn.click(
                     H.svm_head_tab,
                     inputs=[model_box, head_image, head_layer, head_index, head_digits],
@@ -285,7 +295,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                     api_name="svm_head",
                 )
 
-            build_text_tab()  # text models on typed texts (gradio_app/text_tab.py)
+            build_text_tab(model_box)  # text models on typed texts (gradio_app/text_tab.py), the same model box
     return demo
 
 

@@ -101,6 +101,24 @@ def markdown_literal(text: str) -> str:
     return f"{fence} {shown} {fence}"
 
 
+_WHITESPACE_NAMES = {"\n": "newline", "\r": "carriage return", "\t": "tab", " ": "space"}
+
+
+def shown_continuation(text: str) -> str:
+    """A continuation as Markdown: the text as a literal (:func:`markdown_literal`); one of only whitespace says so and
+    counts what it is made of (``only whitespace: 12 newlines``); an empty one says the model produced no text."""
+    if not text:
+        return "no text (the model produced only special tokens, or its positions ran out)"
+    if text.strip():
+        return markdown_literal(text)
+    counts = {}
+    for c in text:
+        name = _WHITESPACE_NAMES.get(c, f"U+{ord(c):04X}")
+        counts[name] = counts.get(name, 0) + 1
+    parts = ", ".join(f"{n} {name}{'s' if n != 1 else ''}" for name, n in counts.items())
+    return f"only whitespace: {parts} ({markdown_literal(text)})"
+
+
 def _continuation(loaded: LoadedModel, first: dict, new_tokens: int) -> str:
     """Greedy continuation of the first text (``new_tokens`` tokens within the model's positions)."""
     room = int(getattr(loaded.config, "max_position_embeddings", 1 << 30)) - first["input_ids"].shape[1]
@@ -131,10 +149,11 @@ def _ledger(loaded: LoadedModel, batch: dict):
 
 
 @H.user_errors
-def text_tab(spec, texts, layer=-1, new_tokens=12, progress=gr.Progress(track_tqdm=True)):
+def text_tab(model, texts, layer=-1, new_tokens=12, progress=gr.Progress(track_tqdm=True)):
     """Text tab: (summary markdown, attention figure, SRR figure, ledger figure or None, ledger table rows)."""
     import hf_tdiag
     from hf_tdiag.probes.describe import describe
+    from hf_tdiag.report.attention_section import display_tokens
     from hf_tdiag.report.report import next_token_perplexity
     from hf_tdiag.viz import attention_maps
 
@@ -144,7 +163,7 @@ def text_tab(spec, texts, layer=-1, new_tokens=12, progress=gr.Progress(track_tq
         raise UserInputError("layer and continuation tokens must be integers") from None
     if not 0 <= new_tokens <= MAX_NEW_TOKENS:
         raise UserInputError(f"continuation tokens: expected 0..{MAX_NEW_TOKENS}, got {new_tokens}")
-    loaded = get_text_model(spec)
+    loaded = get_text_model(model)
     arch = describe(loaded.model)
     layer = H._block_number(layer, arch.num_layers)
     if not 1 <= layer <= arch.num_layers:
@@ -157,9 +176,9 @@ def text_tab(spec, texts, layer=-1, new_tokens=12, progress=gr.Progress(track_tq
         logits = loaded.model(**{k: v.to(device) for k, v in batch.items()}).logits if arch.causal else None
     if not out.attentions or out.attentions[0] is None:
         raise UserInputError(f"model: {loaded.source!r} returned no attention maps (needs an eager attention path)")
-    tokens = loaded.processor.convert_ids_to_tokens(first["input_ids"][0].tolist())
+    tokens = display_tokens(loaded.processor, first["input_ids"][0].tolist())  # "for", not BPE's "Ġfor"
     attentions = torch.stack([a[0] for a in out.attentions]).float().cpu()
-    attention_fig = attention_maps.token_attention_figure([str(t) for t in tokens], attentions, layer)
+    attention_fig = attention_maps.token_attention_figure(tokens, attentions, layer)
     srr = hf_tdiag.layer_srr(loaded.model, batch, progress=False)
     srr_fig = hf_tdiag.viz.plot_layer_srr({loaded.source: srr}, show_std=False,
                                           title=f"Per-layer SRR of these {len(lines)} texts")  # fmt: skip
@@ -169,11 +188,20 @@ def text_tab(spec, texts, layer=-1, new_tokens=12, progress=gr.Progress(track_tq
                f"{int(batch['attention_mask'].sum())} tokens."]  # fmt: skip
     if logits is not None:
         summary.append(f"Next-token perplexity on them: {next_token_perplexity(logits.cpu(), batch):.4g}.")
-        continuation = _continuation(loaded, first, new_tokens)
-        if continuation:
-            summary.append(f"Greedy continuation of the first text: {markdown_literal(continuation)}")
+        if new_tokens:
+            summary.append(
+                f"Greedy continuation of the first text: {shown_continuation(_continuation(loaded, first, new_tokens))}"
+            )
     summary.append(ledger_line)
     return "\n\n".join(summary), attention_fig, srr_fig, ledger_fig, rows
 
 
-__all__ = ["LEDGER_COLUMNS", "MAX_TEXTS", "SAMPLE_TEXTS", "get_text_model", "text_batch", "text_tab"]
+__all__ = [
+    "LEDGER_COLUMNS",
+    "MAX_TEXTS",
+    "SAMPLE_TEXTS",
+    "get_text_model",
+    "shown_continuation",
+    "text_batch",
+    "text_tab",
+]

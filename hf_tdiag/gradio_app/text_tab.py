@@ -14,8 +14,9 @@ TEXT_INTRO = (
     "A **text model** on your texts (one per line): next-token perplexity and a greedy continuation (causal models), "
     "the token-to-token attention of one block, the per-layer sparse rate reduction of the texts' real tokens, and "
     "for a text CRATE the **objective ledger** (does each MSSA and ISTA step decrease the objective it was derived "
-    "from?). Empty model box = a small causal CRATE trained on Python's own documentation on first use (about a "
-    "minute, then cached), or a Hub id (loaded with `trust_remote_code=False`)."
+    "from?). The model is the one in the box at the top: empty = a small causal CRATE trained on Python's own "
+    "documentation on first use (about a minute, then cached), or a text model's Hub id (loaded with "
+    "`trust_remote_code=False`)."
 )
 
 
@@ -23,17 +24,12 @@ def _plot(elem_id: str, label: str) -> gr.Plot:
     return gr.Plot(label=label, format="png", show_label=False, elem_id=elem_id, value=_ph(elem_id))
 
 
-def build_text_tab() -> None:
-    """The Text tab's components and its one event (``api_name="text"``)."""
+def build_text_tab(model: gr.Textbox) -> None:
+    """The Text tab's components and its one event (``api_name="text"``); ``model`` is the app's one model box."""
     with gr.Tab("Text", id="text"):
         gr.Markdown(TEXT_INTRO)
         with gr.Row():
             with gr.Column(scale=1):
-                model = gr.Textbox(
-                    label="Text model (empty = the default pydoc CRATE-CLM, or a Hub id)",
-                    placeholder="e.g. openai-community/gpt2",
-                    elem_id="text-model",
-                )
                 texts = gr.Textbox(
                     value="\n".join(TH.SAMPLE_TEXTS),
                     lines=6,
@@ -44,11 +40,11 @@ def build_text_tab() -> None:
                 new_tokens = gr.Slider(0, TH.MAX_NEW_TOKENS, value=12, step=1, label="Continuation tokens (causal)")
                 run = gr.Button("Run", variant="primary", elem_id="text-run")
             with gr.Column(scale=2):
-                summary = gr.Markdown(elem_id="text-summary")
+                summary = gr.Markdown(label="Text summary", show_label=False, elem_id="text-summary")
                 attention = _plot("text-attention", "Attention of one block on the first text")
                 srr = _plot("text-srr", "Per-layer SRR of the texts")
-                ledger = _plot("text-ledger", "Objective ledger")
-                table = gr.Dataframe(headers=TH.LEDGER_COLUMNS, label="Objective ledger", interactive=False)
+                ledger = _plot("text-ledger", "Objective ledger plot")
+                table = gr.Dataframe(headers=TH.LEDGER_COLUMNS, label="Objective ledger steps", interactive=False)
         run.click(
             TH.text_tab,
             inputs=[model, texts, layer, new_tokens],

@@ -56,6 +56,7 @@ def section_attention(loaded: LoadedModel, inputs: ReportInputs | None, options:
     )
     section.tables.append(svm_table(summary))
     section.numbers["attention_svm"] = diag.to_dict()
+    section.numbers["num_inputs"] = n
     _add_figures(section, lambda: svm_plots(diag))
     return section
 
@@ -96,9 +97,7 @@ def _token_attention_figures(section: Section, loaded: LoadedModel, inputs: Repo
     ids = inputs.batch["input_ids"][0]
     mask = inputs.batch.get("attention_mask")
     keep = int(mask[0].sum()) if mask is not None else int(ids.shape[0])
-    tokens = loaded.processor.convert_ids_to_tokens(ids[:keep].tolist()) if loaded.processor is not None else None
-    if tokens is None:
-        tokens = [str(int(i)) for i in ids[:keep]]
+    tokens = display_tokens(loaded.processor, ids[:keep].tolist())
     attn = attn[:, :, :keep, :keep]
     _add_figures(
         section,
@@ -114,6 +113,28 @@ def _token_attention_figures(section: Section, loaded: LoadedModel, inputs: Repo
         ],
     )
     section.numbers["token_attention_first_input"] = {"tokens": tokens, "mean_over_heads": attn.mean(1)}
+
+
+_SHOWN_WHITESPACE = {"\n": "↵", "\r": "↵", "\t": "⇥"}
+
+
+def display_tokens(tokenizer, ids) -> list[str]:
+    """Each token id as a person reads it on an axis: the tokenizer's own decoding of that one token (``Ġfor`` ->
+    ``for``, ``Ċ`` -> ``↵``), surrounding spaces dropped, a token of spaces only shown as ``␣``; the raw token
+    where one token is part of a character (``�``); the id itself without a tokenizer."""
+    ids = [int(i) for i in ids]
+    if tokenizer is None:
+        return [str(i) for i in ids]
+    raw = tokenizer.convert_ids_to_tokens(ids)
+    out = []
+    for i, token in zip(ids, raw):
+        text = tokenizer.decode([i], clean_up_tokenization_spaces=False)
+        if "\ufffd" in text or not text:
+            out.append(str(token))
+            continue
+        text = "".join(_SHOWN_WHITESPACE.get(c, c) for c in text).strip(" ")
+        out.append(text or "␣")
+    return out
 
 
 def svm_table(summary: dict) -> Table:

@@ -11,6 +11,7 @@ import torch
 import hf_tdiag
 from hf_tdiag.loading import LoadedModel
 
+from .._meaning import concept_bound_flags, concept_intervals
 from ..viz.concepts import token_codes_figure
 from .html import Section, Table
 from .options import ReportInputs, ReportOptions
@@ -18,9 +19,39 @@ from .section_tools import _TITLES, _add_figures, _arch, _skip
 
 logger = logging.getLogger("hf_tdiag.report.report")
 
+_BOUND_WORDS = {
+    "bound_certified": "Certified",
+    "bound_certified_chain": "Certified chain",
+    "bound_estimated": "Estimated",
+}
 
-def fidelity_rows(result: dict) -> list[list]:
-    """(quantity, value) rows of a concept_fidelity report: errors, KL, bound and its constants."""
+
+def num_classes(loaded: LoadedModel, result) -> int | None:
+    """C of the KL bounds' vacuity rule: the width of the logits the KL compares (classes, or a decoder's
+    vocabulary)."""
+    tensors = getattr(result, "tensors", None) or {}
+    logits = tensors.get("logits")
+    if logits is not None:
+        return int(logits.shape[-1])
+    return result.get("num_classes") or getattr(loaded.config, "num_labels", None)
+
+
+def fidelity_rows(result: dict, flags: dict | None = None) -> list[list]:
+    """(quantity, value) rows of a concept_fidelity report: errors, KL, bound and its constants; a row saying why
+    after each bound in ``flags`` (:func:`hf_tdiag._meaning.concept_bound_flags`)."""
+    rows = _fidelity_rows(result)
+    names = {
+        "bound_certified": "KL bound, certified constants (mean)",
+        "bound_certified_chain": "KL bound, certified chain",
+        "bound_estimated": "KL bound, estimated constants (mean)",
+    }
+    for key, reason in (flags or {}).items():
+        at = next(i for i, row in enumerate(rows) if row[0].startswith(names[key]))
+        rows.insert(at + 1, [f"↳ {names[key].split(' (')[0]}", reason])
+    return rows
+
+
+def _fidelity_rows(result: dict) -> list[list]:
     rows = [
         ["δ_rec = ‖A − Â‖_F (mean over images)", result["delta_rec"]],
         ["δ_rec relative = δ_rec / ‖A‖_F", result["delta_rec_rel"]],
@@ -92,7 +123,8 @@ def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: 
         progress=False,
     )
     tensors = result.tensors
-    rows = fidelity_rows(result)
+    flags = concept_bound_flags(result, num_classes(loaded, result))
+    rows = fidelity_rows(result, flags)
     section = Section(
         "concepts",
         title,
@@ -104,9 +136,10 @@ def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: 
             "½(‖W_c‖_op L_readout)² · L_block^{2L_suf} · (√N δ_rec + α‖G‖_F δ_gram)², once with certified constants "
             "(upper bounds on the ball the reconstruction provably stays in; the derivation is in the package's "
             "docs, concept_bound.md) and once with local estimates."
+            + "".join(f" {_BOUND_WORDS[k]} bound: {reason}." for k, reason in flags.items())
         ),
         tables=[Table("Fidelity", ["quantity", "value"], rows)],
-        numbers=result,
+        numbers={**result, "intervals": concept_intervals(result), "flags": flags},
     )
     _add_figures(section, lambda: concept_plots(loaded, inputs.batch, tensors["codes"], result))
     return section
@@ -128,7 +161,8 @@ def decoder_concepts_section(loaded: LoadedModel, inputs: ReportInputs, options:
         progress=False,
     )
     tensors = result.tensors
-    rows = fidelity_rows(result)
+    flags = concept_bound_flags(result, num_classes(loaded, result))
+    rows = fidelity_rows(result, flags)
     section = Section(
         "concepts",
         _TITLES["concepts"],
@@ -140,16 +174,19 @@ def decoder_concepts_section(loaded: LoadedModel, inputs: ReportInputs, options:
             "the last token (final norm + LM head); the bound ½(‖W_c‖_op L_readout)² · L_block^{2L_suf} · "
             "(√N δ_rec + α‖G‖_F δ_gram)² uses local estimates of its constants. Certified bound: "
             f"{result.get('bound_certified_note', 'see the table')}."
+            + "".join(f" {_BOUND_WORDS[k]} bound: {reason}." for k, reason in flags.items())
         ),
         tables=[Table("Fidelity", ["quantity", "value"], rows)],
-        numbers=result,
+        numbers={**result, "intervals": concept_intervals(result), "flags": flags},
     )
 
     def figures():
         out = []
         if tensors["codes"] is not None:
             ids = loaded.processor(list(inputs.texts[:1]), add_special_tokens=False)["input_ids"][0]
-            tokens = loaded.processor.convert_ids_to_tokens(ids[: result["n_tokens"]])
+            from .attention_section import display_tokens
+
+            tokens = display_tokens(loaded.processor, ids[: result["n_tokens"]])
             codes = tensors["codes"].reshape(result["n_images"], result["n_tokens"], -1)[0]
             out.append(
                 (f"Concept codes of the first text's tokens after block {layer}", token_codes_figure(tokens, codes))
@@ -176,6 +213,44 @@ def patch_grid(config, pixel_values: torch.Tensor) -> tuple[int, int]:
     return int(pixel_values.shape[-2] // ph), int(pixel_values.shape[-1] // pw)
 
 
+MAX_SHOWN_CONCEPTS = 6
+
+
+def shown_concepts(codes, limit: int = MAX_SHOWN_CONCEPTS) -> list[int]:
+    """The concepts the figures show: at most ``limit``, the largest mean code first, only concepts active on some
+    patch (a code above 0)."""
+    flat = torch.as_tensor(codes).reshape(-1, codes.shape[-1]).double()
+    order = torch.argsort(flat.mean(0), descending=True, stable=True).tolist()
+    active = set(_active(flat))
+    return [k for k in order if k in active][:limit]
+
+
+def _active(flat) -> list[int]:
+    return [k for k in range(flat.shape[-1]) if float(flat[:, k].max()) > 0]
+
+
+def _listed(ks) -> str:
+    return ", ".join(str(k) for k in ks)
+
+
+def shown_concepts_note(codes, shown: list[int]) -> str:
+    """One sentence: which concepts the figures show of how many, and why the others are left out (never active on
+    these inputs, or weaker than the ones shown)."""
+    flat = torch.as_tensor(codes).reshape(-1, codes.shape[-1]).double()
+    total = flat.shape[-1]
+    inactive = [k for k in range(total) if k not in set(_active(flat))]
+    weaker = [k for k in range(total) if k not in shown and k not in inactive]
+    words = f"Shown: {len(shown)} of {total} concepts ({_listed(sorted(shown))}), largest mean code first"
+    if inactive:
+        words += (
+            f"; {len(inactive)} of {total} concepts ({_listed(inactive)}) are active on no patch of these inputs "
+            "(every code 0)"
+        )
+    if weaker:
+        words += f"; left out as weaker (smaller mean code): {_listed(weaker)}"
+    return words + "."
+
+
 def concept_plots(loaded: LoadedModel, pixel_values: torch.Tensor, codes, result: dict) -> list[tuple[str, Any]]:
     """(caption, matplotlib figure) pairs: concept heatmaps, top-activating patches, KL vs bound (if computed)."""
     from hf_tdiag.viz import concepts as VC
@@ -184,17 +259,19 @@ def concept_plots(loaded: LoadedModel, pixel_values: torch.Tensor, codes, result
     if codes is not None:
         grid = patch_grid(loaded.config, pixel_values)
         codes = codes.reshape(result["n_images"], result["n_tokens"], -1)
-        k = min(result["n_concepts"], 6)
+        shown = shown_concepts(codes)
+        note = shown_concepts_note(codes, shown)
+    if codes is not None and shown:
         out.append(
             (
-                f"Concept codes over the patch grid after block {result['layer']} (strongest concepts, first images)",
-                VC.plot_concept_heatmaps(pixel_values, codes, grid, n_images=4, n_concepts=k),
+                f"Concept codes over the patch grid after block {result['layer']} (first images). {note}",
+                VC.plot_concept_heatmaps(pixel_values, codes, grid, n_images=4, concepts=shown),
             )
         )
         out.append(
             (
                 "Top-activating patches per concept (cyan box; value = code)",
-                VC.plot_top_patches(pixel_values, codes, grid, n_concepts=k, top=8),
+                VC.plot_top_patches(pixel_values, codes, grid, concepts=shown, top=8),
             )
         )
     if "bound_estimated" in result.get("per_image", {}):

@@ -142,35 +142,12 @@ def table_formatter(rows):
     return lambda value: format_value(value, scientific=scientific)
 
 
-#: the headline numbers at the top of the page: (section, label, path into ``Section.numbers``, kind)
-HEADLINE = (
-    ("summary", "top-1 accuracy", ("accuracy",), "percent"),
-    ("summary", "next-token perplexity", ("next_token_perplexity",), "number"),
-    ("srr", "SRR, last block", ("summary", "srr_last_layer"), "number"),
-    ("srr", "SRR, mean over blocks", ("summary", "srr_mean_over_layers"), "number"),
-    ("schatten", "B_ours (Schatten proxy)", ("schatten_bound",), "number"),
-    ("schatten", "B_Edelman", ("edelman_bound",), "number"),
-    ("concepts", "concept KL (mean)", ("kl",), "number"),
-    ("concepts", "KL bound, estimated", ("bound_estimated",), "number"),
-    ("concepts", "top-1 agreement with concepts", ("top1_agreement",), "percent"),
-    ("attention", "corr(W_h, W_mm)", ("attention_svm", "correlation"), "number"),
-    ("attention", "margin ratio (≤ 1)", ("attention_svm", "margin_ratio"), "number"),
-)
-
-
 def headline(sections: list[Section]) -> list[dict]:
-    """The key numbers of the sections that ran: ``{"label", "value" (formatted), "section"}`` in page order."""
-    by_key = {s.key: s for s in sections if s.status == "ok"}
-    out = []
-    for key, label, path, kind in HEADLINE:
-        value = by_key[key].numbers if key in by_key else None
-        for part in path:
-            value = value.get(part) if isinstance(value, dict) else None
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not math.isfinite(value):
-            continue
-        text = f"{float(value):.1%}" if kind == "percent" else format_value(float(value))
-        out.append({"label": label, "value": text, "section": key})
-    return out
+    """The key numbers of the sections that ran (:func:`hf_tdiag.report.headline.key_numbers`): ``{"label",
+    "value" (formatted), "section", "detail" (sample count, interval), "flag", "reason"}`` in page order."""
+    from .headline import key_numbers
+
+    return key_numbers(sections)
 
 
 _TEMPLATE = """<!DOCTYPE html>
@@ -208,6 +185,10 @@ details { margin: 8px 0; } details summary { cursor: pointer; font-weight: 600; 
 .headline a { display: block; min-width: 150px; padding: 6px 10px; border-radius: 6px; background: #f6f8fa; color: inherit; text-decoration: none; }
 .headline .v { display: block; font-size: 20px; font-weight: 600; font-variant-numeric: tabular-nums; }
 .headline .l { display: block; font-size: 12px; color: #57606a; }
+.headline .d { display: block; font-size: 11px; color: #57606a; max-width: 230px; }
+.headline .flag { display: inline-block; font-size: 11px; font-weight: 600; padding: 0 6px; margin-left: 6px; border-radius: 8px; background: #fff1e5; color: #bc4c00; vertical-align: middle; }
+.flags { margin: -8px 0 16px; padding: 8px 16px; background: #fff8f0; border: 1px solid #ffd8b5; border-radius: 6px; font-size: 13px; }
+.flags li { margin: 2px 0; }
 dl.settings { display: grid; grid-template-columns: max-content auto; gap: 2px 16px; font-size: 13px; }
 dl.settings dt { font-weight: 600; }
 dl.settings dd { margin: 0; font-family: monospace; }
@@ -221,7 +202,10 @@ dl.settings dd { margin: 0; font-family: monospace; }
 <main>
 <nav>{% for s in sections %}<a href="#{{ s.key }}">{{ s.title }}</a>{% endfor %}</nav>
 {% if key_numbers %}
-<div class="headline" id="headline">{% for h in key_numbers %}<a href="#{{ h.section }}"><span class="v">{{ h.value }}</span><span class="l">{{ h.label }}</span></a>{% endfor %}</div>
+<div class="headline" id="headline">{% for h in key_numbers %}<a href="#{{ h.section }}"{% if h.flag %} title="{{ h.reason }}"{% endif %}><span class="v">{{ h.value }}{% if h.flag %}<span class="flag">{{ h.flag }}</span>{% endif %}</span><span class="l">{{ h.label }}</span><span class="d">{{ h.detail }}</span></a>{% endfor %}</div>
+{% set flagged = key_numbers | selectattr("flag") | list %}{% if flagged %}
+<ul class="flags" id="flags">{% for h in flagged %}<li><strong>{{ h.label }}</strong> — {{ h.reason }}.</li>{% endfor %}</ul>
+{% endif %}
 {% endif %}
 {% if settings %}
 <section id="settings"><h2>Settings</h2>
@@ -276,7 +260,6 @@ def dumps(data: dict) -> str:
 
 
 __all__ = [
-    "HEADLINE",
     "Figure",
     "Section",
     "Table",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import math
 import os
 import platform
 import time
@@ -33,6 +34,7 @@ from hf_tdiag._atomic import write_text
 from hf_tdiag.loading import LoadedModel, load_model, pixel_values_for
 
 from .._defaults import REPORT_SECTIONS
+from .._meaning import degenerate_reason, mean_interval, wilson_interval
 from .._progress import tqdm
 from ..viz import images
 from .attention_section import section_attention
@@ -139,8 +141,17 @@ def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: R
     section.summary = f"Inputs: {inputs.description} ({inputs.num_samples} samples)."
     logits, _ = _forward(loaded, inputs)
     if logits is not None and arch.causal and logits.ndim == 3 and isinstance(inputs.batch, dict):
+        nll = next_token_nll(logits, inputs.batch)
         numbers["next_token_perplexity"] = next_token_perplexity(logits, inputs.batch)
-        section.summary += f" Next-token perplexity on them: {numbers['next_token_perplexity']:.4g}."
+        numbers["num_tokens"] = int(nll.numel())
+        interval = mean_interval(float(nll.mean()), float(nll.std(correction=1)) if nll.numel() > 1 else 0.0,
+                                 nll.numel(), ddof=1)  # fmt: skip
+        if interval is not None:  # exp of the mean NLL's interval (tokens taken as independent)
+            numbers.setdefault("intervals", {})["next_token_perplexity"] = [math.exp(v) for v in interval]
+        section.summary += (
+            f" Next-token perplexity on them: {numbers['next_token_perplexity']:.4g} "
+            f"({numbers['num_tokens']:,} predicted tokens)."
+        )
     if logits is not None and loaded.is_classifier:
         probs = logits.softmax(-1)
         conf, pred = probs.max(-1)
@@ -148,9 +159,13 @@ def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: R
         numbers["predictions"] = pred.tolist()
         numbers["confidence"] = conf.tolist()
         if inputs.labels is not None:
-            acc = float((pred == inputs.labels).float().mean())
-            numbers["accuracy"] = acc
-            section.summary += f" Top-1 accuracy on them: {acc:.1%}."
+            correct, n = int((pred == inputs.labels).sum()), int(inputs.labels.numel())
+            numbers.update(accuracy=correct / n, num_correct=correct, num_labeled=n)
+            lo, hi = wilson_interval(correct, n)
+            numbers.setdefault("intervals", {})["accuracy"] = [lo, hi]
+            section.summary += (
+                f" Top-1 accuracy on them: {correct / n:.1%} ({correct} of {n}; Wilson 95% interval {lo:.1%}–{hi:.1%})."
+            )
         if inputs.images:
             k = min(16, len(inputs.images))
             truths = (
@@ -166,14 +181,20 @@ def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: R
 
 def next_token_perplexity(logits: torch.Tensor, batch: dict) -> float:
     """``exp`` of the mean cross-entropy of token t+1 given tokens ≤ t over the real (unpadded) tokens."""
+    nll = next_token_nll(logits, batch)
+    return float(torch.exp(nll.mean())) if nll.numel() else 1.0
+
+
+def next_token_nll(logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    """The cross-entropy of each real token t+1 given tokens ≤ t (float64; padded positions left out)."""
     ids = batch["input_ids"]
     mask = batch.get("attention_mask")
     mask = torch.ones_like(ids) if mask is None else mask
     nll = torch.nn.functional.cross_entropy(
         logits[:, :-1].double().flatten(0, 1), ids[:, 1:].flatten(), reduction="none"
     )
-    keep = (mask[:, 1:] * mask[:, :-1]).flatten().double()
-    return float(torch.exp((nll * keep).sum() / keep.sum().clamp(min=1)))
+    keep = (mask[:, 1:] * mask[:, :-1]).flatten().bool()
+    return nll[keep]
 
 
 def gqa_note(settings: dict) -> str:
@@ -216,7 +237,7 @@ def section_srr(loaded: LoadedModel, inputs: ReportInputs | None, options: Repor
             + "."
         ),
         tables=tables,
-        numbers=report.to_dict(),
+        numbers={**report.to_dict(), "intervals": srr_intervals(report)},
     )
     from hf_tdiag import viz
 
@@ -226,6 +247,22 @@ def section_srr(loaded: LoadedModel, inputs: ReportInputs | None, options: Repor
         lambda: [("Per-layer R, Rᶜ, sparsity and SRR (mean ± std over samples)", viz.plot_layer_srr({name: report}))],
     )
     return section
+
+
+def srr_intervals(report) -> dict[str, list[float]]:
+    """95% intervals of the SRR summary's two headline means over samples (primary state): the last block's from its
+    per-sample spread, the mean over blocks' from each sample's own mean over blocks (when the samples are kept)."""
+    state, n = report.states[0], report.num_samples
+    out = {}
+    last = mean_interval(report.mean[state]["srr"][-1], report.std[state]["srr"][-1], n, ddof=0)
+    if last is not None:
+        out["srr_last_layer"] = list(last)
+    if report.values is not None and n >= 2:
+        per_sample = report.values[:, 0, :, 3].double().mean(-1)  # (n,) each sample's SRR averaged over blocks
+        out["srr_mean_over_layers"] = list(
+            mean_interval(float(per_sample.mean()), float(per_sample.std(correction=1)), n, ddof=1)
+        )
+    return out
 
 
 def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
@@ -264,7 +301,10 @@ def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: 
                 collapsed=True,
             ),
         ],
-        numbers=report.to_dict(include_spectra=False),
+        numbers={
+            **report.to_dict(include_spectra=False),
+            "flags": {"schatten_bound": degenerate_reason(len(report.matrices))} if report.degenerate else {},
+        },
     )
     from hf_tdiag.viz import schatten as VS
 
@@ -333,24 +373,37 @@ def build_report(
         settings=settings,
         created=_dt.datetime.now().isoformat(timespec="seconds"),
     )
-    bar = tqdm(keys, desc="report", unit="section", disable=not progress)
-    for key in bar:
-        bar.set_postfix_str(key)
-        fn = SECTIONS.get(key)
-        start = time.perf_counter()
-        if fn is None:
-            section = _skip(key, _TITLES[key], "not available in this installation")
-        else:
-            try:
-                section = fn(loaded, inputs, options)
-            except (ValueError, TypeError) as err:
-                section = Section(key, _TITLES[key], status="error", note=f"{type(err).__name__}: {err}")
-            except Exception as err:  # noqa: BLE001 - one failing diagnostic must not lose the others
-                logger.exception("report section %s failed", key)
-                section = Section(key, _TITLES[key], status="error", note=f"{type(err).__name__}: {err}")
-        section.numbers.setdefault("seconds", round(time.perf_counter() - start, 3))
-        report.sections.append(section)
+    # one bar for the whole report, advanced after each section; each section's start is drawn at once with the
+    # sections done so far ("2/6 [schatten]"; outside a terminal one plain line per section)
+    bar = tqdm(total=len(keys), desc="report", unit="section", disable=not progress, postfix=keys[0] if keys else None)
+    try:
+        for i, key in enumerate(keys):
+            if i:
+                bar.set_postfix_str(key)
+            report.sections.append(_run_section(key, loaded, inputs, options))
+            bar.update(1)
+        bar.set_postfix_str("done", refresh=False)
+    finally:
+        bar.close()
     return report
+
+
+def _run_section(key: str, loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
+    """One section, timed; a failure becomes an ``error`` section with the message (the others still run)."""
+    fn = SECTIONS.get(key)
+    start = time.perf_counter()
+    if fn is None:
+        section = _skip(key, _TITLES[key], "not available in this installation")
+    else:
+        try:
+            section = fn(loaded, inputs, options)
+        except (ValueError, TypeError) as err:
+            section = Section(key, _TITLES[key], status="error", note=f"{type(err).__name__}: {err}")
+        except Exception as err:  # noqa: BLE001 - one failing diagnostic must not lose the others
+            logger.exception("report section %s failed", key)
+            section = Section(key, _TITLES[key], status="error", note=f"{type(err).__name__}: {err}")
+    section.numbers.setdefault("seconds", round(time.perf_counter() - start, 3))
+    return section
 
 
 def _resolved_options(loaded: LoadedModel, options: ReportOptions) -> dict:
