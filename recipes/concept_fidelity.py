@@ -290,15 +290,41 @@ def run_sweep(args) -> int:
     return 0
 
 
-def run_compare(args) -> int:
-    """Plain / Gram-aligned / supervised concepts at one layer of the digits CRATE and ViT."""
+def _compare_one(args, spec, images):
+    """``(compare_concepts output, its estimators, model, pixel values, layer)`` for one model."""
     import torch
 
-    from hf_tdiag._atomic import write_json, write_text
     from hf_tdiag._threads import model_threads
-    from hf_tdiag.commands.concepts import _json_ready, format_table
     from hf_tdiag.diagnostics.concepts import compare_concepts
     from hf_tdiag.loading import load_model, pixel_values_for
+
+    loaded = load_model(spec, eager_attention=False)
+    model = loaded.model
+    pixels = torch.cat([pixel_values_for(images[i : i + 64], loaded) for i in range(0, len(images), 64)])
+    layer = args.layer if args.layer is not None else int(model.config.num_hidden_layers) // 2
+    torch.set_num_threads(model_threads(args.threads, model, "cpu") or torch.get_num_threads())
+    t0 = time.perf_counter()
+    out = compare_concepts(
+        model,
+        pixels,
+        layer,
+        args.concepts,
+        gram_weights=args.gram_weight,
+        supervised=True,
+        kl_weight=args.kl_weight,
+        max_iter=args.max_iter,
+        refine_iter=args.refine_iter,
+        supervised_iter=args.refine_iter,
+        power_iters=args.power_iters,
+        progress=False,
+    )
+    out["model"] = spec
+    out["seconds"] = time.perf_counter() - t0
+    return out, out.pop("estimators"), model, pixels, layer
+
+
+def _compare_figures(name, out, estimators, model, pixels, layer, folder) -> None:
+    """Heatmaps and top patches of the Gram fit with the smallest δ_gram, KL vs bound, the μ sweep."""
     from hf_tdiag.probes.concept_model import layer_activations
     from hf_tdiag.viz.concepts import (
         plot_concept_heatmaps,
@@ -308,80 +334,70 @@ def run_compare(args) -> int:
         save_figure,
     )
 
-    crate, vit, images, source = _models_and_images(args)
-    results, md = (
-        {},
-        [
-            "# Concept fidelity: plain vs Gram-aligned vs classifier-supervised\n",
-            f"Images: {len(images)} from {source}; k = {args.concepts} concepts; λ (supervised) = "
-            f"{args.kl_weight}; {args.max_iter} MU + {args.refine_iter} refinement iterations.\n",
-        ],
+    A = layer_activations(model, pixels, layer).patches
+    best = min(
+        (k for k in estimators if k.startswith("gram")), key=lambda k: out["runs"][k]["delta_gram"], default="plain"
     )
+    codes = estimators[best].transform(A)
+    save_figure(
+        plot_concept_heatmaps(pixels, codes, out["grid"], title=f"{name} layer {layer}: {best}"),
+        os.path.join(folder, "heatmaps.png"),
+    )
+    save_figure(
+        plot_top_patches(pixels, codes, out["grid"], title=f"{name}: top patches ({best})"),
+        os.path.join(folder, "top_patches.png"),
+    )
+    save_figure(
+        plot_kl_vs_bound(out["runs"], title=f"{name} layer {layer}: KL vs bound"),
+        os.path.join(folder, "kl_vs_bound.png"),
+    )
+    sweep = [
+        {
+            "gram_weight": r["gram_weight"],
+            "delta_gram": r["delta_gram"],
+            "kl": r["kl"],
+            "delta_rec_rel": r["delta_rec_rel"],
+        }
+        for k, r in out["runs"].items()
+        if k != "supervised"
+    ]
+    save_figure(plot_mu_sweep(sweep, title=f"{name} layer {layer}: μ sweep"), os.path.join(folder, "mu_sweep.png"))
+
+
+def _compare_markdown(name, spec, out, layer, folder) -> list[str]:
+    """The results.md section of one model: its table and the constants of the first fit."""
+    from hf_tdiag.commands.concepts import format_table
+
+    first = "plain" if "plain" in out["runs"] else next(iter(out["runs"]))  # --gram-weight may leave out 0
+    c, ce = out["runs"][first]["constants_certified"], out["runs"][first]["constants_estimated"]
+    return [
+        f"## {name} (`{spec}`), layer {layer} of {out['runs'][first]['num_layers']}\n",
+        "```\n" + format_table(out["table"]) + "\n```\n",
+        f"Constants ({first} fit): ‖W_c‖_op = {c['w_c_op']:.4g} (exact); certified (upper bounds, max over "
+        f"images) L_block = {c['l_block']:.4g}, L_readout = {c['l_readout']:.4g}, α = {c['alpha']:.4g}; "
+        f"estimated L_block = {ce['l_block']:.4g}, L_readout = {ce['l_readout']:.4g}, α = {ce['alpha']:.4g}. "
+        f"Figures in `{folder}/`. Total {out['seconds']:.0f}s.\n",
+    ]
+
+
+def run_compare(args) -> int:
+    """Plain / Gram-aligned / supervised concepts at one layer of the digits CRATE and ViT."""
+    from hf_tdiag._atomic import write_json, write_text
+    from hf_tdiag.commands.concepts import _json_ready, format_table
+
+    crate, vit, images, source = _models_and_images(args)
+    results = {}
+    md = [
+        "# Concept fidelity: plain vs Gram-aligned vs classifier-supervised\n",
+        f"Images: {len(images)} from {source}; k = {args.concepts} concepts; λ (supervised) = "
+        f"{args.kl_weight}; {args.max_iter} MU + {args.refine_iter} refinement iterations.\n",
+    ]
     for name, spec in (("CRATE", crate), ("ViT", vit)):
-        loaded = load_model(spec, eager_attention=False)
-        model = loaded.model
-        pixels = torch.cat([pixel_values_for(images[i : i + 64], loaded) for i in range(0, len(images), 64)])
-        layer = args.layer if args.layer is not None else int(model.config.num_hidden_layers) // 2
-        torch.set_num_threads(model_threads(args.threads, model, "cpu") or torch.get_num_threads())
-        t0 = time.perf_counter()
-        out = compare_concepts(
-            model,
-            pixels,
-            layer,
-            args.concepts,
-            gram_weights=args.gram_weight,
-            supervised=True,
-            kl_weight=args.kl_weight,
-            max_iter=args.max_iter,
-            refine_iter=args.refine_iter,
-            supervised_iter=args.refine_iter,
-            power_iters=args.power_iters,
-            progress=False,
-        )
-        seconds = time.perf_counter() - t0
-        estimators = out.pop("estimators")
-        out["model"] = spec
-        out["seconds"] = seconds
+        out, estimators, model, pixels, layer = _compare_one(args, spec, images)
         results[name] = out
         folder = os.path.join(args.output_dir, name.lower())
-        A = layer_activations(model, pixels, layer).patches
-        best = min(
-            (k for k in estimators if k.startswith("gram")), key=lambda k: out["runs"][k]["delta_gram"], default="plain"
-        )
-        codes = estimators[best].transform(A)
-        save_figure(
-            plot_concept_heatmaps(pixels, codes, out["grid"], title=f"{name} layer {layer}: {best}"),
-            os.path.join(folder, "heatmaps.png"),
-        )
-        save_figure(
-            plot_top_patches(pixels, codes, out["grid"], title=f"{name}: top patches ({best})"),
-            os.path.join(folder, "top_patches.png"),
-        )
-        save_figure(
-            plot_kl_vs_bound(out["runs"], title=f"{name} layer {layer}: KL vs bound"),
-            os.path.join(folder, "kl_vs_bound.png"),
-        )
-        sweep = [
-            {
-                "gram_weight": r["gram_weight"],
-                "delta_gram": r["delta_gram"],
-                "kl": r["kl"],
-                "delta_rec_rel": r["delta_rec_rel"],
-            }
-            for k, r in out["runs"].items()
-            if k != "supervised"
-        ]
-        save_figure(plot_mu_sweep(sweep, title=f"{name} layer {layer}: μ sweep"), os.path.join(folder, "mu_sweep.png"))
-        first = "plain" if "plain" in out["runs"] else next(iter(out["runs"]))  # --gram-weight may leave out 0
-        c, ce = out["runs"][first]["constants_certified"], out["runs"][first]["constants_estimated"]
-        md.append(f"## {name} (`{spec}`), layer {layer} of {out['runs'][first]['num_layers']}\n")
-        md.append("```\n" + format_table(out["table"]) + "\n```\n")
-        md.append(
-            f"Constants ({first} fit): ‖W_c‖_op = {c['w_c_op']:.4g} (exact); certified (upper bounds, max over "
-            f"images) L_block = {c['l_block']:.4g}, L_readout = {c['l_readout']:.4g}, α = {c['alpha']:.4g}; "
-            f"estimated L_block = {ce['l_block']:.4g}, L_readout = {ce['l_readout']:.4g}, α = {ce['alpha']:.4g}. "
-            f"Figures in `{folder}/`. Total {seconds:.0f}s.\n"
-        )
+        _compare_figures(name, out, estimators, model, pixels, layer, folder)
+        md += _compare_markdown(name, spec, out, layer, folder)
         print(f"[concepts] {name} layer {layer}\n{format_table(out['table'])}")
     write_json(os.path.join(args.output_dir, "results.json"), _json_ready(results))
     write_text(os.path.join(args.output_dir, "results.md"), "\n".join(md))
