@@ -17,9 +17,23 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-__all__ = ["correlations", "folder_metadata", "measure_figure", "read_metadata"]
+__all__ = ["HEADLINE", "correlations", "folder_metadata", "is_headline", "measure_figure", "read_metadata"]
 
 FOLDER_FILES = ("trainer_state.json", "all_results.json")
+# the measures drawn as figures (correlations.csv ranks every summary number): each diagnostic's headline numbers
+HEADLINE = {
+    "srr": ("srr_mean_over_layers", "srr_last_layer"),
+    "schatten": ("schatten_bound", "edelman_bound"),
+    "ledger": ("fraction_decreasing", "mean_relative_change"),
+    "concepts": ("kl", "delta_rec_rel"),
+    "attention_svm": ("correlation", "margin_ratio"),
+}
+
+
+def is_headline(measure: str) -> bool:
+    """True for ``<diagnostic>.<name>`` among the diagnostic's :data:`HEADLINE` numbers."""
+    diagnostic, _, name = measure.partition(".")
+    return name in HEADLINE.get(diagnostic, ())
 
 
 def _number(value):

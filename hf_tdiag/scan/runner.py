@@ -190,7 +190,7 @@ def _summary(models, prints, names, settings, digests, inputs, failures, measure
 
 def _compare(scan_dir, measures, metadata, hparams, models, prints, figures: bool):
     from .._atomic import write_csv
-    from .compare import correlations, figure_name, measure_figure, read_metadata
+    from .compare import correlations, figure_name, is_headline, measure_figure, read_metadata
 
     folders = {m: fp["folder"] for m, fp in prints.items()}
     meta = read_metadata(metadata, [m for m in models if m in prints], folders)
@@ -203,7 +203,7 @@ def _compare(scan_dir, measures, metadata, hparams, models, prints, figures: boo
         if figures:
             from ..viz import save_figure
 
-            for name in dict.fromkeys(r["measure"] for r in rows):
+            for name in dict.fromkeys(r["measure"] for r in rows if is_headline(r["measure"])):
                 fig = measure_figure(name, measures, meta, rows)
                 if fig is not None:
                     save_figure(fig, os.path.join(scan_dir, figure_name(name)))
@@ -245,7 +245,8 @@ def scan(
     a dataset repository id to push the table and its card to.
 
     Writes into ``output_dir``: ``cache/`` (the source of truth), ``scan.parquet``, ``dataset/``, ``measures.csv``,
-    ``scan.json``, ``failures.json``, and with targets ``correlations.csv`` and ``figures/``. A rerun measures only
+    ``scan.json``, ``failures.json``, and with targets ``correlations.csv`` (every summary number) and ``figures/``
+    (one per headline measure, :data:`hf_tdiag.scan.compare.HEADLINE`; ``figures=False``: none). A rerun measures only
     what the cache lacks; a model or diagnostic that fails is logged in ``failures`` and the others go on.
     """
     from .._atomic import write_csv, write_json
