@@ -61,6 +61,7 @@ _LAZY = {
     "ConceptSettings": "hf_tdiag.diagnostics.settings:ConceptSettings",
     "AttentionSVMSettings": "hf_tdiag.diagnostics.settings:AttentionSVMSettings",
     "LedgerSettings": "hf_tdiag.diagnostics.settings:LedgerSettings",
+    "scan": "hf_tdiag.zoo:scan",
 }
 
 

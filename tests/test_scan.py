@@ -25,10 +25,10 @@ from hf_tdiag.diagnostics.settings import SchattenSettings, SRRSettings
 from hf_tdiag.diagnostics.srr import layer_srr
 from hf_tdiag.inputs import load_images
 from hf_tdiag.loading import load_model
-from hf_tdiag.scan import scan
-from hf_tdiag.scan.compare import correlations, folder_metadata
-from hf_tdiag.scan.models import expand_models, fingerprint
-from hf_tdiag.scan.table import TIMING_COLUMNS
+from hf_tdiag.zoo import scan
+from hf_tdiag.zoo.compare import correlations, folder_metadata
+from hf_tdiag.zoo.models import expand_models, fingerprint
+from hf_tdiag.zoo.table import TIMING_COLUMNS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

@@ -141,7 +141,7 @@ def _inputs(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from hf_tdiag._cli_args import flatten
-    from hf_tdiag.scan import scan
+    from hf_tdiag.zoo import scan
 
     names = list(dict.fromkeys(flatten(args.diagnostics)))
     settings = settings_of(args, names)

@@ -71,11 +71,13 @@ def _settings(names: list[str], settings) -> dict:
 
 
 def _claim(output_dir: str, models: list[str], overwrite: bool) -> None:
-    """Hold the scan folder: a folder holding this scan's earlier results continues (the cache is reused); any other
-    folder follows every command's rule (hf_tdiag._outputs.claim_output_dir)."""
+    """Hold the scan folder: a folder an earlier scan wrote (its ``scan.json`` or ``cache/``, recorded in the
+    folder's manifest) continues, its cache reused; any other folder follows every command's rule
+    (hf_tdiag._outputs.claim_output_dir)."""
     from .._outputs import check_not_in_use, claim_output_dir, hold_output_dir, owned_entries
 
-    if os.path.isfile(os.path.join(output_dir, "scan.json")) and "scan.json" in owned_entries(output_dir):
+    # a scan's folder, also one a killed scan left before its first table (its cache is there, its manifest owns it)
+    if {"scan.json", "cache"} & owned_entries(output_dir):
         check_not_in_use(output_dir)
         hold_output_dir(output_dir, SCAN_RECORDS)
         return
@@ -231,11 +233,11 @@ def scan(
     figures: bool = True,
     progress: bool = True,
 ) -> ScanResult:
-    """Run ``diagnostics`` on every model of ``models`` and gather one tidy table (:mod:`hf_tdiag.scan`).
+    """Run ``diagnostics`` on every model of ``models`` and gather one tidy table (:mod:`hf_tdiag.zoo`).
 
     ``models``: folders, Hub ids, globs (``runs/main/checkpoint-*``) or list files (``@models.txt``); ``diagnostics``:
     names from the registry (``["srr", "schatten"]`` or ``"srr,schatten"``); ``inputs``: the input set
-    (:func:`hf_tdiag.scan.inputs.resolve_inputs`: a list of images or texts, or ``{"images": ..., "texts": ...}``),
+    (:func:`hf_tdiag.zoo.inputs.resolve_inputs`: a list of images or texts, or ``{"images": ..., "texts": ...}``),
     cut to ``max_samples`` per modality; ``settings``: ``{diagnostic: settings object or dict}`` (the rest at their
     defaults). ``executor``: ``"local"`` (``jobs`` processes with ``threads`` torch threads each; ``jobs=1`` in this
     process) or ``"ray"`` (one task per model; ``executor_options``: ``address``, ``num_cpus``, ``num_gpus``,
@@ -246,7 +248,7 @@ def scan(
 
     Writes into ``output_dir``: ``cache/`` (the source of truth), ``scan.parquet``, ``dataset/``, ``measures.csv``,
     ``scan.json``, ``failures.json``, and with targets ``correlations.csv`` (every summary number) and ``figures/``
-    (one per headline measure, :data:`hf_tdiag.scan.compare.HEADLINE`; ``figures=False``: none). A rerun measures only
+    (one per headline measure, :data:`hf_tdiag.zoo.compare.HEADLINE`; ``figures=False``: none). A rerun measures only
     what the cache lacks; a model or diagnostic that fails is logged in ``failures`` and the others go on.
     """
     from .._atomic import write_csv, write_json
