@@ -191,3 +191,32 @@ def test_report_progress_is_one_bar_advancing_per_section(tiny_crate, capsys, mo
     assert "0/2" in lines[0] and "summary" in lines[0]
     assert "1/2" in lines[1] and "schatten" in lines[1]
     assert "2/2" in lines[-1] and all("\r" not in line for line in lines)
+
+
+def test_report_summaries_carry_the_labels():
+    import hf_tdiag
+    from hf_tdiag import ConceptFidelityReport, CrateConfig, CrateForImageClassification
+
+    layer = {"layer": 2, "kl": 0.1, "n_images": 4, "num_classes": 10, "bound_certified": 1.3e48, "bound_estimated": 2.0}
+    one = ConceptFidelityReport(layer)
+    s = one.summary()
+    assert (s["bound_certified_vacuous"], s["bound_estimated_vacuous"], s["n_images"]) == (True, False, 4)
+    assert one.vacuous_reasons() == {"bound_certified": F.kl_vacuous_reason(1.3e48, 10)}
+    assert "bound_certified_vacuous" not in ConceptFidelityReport({**layer, "num_classes": None}).summary()  # C unknown
+    assert ConceptFidelityReport.from_json(one.to_json()).summary() == s  # C travels with the JSON
+    sweep = ConceptFidelityReport({"per_layer": {1: ConceptFidelityReport(layer), 3: ConceptFidelityReport(
+        {**layer, "bound_certified": 1.5})}})  # fmt: skip
+    assert sweep.summary()["bound_certified_vacuous_layers"] == 1 and sweep.vacuous_reasons() == {}
+
+    torch.manual_seed(0)
+    report = hf_tdiag.spectrum_bounds(CrateForImageClassification(CrateConfig.from_preset("crate-digits")))
+    summary = report.summary()
+    assert summary["schatten_degenerate"] is report.degenerate
+    assert summary.get("schatten_degenerate_reason") == (
+        F.degenerate_reason(len(report.matrices)) if report.degenerate else None
+    )
+    for m in report.matrices:  # every p_opt = 0: B_ours is a rank count, and the summary says so
+        m.p_opt = 0.0
+    summary = report.summary()
+    assert summary["schatten_degenerate"] is True
+    assert summary["schatten_degenerate_reason"] == F.degenerate_reason(36) and "36 matrices" in F.degenerate_reason(36)

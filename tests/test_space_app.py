@@ -199,6 +199,52 @@ def test_client_bad_inputs_get_clear_messages(app_url, crate_dir, tmp_path):
     assert "`crate`" in client.predict(crate_dir, api_name="/model_summary")
 
 
+def test_api_names_every_input_and_output(app_url):
+    """view_api() names each endpoint's inputs after the handler's parameters and its outputs after the components'
+    labels: no ``value_<n>`` placeholder and no two outputs of one endpoint with the same name."""
+    from gradio_client import Client
+
+    endpoints = Client(app_url, verbose=False).view_api(print_info=False, return_format="dict")["named_endpoints"]
+    names = {
+        api: ([p["parameter_name"] for p in info["parameters"]], [r["label"] for r in info["returns"]])
+        for api, info in endpoints.items()
+    }
+    for api in ("/crate", "/bounds", "/concepts", "/svm_head", "/text", "/model_summary"):
+        assert names[api][0][0] == "model", api  # the one model box, named as such
+    assert names["/model_summary"] == (["model"], ["Model summary"])
+    assert names["/digits_example"] == (["example_index"], ["Image"])
+    assert names["/text"][1] == [
+        "Text summary",
+        "Attention of one block on the first text",
+        "Per-layer SRR of the texts",
+        "Objective ledger plot",
+        "Objective ledger steps",
+    ]
+    for api, (inputs, outputs) in names.items():
+        assert all(n and not n.startswith("value_") for n in inputs + outputs), (api, inputs, outputs)
+        assert len(set(outputs)) == len(outputs), (api, outputs)
+
+
+def test_api_errors_arrive_as_plain_text_naming_what_to_do(app_url, monkeypatch, tmp_path):
+    """A local folder typed while local folders are off (runs/main, a saved model in the working directory) is
+    named as one, with the variable that allows it; the message reaches gradio_client as written, quotes and all."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    monkeypatch.delenv(H.LOCAL_MODELS_ENV)
+    monkeypatch.chdir(tmp_path)
+    CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10)).save_pretrained("runs/main")
+    client = Client(app_url, verbose=False)
+    with pytest.raises(AppError) as excinfo:
+        client.predict("runs/main", api_name="/model_summary")
+    message = excinfo.value.message
+    assert message.startswith("model: 'runs/main' is a local path, and local folders are turned off on this Space")
+    assert message.endswith(f"the environment variable {H.LOCAL_MODELS_ENV}=1") and "&#" not in message
+    with pytest.raises(AppError) as excinfo:  # a Hub id while the Hub is unreachable (tests run offline)
+        client.predict("someone/some-model", api_name="/model_summary")
+    assert excinfo.value.message.startswith("model: the Hugging Face Hub could not be reached from this server")
+
+
 # ----------------------------------------------------------------------------- real browser
 
 
@@ -234,9 +280,15 @@ def test_browser_shows_error_for_non_image(app_url, browser, tmp_path, artifacts
         page.goto(app_url)
         page.locator("#crate-image input[type=file]").set_input_files(str(bad))
         page.locator("#crate-run").click()
-        expect(page.get_by_text(re.compile("is not an image file"))).to_be_visible(timeout=30_000)
+        message = page.get_by_text(re.compile("is not an image file"))
+        expect(message).to_be_visible(timeout=30_000)
         page.wait_for_timeout(600)  # let the toast finish fading in
         page.screenshot(path=str(artifacts / "space_bad_input.png"))
+        assert "'fake.png'" in message.inner_text()  # the quotes shown as typed, not as &#x27;
+        # the toast sits clear of the title (Gradio's default puts it at the top right, over the heading)
+        toast, title = page.locator(".toast-wrap").bounding_box(), page.locator("h1").first.bounding_box()
+        assert toast["y"] > title["y"] + title["height"] or toast["x"] > title["x"] + title["width"]
+        assert toast["y"] + toast["height"] > page.viewport_size["height"] / 2  # at the bottom of the window
     finally:
         page.close()
 
@@ -313,8 +365,12 @@ def test_space_front_matter_and_thin_app(monkeypatch, tmp_path):
     assert sys.path == path_before and "sys.path" not in (space / meta.app_file).read_text()
     assert not (tmp_path / "empty_cache").exists()  # no default model trained (or even looked for) at import
     assert isinstance(app["demo"], gr.Blocks)
-    names = {dep.get("api_name") for dep in app["demo"].config["dependencies"]}
-    assert {"crate", "bounds", "concepts", "svm_experiment", "svm_head", "model_summary", "text"} <= names
+    dependencies = {dep.get("api_name"): dep for dep in app["demo"].config["dependencies"]}
+    assert {"crate", "bounds", "concepts", "svm_experiment", "svm_head", "model_summary", "text"} <= set(dependencies)
+    # one model box: the Text tab reads the same component as the other tabs (it had a second one)
+    assert dependencies["text"]["inputs"][0] == dependencies["crate"]["inputs"][0]
+    boxes = [c for c in app["demo"].config["components"] if c["type"] == "textbox" and "Model" in c["props"]["label"]]
+    assert len(boxes) == 1 and "default:crate-c for the digits CRATE-C variant" in boxes[0]["props"]["placeholder"]
 
 
 # ----------------------------------------------------------------------------- Hub ids over real HTTP

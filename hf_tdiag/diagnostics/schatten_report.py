@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._meaning import degenerate_reason
 from ..measures import schatten as S
 from .report import FLOAT, INT, STR, ReportContract, typed_frame
 from .report_json import ANY, BOOL, NUM, Choice, ListOf, MapOf, Nullable, Obj, check_report, report_error, stamp
@@ -205,7 +206,8 @@ class SchattenReport(ReportContract):
         return [m for m in self.matrices if m.type == matrix_type]
 
     def summary(self) -> dict[str, Any]:
-        """The headline numbers as a flat dict (one table row)."""
+        """The headline numbers as a flat dict (one table row); ``schatten_degenerate`` says whether B_ours is a rank
+        count (:attr:`degenerate`), and ``schatten_degenerate_reason`` why, in one line, when it is."""
         return {
             "model": self.model,
             "model_type": self.model_type,
@@ -214,6 +216,8 @@ class SchattenReport(ReportContract):
             "num_heads": self.num_heads,
             "schatten_bound": self.schatten_bound,
             "edelman_bound": self.edelman_bound,
+            "schatten_degenerate": self.degenerate,
+            **({"schatten_degenerate_reason": degenerate_reason(len(self.matrices))} if self.degenerate else {}),
             "num_matrices": len(self.matrices),
             "mean_p_opt": float(np.mean([m.p_opt for m in self.matrices])),
             **{

@@ -126,9 +126,10 @@ class SRRReport(ReportContract):
         """Averages over blocks ``1…L`` and last-block values: ``srr_mean_over_layers``, ``srr_last_layer`` (Z^L), ...
 
         Keys of the primary state are unprefixed; other states are prefixed (``input_Rc_last_layer``,
-        ``mid_srr_mean_over_layers``); ``embeddings_<term>`` are ``Z^0``'s values.
+        ``mid_srr_mean_over_layers``); ``embeddings_<term>`` are ``Z^0``'s values; ``num_samples`` is how many samples
+        every mean is over.
         """
-        out: dict[str, float] = {}
+        out: dict[str, float] = {"num_samples": self.num_samples}
         for state in self.states:
             prefix = "" if state == self.states[0] else f"{state}_"
             for term in TERMS:

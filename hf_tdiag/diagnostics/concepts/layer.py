@@ -90,6 +90,7 @@ def fidelity_at_layer(
         kl = kl_divergence(logits_a, logits_h)
         agree = (logits_a.argmax(-1) == logits_h.argmax(-1)).double()
         report = _base_report(cm, layer, A, est, errs, kl, agree)
+        report["num_classes"] = int(logits_a.shape[-1])  # C of the bound's vacuity rule (log C; report summary)
         if bounds:
             add_bounds(report, cm, acts, layer, A_hat, errs, kl, power_iters, max_images_for_constants, progress)
     finally:

@@ -12,6 +12,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from ..._meaning import CONCEPT_BOUNDS, concept_bound_flags
 from ..report import FLOAT, INT, ReportContract, typed_frame
 from ..report_json import ANY, NUM, MapOf, Nullable, Obj, check_report, report_error, stamp
 from ..report_json import INT as JSON_INT
@@ -82,10 +83,17 @@ class ConceptFidelityReport(dict, ReportContract):
         return list(self["per_layer"].values()) if self.is_sweep else [self]
 
     def summary(self) -> dict[str, float]:
-        """One layer: KL, top-1 agreement, δ_rec/‖A‖_F and the bounds with the fraction of inputs below each;
-        a sweep: those averaged over the measured layers (``<key>_mean_over_layers``) and the largest KL."""
+        """One layer: KL, top-1 agreement, δ_rec/‖A‖_F and the bounds with the fraction of inputs below each, the
+        input count ``n_images``, and ``<bound>_vacuous`` (True when a bound is above log C, C the classes or the
+        vocabulary: :meth:`vacuous_reasons` says why); a sweep: those averaged over the measured layers
+        (``<key>_mean_over_layers``), the largest KL and ``<bound>_vacuous_layers`` (how many layers' bound is)."""
         if not self.is_sweep:
-            return {k: float(self[k]) for k in _HEADLINE if self.get(k) is not None}
+            out = {k: float(self[k]) for k in _HEADLINE if self.get(k) is not None}
+            out["n_images"] = int(self["n_images"]) if self.get("n_images") is not None else None
+            vacuous = self.vacuous_reasons()
+            known = self.get("num_classes") is not None
+            out.update({f"{k}_vacuous": k in vacuous for k in CONCEPT_BOUNDS if known and self.get(k) is not None})
+            return {k: v for k, v in out.items() if v is not None}
         reports = self._layer_reports()
         out = {}
         for key in _HEADLINE:
@@ -93,7 +101,16 @@ class ConceptFidelityReport(dict, ReportContract):
             if values:
                 out[f"{key}_mean_over_layers"] = sum(values) / len(values)
         out["kl_max_over_layers"] = max(float(r["kl"]) for r in reports)
+        for key in CONCEPT_BOUNDS:
+            flagged = [key in concept_bound_flags(r, r.get("num_classes")) for r in reports if r.get(key) is not None]
+            if flagged and all(r.get("num_classes") is not None for r in reports):
+                out[f"{key}_vacuous_layers"] = sum(flagged)
         return out
+
+    def vacuous_reasons(self) -> dict[str, str]:
+        """``{bound: one-line reason}`` for each KL bound of one layer's report above log C (empty for a sweep, or
+        when the report does not record C)."""
+        return {} if self.is_sweep else concept_bound_flags(self, self.get("num_classes"))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready deep copy of the numbers (the sweep's per-layer keys become strings, as JSON has them)."""
