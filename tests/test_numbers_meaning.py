@@ -178,18 +178,18 @@ def report_inputs(folder, images):
     from hf_tdiag.loading import load_model, pixel_values_for
 
     loaded = load_model(folder)
-    return loaded.model, pixel_values_for(images, loaded)
+    return loaded.model, pixel_values_for(images, loaded) if images else None
 
 
 def test_report_progress_is_one_bar_advancing_per_section(tiny_crate, capsys, monkeypatch):
     from hf_tdiag.report.report import build_report
 
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
-    build_report(tiny_crate, sections=["summary", "schatten"], progress=True)
+    build_report(tiny_crate, sections=["summary", "srr"], progress=True)  # no inputs: srr is skipped at once
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("report:")]
     # outside a terminal: plain lines, the count of finished sections beside the one now running
     assert "0/2" in lines[0] and "summary" in lines[0]
-    assert "1/2" in lines[1] and "schatten" in lines[1]
+    assert "1/2" in lines[1] and "srr" in lines[1]
     assert "2/2" in lines[-1] and all("\r" not in line for line in lines)
 
 
@@ -220,3 +220,24 @@ def test_report_summaries_carry_the_labels():
     summary = report.summary()
     assert summary["schatten_degenerate"] is True
     assert summary["schatten_degenerate_reason"] == F.degenerate_reason(36) and "36 matrices" in F.degenerate_reason(36)
+
+
+def test_evaluate_modules_output_the_labels(tiny_crate):
+    """The evaluate modules' outputs carry the same labels as the reports' summaries, with the reasons as text."""
+    import evaluate
+
+    import hf_tdiag
+    from hf_tdiag import ConceptFidelityReport
+    from hf_tdiag.metrics.concept_fidelity.concept_fidelity import _scalars
+
+    layer = {"layer": 2, "kl": 0.1, "n_images": 6, "num_classes": 10, "bound_certified": 40.0, "bound_estimated": 2.0}
+    out = _scalars(ConceptFidelityReport(layer))  # what the module's compute returns for one layer's report
+    assert (out["bound_certified_vacuous"], out["bound_estimated_vacuous"]) == (True, False)  # log 10 = 2.30
+    assert out["bound_certified_vacuous_reason"] == F.kl_vacuous_reason(40.0, 10)
+    assert "bound_estimated_vacuous_reason" not in out and out["n_images"] == 6 and out["num_classes"] == 10
+
+    model, _ = report_inputs(tiny_crate, [])
+    out = evaluate.load(hf_tdiag.metric_path("schatten_bound")).compute(model=model)
+    report = hf_tdiag.spectrum_bounds(model)
+    assert out["schatten_degenerate"] is report.degenerate
+    assert out.get("schatten_degenerate_reason") == report.summary().get("schatten_degenerate_reason")

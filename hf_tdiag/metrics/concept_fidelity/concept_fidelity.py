@@ -188,14 +188,17 @@ def _full_report(report, sweep, return_per_image):
 
 
 def _scalars(report):
-    """One layer: its numbers (constants as ``constants_certified_<name>``); a sweep: the summary over layers and
-    every layer's numbers with the suffix ``_layer_<l>``."""
+    """One layer: its numbers (constants as ``constants_certified_<name>``), ``<bound>_vacuous`` for each KL bound
+    and, for one above log C, ``<bound>_vacuous_reason`` (one line); a sweep: the summary over layers and every
+    layer's numbers with the suffix ``_layer_<l>``."""
 
     def numbers(rep):
         return flat_scalars({k: v for k, v in rep.items() if k not in ("per_image", "history", "per_layer")})
 
     if "per_layer" not in report:
-        return numbers(report)
+        labels = {k: v for k, v in report.summary().items() if k.endswith("_vacuous")}
+        reasons = {f"{k}_vacuous_reason": why for k, why in report.vacuous_reasons().items()}
+        return {**numbers(report), **labels, **reasons}
     out = dict(report.summary())
     for l, rep in report["per_layer"].items():
         out.update({f"{k}_layer_{l}": v for k, v in numbers(rep).items() if k != "layer"})

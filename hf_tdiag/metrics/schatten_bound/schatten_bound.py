@@ -145,7 +145,8 @@ class SchattenBound(evaluate.Metric):
         s = resolve(SchattenSettings, None, settings)  # validated before any model is read
         reports = [spectrum_bounds(m, settings=s) for m in models]
         rows = [_scalars(r) for r in reports]
-        out = rows[0] if len(rows) == 1 else {k: [row.get(k) for row in rows] for k in rows[0]}
+        keys = dict.fromkeys(k for row in rows for k in row)  # every row's keys (a reason only where degenerate)
+        out = rows[0] if len(rows) == 1 else {k: [row.get(k) for row in rows] for k in keys}
         if return_report:
             dicts = [r.to_dict() for r in reports]
             out["report"] = dicts[0] if len(dicts) == 1 else dicts
@@ -153,10 +154,12 @@ class SchattenBound(evaluate.Metric):
 
 
 def _scalars(report):
-    """One model's numbers: the two bounds, the architecture sizes and the mean chosen p's."""
+    """One model's numbers: the two bounds, the architecture sizes, the mean chosen p's, ``schatten_degenerate`` and,
+    when B_ours is a rank count, ``schatten_degenerate_reason`` (one line)."""
     summary = report.summary()
     for old, new in (("ours", "schatten_bound"), ("edelman", "edelman_bound")):
         if old in summary:
             summary[new] = summary.pop(old)
     first = {"schatten_bound": summary.pop("schatten_bound"), "edelman_bound": summary.pop("edelman_bound")}
-    return {**first, **flat_scalars(summary)}
+    reason = summary.get("schatten_degenerate_reason")
+    return {**first, **flat_scalars(summary), **({"schatten_degenerate_reason": reason} if reason else {})}
