@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 
 import gradio as gr
 import numpy as np
@@ -233,10 +234,35 @@ def test_concepts_tab_reports_fidelity(crate_dir, digit_png):
     assert all(len(v.replace("-", "").replace(".", "").split("e")[0].lstrip("0")) <= 4 for v in numbers.values())
     _one_number_format([[q, v] for q, v in numbers.items()])
     assert "3 concepts after block 1" in text and "6 images" in text
+    assert "Shown: " in text and "of 3 concepts" in text  # which concepts the figures show, and why not the rest
+    for words in ("certified constants", "estimated constants"):
+        bound = float(values[f"KL bound, {words} (mean)"])
+        line = next(line for line in text.split("\n") if f"**KL bound, {words}**" in line)
+        assert ("**vacuous**" in line) is (bound > math.log(10)), line  # above log C = log 10: labelled, with why
+        assert (f"↳ KL bound, {words}" in values) is (bound > math.log(10))
     assert all(isinstance(f, Figure) for f in (heat, top, kl))
     with pytest.raises(gr.Error) as excinfo:
         H.concepts_tab(crate_dir, None, 3, 1, 0)
     assert "upload an image" in _message(excinfo)
+
+
+def test_concepts_note_says_which_concepts_are_shown_and_why_not_the_others():
+    from hf_tdiag.report.concept_section import shown_concepts, shown_concepts_note
+
+    codes = torch.zeros(2, 5, 8)  # 2 images x 5 patches x 8 concepts; concepts 5 and 7 never active
+    strengths = {0: 9.0, 1: 8.0, 2: 7.0, 3: 6.0, 4: 5.0, 6: 4.0, 5: 0.0, 7: 0.0}
+    for k, v in strengths.items():
+        codes[0, k % 5, k] = v
+    assert shown_concepts(codes) == [0, 1, 2, 3, 4, 6]  # the columns: largest mean code first
+    assert shown_concepts_note(codes, shown_concepts(codes)) == (
+        "Shown: 6 of 8 concepts (0, 1, 2, 3, 4, 6), largest mean code first; 2 of 8 concepts (5, 7) are active on "
+        "no patch of these inputs (every code 0)."
+    )
+    codes[1, 0, 7] = 0.5  # concept 7 active, but weaker than the six shown
+    assert shown_concepts_note(codes, shown_concepts(codes)).endswith(
+        "1 of 8 concepts (5) are active on no patch of these inputs (every code 0); left out as weaker (smaller mean "
+        "code): 7."
+    )
 
 
 def test_svm_experiment_reports_gd_correlation_with_w_mm():

@@ -81,6 +81,12 @@ def test_text_tab_numbers_match_direct_calls(text_dir):
     assert "layer 1" in attention.axes[0].get_title()
     n_first = int(batch["attention_mask"][0].sum())
     assert attention.axes[0].images[0].get_array().shape == (n_first, n_first)  # real tokens of the first text
+    # the axes read as text: each token decoded on its own (BPE's "Ġfor" is "for"), never a raw byte-level symbol
+    ticks = [t.get_text() for t in attention.axes[0].get_xticklabels()]
+    decoded = [tokenizer.decode([i]).strip(" ") or "␣" for i in batch["input_ids"][0, :n_first].tolist()]
+    raw = tokenizer.convert_ids_to_tokens(batch["input_ids"][0, :n_first].tolist())  # what the axes showed before
+    assert ticks == decoded and not any("Ġ" in t or "Ċ" in t for t in ticks)
+    assert sum(t.startswith("Ġ") for t in raw) >= 3 and "f" in ticks and "Ġf" in raw
 
 
 def test_text_tab_refuses_bad_input(text_dir, tmp_path):
@@ -131,3 +137,10 @@ def test_default_text_model_is_trained_once_and_cached(tmp_path):
 )
 def test_continuation_is_shown_literally(text, shown):
     assert TH.markdown_literal(text) == shown
+    assert TH.shown_continuation(text) == shown  # text that is not only whitespace is shown as it is
+
+
+def test_a_whitespace_only_continuation_says_what_it_is():
+    assert TH.shown_continuation("\n\n\n") == "only whitespace: 3 newlines (` '\\n\\n\\n' `)"
+    assert TH.shown_continuation(" \n") == "only whitespace: 1 space, 1 newline (` ' \\n' `)"
+    assert TH.shown_continuation("").startswith("no text")
