@@ -202,6 +202,13 @@ def without_timings(table: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns=list(TIMING_COLUMNS)).reset_index(drop=True)
 
 
+def assert_tables_equal(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    """The same rows and columns apart from the timings, numbers within 1e-9 (other thread counts round otherwise)."""
+    got, want = without_timings(got), without_timings(want)
+    assert list(got.columns) == list(want.columns) and len(got) == len(want)
+    assert_frames_equal(got, want, "table")
+
+
 def test_zoo_table_equals_the_diagnostics_run_one_model_at_a_time(zoo, images, tmp_path):
     import datasets
 

@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from test_scan import SRR, TEXTS, build_zoo, check_zoo_table, without_timings  # noqa: E402
+from test_scan import SRR, TEXTS, assert_tables_equal, build_zoo, check_zoo_table  # noqa: E402
 
 from hf_tdiag.inputs import load_images  # noqa: E402
 from hf_tdiag.zoo import scan  # noqa: E402
@@ -73,11 +73,11 @@ def test_two_worker_processes_and_ray_give_the_same_rows(full_zoo, images, local
     pool = scan(models, ["srr", "schatten"], inputs, settings={"srr": SRR}, output_dir=tmp_path / "pool", jobs=2,
                 threads=1, progress=False, figures=False)  # fmt: skip
     assert pool.failures == []
-    assert without_timings(pool.table).equals(without_timings(local_scan.table))
+    assert_tables_equal(pool.table, local_scan.table)
     ray = scan(models, ["srr", "schatten"], inputs, settings={"srr": SRR}, output_dir=tmp_path / "ray", jobs=2,
                executor="ray", executor_options={"num_cpus": 1}, progress=False, figures=False)  # fmt: skip
     assert ray.failures == []
-    assert without_timings(ray.table).equals(without_timings(local_scan.table))
+    assert_tables_equal(ray.table, local_scan.table)
 
 
 KILLED_CHILD = textwrap.dedent(
@@ -130,8 +130,8 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_table(full_zoo, images, poin
     rerun = scan(models, ["srr", "schatten"], images, output_dir=out, progress=False, figures=False)
     assert len(rerun.measured) == 8 - entries_left and len(rerun.cached) == entries_left
     assert not any(p.startswith(".tmp-") for p in os.listdir(out / "cache"))
-    assert without_timings(rerun.table).equals(without_timings(whole.table))
-    assert without_timings(pd.read_parquet(out / "scan.parquet")).equals(without_timings(whole.table))
+    assert_tables_equal(rerun.table, whole.table)
+    assert_tables_equal(pd.read_parquet(out / "scan.parquet"), whole.table)
 
 
 def test_push_to_a_dataset_repository_with_its_card(full_zoo, images, tmp_path):

@@ -275,6 +275,7 @@ def scan(
     prints = _fingerprints(models, output_dir, trust_remote_code, failures)
     specs, pairs, cached, digests = _plan(models, prints, names, settings, inputs, output_dir, trust_remote_code)
     measured: list[str] = []
+    worker_peaks: list[float] = []
 
     def on_done(spec, result, failure):
         if failure is not None:
@@ -282,6 +283,8 @@ def scan(
                              "traceback": failure["traceback"]})  # fmt: skip
             return
         measured.extend(result["measured"])
+        if result.get("peak_rss_mb") is not None:
+            worker_peaks.append(result["peak_rss_mb"])
         failures.extend({"model": spec["model"], **f} for f in result["failed"])
         if progress:
             print(f"scan: {spec['model']}: {len(result['measured'])} measured, {len(result['failed'])} failed")
@@ -296,6 +299,7 @@ def scan(
     rows, more = _compare(output_dir, measures, metadata, hparams, models, prints, figures)
     paths.update(more)
     summary = _summary(models, prints, names, settings, digests, inputs, failures, measured, cached)
+    summary["worker_peak_rss_mb"] = max(worker_peaks, default=None)
     paths["summary"] = write_json(os.path.join(output_dir, "scan.json"), summary, sort_keys=True)
     paths["failures"] = write_json(os.path.join(output_dir, "failures.json"), failures)
     if push_to_hub:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import sys
 import time
 import traceback
 
@@ -182,7 +183,7 @@ def _measure(spec: dict, job: dict, loaded, items, load_seconds: float, stream: 
 
 def measure_model(spec: dict) -> dict:
     """Measure the spec's missing jobs; ``{"model", "measured": [keys], "failed": [{diagnostic, error,
-    traceback}]}`` (what an executor hands to the scan)."""
+    traceback}], "peak_rss_mb": the worker's peak resident memory}`` (what an executor hands to the scan)."""
     import torch
 
     if spec.get("threads"):
@@ -218,4 +219,15 @@ def measure_model(spec: dict) -> dict:
             attempt(job, loaded, items, load_seconds)
         del loaded
         gc.collect()  # one model at a time: this one is gone before the worker takes the next
+    out["peak_rss_mb"] = _peak_rss_mb()
     return out
+
+
+def _peak_rss_mb() -> float | None:
+    """This process's peak resident memory so far, in MiB (None where the OS does not say)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024  # macOS: bytes, Linux: KiB
