@@ -20,7 +20,10 @@ import os
 
 from transformers.pipelines import ImageClassificationPipeline, ImageFeatureExtractionPipeline
 
-WHITE_BOX_IMAGE_TYPES = ("crate", "crate_alpha", "crate_mae", "tost")
+from .models.families import FAMILIES
+
+#: the white-box model types that read images (every family of the table with an image processor)
+WHITE_BOX_IMAGE_TYPES = tuple(t for t, family in FAMILIES.items() if family.image_processor is not None)
 
 
 def _is_white_box(model) -> bool:

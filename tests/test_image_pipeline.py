@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 from transformers import pipeline
-from transformers.pipelines import PIPELINE_REGISTRY
+from transformers.pipelines import PIPELINE_REGISTRY, ImageClassificationPipeline
 
 from hf_tdiag.image_pipeline import (
     WhiteBoxImageClassificationPipeline,
@@ -93,7 +93,7 @@ def test_the_pipeline_reads_images_as_the_command_line(digits_model, tmp_path, k
     assert torch.equal(ours.preprocess(str(path))["pixel_values"], pixels)
     torch.testing.assert_close(_pipeline_scores(ours, path), reference, rtol=1e-5, atol=1e-6)
     # Transformers' own class converts to RGB first: the model sees another image (pixels normalized to [-1, 1])
-    plain = pipeline("image-classification", model=digits_model)
+    plain = pipeline("image-classification", model=digits_model, pipeline_class=ImageClassificationPipeline)
     assert (plain.preprocess(str(path))["pixel_values"] - pixels).abs().max() > 0.2
 
 
@@ -143,3 +143,21 @@ def test_unreadable_pipeline_images_are_named(tmp_path, case, given, error, text
         Image.fromarray(np.full((8, 8), 300.5, dtype=np.float32), "F").save(given)
     with pytest.raises(error, match=re.escape(text)):
         read_pipeline_image(given)
+
+
+def test_import_makes_the_white_box_pipelines_the_default_for_every_image_family():
+    """``import hf_tdiag`` registers the pipeline classes with the families, and every family of the table that reads
+    images (each with an image processor) is read by hf-tdiag's converter — the model types come from the table."""
+    import hf_tdiag  # noqa: F401 - the import registers
+    from hf_tdiag.image_pipeline import _is_white_box
+    from hf_tdiag.models.families import FAMILIES
+
+    assert PIPELINE_REGISTRY.supported_tasks["image-classification"]["impl"] is WhiteBoxImageClassificationPipeline
+    assert PIPELINE_REGISTRY.supported_tasks["image-feature-extraction"]["impl"] is WhiteBoxImageFeatureExtractionPipeline
+    image_families = [f for f in FAMILIES.values() if f.image_processor is not None]
+    assert {f.model_type for f in image_families} == {"crate", "crate-alpha", "crate-mae", "tost"}
+    for family in image_families:
+        config = family.load(family.config)()
+        assert _is_white_box(type("M", (), {"config": config})()), family.model_type
+    text = FAMILIES["crate_text"]
+    assert not _is_white_box(type("M", (), {"config": text.load(text.config)()})())

@@ -140,6 +140,10 @@ def register(model_type: str) -> None:
 
 
 def register_all() -> None:
-    """Register every family of :data:`FAMILIES`. Idempotent."""
+    """Register every family of :data:`FAMILIES`, and the image pipelines that read the image families' inputs as
+    every other entry point does (:mod:`hf_tdiag.image_pipeline`). Idempotent."""
     for model_type in FAMILIES:
         register(model_type)
+    from ..image_pipeline import register as register_image_pipelines
+
+    register_image_pipelines()
