@@ -15,7 +15,6 @@ runs with ``lam=0.5, eps=0.2`` — every keyword given replaces the object's val
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import types
 import typing
@@ -134,7 +133,6 @@ def _base_type(annotation) -> tuple[type, bool]:
     return annotation, False
 
 
-@functools.cache
 def _declared_fields(cls) -> tuple[Field, ...]:
     hints = typing.get_type_hints(cls)
     return tuple(Field(f.name, f.default, *_base_type(hints[f.name]), **f.metadata) for f in dataclasses.fields(cls))
