@@ -54,13 +54,16 @@ def full_zoo(tmp_path_factory):
 def local_scan(full_zoo, images, tmp_path_factory):
     out = tmp_path_factory.mktemp("local")
     result = scan(list(full_zoo.values()), ["srr", "schatten"], {"images": images, "texts": TEXTS},
-                  settings={"srr": SRR}, output_dir=out, progress=False, figures=False)  # fmt: skip
+                  settings={"srr": SRR}, output_dir=out, threads=1, progress=False, figures=False)  # fmt: skip
     return result
 
 
 def test_whole_zoo_on_the_local_executor_equals_one_by_one(full_zoo, images, local_scan):
     assert local_scan.failures == [] and len(full_zoo) >= 15
-    check_zoo_table(full_zoo, images, local_scan.table)
+    from hf_tdiag._threads import torch_threads
+
+    with torch_threads(1):  # as the scan ran: float32 Gram products round differently at other thread counts
+        check_zoo_table(full_zoo, images, local_scan.table)
     # the trained checkpoints' held-out accuracy (from their trainer_state.json) is ranked against every measure
     targets = {r["target"] for r in local_scan.correlations if r["n"] >= 2}
     assert {"eval_accuracy", "step"} <= targets
