@@ -149,7 +149,9 @@ def check_zoo_table(zoo: dict[str, str], images, table) -> None:
             got = rows_of(table, model, diag)
             assert_frames_equal(got, want[diag], f"{name} {diag}")
             assert got["settings_hash"].nunique() == 1
-            count = 0 if diag == "schatten" else len(TEXTS) if name.startswith(("bert", "gpt2", "minilm")) else len(images)
+            count = (
+                0 if diag == "schatten" else len(TEXTS) if name.startswith(("bert", "gpt2", "minilm")) else len(images)
+            )
             assert set(got["num_inputs"]) == {count}
 
 
