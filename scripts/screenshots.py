@@ -3,7 +3,8 @@
     .venv/bin/python scripts/screenshots.py [--output-dir docs/figures/screenshots] [--only report|space]
 
 Trains the Space's default digits CRATE (short budget) into a temporary cache, writes a report on 64 digits,
-opens it, then serves the Space on localhost and shows each tab before and after its first run. Chromium is
+opens it, then serves the Space on localhost and shows each tab before and after its first run, and an error
+toast (a local path typed while local folders are off). Chromium is
 Debian's ``chromium`` (``$HF_TDIAG_CHROMIUM`` to override), driven by Playwright. PNGs are saved as 8-bit
 palette images so they stay small.
 """
@@ -96,6 +97,13 @@ def space_shots(context, out: Path) -> None:
             )
             page.wait_for_timeout(1500)
             _shot(page, out / f"space_{key}.png")
+        # an error: a local path typed while local folders are off; the toast names the switch, clear of the title
+        page.get_by_role("tab", name="CRATE").click()
+        page.fill("#model-box textarea", "./runs/main")
+        page.click("#load-model")
+        page.get_by_text("local folders are turned off").wait_for(timeout=60_000)
+        page.wait_for_timeout(800)  # the toast's fade-in
+        _shot(page, out / "space_error.png", full_page=False)
         page.close()
     finally:
         demo.close()

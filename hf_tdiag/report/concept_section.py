@@ -4,6 +4,7 @@ states), their fidelity numbers, the KL against both bounds, and the concept fig
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import torch
@@ -47,8 +48,16 @@ def fidelity_rows(result: dict, flags: dict | None = None) -> list[list]:
     }
     for key, reason in (flags or {}).items():
         at = next(i for i, row in enumerate(rows) if row[0].startswith(names[key]))
-        rows.insert(at + 1, [f"↳ {names[key].split(' (')[0]}", reason])
+        label, why = _short_reason(reason)
+        rows.insert(at + 1, [f"↳ {names[key].split(' (')[0]}: {why}", label])
     return rows
+
+
+def _short_reason(reason: str) -> tuple[str, str]:
+    """A table row's form of a one-line label: ``("vacuous", "above log C = 2.3")`` (the whole line is in the
+    section's text)."""
+    found = re.search(r"^(\w+): .*? is (above log C = [^ ]+)", reason)
+    return (found.group(1), found.group(2)) if found else (reason.split(":", 1)[0], reason.split(":", 1)[-1].strip())
 
 
 def _fidelity_rows(result: dict) -> list[list]:
