@@ -209,3 +209,106 @@ def test_reconstruction_estimator_checks_its_map():
         Reconstruction(lambda A: A[0]).transform(A)
     with pytest.raises(ValueError, match="got list"):
         Reconstruction(lambda A: [1]).transform(A)
+
+
+# ----------------------------------------------------------------------- random blocks against §6 composed by hand
+
+
+def _pieces(seed=0, B=2, T=3, d=4, K=2):
+    """Random data states, LayerNorms with γ ≠ 1 and β ≠ 0, and attention weights (nn.Linear layout)."""
+    g = torch.Generator().manual_seed(seed)
+    Z = torch.randn(B, T, d, generator=g, dtype=F64) * 2
+
+    def norm():
+        return Norm(torch.rand(d, generator=g, dtype=F64) + 0.5, torch.randn(d, generator=g, dtype=F64) * 0.3, 1e-5)
+
+    attention = {name: torch.randn(K * 2, d, generator=g, dtype=F64) for name in ("W_q", "W_k", "W_v")}
+    attention.update(W_o=torch.randn(d, K * 2, generator=g, dtype=F64), b_q=torch.randn(K * 2, generator=g, dtype=F64))
+    attention.update(b_k=torch.randn(K * 2, generator=g, dtype=F64), num_heads=K, scaling=0.5**0.5)
+    return Z, norm(), norm(), attention
+
+
+def _ln_out(Z, norm):
+    return torch.nn.functional.layer_norm(Z, (Z.shape[-1],), norm.weight, norm.bias, norm.eps)
+
+
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("scale", [0.01, 50.0])  # 50: the ‖X‖_F cap of LayerNorm outputs binds in L_attn
+def test_prenorm_block_is_section_6_composed_by_hand(residual, scale):
+    from hf_tdiag.measures.concepts.certified import (
+        attention_deviation,
+        attention_lipschitz,
+        layernorm_deviation,
+        layernorm_lipschitz,
+    )
+
+    Z, ln1, ln2, att = _pieces()
+    X, Y = _ln_out(Z, ln1), Z + 0.3
+    e = torch.rand(2, 3, generator=torch.Generator().manual_seed(5), dtype=F64) * scale
+    lip, e_out = prenorm_block_certified(e, Z, X, Y, ln1, ln2, att, 1.7, residual=residual)
+    # by hand: L_LN₁(e), e_X; L_attn on ‖e_X‖ with the cap √T (γ_max √d + ‖β‖); e½ = e + Δ_attn; L_LN₂(e½), e_Y
+    l1, e_x = layernorm_lipschitz(Z, e, ln1.weight, ln1.eps), layernorm_deviation(Z, e, ln1.weight, ln1.eps)
+    cap = math.sqrt(3) * (float(ln1.weight.abs().max()) * 2 + float(ln1.bias.norm()))
+    w = {k: v for k, v in att.items() if k != "b_k"}
+    l_att = attention_lipschitz(X, e_x.norm(dim=-1), **w, x_norm_cap=cap)
+    e_mid = e + attention_deviation(X, e_x, **att)
+    l2, e_y = layernorm_lipschitz(Y, e_mid, ln2.weight, ln2.eps), layernorm_deviation(Y, e_mid, ln2.weight, ln2.eps)
+    if residual:
+        ref_lip, ref_e = (1 + l_att * l1) * (1 + 1.7 * l2), e_mid + 1.7 * e_y
+    else:
+        ref_lip, ref_e = (1 + l_att * l1) * 1.7 * l2, 1.7 * e_y
+    ref_e = torch.minimum(ref_e, (ref_lip * e.norm(dim=-1))[:, None])
+    torch.testing.assert_close(lip, ref_lip, rtol=1e-12, atol=0)
+    torch.testing.assert_close(e_out, ref_e, rtol=1e-12, atol=0)
+    if scale > 1:  # the cap is what bounds L_attn here
+        assert bool((attention_lipschitz(X, e_x.norm(dim=-1), **w) > l_att * (1 + 1e-6)).all())
+
+
+def test_postnorm_block_is_section_6_composed_by_hand_with_its_input_cap():
+    from hf_tdiag.measures.concepts.certified import (
+        attention_deviation,
+        attention_lipschitz,
+        layernorm_deviation,
+        layernorm_lipschitz,
+    )
+
+    Z, ln1, ln2, att = _pieces(seed=1)
+    Y1, Y2 = Z + 0.2, Z - 0.1
+    e = torch.rand(2, 3, generator=torch.Generator().manual_seed(6), dtype=F64) * 40
+    lip, e_out = postnorm_block_certified(e, Z, Y1, Y2, ln1, ln2, att, 0.9, input_cap=3.0)
+    w = {k: v for k, v in att.items() if k != "b_k"}
+    l_att = attention_lipschitz(Z, e.norm(dim=-1), **w, x_norm_cap=3.0)
+    assert bool((attention_lipschitz(Z, e.norm(dim=-1), **w) > l_att * (1 + 1e-6)).all())  # the cap binds
+    e_half = e + attention_deviation(Z, e, **att)
+    l1, e_mid = (
+        layernorm_lipschitz(Y1, e_half, ln1.weight, ln1.eps),
+        layernorm_deviation(Y1, e_half, ln1.weight, ln1.eps),
+    )
+    l2 = layernorm_lipschitz(Y2, 1.9 * e_mid, ln2.weight, ln2.eps)
+    ref_e = layernorm_deviation(Y2, 1.9 * e_mid, ln2.weight, ln2.eps)
+    ref_lip = l1 * (1 + l_att) * l2 * 1.9
+    torch.testing.assert_close(lip, ref_lip, rtol=1e-12, atol=0)
+    torch.testing.assert_close(e_out, torch.minimum(ref_e, (ref_lip * e.norm(dim=-1))[:, None]), rtol=1e-12, atol=0)
+
+
+def test_readouts_and_token_radii_on_batches():
+    # token radii of a non-zero A: the difference, not the sum
+    A = torch.ones(2, 2, 3)
+    A_hat = A.clone()
+    A_hat[1, 0] += torch.tensor([0.0, 3.0, 4.0])
+    assert token_radii(A, A_hat, torch.tensor([0, 2]), 3).tolist() == [[0.0, 0.0, 0.0], [5.0, 0.0, 0.0]]
+    # BERT's pooler: W_p (out 3, in 2): the cap is 2√(out features)
+    _, moved = pooler_readout_certified(torch.tensor([[10.0, 0.0], [0.0, 1.0], [0.0, 0.0]]), torch.tensor([1.0]))
+    assert moved.tolist() == pytest.approx([2 * math.sqrt(3)])
+    # mean pooling on two inputs with γ ≠ 1: each input's pooled token and mean radius, against a naive loop
+    g = torch.Generator().manual_seed(2)
+    Z = torch.randn(2, 4, 3, generator=g, dtype=F64)
+    e = torch.rand(2, 4, generator=g, dtype=F64) * 0.2
+    norm = Norm(torch.tensor([0.5, 2.0, 1.0], dtype=F64), None, 1e-3)
+    lip, moved = layernorm_readout_certified(Z, e, "mean", norm)
+    for i in range(2):
+        p = Z[i].mean(0)
+        m, r = float((p - p.mean()).norm()), float(e[i].mean())
+        L = 2.0 / math.sqrt(max(m - r, 0) ** 2 / 3 + 1e-3)
+        assert float(lip[i]) == pytest.approx(L / 2, rel=1e-12)  # the pooling factor 1/√4
+        assert float(moved[i]) == pytest.approx(min(L * r, 2 * 2.0 * math.sqrt(3)), rel=1e-12)
