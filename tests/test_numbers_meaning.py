@@ -84,6 +84,11 @@ def test_concept_flags_and_intervals_from_a_report_mapping():
     half = F.Z95 * np.std(kl, ddof=1) / 2
     assert intervals["kl"] == pytest.approx([np.mean(kl) - half, np.mean(kl) + half])
     assert intervals["top1_agreement"] == pytest.approx(list(F.wilson_interval(3, 4)))
+    two = F.concept_intervals({"per_image": {"kl": [1.0, 3.0]}})  # two inputs give an interval, one does not
+    assert (
+        two["kl"] == pytest.approx([2.0 - F.Z95, 2.0 + F.Z95])
+        and F.concept_intervals({"per_image": {"kl": [1.0]}}) == {}
+    )
 
 
 def test_headline_boxes_carry_counts_intervals_and_labels():
