@@ -439,3 +439,32 @@ def test_report_without_inputs_names_the_sections_that_need_them_and_runs_the_we
     assert cli_main(["report", str(model_dir), "--sections", "summary,schatten", "--output-dir", str(out)]) == 0
     sections = json.loads((out / "report.json").read_text())["sections"]
     assert {k: v["status"] for k, v in sections.items()} == {"summary": "ok", "schatten": "ok"}
+
+
+def test_report_and_concepts_print_the_numbers_with_their_counts_and_labels(tmp_path, capsys):
+    """The command line shows the page's headline numbers with what they were measured on, and labels a vacuous
+    KL bound with its reason, as the page and the Space do."""
+    import json
+    import math
+
+    from hf_tdiag import CrateConfig, CrateForImageClassification, CrateImageProcessor
+
+    model_dir = tmp_path / "model"
+    model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=2))
+    model.save_pretrained(model_dir)
+    CrateImageProcessor.for_config(model.config).save_pretrained(model_dir)
+    argv = ["report", str(model_dir), "--dataset", "digits", "--max-samples", "8", "--sections", "summary,concepts"]
+    assert cli_main([*argv, "--output-dir", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    page = json.loads((tmp_path / "r" / "report.json").read_text())["sections"]["concepts"]
+    bound = page["numbers"]["bound_certified"]
+    line = next(x for x in out.splitlines() if x.strip().startswith("KL bound, certified:"))
+    assert "n = 8 images" in line and (("[vacuous: the bound" in line) == (bound > math.log(10)))
+    assert any(x.strip().startswith("top-1 accuracy:") and "of 8 labelled inputs" in x for x in out.splitlines())
+    assert cli_main(["concepts", str(model_dir), "--dataset", "digits", "--max-samples", "8", "--layer", "1",
+                     "--concepts", "3", "--no-figures", "--output-dir", str(tmp_path / "c")]) == 0  # fmt: skip
+    runs = json.loads((tmp_path / "c" / "concepts.json").read_text())["runs"]
+    printed = capsys.readouterr().out
+    for label, run in runs.items():
+        if run.get("bound_certified", 0) > math.log(10):
+            assert f"{label}: bound_certified is vacuous: the bound" in printed

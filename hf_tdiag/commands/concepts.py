@@ -370,6 +370,9 @@ def run(args: argparse.Namespace) -> int:
     estimators = out.pop("estimators")
     out.update(model=args.model, inputs=source)
     _write_results(args.output_dir, "concepts.json", out, format_table(out["table"]))
+    for label, run in out["runs"].items():  # a bound that says nothing is labelled where it is shown
+        for bound, reason in run.vacuous_reasons().items():
+            print(f"{label}: {bound} is {reason}")
     if not args.no_figures:
         for path in _figures(args, model, pixels, out, estimators, layer, threads):
             print(f"wrote {path}")

@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from hf_tdiag._threads import model_threads, torch_threads
     from hf_tdiag.loading import load_model
+    from hf_tdiag.report.headline import key_numbers
     from hf_tdiag.report.inputs import inputs_from_args
     from hf_tdiag.report.report import ReportOptions, build_report
 
@@ -130,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
     with torch_threads(model_threads(args.threads, loaded.model, next(loaded.model.parameters()).device)):
         report = build_report(loaded, inputs, sections=sections, options=options, title=args.title)
     html_path, json_path = report.save(page)
+    for box in key_numbers(report.sections):  # the page's headline numbers, with what they were measured on
+        reason = box["reason"] if box["reason"].startswith(box["flag"]) else f"{box['flag']}: {box['reason']}"
+        flag = f" [{reason}]" if box["flag"] else ""
+        print(f"  {box['label']}: {box['value']}" + (f" ({box['detail']})" if box["detail"] else "") + flag)
     for section in report.sections:
         line = f"  {section.key:<10} {section.status}"
         if section.note:
