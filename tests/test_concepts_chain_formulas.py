@@ -312,3 +312,13 @@ def test_readouts_and_token_radii_on_batches():
         L = 2.0 / math.sqrt(max(m - r, 0) ** 2 / 3 + 1e-3)
         assert float(lip[i]) == pytest.approx(L / 2, rel=1e-12)  # the pooling factor 1/√4
         assert float(moved[i]) == pytest.approx(min(L * r, 2 * 2.0 * math.sqrt(3)), rel=1e-12)
+
+
+def test_a_radius_per_input_is_every_token_moving_that_far():
+    Z, ln1, ln2, att = _pieces(seed=3)
+    r = torch.tensor([0.05, 0.2], dtype=F64)
+    X = _ln_out(Z, ln1)
+    ball = prenorm_block_certified(r, Z, X, Z, ln1, ln2, att, 1.2, residual=True)
+    tokens = prenorm_block_certified(r[:, None].expand(2, 3), Z, X, Z, ln1, ln2, att, 1.2, residual=True)
+    for got, ref in zip(ball, tokens):
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)
