@@ -418,6 +418,13 @@ def test_bad_arguments_name_the_input(zoo, tmp_path):
         scan(zoo["crate1"], ["schatten"], settings={"srr": SRRSettings()}, output_dir=tmp_path / "s")
     with pytest.raises(TypeError, match="inputs: got the name 'digits'; pass \\{'images': 'digits'\\}"):
         scan(zoo["crate1"], ["srr"], "digits", output_dir=tmp_path / "s")
+    with pytest.raises(ValueError, match="hparams: \\['lr'\\] are not metadata columns of any model"):
+        scan(
+            zoo["crate1"], ["schatten"], hparams=["lr"], metadata={zoo["crate1"]: {"acc": 1}}, output_dir=tmp_path / "m"
+        )
+    with pytest.raises(ValueError, match="metadata: rows for models the scan does not have: \\['other'\\]"):
+        scan(zoo["crate1"], ["schatten"], metadata={"other": {"acc": 1}}, output_dir=tmp_path / "m")
+    assert not (tmp_path / "m" / "cache").exists()  # refused before anything was measured
     with pytest.raises(ValueError, match="jobs"):
         scan(zoo["crate1"], ["srr"], jobs=0, output_dir=tmp_path / "s")
     assert not (tmp_path / "s").exists()  # refused before any folder is made

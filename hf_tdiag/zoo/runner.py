@@ -71,13 +71,13 @@ def _settings(names: list[str], settings) -> dict:
 
 
 def _claim(output_dir: str, models: list[str], overwrite: bool) -> None:
-    """Hold the scan folder: a folder an earlier scan wrote (its ``scan.json`` or ``cache/``, recorded in the
-    folder's manifest) continues, its cache reused; any other folder follows every command's rule
+    """Hold the scan folder: a folder an earlier scan wrote (its ``scan.json``, ``cache/`` or ``hashes.json``,
+    recorded in the folder's manifest) continues, its cache reused; any other folder follows every command's rule
     (hf_tdiag._outputs.claim_output_dir)."""
     from .._outputs import check_not_in_use, claim_output_dir, hold_output_dir, owned_entries
 
     # a scan's folder, also one a killed scan left before its first table (its cache is there, its manifest owns it)
-    if {"scan.json", "cache"} & owned_entries(output_dir):
+    if {"scan.json", "cache", "hashes.json"} & owned_entries(output_dir):
         check_not_in_use(output_dir)
         hold_output_dir(output_dir, SCAN_RECORDS)
         return
@@ -190,12 +190,23 @@ def _summary(models, prints, names, settings, digests, inputs, failures, measure
     }
 
 
-def _compare(scan_dir, measures, metadata, hparams, models, prints, figures: bool):
-    from .._atomic import write_csv
-    from .compare import correlations, figure_name, is_headline, measure_figure, read_metadata
+def _metadata(metadata, hparams, models, prints) -> dict[str, dict]:
+    """model -> metadata, read before anything is measured; a hyper-parameter no model has is a ValueError."""
+    from .compare import read_metadata
 
     folders = {m: fp["folder"] for m, fp in prints.items()}
     meta = read_metadata(metadata, [m for m in models if m in prints], folders)
+    columns = {c for row in meta.values() for c in row}
+    missing = [h for h in hparams if h not in columns]
+    if missing:
+        raise ValueError(f"hparams: {missing} are not metadata columns of any model; columns: {sorted(columns)}")
+    return meta
+
+
+def _compare(scan_dir, measures, meta, hparams, figures: bool):
+    from .._atomic import write_csv
+    from .compare import correlations, figure_name, is_headline, measure_figure
+
     rows = correlations(measures, meta, hparams) if len(measures) else []
     paths = {}
     if rows:
@@ -273,6 +284,7 @@ def scan(
     remove_temporaries(output_dir)
     failures: list[dict] = []
     prints = _fingerprints(models, output_dir, trust_remote_code, failures)
+    meta = _metadata(metadata, list(hparams), models, prints)
     specs, pairs, cached, digests = _plan(models, prints, names, settings, inputs, output_dir, trust_remote_code)
     measured: list[str] = []
     worker_peaks: list[float] = []
@@ -296,7 +308,7 @@ def scan(
     table, measures = build_table(entries), measures_frame(entries)
     paths = write_table(table, output_dir)
     paths["measures"] = write_csv(os.path.join(output_dir, "measures.csv"), measures.to_dict("records"))
-    rows, more = _compare(output_dir, measures, metadata, hparams, models, prints, figures)
+    rows, more = _compare(output_dir, measures, meta, list(hparams), figures)
     paths.update(more)
     summary = _summary(models, prints, names, settings, digests, inputs, failures, measured, cached)
     summary["worker_peak_rss_mb"] = max(worker_peaks, default=None)
