@@ -45,9 +45,9 @@ def add_prefixed_settings_flags(parser, name: str) -> None:
             value = not flag_names(f)[0].startswith("--no-") if f.default is None else not f.default
             kwargs.update(action="store_const", const=value, help=f.help)
         else:
-            kwargs.update(type=_setting_type(f), help=f"{f.help} (default {f.default})")
+            kwargs.update(type=_setting_type(f), metavar=f.name.upper(), help=f"{f.help} (default {f.default})")
             if f.choices is not None:
-                kwargs.update(type=str, choices=list(f.choices))
+                kwargs.update(type=str, choices=list(f.choices), metavar=None)
         group.add_argument(*names, **kwargs)
 
 
