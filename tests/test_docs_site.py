@@ -4,6 +4,7 @@ the strict build is tests/test_docs_build.py)."""
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -271,7 +272,10 @@ def _docstring(module: str, name: str) -> str | None:
             base = base[: len(base) - node.level + 1] if node.level else []
             return _docstring(".".join([*base, *(node.module or "").split(".")]).strip("."), name)
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_LAZY" for t in node.targets):
-            table = ast.literal_eval(node.value)  # a lazy export table: "Name": "module:attr"
+            try:  # a lazy export table: "Name": "module:attr"
+                table = ast.literal_eval(node.value)
+            except ValueError:  # built from the family table (**FAMILIES[...].exports()): read it as imported
+                table = importlib.import_module(module)._LAZY
             if name in table:
                 target, _, attr = table[name].partition(":")
                 return _docstring(target, attr)

@@ -241,7 +241,11 @@ def test_n_concepts_may_equal_the_smaller_side():
     assert SemiNMF(3, max_iter=3).fit(torch.randn(1, 3, 6)).codes_.shape == (1, 3, 3)
 
 
-def test_progress_bars_only_when_verbose(capsys):
+def test_progress_bars_only_when_verbose(capsys, monkeypatch):
+    import hf_tdiag._progress
+
+    # as in a terminal (outside one, transient bars such as refine/encode write nothing: tests/test_quiet_output.py)
+    monkeypatch.setattr(hf_tdiag._progress, "_in_terminal", lambda stream: True)
     torch.manual_seed(10)
     A = torch.randn(3, 4, 6)
     m = SemiNMF(2, gram_weight=0.5, max_iter=2, refine_iter=2).fit(A)
