@@ -65,7 +65,9 @@ def test_the_readme_is_short_and_keeps_the_two_commands():
     lines = text.splitlines()
     assert len(lines) <= 200
     assert "bash scripts/setup.sh && .venv/bin/python -m pytest -q" in lines
-    main_job = "bash scripts/setup.sh && .venv/bin/python recipes/main_job.py --output-dir runs/main --overwrite-output-dir"
+    main_job = (
+        "bash scripts/setup.sh && .venv/bin/python recipes/main_job.py --output-dir runs/main --overwrite-output-dir"
+    )
     assert main_job in lines  # runs again as written (issue 44)
     assert "from the repository root" in text.lower()
     # the CI entry point runs the README's test command

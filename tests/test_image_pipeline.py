@@ -153,7 +153,9 @@ def test_import_makes_the_white_box_pipelines_the_default_for_every_image_family
     from hf_tdiag.models.families import FAMILIES
 
     assert PIPELINE_REGISTRY.supported_tasks["image-classification"]["impl"] is WhiteBoxImageClassificationPipeline
-    assert PIPELINE_REGISTRY.supported_tasks["image-feature-extraction"]["impl"] is WhiteBoxImageFeatureExtractionPipeline
+    assert (
+        PIPELINE_REGISTRY.supported_tasks["image-feature-extraction"]["impl"] is WhiteBoxImageFeatureExtractionPipeline
+    )
     image_families = [f for f in FAMILIES.values() if f.image_processor is not None]
     assert {f.model_type for f in image_families} == {"crate", "crate-alpha", "crate-mae", "tost"}
     for family in image_families:
