@@ -336,6 +336,15 @@ def test_model_names_expand_globs_lists_and_run_folders(tmp_path, monkeypatch):
     (tmp_path / "lists" / "zoo.txt").write_text("# my zoo\n../run/checkpoint-10  # last\n\norg/model-a\n")
     listed = expand_models(["@lists/zoo.txt", "run/checkpoint-10"])
     assert listed == [os.path.join(str(tmp_path / "lists"), "../run/checkpoint-10"), "org/model-a"]
+    _crate(tmp_path / "final", 1, 1)  # a run folder with its final model: that model, not its checkpoints
+    _crate(tmp_path / "final" / "checkpoint-5", 5, 1)
+    assert expand_models("final") == ["final"]
+    (tmp_path / "self.txt").write_text("@self.txt\n")
+    with pytest.raises(ValueError, match="models: list files nest too deeply at '@self.txt'"):
+        expand_models("@self.txt")
+    (tmp_path / "plain.txt").write_text("plain.txt\n")  # a plain list file naming itself
+    with pytest.raises(ValueError, match="models: list files nest too deeply at '.*plain.txt'"):
+        expand_models("plain.txt")
     with pytest.raises(ValueError, match="models: the pattern 'nothing/checkpoint-\\*' matches no folder"):
         expand_models("nothing/checkpoint-*")
     with pytest.raises(ValueError, match="is not an existing folder and not a valid Hub id"):
@@ -356,6 +365,14 @@ def test_fingerprint_follows_the_bytes_not_the_path(tmp_path):
         and a["method"] == "sha256-content"
         and a["files"] == ["config.json", "model.safetensors"]
     )
+    assert fingerprint(str(tmp_path / "b")) == b  # without a memo: the same digest read afresh
+    # a trainer checkpoint: its weights and its run's config
+    ckpt = _training_run(tmp_path / "run", steps=(3,))[0]
+    before = fingerprint(ckpt)
+    assert before["files"] == [os.path.join(os.pardir, "config.json"), "model.safetensors"]
+    run_config = json.loads((tmp_path / "run" / "config.json").read_text())
+    (tmp_path / "run" / "config.json").write_text(json.dumps({**run_config, "layer_norm_eps": 1e-3}))
+    assert fingerprint(ckpt)["hash"] != before["hash"]
     config = json.loads((tmp_path / "b" / "config.json").read_text())
     config["layer_norm_eps"] = 1e-5
     (tmp_path / "b" / "config.json").write_text(json.dumps(config))

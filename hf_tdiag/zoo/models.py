@@ -74,17 +74,15 @@ def _read_list(path: str) -> list[str]:
 
 
 def _expand_one(item: str, depth: int = 0) -> list[str]:
-    if item.startswith("@"):
-        return [m for line in _read_list(item[1:]) for m in _expand_one(line, depth + 1)] if depth < 4 else []
+    if item.startswith("@") or (os.path.isfile(item) and not glob.has_magic(item)):
+        if depth >= 4:
+            raise ValueError(f"models: list files nest too deeply at {item!r} (a list naming itself?)")
+        return [m for line in _read_list(item.removeprefix("@")) for m in _expand_one(line, depth + 1)]
     if glob.has_magic(item):
         hits = sorted((p for p in glob.glob(item) if os.path.isdir(p)), key=_sort_key)
         if not hits:
             raise ValueError(f"models: the pattern {item!r} matches no folder; check the path, or quote the pattern")
         return hits
-    if os.path.isfile(item):
-        if depth >= 4:
-            raise ValueError(f"models: list files nest too deeply at {item!r}")
-        return [m for line in _read_list(item) for m in _expand_one(line, depth + 1)]
     if os.path.isdir(item) and not os.path.isfile(os.path.join(item, "config.json")):
         checkpoints = _checkpoints_of(item)
         if checkpoints:
