@@ -178,6 +178,16 @@ ARGUMENT_ERRORS = [
     ("example index huge", lambda d: H.digits_example(10**9), "example: expected an index between 0 and"),
     ("L_phi text", lambda d: H.bounds_tab(d, "abc"), "L_phi: expected a finite number > 0, got 'abc'"),
     ("head out of range", lambda d: H.svm_head_tab(d, None, 1, 99, 2), "head: expected 0..3, got 99"),
+    # a fractional number in a box is refused, never truncated to the block below
+    ("concepts layer 1.5", lambda d: H.concepts_tab(d, None, 4, 1.5, 3), "layer: expected a whole number, got 1.5"),
+    ("svm layer 2.5", lambda d: H.svm_head_tab(d, None, 2.5, 0, 2), "layer: expected a whole number, got 2.5"),
+    ("svm head 0.5", lambda d: H.svm_head_tab(d, None, 1, 0.5, 2), "head: expected a whole number, got 0.5"),
+    ("svm extra 1.2", lambda d: H.svm_head_tab(d, None, 1, 0, 1.2), "extra digits images: expected a whole number"),
+    (
+        "concepts layer text",
+        lambda d: H.concepts_tab(d, None, 4, "two", 3),
+        "layer: expected a whole number, got 'two'",
+    ),
 ]
 
 

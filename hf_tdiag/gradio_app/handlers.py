@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from hf_tdiag._validation import block_number
+from hf_tdiag._validation import block_number, whole_number
 from hf_tdiag.diagnostics.settings import ConceptSettings, SchattenSettings
 from hf_tdiag.gradio_app.settings_controls import takes_settings
 from hf_tdiag.inputs import UserInputError, open_image
@@ -239,7 +239,7 @@ def _label(loaded: LoadedModel) -> str:
 
 def _block_number(layer, num_layers: int) -> int:
     """A block number 1..L from the UI: ``None`` or -1 is the last block, -2 the one before, ..."""
-    return block_number(int(layer if layer is not None else -1), num_layers, from_end=True)
+    return block_number(whole_number(layer, "layer", default=-1), num_layers, from_end=True)
 
 
 @user_errors
@@ -399,11 +399,8 @@ def concepts_tab(
     loaded = get_model(model)
     _require_image_classifier(loaded, "Concepts")
     images = [open_image(image_path)] if image_path else []
-    try:
-        extra = int(extra_digits or 0)
-        layer = int(layer if layer is not None else -1)
-    except (TypeError, ValueError):
-        raise UserInputError("layer and extra images must be integers") from None
+    extra = whole_number(extra_digits, "extra digits images", default=0)
+    layer = whole_number(layer, "layer", default=-1)  # 2.5 is refused, never read as block 2
     if not 0 <= extra <= 256:
         raise UserInputError(f"extra digits images: expected 0..256, got {extra}")
     if extra:
@@ -561,11 +558,8 @@ def svm_head_tab(model, image_path, layer=-1, head=0, extra_digits=15, progress=
             "(use `hf-tdiag attention-svm` with text inputs instead)"
         )
     images = [open_image(image_path)] if image_path else []
-    try:
-        extra = int(extra_digits or 0)
-        layer, head = int(layer if layer is not None else -1), int(head or 0)
-    except (TypeError, ValueError):
-        raise UserInputError("layer, head and extra images must be integers") from None
+    extra = whole_number(extra_digits, "extra digits images", default=0)
+    layer, head = whole_number(layer, "layer", default=-1), whole_number(head, "head", default=0)
     if not 0 <= extra <= 64:
         raise UserInputError(f"extra digits images: expected 0..64, got {extra}")
     if extra:

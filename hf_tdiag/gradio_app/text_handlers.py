@@ -20,6 +20,7 @@ import threading
 import gradio as gr
 import torch
 
+from hf_tdiag._validation import whole_number
 from hf_tdiag.inputs import UserInputError
 from hf_tdiag.loading import LoadedModel, load_model
 
@@ -157,10 +158,8 @@ def text_tab(model, texts, layer=-1, new_tokens=12, progress=gr.Progress(track_t
     from hf_tdiag.report.report import next_token_perplexity
     from hf_tdiag.viz import attention_maps
 
-    try:
-        layer, new_tokens = int(layer if layer is not None else -1), int(new_tokens or 0)
-    except (TypeError, ValueError):
-        raise UserInputError("layer and continuation tokens must be integers") from None
+    layer = whole_number(layer, "layer", default=-1)
+    new_tokens = whole_number(new_tokens, "continuation tokens", default=0)
     if not 0 <= new_tokens <= MAX_NEW_TOKENS:
         raise UserInputError(f"continuation tokens: expected 0..{MAX_NEW_TOKENS}, got {new_tokens}")
     loaded = get_text_model(model)
