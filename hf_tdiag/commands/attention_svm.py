@@ -104,13 +104,25 @@ def _batch(args, loaded):
     return pixel_values_for(images, loaded)
 
 
+def _heads(args, arch) -> list[int]:
+    """The heads ``--head`` names (``all``: every head of block ``--layer``), after ``--layer`` is checked."""
+    from hf_tdiag._validation import block_number
+
+    block_number(args.layer, arch.num_layers, "--layer")
+    if args.head == "all":
+        return list(range(arch.layers[args.layer - 1].num_heads))
+    try:
+        return [int(args.head)]
+    except ValueError:
+        raise ValueError(f"--head: expected an integer or 'all', got {args.head!r}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from hf_tdiag._atomic import write_json
     from hf_tdiag._outputs import claim_args
     from hf_tdiag._threads import model_threads, torch_threads
-    from hf_tdiag._validation import block_number
     from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
     from hf_tdiag.loading import load_model
     from hf_tdiag.probes.describe import describe
@@ -127,16 +139,7 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     loaded = load_model(args.model, eager_attention=False, trust_remote_code=args.trust_remote_code)
     loaded.model.to(device)
-    arch = describe(loaded.model)
-    block_number(args.layer, arch.num_layers, "--layer")
-    num_heads = arch.layers[args.layer - 1].num_heads
-    if args.head == "all":
-        heads = list(range(num_heads))
-    else:
-        try:
-            heads = [int(args.head)]
-        except ValueError:
-            raise ValueError(f"--head: expected an integer or 'all', got {args.head!r}") from None
+    heads = _heads(args, describe(loaded.model))
     batch = _batch(args, loaded)
     results = []
     header = f"{'layer':>5} {'head':>4} {'n':>4} {'corr':>8} {'corr(span)':>10} {'margin ratio':>12} {'one-hot':>8} {'gap':>9} {'time s':>7}"
