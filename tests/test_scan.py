@@ -445,3 +445,36 @@ def test_bad_arguments_name_the_input(zoo, tmp_path):
     with pytest.raises(ValueError, match="jobs"):
         scan(zoo["crate1"], ["srr"], jobs=0, output_dir=tmp_path / "s")
     assert not (tmp_path / "s").exists()  # refused before any folder is made
+
+
+def test_metadata_from_csv_mapping_and_folders(tmp_path, monkeypatch):
+    from hf_tdiag.zoo.compare import measure_figure, read_metadata
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "b" / "all_results.json").write_text(json.dumps({"eval_accuracy": 0.5, "note": "x"}))
+    (tmp_path / "meta.csv").write_text("model,acc,lr,tag\n./a,0.75,inf,fine-tune\n")
+    # a CSV row names the same folder spelled otherwise; non-finite numbers are missing; text stays text; a model
+    # without a row reads its folder (all_results.json without a trainer_state.json)
+    meta = read_metadata("meta.csv", ["a", "b"])
+    assert meta == {"a": {"acc": 0.75, "lr": None, "tag": "fine-tune"}, "b": {"eval_accuracy": 0.5}}
+    (tmp_path / "bad.csv").write_text("name,acc\na,1\n")
+    with pytest.raises(ValueError, match="metadata: 'bad.csv' has no 'model' column"):
+        read_metadata("bad.csv", ["a"])
+    with pytest.raises(TypeError, match="metadata: expected a CSV path or a mapping"):
+        read_metadata(3, ["a"])
+    # a checkpoint whose history logged nothing at its step still has its step
+    (tmp_path / "a" / "trainer_state.json").write_text(json.dumps({"global_step": 7, "log_history": []}))
+    assert folder_metadata(str(tmp_path / "a")) == {"step": 7.0}
+    # Psi leaves out an axis on which every model agrees; a model without metadata is left out of the figure
+    measures = pd.DataFrame({"model": ["m1", "m2", "m3", "m4", "m5"], "srr.srr_last_layer": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    meta = {
+        f"m{i}": {"gap": g, "lr": lr, "seed": 0.0}
+        for i, g, lr in ((1, 1.0, 0.1), (2, 2.0, 0.1), (3, 3.0, 0.2), (4, 5.0, 0.2))
+    }
+    rows = correlations(measures, meta, hparams=["lr", "seed"])
+    assert [(r["target"], r["n"], r["tau"], r["psi_per_axis"]) for r in rows] == [("gap", 4, 1.0, {"lr": 1.0})]
+    fig = measure_figure("srr.srr_last_layer", measures, meta, rows)
+    (panel,) = fig.axes
+    assert panel.collections[0].get_offsets().shape == (4, 2) and panel.get_title() == "τ = +1.00, Ψ = +1.00"
