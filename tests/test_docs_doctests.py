@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import ast
 import doctest
 import importlib
 from pathlib import Path
@@ -29,11 +28,12 @@ FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 
 def kwargs_description(path: Path) -> str:
-    """The module's ``_KWARGS_DESCRIPTION`` string, read without importing the module."""
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_KWARGS_DESCRIPTION" for t in node.targets):
-            return ast.literal_eval(node.value)
-    raise AssertionError(f"{path}: no _KWARGS_DESCRIPTION")
+    """The module's ``_KWARGS_DESCRIPTION`` string as the module builds it (its settings lines come from the
+    diagnostic's declaration)."""
+    module = importlib.import_module(f"hf_tdiag.metrics.{path.parent.name}.{path.stem}")
+    text = getattr(module, "_KWARGS_DESCRIPTION", None)
+    assert isinstance(text, str), f"{path}: no _KWARGS_DESCRIPTION"
+    return text
 
 
 def test_every_bundled_module_is_found():

@@ -8,7 +8,7 @@ and the docs' settings tables are :meth:`Diagnostic.settings_table`. Adding a fi
 edit a new option needs. Torch-free: the command line reads it to build ``--help``.
 
 Examples:
-    >>> from hf_tdiag.diagnostics.registry import DIAGNOSTICS, diagnostic
+    >>> from hf_tdiag.diagnostics.registry import DIAGNOSTICS, diagnostic, module_options
     >>> sorted(DIAGNOSTICS)
     ['attention_svm', 'concepts', 'ledger', 'schatten', 'srr']
     >>> spec = diagnostic("srr")

@@ -336,7 +336,7 @@ class LedgerSettings(_Settings):
     """The objective ledger of a white-box model (:func:`hf_tdiag.objective_ledger`).
 
     Examples:
-        >>> from hf_tdiag import LedgerSettings
+        >>> from hf_tdiag import LedgerSettings, SRRSettings
         >>> LedgerSettings().eps == SRRSettings().eps, LedgerSettings(tolerance=0).tolerance
         (True, 0.0)
         >>> LedgerSettings(tolerance=-1)

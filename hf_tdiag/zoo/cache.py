@@ -28,6 +28,7 @@ def settings_hash(diagnostic: str, settings) -> str:
 
     Examples:
         >>> from hf_tdiag.diagnostics.settings import SRRSettings
+        >>> from hf_tdiag.zoo.cache import settings_hash
         >>> settings_hash("srr", SRRSettings()) == settings_hash("srr", SRRSettings(eps=0.1))
         True
         >>> settings_hash("srr", SRRSettings()) == settings_hash("srr", SRRSettings(eps=0.2))

@@ -73,6 +73,7 @@ def resolve_inputs(inputs=None, *, limit: int | None = None, split: str | None =
     """``inputs`` (see the module docstring) read and cut to ``limit`` items per modality.
 
     Examples:
+        >>> from hf_tdiag.zoo.inputs import resolve_inputs
         >>> s = resolve_inputs(["a text", "another"])
         >>> s.texts, s.images, s.hash("text") == resolve_inputs({"texts": ["a text", "another"]}).hash("text")
         (['a text', 'another'], [], True)

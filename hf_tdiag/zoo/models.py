@@ -94,6 +94,7 @@ def expand_models(models) -> list[str]:
     """The models named by ``models`` (one name, or a list of names, globs and list files), in order, each once.
 
     Examples:
+        >>> from hf_tdiag.zoo.models import expand_models
         >>> expand_models(["org/model-a", "org/model-b", "org/model-a"])
         ['org/model-a', 'org/model-b']
     """

@@ -70,6 +70,8 @@ Examples:
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class SchattenBound(evaluate.Metric):
+    metric_label = "schatten_bound"
+
     def _info(self):
         return evaluate.MetricInfo(
             module_type="metric",
