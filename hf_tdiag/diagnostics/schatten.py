@@ -292,21 +292,17 @@ def spectrum_bounds(
         model_or_path: a Transformers model (BERT-like, ViT-like, CRATE, or a GPT-2 / Llama-family decoder), a local
             folder or a Hub id (loaded with ``AutoModel.from_pretrained(model_or_path, **load_kwargs)`` through
             :func:`hf_tdiag.loading.load_pretrained`: ``trust_remote_code=False`` unless passed as True).
-        L_phi: Lipschitz constant of the FFN activation (1.13 for GELU; for a gated MLP the constant of
-            ``(a, b) ↦ act(a) ⊙ b`` on the data's domain — see the module docstring).
-        p_grid_m: grid resolution m of p ∈ {0, 1/m, …, 2}; default ⌈L + ln N⌉.
-        rank_tol: singular values ≤ rank_tol · min(rows, cols) · max(σ₁, 1) are exact zeros.
-        svd_method: ``"auto"`` (Gram eigenvalues for well-conditioned FFN matrices, else SVD) or ``"svd"``.
-        num_workers: threads that solve the FFN spectra and per-layer head cores side by side, each with one BLAS thread
-            (default ``torch.get_num_threads()`` on CPU for FFN matrices of ≥ 2¹⁸ entries, else 1; 1 when
-            streaming); results agree across values to rounding (~1e-15 relative).
         progress: show a progress bar over layers.
-        streaming: read a decoder checkpoint (folder or Hub id; safetensors, sharded or not) one job's tensors at a
-            time (``safe_open`` on the shards the index names) without instantiating the model: peak memory is
-            about the largest layer's weights (times ``num_workers``), not the model's. Same numbers as the
-            in-memory path, bit for bit.
-        settings: a :class:`~hf_tdiag.diagnostics.settings.SchattenSettings` holding these keywords (an argument
-            given with a value other than its default overrides it).
+        settings: a :class:`~hf_tdiag.diagnostics.settings.SchattenSettings`; its fields are also keywords, and a
+            keyword given replaces the object's value.
+
+    About the settings: ``L_phi`` is 1.13 for GELU (for a gated MLP, the Lipschitz constant of
+    ``(a, b) ↦ act(a) ⊙ b`` on the data's domain, which is not derived); ``num_workers`` threads solve the FFN
+    spectra and per-layer head cores side by side, each with one BLAS thread (default ``torch.get_num_threads()``
+    on CPU for FFN matrices of ≥ 2¹⁸ entries, else 1; 1 when streaming), and results agree across values to
+    rounding (~1e-15 relative); ``streaming=True`` reads a decoder checkpoint (folder or Hub id; safetensors,
+    sharded or not) one job's tensors at a time without instantiating the model: peak memory is about the largest
+    layer's weights (times ``num_workers``), with the same numbers as the in-memory path, bit for bit.
 
     Examples:
         >>> import math, torch, hf_tdiag
