@@ -79,7 +79,7 @@ def test_command_line_flags_take_default_and_help_from_the_settings(command, cls
     default = cls.defaults()[name]
     assert action.default == default
     if name not in ("source", "max_queries", "norm"):  # these three add command-line words ('all', cvxpy)
-        assert action.help.startswith(cls.field_metadata(name)["help"])
+        assert action.help.startswith(cls.field(name).help)
     if default is not None:
         assert str(default) in action.help
 

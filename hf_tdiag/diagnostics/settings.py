@@ -167,11 +167,6 @@ class _Settings:
         raise KeyError(f"{cls.__name__}: no setting {name!r}; known: {[f.name for f in cls.fields()]}")
 
     @classmethod
-    def field_metadata(cls, name: str) -> dict[str, Any]:
-        """The declaration of field ``name`` (``help``, ``choices``, ...), as a dict."""
-        return dict(cls.__dataclass_fields__[name].metadata)
-
-    @classmethod
     def defaults(cls) -> dict[str, Any]:
         """Every field's default, by name."""
         return {f.name: f.default for f in dataclasses.fields(cls)}

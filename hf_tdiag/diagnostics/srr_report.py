@@ -18,7 +18,7 @@ from .settings import SRRSettings
 
 TERMS: tuple[str, ...] = ("R", "Rc", "sparsity", "srr")
 STATES: tuple[str, ...] = ("output", "input", "mid")
-MEASUREMENTS: tuple[str, ...] = SRRSettings.field_metadata("measurement")["choices"]
+MEASUREMENTS: tuple[str, ...] = SRRSettings.field("measurement").choices
 STATE_DESCRIPTIONS = {
     "output": "Z^l, the output of block l (hidden_states[l]), with block l's U^l; 'layer l' means this state",
     "input": "Z^{l-1}, the input of block l (hidden_states[l-1]), with block l's U^l",
