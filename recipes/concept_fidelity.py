@@ -325,6 +325,7 @@ def _compare_one(args, spec, images):
 
 def _compare_figures(name, out, estimators, model, pixels, layer, folder) -> None:
     """Heatmaps and top patches of the Gram fit with the smallest δ_gram, KL vs bound, the μ sweep."""
+    from hf_tdiag.diagnostics.concepts.compare import mu_sweep_rows
     from hf_tdiag.probes.concept_model import layer_activations
     from hf_tdiag.viz.concepts import (
         plot_concept_heatmaps,
@@ -351,16 +352,7 @@ def _compare_figures(name, out, estimators, model, pixels, layer, folder) -> Non
         plot_kl_vs_bound(out["runs"], title=f"{name} layer {layer}: KL vs bound"),
         os.path.join(folder, "kl_vs_bound.png"),
     )
-    sweep = [
-        {
-            "gram_weight": r["gram_weight"],
-            "delta_gram": r["delta_gram"],
-            "kl": r["kl"],
-            "delta_rec_rel": r["delta_rec_rel"],
-        }
-        for k, r in out["runs"].items()
-        if k != "supervised"
-    ]
+    sweep = mu_sweep_rows(out["runs"])
     save_figure(plot_mu_sweep(sweep, title=f"{name} layer {layer}: μ sweep"), os.path.join(folder, "mu_sweep.png"))
 
 

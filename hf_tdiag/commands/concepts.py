@@ -278,6 +278,7 @@ def _run_sweep(args, model, inputs, opts, source, threads) -> int:
 def _figures(args, model, pixels, out, estimators, layer, threads):
     cs = settings_from_args(ConceptSettings, args)
     from hf_tdiag._threads import torch_threads
+    from hf_tdiag.diagnostics.concepts.compare import mu_sweep_rows
     from hf_tdiag.probes.concept_model import layer_activations
     from hf_tdiag.viz.concepts import (
         plot_concept_heatmaps,
@@ -305,16 +306,7 @@ def _figures(args, model, pixels, out, estimators, layer, threads):
         ]
     if cs.bounds:
         paths.append(save_figure(plot_kl_vs_bound(out["runs"]), os.path.join(args.output_dir, "kl_vs_bound.png")))
-    sweep = [
-        {
-            "gram_weight": r["gram_weight"],
-            "delta_gram": r["delta_gram"],
-            "kl": r["kl"],
-            "delta_rec_rel": r["delta_rec_rel"],
-        }
-        for k, r in out["runs"].items()
-        if k != "supervised"
-    ]
+    sweep = mu_sweep_rows(out["runs"])
     if len(sweep) > 1:
         paths.append(save_figure(plot_mu_sweep(sweep), os.path.join(args.output_dir, "mu_sweep.png")))
     return paths

@@ -209,4 +209,11 @@ def compare_concepts(
     }
 
 
-__all__ = ["compare_concepts", "supervised_concepts"]
+def mu_sweep_rows(runs) -> list[dict]:
+    """The Gram-weight sweep of :func:`compare_concepts`' ``runs`` (every run but the supervised one): μ,
+    δ_gram, the KL and δ_rec/‖A‖, one dict per run, as :func:`hf_tdiag.viz.concepts.plot_mu_sweep` draws them."""
+    keys = ("gram_weight", "delta_gram", "kl", "delta_rec_rel")
+    return [{key: run[key] for key in keys} for label, run in runs.items() if label != "supervised"]
+
+
+__all__ = ["compare_concepts", "mu_sweep_rows", "supervised_concepts"]
