@@ -50,29 +50,13 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _batches(args, loaded):
-    """The inputs the flags name, tokenized or processed one batch at a time."""
-    from hf_tdiag.batching import encoded_batches
-    from hf_tdiag.inputs import load_images, text_lines
-
-    if args.texts is not None:
-        if loaded.modality != "text" or loaded.processor is None:
-            raise ValueError(f"texts: {loaded.source!r} is not a text model with a tokenizer in its folder")
-        items, name = text_lines(args.texts, args.max_samples), f"--texts {args.texts!r}"
-    else:  # the folder was checked before the model was loaded
-        items, name = (
-            load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images,
-            "images",
-        )
-    return encoded_batches(loaded, items, args.batch_size, max_length=args.max_length, name=name)
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from hf_tdiag._atomic import write_text
     from hf_tdiag._outputs import claim_args
     from hf_tdiag._threads import model_threads, torch_threads
+    from hf_tdiag.commands._inputs import flag_batches
     from hf_tdiag.diagnostics.objective_ledger import objective_ledger
     from hf_tdiag.loading import load_model
     from hf_tdiag.viz import save_figure
@@ -84,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, eager_attention=False, trust_remote_code=args.trust_remote_code)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     loaded.model.to(device)
-    batches = _batches(args, loaded)
+    batches, _ = flag_batches(args, loaded)
     with torch_threads(model_threads(args.threads, loaded.model, device)):
         report = objective_ledger(loaded.model, batches, settings=settings_from_args(LedgerSettings, args))
     json_path = os.path.join(args.output_dir, "ledger.json")

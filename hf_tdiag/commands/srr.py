@@ -54,23 +54,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _inputs(args, loaded):
-    from hf_tdiag.batching import encoded_batches
-    from hf_tdiag.inputs import load_images, text_lines
-
-    if args.texts is not None:
-        if loaded.modality != "text" or loaded.processor is None:
-            raise ValueError(f"texts: {loaded.source!r} is not a text model with a tokenizer in its folder")
-        items = text_lines(args.texts, args.max_samples)
-        name = f"--texts {args.texts!r}"
-    else:
-        if args.images is not None and not os.path.isdir(args.images):
-            raise ValueError(f"images: expected a folder, got {args.images!r}")
-        items = load_images(args.images or args.dataset, split=args.split, limit=args.max_samples).images
-        name = "images"
-    return encoded_batches(loaded, items, args.batch_size, max_length=args.max_length, name=name), len(items)
-
-
 def _model_labels(specs: list[str]) -> list[str]:
     """One label per model: its folder name, with as many parent folders as needed to tell models apart
     (``a/model`` and ``b/model`` stay two rows); the whole spec when even that repeats."""
@@ -88,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_tdiag._atomic import write_json
     from hf_tdiag._cli_args import settings_from_args
     from hf_tdiag._threads import model_threads, torch_threads
+    from hf_tdiag.commands._inputs import flag_batches
     from hf_tdiag.diagnostics.srr import layer_srr
     from hf_tdiag.loading import load_model
     from hf_tdiag.viz import plot_layer_srr, save_figure
@@ -106,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     for i, spec in enumerate(args.models):
         loaded = load_model(spec, eager_attention=False, trust_remote_code=args.trust_remote_code)
         loaded.model.to(device)
-        inputs, count = _inputs(args, loaded)
+        inputs, count = flag_batches(args, loaded)
         is_crate = loaded.model_type == "crate"
         sources = ["query"] if is_crate else (["query", "key", "value"] if args.source == "all" else [args.source])
         base = names[i]

@@ -21,6 +21,7 @@ import gradio as gr
 import torch
 
 from hf_tdiag._validation import whole_number
+from hf_tdiag.batching import encoded_batches
 from hf_tdiag.inputs import UserInputError
 from hf_tdiag.loading import LoadedModel, load_model
 
@@ -77,13 +78,8 @@ def text_batch(loaded: LoadedModel, texts, limit: int = MAX_TOKENS) -> tuple[lis
         raise UserInputError("texts: type at least one line of text")
     if len(lines) > MAX_TEXTS:
         raise UserInputError(f"texts: at most {MAX_TEXTS} lines, got {len(lines)}")
-    tokenizer = loaded.processor
-    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
-        tokenizer.pad_token = tokenizer.eos_token  # decoder tokenizers (GPT-2) often have no pad token
-    tokenizer.padding_side = "right"  # causal models: a right-padded text's real tokens never see the padding
     limit = min(limit, int(getattr(loaded.config, "max_position_embeddings", limit) or limit))
-    batch = tokenizer(lines, padding=True, truncation=True, max_length=limit, return_tensors="pt")
-    batch = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    batch = next(iter(encoded_batches(loaded, lines, len(lines), max_length=limit, name="texts")))  # right-padded
     if int(batch["attention_mask"].sum(-1).min()) < 2:
         raise UserInputError("texts: every line needs at least two tokens")
     return lines, batch

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 
-import torch
-
-from hf_tdiag._model_limits import check_texts_fit
+from hf_tdiag.batching import encoded_batches
 from hf_tdiag.inputs import DIGITS_NAMES, digits_test_images, load_images, text_lines
 from hf_tdiag.loading import LoadedModel
 
@@ -72,20 +70,10 @@ def text_inputs(loaded: LoadedModel, path, limit: int) -> ReportInputs:
     if loaded.processor is None:
         raise ValueError(f"texts: no tokenizer found for {loaded.source!r}; save one next to the model")
     lines = text_lines(path, limit)
-    tokenizer = loaded.processor
-    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
-        tokenizer.pad_token = tokenizer.eos_token  # decoder tokenizers (GPT-2, Llama) often have no pad token
-    tokenizer.padding_side = "right"  # causal models: the real tokens of a right-padded text never see the padding
-    check_texts_fit(
-        loaded.model,
-        tokenizer,
-        lines,
-        128,
-        name=f"--texts {str(path)!r}",
-        hint="cut its lines to at most {limit} tokens",
-    )
-    batch = tokenizer(lines, padding=True, truncation=True, max_length=128, return_tensors="pt")
-    batch = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    # one right-padded batch (causal models: a text's real tokens never see the padding), checked to fit first
+    batches = encoded_batches(loaded, lines, len(lines), max_length=128, name=f"--texts {str(path)!r}",
+                              hint="cut its lines to at most {limit} tokens")  # fmt: skip
+    batch = next(iter(batches))
     return ReportInputs(batch, None, None, f"{len(lines)} lines of {path}", texts=lines)
 
 
