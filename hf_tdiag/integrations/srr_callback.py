@@ -232,8 +232,44 @@ class SRRCallback(TrainerCallback):
         path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", HISTORY_FILE)
         if state.global_step == 0 or not os.path.isfile(path):
             return []
+        return [r for r in read_history(path) if r["step"] <= state.global_step]
+
+
+def read_history(path: str) -> list[dict[str, Any]]:
+    """The records of an ``srr_history.json`` the callback wrote, checked: a damaged file (truncated, not JSON, a
+    record without its step or SRR numbers) is a one-line ``ValueError`` naming it; the file is left as it is."""
+    todo = "move it aside (the run then starts its SRR history afresh) or restore it from a copy, then resume"
+
+    def damaged(what: str) -> ValueError:
+        return ValueError(f"{path}: {what}, so the resumed SRR history cannot be read; {todo}")
+
+    try:
         with open(path, encoding="utf-8") as fh:
-            return [r for r in json.load(fh)["history"] if r["step"] <= state.global_step]
+            data = json.load(fh)
+    except UnicodeDecodeError:
+        raise damaged("not UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        raise damaged(f"not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
+    if not isinstance(data, dict):
+        raise damaged(f"expected a JSON object with a 'history' list, got a {type(data).__name__}")
+    records = data.get("history")
+    if not isinstance(records, list):
+        raise damaged(
+            "its 'history' is " + ("missing" if records is None else f"a {type(records).__name__}, not a list")
+        )
+    for i, record in enumerate(records):
+        step = record.get("step") if isinstance(record, dict) else None
+        output = record.get("output") if isinstance(record, dict) else None
+        srr = output.get("srr") if isinstance(output, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise damaged(f"history[{i}] has no step (a non-negative integer)")
+        if not isinstance(srr, list) or not srr or not all(_is_number(v) for v in srr):
+            raise damaged(f"history[{i}] (step {step}) has no output.srr list of numbers")
+    return records
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _calling_trainer(depth: int = 8):
