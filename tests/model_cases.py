@@ -11,6 +11,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hf_tdiag.models.aot import (
+    AotConfig,
+    AotForCausalLM,
+    AotForImageClassification,
+    AotTextConfig,
+)
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification, CrateModel
 from hf_tdiag.models.crate_alpha import CrateAlphaConfig, CrateAlphaForImageClassification, CrateAlphaModel
 from hf_tdiag.models.crate_mae import (
@@ -32,7 +38,13 @@ from hf_tdiag.models.crate_text import (
 from hf_tdiag.models.tost import TostConfig, TostForImageClassification, TostModel
 
 B, V, T, LAYERS, HEADS, D = 2, 29, 6, 2, 2, 16
-PATCHES = {"crate": 4, "crate-alpha": 4, "crate-mae": 16, "tost": 4}  # 8x8 images: patch 4 (2x2 grid) or 2 (4x4)
+PATCHES = {
+    "aot": 4,
+    "crate": 4,
+    "crate-alpha": 4,
+    "crate-mae": 16,
+    "tost": 4,
+}  # 8x8 images: patch 4 (2x2 grid) or 2 (4x4)
 
 
 @dataclass
@@ -129,6 +141,15 @@ def _text(causal: bool, **fixed):
     return make
 
 
+def _aot_text(**fixed):
+    def make(**overrides):
+        fields = dict(vocab_size=V, hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      max_position_embeddings=16, pad_token_id=0)  # fmt: skip
+        return AotTextConfig(**{**fields, **fixed, **overrides})
+
+    return make
+
+
 _MAE = _vision(CrateMAEConfig, patch_size=2, decoder_num_hidden_layers=1, decoder_num_attention_heads=HEADS)
 _TOST = _vision(TostConfig, num_class_attention_layers=1)
 
@@ -155,11 +176,26 @@ CASES = [
         "text-question-answering", "crate_text", CrateTextForQuestionAnswering, _text(False, num_labels=2), text=True
     ),  # fmt: skip
     Case("text-multiple-choice", "crate_text", CrateTextForMultipleChoice, _text(False), text=True, choices=3),
+    Case("aot-classification", "aot", AotForImageClassification, _vision(AotConfig)),
+    Case(
+        "aot-mhsa-classification",
+        "aot",
+        AotForImageClassification,
+        _vision(AotConfig, attention="mhsa", attention_bias=True),
+    ),  # fmt: skip
+    Case(
+        "aot-subspace-output-classification",
+        "aot",
+        AotForImageClassification,
+        _vision(AotConfig, mssa_output="subspace"),
+    ),  # fmt: skip
+    Case("aot-causal-lm", "aot_text", AotForCausalLM, _aot_text(), text=True),
+    Case("aot-mssa-causal-lm", "aot_text", AotForCausalLM, _aot_text(attention="mssa"), text=True),
 ]
 BY_NAME = {case.name: case for case in CASES}
 # one head class per family (the checks that cost more than a forward)
 FAMILY_HEADS = ["crate-classification", "crate-alpha-classification", "crate-mae-classification",
-                "tost-classification", "text-causal-lm"]  # fmt: skip
+                "tost-classification", "text-causal-lm", "aot-classification", "aot-causal-lm"]  # fmt: skip
 
 
 def compared(case: Case, output, inputs: dict) -> dict[str, torch.Tensor]:

@@ -137,6 +137,8 @@ _AUTHORS_INIT = {
     r"weight|projection\.weight|position_embeddings)$",
     "tost": r"(running_var|num_batches_tracked|\.temp)$",
     "crate_text": r"ista\.weight$",
+    "aot": r"(?!)",  # nothing: every AoT tensor scales with initializer_range
+    "aot_text": r"(?!)",
 }
 
 
@@ -313,6 +315,8 @@ _BAD = {
     "crate-mae": {"mask_ratio": 1.5},
     "tost": {"num_attention_heads": 3},
     "crate_text": {"ista_step_size": 0.0},
+    "aot": {"step_size": 0.0},
+    "aot_text": {"attention": "mlp"},
 }
 
 

@@ -100,6 +100,27 @@ FAMILIES: dict[str, Family] = {
             },
             presets="configuration_crate_text:CRATE_TEXT_PRESETS",
         ),
+        Family(
+            model_type="aot",
+            package="aot",
+            config="configuration_aot:AotConfig",
+            models={
+                "AutoModel": "modeling_aot:AotModel",
+                "AutoModelForImageClassification": "modeling_aot:AotForImageClassification",
+            },
+            image_processor="image_processing_aot:AotImageProcessor",
+            presets="configuration_aot:AOT_PRESETS",
+        ),
+        Family(
+            model_type="aot_text",
+            package="aot",
+            config="configuration_aot:AotTextConfig",
+            models={
+                "AutoModel": "modeling_aot_text:AotTextModel",
+                "AutoModelForCausalLM": "modeling_aot_text:AotForCausalLM",
+            },
+            presets="configuration_aot:AOT_TEXT_PRESETS",
+        ),
     )
 }
 
