@@ -1,4 +1,5 @@
-"""``hf-tdiag convert-official`` for the white-box families beyond CRATE (CRATE-α, CRATE-MAE), chosen by ``--preset``."""
+"""``hf-tdiag convert-official`` for the white-box families beyond CRATE (CRATE-α, CRATE-MAE) and for SimDINO's
+ViT / Dinov2 backbones, chosen by ``--preset``."""
 
 from __future__ import annotations
 
@@ -90,4 +91,85 @@ def run_family(args: argparse.Namespace, sd: dict, labels_reader) -> int:
     )
     against = f"{official:.3g} against the official forward, " if official is not None else ""
     print(f"max logit difference: {against}{saved:.3g} after reloading")
+    return 0
+
+
+SIMDINO_HEAD_FILE = "simdino_head.safetensors"
+
+
+def is_simdino_preset(preset: str) -> bool:
+    from hf_tdiag.models.simdino.convert_official import SIMDINO_LAYOUTS
+
+    return preset in SIMDINO_LAYOUTS
+
+
+def check_simdino_flags(args: argparse.Namespace) -> None:
+    """--student / --num-heads only with a SimDINO preset; the CRATE flags never with one."""
+    if is_simdino_preset(args.preset):
+        given = [
+            flag
+            for flag, value, default in (
+                ("--variant", args.variant, "crate"),
+                ("--pooling", args.pooling, "cls"),
+                ("--image-size", args.image_size, None),
+                ("--labels", args.labels, None),
+            )
+            if value != default
+        ]
+        if given:
+            raise ValueError(
+                f"{given[0]}: a {args.preset} checkpoint is a self-supervised backbone whose shapes set its "
+                "architecture; drop the flag"
+            )
+    elif args.student or args.num_heads is not None:
+        flag = "--student" if args.student else "--num-heads"
+        raise ValueError(f"{flag}: only for --preset simdino or simdinov2, got --preset {args.preset!r}")
+
+
+def run_simdino(args: argparse.Namespace, load_checkpoint) -> int:
+    """Convert a SimDINO / SimDINOv2 checkpoint; write the model, a ViT image processor and the heads apart."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModel, ViTImageProcessor
+
+    from hf_tdiag._atomic import staged_folder
+    from hf_tdiag._outputs import TRAIN_PATTERNS, claim_args
+    from hf_tdiag.models.simdino.convert_official import convert_simdino, split_simdino_checkpoint
+
+    from .convert_official import MODEL_WRITES
+
+    claim_args(
+        args, (*MODEL_WRITES, SIMDINO_HEAD_FILE), inputs=[args.checkpoint], stale=TRAIN_PATTERNS, model_output=True
+    )
+    with torch.serialization.safe_globals([argparse.Namespace]):  # main_dino.py saves its argparse args
+        checkpoint = load_checkpoint(args.checkpoint)
+    try:
+        backbone, heads = split_simdino_checkpoint(checkpoint, student=args.student)
+    except TypeError as err:
+        raise ValueError(f"checkpoint: {args.checkpoint!r}: {err}") from None
+    model = convert_simdino(backbone, args.preset, num_heads=args.num_heads)
+    config = model.config
+    processor = ViTImageProcessor(  # the authors' evaluation transform: ImageNet mean and std
+        size={"height": config.image_size, "width": config.image_size},
+        image_mean=[0.485, 0.456, 0.406],
+        image_std=[0.229, 0.224, 0.225],
+    )
+    with staged_folder(args.output_dir) as stage:  # a full disk leaves no config without weights
+        model.save_pretrained(stage)
+        processor.save_pretrained(stage)
+        if heads:
+            save_file({k: v.contiguous() for k, v in heads.items()}, f"{stage}/{SIMDINO_HEAD_FILE}")
+    no_pooler = {"add_pooling_layer": False} if config.model_type == "vit" else {}  # DINO's ViT has none
+    reloaded = AutoModel.from_pretrained(args.output_dir, **no_pooler).eval()
+    pixels = torch.randn(2, config.num_channels, config.image_size, config.image_size)
+    with torch.no_grad():
+        saved = float((model(pixels).last_hidden_state - reloaded(pixels).last_hidden_state).abs().max())
+    which = "student" if args.student else "teacher"
+    print(
+        f"converted {args.checkpoint} ({which}) -> {args.output_dir}: {type(model).__name__}, "
+        f"{config.num_hidden_layers} layers, d={config.hidden_size}, {config.num_attention_heads} heads, "
+        f"patch {config.patch_size}, {config.image_size} px, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
+        f"parameters; heads: {f'{len(heads)} tensors in {SIMDINO_HEAD_FILE}' if heads else 'none'}"
+    )
+    print(f"max hidden-state difference after reloading: {saved:.3g}")
     return 0

@@ -24,7 +24,8 @@ def register(subparsers) -> None:
         "--preset",
         required=True,
         help="architecture preset, e.g. crate-tiny, crate-base, crate-alpha-base-16, crate-alpha-large-14, crate-mae-base; "
-        "text: crate-lm-12l / crate-gpt-12l (CRATE-LM checkpoints), crate-bert-base (Transformers PR #27759)",
+        "text: crate-lm-12l / crate-gpt-12l (CRATE-LM checkpoints), crate-bert-base (Transformers PR #27759); "
+        "simdino / simdinov2: a SimDINO checkpoint into Transformers' ViTModel / Dinov2Model, shapes read from it",
     )
     add_output_dir(
         p, None, "folder to write the converted model and its image processor into", "--output", required=True
@@ -33,6 +34,10 @@ def register(subparsers) -> None:
     p.add_argument("--pooling", default="cls", choices=["cls", "mean"], help="token pooling of the checkpoint")
     p.add_argument("--image-size", type=positive_int, default=None, help="override the preset's image size")
     p.add_argument("--labels", default=None, help="optional JSON file: list of class names, or {index: name}")
+    p.add_argument("--student", action="store_true", help="simdino/simdinov2: convert the student, not the teacher")
+    p.add_argument(
+        "--num-heads", type=positive_int, default=None, help="simdino/simdinov2: attention heads (default: width / 64)"
+    )
     p.set_defaults(func=run)
 
 
@@ -135,6 +140,11 @@ def run(args: argparse.Namespace) -> int:
     from ._convert_text import check_text_flags, is_text_preset, run_text
 
     _check_paths(args)
+    from ._convert_families import check_simdino_flags, is_simdino_preset, run_simdino
+
+    check_simdino_flags(args)
+    if is_simdino_preset(args.preset):  # SimDINO / SimDINOv2 into Transformers' ViT / Dinov2 classes
+        return run_simdino(args, _load_checkpoint)
     if is_text_preset(args.preset):  # CRATE-LM / Transformers PR #27759 text checkpoints
         check_text_flags(args)
         _claim(args)
