@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_tdiag.models.simdino import convert_simdino, split_simdino_checkpoint
+from hf_tdiag.models.simdino.convert_official import convert_simdino, split_simdino_checkpoint
 
 D, HEADS, PATCH, IMAGE, CH = 32, 4, 4, 8, 3
 
