@@ -24,6 +24,8 @@ __all__ = [
     "check_unique_labels",
     "check_dense_tensors",
     "check_token_ids",
+    "check_model_inputs",
+    "check_block_outputs",
     "whole_number",
 ]
 
@@ -268,6 +270,65 @@ def check_token_ids(input_ids, vocab_size: int, name: str = "input_ids") -> None
         raise ValueError(
             f"{name}: the id {bad} is outside the vocabulary of {vocab_size} tokens (ids 0..{vocab_size - 1}); was "
             "the text tokenized with this model's tokenizer?"
+        )
+
+
+# the largest |value| a model input may hold: its square (LayerNorm's variance, a Gram matrix) must stay below
+# float32's largest number (3.4e38) with room for sums over features and tokens: sqrt(3.4e38) / 1000 ~ 1.8e16
+INPUT_LIMIT = math.sqrt(3.4028234663852886e38) / 1000
+
+
+def check_model_inputs(batch, name: str | None = None):
+    """Before any work: every floating tensor of a model's ``batch`` (a tensor, or a dict batch: its
+    ``pixel_values``, ...) is finite and small enough for float32 arithmetic. ValueError naming the input (``name``,
+    else the dict key, else ``pixel_values``), the first bad position and the value range. Returns ``batch``."""
+    import torch
+
+    items = [(name or "pixel_values", batch)] if isinstance(batch, torch.Tensor) else []
+    if not items and hasattr(batch, "items"):
+        items = [(f"{name}[{key!r}]" if name else str(key), value) for key, value in batch.items()]
+    for key, t in items:
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+            continue
+        t = t.detach()
+        if not all_finite(t):
+            bad = ~torch.isfinite(t)
+            first = tuple(int(i) for i in bad.nonzero()[0])
+            kind = "NaN" if bool(torch.isnan(t[first])) else "inf"
+            raise ValueError(
+                f"{key}: contains {kind} at index {first} ({int(bad.sum())} non-finite of {t.numel()} values); "
+                "give finite values (as the model's image processor or tokenizer makes them)"
+            )
+        top = float(t.abs().max())
+        if top > INPUT_LIMIT:
+            raise ValueError(
+                f"{key}: values up to {top:.3g} overflow float32 (their squares pass its largest number, 3.4e+38); "
+                f"keep |values| below {INPUT_LIMIT:.2g}: normalized pixel values lie within a few units"
+            )
+    return batch
+
+
+def check_block_outputs(outputs, inputs=None, start: int = 1) -> None:
+    """After a forward pass on inputs :func:`check_model_inputs` accepted: block ``start + i``'s output
+    ``outputs[i]`` is finite (block 0: the embeddings); else a ValueError naming the first block that produced NaN/inf
+    and saying that the model's weights or the inputs are at fault (``inputs``: the batch, whose value range the
+    message gives)."""
+    import torch
+
+    for i, z in enumerate(outputs):
+        if z is None or not isinstance(z, torch.Tensor) or all_finite(z):
+            continue
+        where = "the embedding output (block 0)" if start + i == 0 else f"block {start + i}'s output"
+        given = ""
+        pixels = inputs if isinstance(inputs, torch.Tensor) else None
+        if pixels is None and hasattr(inputs, "get"):
+            pixels = inputs.get("pixel_values")
+        if isinstance(pixels, torch.Tensor) and pixels.is_floating_point() and pixels.numel():
+            given = f" (pixel_values from {float(pixels.min()):.3g} to {float(pixels.max()):.3g})"
+        raise ValueError(
+            f"model: {where} contains NaN or inf although its inputs are finite{given}; the "
+            "model's weights (too large, or a diverged training) or inputs far from the scale it was trained on are "
+            "at fault"
         )
 
 

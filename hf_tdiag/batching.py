@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
+from ._validation import check_model_inputs
+
 
 def _is_batch(inputs) -> bool:
     return isinstance(inputs, (torch.Tensor, Mapping)) or (hasattr(inputs, "keys") and hasattr(inputs, "__getitem__"))
@@ -76,6 +78,7 @@ def iter_batches(inputs, batch_size: int, accelerator=None) -> Iterable:
     iterable of batches as given."""
     if _is_batch(inputs):
         rows(inputs)  # a scalar or a dict without a batched tensor is refused here
+        check_model_inputs(inputs)  # NaN/inf or float32-overflowing values named before any work
         if accelerator is None:
             return split(inputs, batch_size)
         inputs = torch.utils.data.DataLoader(_Rows(inputs), batch_size=batch_size, shuffle=False)

@@ -240,8 +240,8 @@ def crate(folders):
 @pytest.mark.parametrize(
     "pixels, error, named",
     [
-        (torch.full((2, 1, 8, 8), math.nan), ValueError, "pixel_values contains NaN"),
-        (torch.full((2, 1, 8, 8), math.inf), ValueError, "pixel_values contains NaN or inf"),
+        (torch.full((2, 1, 8, 8), math.nan), ValueError, "pixel_values: contains NaN at index (0, 0, 0, 0)"),
+        (torch.full((2, 1, 8, 8), math.inf), ValueError, "pixel_values: contains inf"),
         (torch.ones(2, 1, 8, 8, dtype=torch.int64), TypeError, "pixel_values must be floating point"),
         (torch.rand(1, 8, 8), ValueError, "pixel_values"),
         (torch.rand(0, 1, 8, 8), ValueError, "inputs"),

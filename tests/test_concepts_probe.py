@@ -197,7 +197,7 @@ def test_clear_errors_for_bad_models_layers_and_concept_counts():
         concept_fidelity(torch.nn.Linear(3, 3), X[:4], 1, 4, progress=False)
     with pytest.raises(TypeError, match="inputs"):
         concept_fidelity(model, [1, 2, 3], 1, 4, progress=False)
-    with pytest.raises(ValueError, match="inputs"):
+    with pytest.raises(ValueError, match=r"pixel_values: contains NaN at index \(0, 0, 0, 0\)"):
         concept_fidelity(model, torch.full((2, 1, 8, 8), float("nan")), 1, 4, progress=False)
     with pytest.raises(TypeError, match="concepts"):
         concept_fidelity(model, X[:4], 1, "many", progress=False)

@@ -40,7 +40,7 @@ from torch import nn
 
 from .._caller_state import module_modes, restore_modes
 from .._model_limits import check_token_count
-from .._validation import block_number
+from .._validation import block_number, check_block_outputs
 from ..measures.attention_svm import AttSVMResult, att_svm_self, matrix_correlation
 from ..probes.attention_heads import HeadWeights, head_weights, num_blocks
 from ..probes.token_states import forward_kwargs
@@ -205,10 +205,13 @@ def _head_margins(res: AttSVMResult, X, Z, W_head, logp, norm: str, rotary: bool
     return torch.where(ineq, gaps, torch.full_like(gaps, math.inf)).min(1).values / head_norm
 
 
-def _head_inputs(model, hw: HeadWeights, inputs):
-    """``(X (B, N, d) float64, valid (B, N))``: the head's input tokens and the real-token mask."""
+def _head_inputs(model, hw: HeadWeights, inputs, layer: int):
+    """``(X (B, N, d) float64, valid (B, N))``: the head's input tokens (block ``layer``'s input) and the real-token
+    mask."""
     kwargs = forward_kwargs(model, inputs)
-    X = _capture_head_input(model, hw.input_module, kwargs).to(torch.float64)
+    X = _capture_head_input(model, hw.input_module, kwargs)
+    check_block_outputs([X], kwargs, start=layer - 1)  # NaN from finite inputs: the block before, named
+    X = X.to(torch.float64)
     if X.ndim != 3:
         raise ValueError(f"model: expected the head input to be (batch, tokens, features), got shape {tuple(X.shape)}")
     B, N, _ = X.shape
@@ -259,7 +262,7 @@ def attention_svm_diagnostic(
     ids = inputs.get("input_ids") if hasattr(inputs, "get") else None
     if isinstance(ids, torch.Tensor) and ids.ndim == 2:  # before the model's own size mismatch
         check_token_count(model, ids.shape[1], "inputs: input_ids")
-    X, valid = _head_inputs(model, hw, inputs)
+    X, valid = _head_inputs(model, hw, inputs, block_index(model, layer) + 1)
     logp = _log_probs(hw, X, valid)  # (B, N, N)
     max_p, selected = logp.exp().max(-1)
     use_bias = (hw.b_Q is not None and bool(hw.b_Q.abs().max() > 0)) if s.include_bias is None else s.include_bias

@@ -10,6 +10,9 @@ subspaces from its ``qkv`` weight; every objective is a mean over the samples):
   ``a = x`` and at its output ``a = Z^l`` (one ISTA step from ``x``; ``D`` the square dictionary).
 * ``ista_1``, ``ista_2`` (CRATE-α): the same objective on the overcomplete ``D`` from the code 0 to ``a₁``, and
   from ``a₁`` to ``a₂``. The decoding ``z½ + D₁a₂`` is not derived from an objective and is not a step here.
+* ``mssa`` (AoT, the attention-only transformer with MSSA blocks): ``Rᶜ(Z; U)`` at the block input ``Z^{l-1}`` and
+  at its output ``Z^l = Z^{l-1} + eta MSSA(LN(Z^{l-1}))`` (Wang et al. 2025: each block an unrolled step of subspace
+  denoising, derived from the same compression term). An AoT with MHSA blocks has no subspaces ``U`` and no ledger.
 * ``tssa`` (ToST): the variational compression objective ``Rᶜ_var(U_kᵀZ, Π)`` at ``Z^{l-1}`` and ``Z^{l-1/2}``
   with the block's own membership ``Π`` (from its forward on ``Z^{l-1}``) held fixed (Wu et al. 2025).
 
@@ -24,6 +27,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .._caller_state import module_modes, restore_modes
+from .._model_limits import check_finite_weights
+from .._validation import check_block_outputs, check_model_inputs
 from ..batching import iter_batches
 from ..measures.coding_rate import compression_rate
 from ..measures.sparse_coding import lasso_objective
@@ -40,6 +45,7 @@ FAMILY_BLOCKS = {
     "CrateAlphaLayer": "crate-alpha",
     "CrateMAEEncoderLayer": "crate-mae",
     "TostLayer": "tost",
+    "AotLayer": "aot",
 }
 OBJECTIVES = {"mssa": "Rc", "ista": "lasso", "ista_1": "lasso", "ista_2": "lasso", "tssa": "Rc_var"}
 
@@ -227,13 +233,28 @@ def _family_blocks(model: torch.nn.Module) -> tuple[str, list[torch.nn.Module]]:
     found = [m for m in model.modules() if type(m).__name__ in FAMILY_BLOCKS]
     if not found:
         raise ValueError(
-            f"model: {type(model).__name__} has no white-box blocks (CRATE, CRATE-α, CRATE-MAE or ToST); its layers "
+            f"model: {type(model).__name__} has no white-box blocks (CRATE, CRATE-α, CRATE-MAE, ToST or AoT); its layers "
             "are not derived as steps on an objective, so there is no objective ledger for it"
         )
     families = sorted({FAMILY_BLOCKS[type(m).__name__] for m in found})
     if len(families) > 1:
         raise ValueError(f"model: blocks of several white-box families {families}; pass one family's model")
+    if families[0] == "aot":
+        _check_aot(found)
     return families[0], found
+
+
+def _check_aot(blocks: list[torch.nn.Module]) -> None:
+    """An AoT whose blocks the ledger measures: vision blocks with MSSA (subspaces ``U``), else a ValueError why not."""
+    attention = blocks[0].attention
+    if attention.kind != "mssa":
+        raise ValueError(
+            "model: an AoT with MHSA blocks (attention='mhsa') has no subspaces U, so there is no Rᶜ(Z; U) to "
+            "measure; the ledger reads AoT models with attention='mssa'"
+        )
+    if attention.is_causal:
+        raise ValueError("model: the objective ledger reads AoT vision models (AotModel); the AoT language model is "
+                         "not measured by it")  # fmt: skip
 
 
 def _subspaces(attention: torch.nn.Module) -> torch.Tensor:
@@ -250,6 +271,8 @@ def _block_steps(family: str, block, states: tuple, eps: float) -> list[tuple[st
         before = variational_compression_rate(z_in.unsqueeze(1) @ U, pi)  # (B, K, N, p): U_kᵀ z per token
         return [("tssa", before, variational_compression_rate(z_mid.unsqueeze(1) @ U, pi))]
     steps = [("mssa", compression_rate(z_in, U, eps), compression_rate(z_mid, U, eps))]
+    if family == "aot":  # attention only: the block output is the state after MSSA
+        return steps
     x = block.layernorm_after(z_mid)
     if family == "crate-alpha":
         coder = block.sparse_coding
@@ -263,11 +286,11 @@ def _block_steps(family: str, block, states: tuple, eps: float) -> list[tuple[st
 def _pixel_batches(inputs) -> Iterable[torch.Tensor]:
     """The pixel-value tensors of ``inputs``: a tensor, a mapping with ``pixel_values``, or an iterable of those."""
     if isinstance(inputs, torch.Tensor):
-        yield inputs
+        yield check_model_inputs(inputs)
     elif isinstance(inputs, Mapping):
         if "pixel_values" not in inputs:
             raise ValueError(f"inputs: expected a mapping with 'pixel_values', got keys {sorted(inputs)}")
-        yield inputs["pixel_values"]
+        yield check_model_inputs(inputs["pixel_values"])
     elif isinstance(inputs, Iterable) and not isinstance(inputs, (str, bytes)):
         for item in inputs:
             if not isinstance(item, (torch.Tensor, Mapping)):
@@ -290,18 +313,24 @@ def _encoder(model: torch.nn.Module, family: str) -> torch.nn.Module:
 
 def _forward_states(model, family: str, pixels: torch.Tensor) -> list[tuple]:
     """Per block ``(Z^{l-1}, Z^{l-1/2}, Z^l, Π or None)`` from one forward with recorded states."""
+    if family == "aot":  # one step per block: its input Z^{l-1} and output Z^l
+        hidden = _encoder(model, family)(pixel_values=pixels, output_hidden_states=True).hidden_states
+        check_block_outputs(hidden, pixels, start=0)
+        return [(hidden[i], hidden[i + 1], hidden[i + 1], None) for i in range(len(hidden) - 1)]
     kwargs = dict(output_hidden_states=True, output_mid_hidden_states=True)
     if family == "tost":
         kwargs["output_memberships"] = True
     out = _encoder(model, family)(pixel_values=pixels, **kwargs)
     hidden, mid = out.hidden_states, out.mid_hidden_states
+    check_block_outputs(hidden, pixels, start=0)  # NaN from finite inputs: the block that produced it, named
     pis = out.memberships if family == "tost" else [None] * len(mid)
     return [(hidden[i], mid[i], hidden[i + 1], pis[i]) for i in range(len(mid))]
 
 
 @diagnostic_entry(LedgerSettings)
 def objective_ledger(model, inputs, *, settings: LedgerSettings) -> ObjectiveLedgerReport:
-    """The objective ledger of a white-box ``model`` (CRATE, CRATE-α, CRATE-MAE, ToST, text CRATE) on ``inputs``.
+    """The objective ledger of a white-box ``model`` (CRATE, CRATE-α, CRATE-MAE, ToST, AoT with MSSA, text CRATE) on
+    ``inputs``.
 
     ``inputs``: pixel values ``(B, C, H, W)``, a mapping with ``pixel_values``, or an iterable of batches of those;
     for a text CRATE, token ids ``(B, N)``, a tokenizer's batch (``input_ids``, ``attention_mask``) or batches of those.
@@ -324,6 +353,7 @@ def objective_ledger(model, inputs, *, settings: LedgerSettings) -> ObjectiveLed
     family, blocks = ("crate_text", []) if text else _family_blocks(model)
     eps, tolerance = settings.eps, settings.tolerance
     inputs = iter_batches(inputs, settings.batch_size)
+    check_finite_weights(model)  # a NaN/inf weight named before any forward pass (not as the D of a LASSO step)
     if text:
         return text_objective_ledger(model, inputs, eps=eps, tolerance=tolerance)
     sums: dict[tuple[int, str], list[float]] = {}

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .._caller_state import module_modes, restore_modes
-from .._validation import block_number
+from .._validation import block_number, check_block_outputs, check_model_inputs
 from ..batching import concat, split
 from ..models.crate.configuration_crate import size_pair
 from .concept_decoder import DecoderConceptModel, decoder_block_forward, final_norm
@@ -263,8 +263,9 @@ def pixel_values(inputs) -> torch.Tensor:
         )
     if inputs.shape[0] == 0:
         raise ValueError(f"inputs: expected at least one image, got an empty batch of shape {tuple(inputs.shape)}")
-    if not inputs.is_floating_point() or not bool(torch.isfinite(inputs).all()):
-        raise ValueError("inputs: pixel_values must be finite floating-point values")
+    if not inputs.is_floating_point():
+        raise ValueError(f"inputs: pixel_values must be floating point (run the image processor), got {inputs.dtype}")
+    check_model_inputs(inputs)  # NaN/inf or float32-overflowing values, named with their position
     return inputs
 
 
@@ -350,6 +351,7 @@ def layer_activations(
                     for k, v in kw.items()
                 }
                 hidden_states, out_logits = cm.run(kw)
+                check_block_outputs(hidden_states, kw, start=0)  # NaN from finite inputs: the block, named
                 outs.append(hidden_states[layer:])
                 logits.append(out_logits)
                 with runnable(model, *cm.readout_modules):  # readout modules inside an offloaded block

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .._validation import check_block_outputs, check_model_inputs
 from .describe import Description, describe
 from .offload import execution_device, readable, runnable
 from .subspaces import check_source, layer_projection
@@ -105,8 +106,7 @@ def forward_kwargs(model: nn.Module, batch) -> dict:
                 raise TypeError(
                     f"inputs: pixel_values must be floating point (run the model's image processor), got {value.dtype}"
                 )
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                raise ValueError(f"inputs: {key} contains NaN or inf values (shape {tuple(value.shape)})")
+            check_model_inputs({key: value})  # NaN/inf or overflowing values, named with their position
             value = value.to(
                 device=device, dtype=dtype if value.is_floating_point() else value.dtype, non_blocking=True
             )
@@ -199,6 +199,7 @@ def token_states(
         kwargs = forward_kwargs(arch.base_model, batch)
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
             arch.base_model(**kwargs)
+            check_block_outputs([captured["input"][0], *captured["output"]], kwargs, start=0)
             missing = [
                 i + 1
                 for i in range(L)
