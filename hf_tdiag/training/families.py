@@ -1,6 +1,6 @@
-"""The white-box families beyond CRATE in the trainer: CRATE-α and ToST image classifiers, chosen by their preset
-names (``--preset crate-alpha-digits``, ``--preset tost-digits``, any size of :data:`CRATE_ALPHA_PRESETS` /
-:data:`TOST_PRESETS`) or by the ``model_type`` of a checkpoint given as ``--model-name-or-path``.
+"""The white-box families beyond CRATE in the trainer: CRATE-α, ToST and AoT image classifiers, chosen by their
+preset names (``--preset crate-alpha-digits``, ``--preset tost-digits``, ``--preset aot-digits``, any size of
+:data:`CRATE_ALPHA_PRESETS` / :data:`TOST_PRESETS` / :data:`AOT_PRESETS`) or by the ``model_type`` of a checkpoint given as ``--model-name-or-path``.
 
 CRATE's own path stays in :mod:`hf_tdiag.training.model`; this module only builds the other families' configs,
 models and image processors from the same arguments (the preset's sizes, the command line's overrides, the data's
@@ -10,7 +10,7 @@ channels and labels).
 from __future__ import annotations
 
 #: model types the trainer builds or fine-tunes (CRATE's is handled by hf_tdiag.training.model)
-TRAINABLE_MODEL_TYPES = ("crate", "crate-alpha", "tost")
+TRAINABLE_MODEL_TYPES = ("crate", "crate-alpha", "tost", "aot")
 
 # command-line overrides a family's config takes when it has the field
 _OVERRIDES = ("image_size", "patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "pooling",
@@ -19,6 +19,10 @@ _OVERRIDES = ("image_size", "patch_size", "hidden_size", "num_hidden_layers", "n
 
 def _classes(family: str):
     """``(config class, model class, image-processor class)`` of ``family``."""
+    if family == "aot":
+        from ..models.aot import AotConfig, AotForImageClassification, AotImageProcessor
+
+        return AotConfig, AotForImageClassification, AotImageProcessor
     if family == "crate-alpha":
         from ..models.crate_alpha import CrateAlphaConfig, CrateAlphaForImageClassification, CrateAlphaImageProcessor
 
@@ -29,7 +33,9 @@ def _classes(family: str):
 
 
 def family_of_preset(preset: str | None) -> str | None:
-    """``"crate-alpha"`` or ``"tost"`` when ``preset`` names one of their sizes, else ``None`` (CRATE or unknown)."""
+    """``"crate-alpha"``, ``"tost"`` or ``"aot"`` when ``preset`` names one of their sizes, else ``None`` (CRATE or
+    unknown)."""
+    from ..models.aot.configuration_aot import AOT_PRESETS
     from ..models.crate_alpha.configuration_crate_alpha import CRATE_ALPHA_PRESETS
     from ..models.tost.configuration_tost import TOST_PRESETS
 
@@ -37,6 +43,8 @@ def family_of_preset(preset: str | None) -> str | None:
         return "crate-alpha"
     if preset in TOST_PRESETS:
         return "tost"
+    if preset in AOT_PRESETS:
+        return "aot"
     return None
 
 
@@ -80,7 +88,7 @@ def check_trainable(config, flag: str = "model_name_or_path") -> None:
     model_type = getattr(config, "model_type", None)
     if model_type not in TRAINABLE_MODEL_TYPES:
         raise ValueError(
-            f"{flag}: expected a CRATE, CRATE-α or ToST checkpoint (model_type one of {list(TRAINABLE_MODEL_TYPES)}), "
+            f"{flag}: expected a CRATE, CRATE-α, ToST or AoT checkpoint (model_type one of {list(TRAINABLE_MODEL_TYPES)}), "
             f"got {model_type!r}"
         )
 

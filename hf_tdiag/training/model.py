@@ -40,7 +40,7 @@ def build_model_and_processor(args, raw):
 
         trust, flag = bool(args.trust_remote_code), "model_name_or_path"
         config = load_config(args.model_name_or_path, trust_remote_code=trust, name=flag)
-        check_trainable(config, flag)  # CRATE, CRATE-α or ToST
+        check_trainable(config, flag)  # CRATE, CRATE-α, ToST or AoT
         names = ("pooling", "hidden_dropout_prob")
         overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None and hasattr(config, k)}
         if args.variant is not None:
@@ -64,11 +64,13 @@ def build_model_and_processor(args, raw):
             processor = CrateImageProcessor.for_config(model.config) if crate else family_processor(model.config)
         return model, processor, None
     preset = args.preset or default_preset(raw)
-    family = family_of_preset(preset)  # CRATE-α and ToST presets build those families (training/families.py)
+    family = family_of_preset(preset)  # CRATE-α, ToST and AoT presets build those families (training/families.py)
     if family is not None:
         return build_family_model(family, preset, args, raw, id2label, label2id)
     if preset not in CRATE_PRESETS:
-        raise ValueError(f"preset: expected one of {list(CRATE_PRESETS)} or a CRATE-α / ToST preset, got {preset!r}")
+        raise ValueError(
+            f"preset: expected one of {list(CRATE_PRESETS)} or a CRATE-α / ToST / AoT preset, got {preset!r}"
+        )
     overrides = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
     if "hidden_size" in overrides or "num_attention_heads" in overrides:
         hidden = overrides.get("hidden_size", CRATE_PRESETS[preset]["hidden_size"])

@@ -159,6 +159,10 @@ class AotAttention(nn.Module):
             self.out_proj.depth_scaled = True  # initialised at initializer_range / sqrt(2 L) (init_depth_scaled)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
+    def output_matrix(self) -> torch.Tensor:
+        """The output matrix ``(d, K*p)`` in ``nn.Linear`` (out, in) layout: ``W_O``, or ``U`` (``mssa_output="subspace"``)."""
+        return self.out_proj.weight if self.out_proj is not None else self.qkv.weight.t()
+
     def subspace_bases(self) -> torch.Tensor | None:
         """``(K, d, p)`` bases ``U_k`` of MSSA (``None`` for MHSA, which has no single subspace per head)."""
         if self.kind != "mssa":
