@@ -240,6 +240,17 @@ def test_a_missing_extra_or_misshaped_key_is_named(change, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_checkpoint_of_the_other_layout_is_named_as_such():
+    v2 = _backbone("simdinov2", chunks=2)
+    with pytest.raises(ValueError, match="'mask_token' is a SimDINOv2 key; .*'simdinov2'"):
+        convert_simdino(v2, "simdino", num_heads=HEADS)
+    del v2["mask_token"]
+    with pytest.raises(ValueError, match="'blocks.0.0.attn.proj.bias' is a SimDINOv2 key"):
+        convert_simdino(v2, "simdino", num_heads=HEADS)
+    with pytest.raises(ValueError, match="no 'mask_token'.*'simdino'"):
+        convert_simdino(_backbone("simdino"), "simdinov2", num_heads=HEADS)
+
+
 def test_the_network_is_chosen_as_asked():
     teacher = _backbone("simdino")
     with pytest.raises(ValueError, match="no 'student' network"):

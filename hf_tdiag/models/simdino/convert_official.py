@@ -113,6 +113,19 @@ def _canonical_blocks(sd: Mapping[str, torch.Tensor], layout: str) -> dict[str, 
     return out
 
 
+def _check_layout(sd: Mapping[str, torch.Tensor], layout: str) -> None:
+    """The other layout's tell-tale keys: SimDINOv2's ``mask_token`` and chunked blocks, which SimDINO lacks."""
+    chunked = sorted(k for k in sd if _CHUNKED.match(k))
+    if layout == "simdino" and ("mask_token" in sd or chunked):
+        found = "mask_token" if "mask_token" in sd else chunked[0]
+        raise ValueError(f"checkpoint: {found!r} is a SimDINOv2 key; convert it with layout (--preset) 'simdinov2'")
+    if layout == "simdinov2" and "mask_token" not in sd:
+        raise ValueError(
+            "checkpoint: no 'mask_token', which every SimDINOv2 backbone has; a SimDINO checkpoint converts with "
+            "layout (--preset) 'simdino'"
+        )
+
+
 def _num_layers(names) -> int:
     indices = {int(m.group(1)) for m in map(_BLOCK.match, names) if m}
     if not indices:
@@ -258,6 +271,7 @@ def convert_simdino(backbone: Mapping[str, torch.Tensor], layout: str, *, num_he
         raise TypeError(f"backbone must be a mapping of names to tensors, got {type(backbone).__name__}")
     from transformers import Dinov2Model, Dinov2WithRegistersModel, ViTModel
 
+    _check_layout(backbone, layout)
     canon = _canonical_blocks(backbone, layout)
     config = _config(backbone, canon, layout, num_heads)
     layer_scale = layout == "simdinov2" and "blocks.0.ls1.gamma" in canon
