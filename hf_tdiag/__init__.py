@@ -61,6 +61,9 @@ _LAZY = {
     "ConceptSettings": "hf_tdiag.diagnostics.settings:ConceptSettings",
     "AttentionSVMSettings": "hf_tdiag.diagnostics.settings:AttentionSVMSettings",
     "LedgerSettings": "hf_tdiag.diagnostics.settings:LedgerSettings",
+    "token_snr": "hf_tdiag.diagnostics.token_snr:token_snr",
+    "TokenSNRReport": "hf_tdiag.diagnostics.token_snr_report:TokenSNRReport",
+    "TokenSNRSettings": "hf_tdiag.diagnostics.settings:TokenSNRSettings",
     "scan": "hf_tdiag.zoo:scan",
 }
 

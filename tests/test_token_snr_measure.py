@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from hf_tdiag.measures.token_snr import (
+    centered_moments,
+    class_position_sums,
     class_second_moments,
     cluster_snr,
     energies_from_moments,
@@ -117,6 +119,40 @@ def test_moments_route_equals_direct_energies():
     assert (noise0 <= 1e-12 * signal0).all() and snr_from_energies(signal0, noise0).isinf().all()
     # a real SNR of 1e5 (noise 1e-10 of the energy) is kept finite
     assert snr_from_energies(1.0, 1e-10).item() == pytest.approx(1e5)
+
+
+def test_centered_moments_equal_the_moments_of_centered_tokens():
+    g = torch.Generator().manual_seed(7)
+    Z = torch.randn(6, 3, 4, generator=g, dtype=torch.float64)  # 6 inputs, 3 positions, d = 4
+    labels = torch.tensor([0, 1, 2, 0, 1, 1])
+    keep = torch.ones(6, 3, dtype=torch.bool)
+    keep[4, 2] = False  # a padding token
+    mean = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    S, C = class_position_sums(Z, labels, 3, keep)
+    assert C.tolist() == [[2, 2, 2], [3, 3, 2], [1, 1, 1]]
+    assert torch.allclose(S[1, 2], Z[1, 2] + Z[5, 2])
+    kept_labels = labels[:, None].expand(6, 3)[keep]
+    M, _ = class_second_moments(Z[keep], kept_labels, 3)
+    direct, _ = class_second_moments((Z - mean)[keep], kept_labels, 3)  # each token less its position's mean
+    assert torch.allclose(centered_moments(M, S, C, mean), direct, rtol=1e-12, atol=1e-12)
+
+
+def test_centering_removes_a_part_every_class_shares():
+    """A constant added to every token (a position embedding) lies in every fitted subspace: uncentred, the SNR of a
+    pure-noise mixture looks high; with the position mean removed it is the mixture's own."""
+    U = _orthogonal_bases(2, 12, 2)
+    Z, labels, _, _ = _mixture(U, 300, 0.3, seed=8)
+    shared = torch.zeros(12, dtype=torch.float64)
+    shared[-1] = 20.0  # outside every subspace
+    Zs = (Z + shared)[:, None, :]  # one position
+    M, _ = class_second_moments(Zs[:, 0], labels, 2)
+    S, C = class_position_sums(Zs, labels, 2)
+    raw = snr_from_energies(*energies_from_moments(M, principal_subspaces(M, 2)))
+    mean = S.sum(0) / C.sum(0)[:, None]
+    Mc = centered_moments(M, S, C, mean)
+    centered = snr_from_energies(*energies_from_moments(Mc, principal_subspaces(Mc, 2)))
+    truth = mixture_snr(Z, labels, U)
+    assert (raw > 3 * truth).all() and torch.allclose(centered, truth, rtol=0.05)
 
 
 def test_principal_subspaces_recover_the_mixture_and_held_out_snr():

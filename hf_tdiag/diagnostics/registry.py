@@ -10,7 +10,7 @@ edit a new option needs. Torch-free: the command line reads it to build ``--help
 Examples:
     >>> from hf_tdiag.diagnostics.registry import DIAGNOSTICS, diagnostic, module_options
     >>> sorted(DIAGNOSTICS)
-    ['attention_svm', 'concepts', 'ledger', 'schatten', 'srr']
+    ['attention_svm', 'concepts', 'ledger', 'schatten', 'srr', 'token_snr']
     >>> spec = diagnostic("srr")
     >>> spec.command, spec.metric, spec.settings.__name__, spec.inputs
     ('srr', 'srr', 'SRRSettings', ('images', 'texts', 'pixel_values'))
@@ -29,6 +29,7 @@ from .settings import (
     LedgerSettings,
     SchattenSettings,
     SRRSettings,
+    TokenSNRSettings,
     _Settings,
 )
 
@@ -165,6 +166,16 @@ DIAGNOSTICS: dict[str, Diagnostic] = {
             ("images", "texts", "pixel_values"),
             "objective_ledger",
             ("return_report",),
+        ),
+        Diagnostic(
+            "token_snr",
+            "Token signal-to-noise ratio per layer",
+            TokenSNRSettings,
+            "hf_tdiag.diagnostics.token_snr:token_snr",
+            "hf_tdiag.diagnostics.token_snr_report:TokenSNRReport",
+            ("images", "texts", "pixel_values"),
+            "token_snr",
+            ("labels", "max_length", "tokenizer", "return_report"),
         ),
     )
 }

@@ -347,6 +347,36 @@ class LedgerSettings(_Settings):
     batch_size: int = setting(32, "inputs per forward pass", bounds=POSITIVE_INT)
 
 
+@dataclass(frozen=True)
+class TokenSNRSettings(_Settings):
+    """The token signal-to-noise ratio per layer (:func:`hf_tdiag.token_snr`).
+
+    Examples:
+        >>> from hf_tdiag import TokenSNRSettings
+        >>> TokenSNRSettings().fit_fraction, TokenSNRSettings(rank=3).rank, TokenSNRSettings().tokens
+        (0.5, 3, 'all')
+        >>> TokenSNRSettings(center=False).center
+        False
+        >>> TokenSNRSettings(fit_fraction=1)
+        Traceback (most recent call last):
+            ...
+        ValueError: fit_fraction: expected a finite number in (0, 1), got 1
+    """
+
+    diagnostic: ClassVar[str] = "token_snr"
+
+    rank: int | None = setting(None, "dimension r of each class's principal subspace U_k", bounds=POSITIVE_INT,
+                               none_means=" (d // number of classes: subspaces that fit side by side)")  # fmt: skip
+    fit_fraction: float = setting(0.5, "share of each class's inputs the subspaces are fitted on (the rest are "
+                                  "measured)", bounds=Bounds("real", low=0, high=1, low_open=True, high_open=True))  # fmt: skip
+    tokens: str = setting("all", "the tokens measured: every token of an input (all) or its first, the CLS token "
+                          "(first)", choices=("all", "first"))  # fmt: skip
+    center: bool = setting(True, "subtract each token position's mean over the fitting inputs first, so what every "
+                           "class shares (position embeddings, the CLS token) is no class's signal",
+                           flag="--no-center")  # fmt: skip
+    batch_size: int = setting(32, "inputs per forward pass", bounds=POSITIVE_INT)
+
+
 def resolve(cls, settings=None, overrides: dict[str, Any] | None = None):
     """The settings a diagnostic runs with: ``settings`` (an instance of ``cls``, or None for the defaults) with
     every keyword in ``overrides`` applied on top — a keyword given always wins, whatever its value; validated once.
@@ -365,7 +395,14 @@ def resolve(cls, settings=None, overrides: dict[str, Any] | None = None):
     return cls(**overrides) if settings is None else settings.replace(**overrides)
 
 
-SETTINGS_CLASSES = (SRRSettings, SchattenSettings, ConceptSettings, AttentionSVMSettings, LedgerSettings)
+SETTINGS_CLASSES = (
+    SRRSettings,
+    SchattenSettings,
+    ConceptSettings,
+    AttentionSVMSettings,
+    LedgerSettings,
+    TokenSNRSettings,
+)
 
 __all__ = [
     "Bounds",
@@ -375,6 +412,7 @@ __all__ = [
     "ConceptSettings",
     "AttentionSVMSettings",
     "LedgerSettings",
+    "TokenSNRSettings",
     "SETTINGS_CLASSES",
     "resolve",
     "setting",

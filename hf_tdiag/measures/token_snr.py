@@ -10,7 +10,9 @@ cluster ``k``'s tokens ``Z_k`` is
 (a ratio of norms, not of squared norms; with orthogonal subspaces and ``a ~ N(0, I_p)``,
 ``e ~ N(0, δ² I_p)`` it tends to ``1 / (δ √(K−1))``). Where the subspaces are not given (real data), they are
 estimated: ``U_k`` = the top-``r`` eigenvectors of cluster ``k``'s uncentred second moment ``Σ_i z_i z_iᵀ`` (the
-subspaces of the model pass through 0, so no centring), fitted on tokens other than the ones measured.
+subspaces of the model pass through 0, so no centring), fitted on tokens other than the ones measured. A part every
+cluster shares (a position embedding, a constant CLS token) lies in every estimated subspace and would count as
+signal for all of them; ``centered_moments`` removes a mean per token position from the moments first.
 
 Energies are summed in float64. ``snr_from_energies`` is the one place the ratio is taken: noise 0 with signal
 > 0 is ``inf`` (a token set exactly in its subspace), no energy at all (no tokens) ``nan``.
@@ -27,7 +29,9 @@ from .._validation import check_tensor
 __all__ = [
     "NOISE_ROUNDOFF",
     "cluster_snr",
+    "class_position_sums",
     "class_second_moments",
+    "centered_moments",
     "energies_from_moments",
     "mixture_snr",
     "principal_subspaces",
@@ -109,6 +113,32 @@ def class_second_moments(Z: torch.Tensor, labels: torch.Tensor, num_classes: int
     Z64 = Z.to(torch.float64)
     moments = torch.einsum("nk,ni,nj->kij", onehot, Z64, Z64)
     return moments, onehot.sum(0)
+
+
+def class_position_sums(
+    Z: torch.Tensor, labels: torch.Tensor, num_classes: int, keep: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(S, C)`` of states ``Z`` (B, n, d) of inputs of classes ``labels`` (B,): ``S_kn = Σ_{b: class k} z_bn``
+    (K, n, d) and ``C_kn`` the number of them (K, n), float64; ``keep`` (B, n) bool leaves tokens out (padding)."""
+    check_tensor(Z, "Z", ndim=3, shape="(B, n, d)", nonempty_trailing=2)
+    labels = _check_labels(labels, Z.shape[0], num_classes).to(Z.device)
+    weight = torch.nn.functional.one_hot(labels, num_classes).to(torch.float64)[:, :, None]  # (B, K, 1)
+    kept = torch.ones(Z.shape[:2], dtype=torch.float64, device=Z.device) if keep is None else keep.to(torch.float64)
+    weight = weight * kept[:, None, :]  # (B, K, n)
+    return torch.einsum("bkn,bnd->knd", weight, Z.to(torch.float64)), weight.sum(0)
+
+
+def centered_moments(
+    moments: torch.Tensor, sums: torch.Tensor, counts: torch.Tensor, mean: torch.Tensor
+) -> torch.Tensor:
+    """``Σ_{i in k} (z_i − μ_{n(i)})(z_i − μ_{n(i)})ᵀ`` (K, d, d) from the uncentred moments ``M_k`` (K, d, d), the
+    class-position sums ``S`` (K, n, d) and counts ``C`` (K, n) of the same tokens, and a mean per position ``μ``
+    (n, d): ``M_k − Σ_n (S_kn μ_nᵀ + μ_n S_knᵀ) + Σ_n C_kn μ_n μ_nᵀ``."""
+    mean = mean.to(torch.float64)
+    cross = torch.einsum("knd,ne->kde", sums.to(torch.float64), mean)
+    return (
+        moments - cross - cross.transpose(-1, -2) + torch.einsum("kn,nd,ne->kde", counts.to(torch.float64), mean, mean)
+    )
 
 
 def principal_subspaces(moments: torch.Tensor, rank: int) -> torch.Tensor:
