@@ -213,6 +213,30 @@ class CrateTextForCausalLM(CrateTextPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value):
         self.lm_head.decoder = value
 
+    def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
+        """Before generating: the prompt plus the tokens to generate fit the learned positions (the last token
+        generated is never fed back, so ``max_length`` may be one more than the positions); else a ValueError naming
+        the prompt length, ``max_new_tokens`` (or ``max_length``) and the largest value that fits."""
+        super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
+        positions = self.config.max_position_embeddings - self.config.position_offset
+        total = generation_config.max_length
+        if total is None or total <= positions + 1:
+            return
+        room = positions + 1 - input_ids_length
+        new = generation_config.max_new_tokens
+        asked = (
+            f"max_new_tokens={new}" if new is not None else f"max_length={total} (up to {total - input_ids_length} new)"
+        )
+        raise ValueError(
+            f"generate: a prompt of {input_ids_length} tokens with {asked} would run past the model's "
+            f"{positions} positions (max_position_embeddings={self.config.max_position_embeddings}); pass "
+            + (
+                f"max_new_tokens <= {room} or a shorter prompt"
+                if room > 0
+                else f"a prompt of at most {positions} tokens"
+            )
+        )
+
     @can_return_tuple
     def forward(
         self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
