@@ -172,7 +172,7 @@ def _pretrain(s: PretrainSettings) -> dict:
     per_epoch = len(train_x) // s.batch_size
     held_out = eval_x[: s.track_samples].to(accelerator.device)
 
-    step, history, losses = 0, [], []
+    step, history, losses, resumed_from = 0, [], [], None
     if s.resume_from_checkpoint:
         path = resolve_checkpoint(s.resume_from_checkpoint, s.output_dir)
         if path is None:
@@ -184,6 +184,7 @@ def _pretrain(s: PretrainSettings) -> dict:
                     f"resume_from_checkpoint: {path!r} is a {state.get('settings', {}).get('objective')!r} run, not {s.objective!r}"
                 )
             step, history, losses = int(state["step"]), list(state["history"]), list(state["losses"])
+            resumed_from = path
 
     def track(at: int) -> None:
         if s.track_every and (at % s.track_every == 0 or at == T) and not (history and history[-1]["step"] == at):
@@ -218,10 +219,12 @@ def _pretrain(s: PretrainSettings) -> dict:
         step += 1
         track(step)
         if s.checkpointing_steps and step % s.checkpointing_steps == 0 and step < T:
-            state = {"history": history, "losses": losses, "settings": s.to_dict()}
+            state = {"history": history, "losses": losses, "settings": s.to_dict(), "completed_steps": step}
+            state.update(zip(("epoch", "batches_in_epoch"), divmod(step, per_epoch)))
             save_checkpoint(accelerator, s.output_dir, step, state, keep=s.checkpoints_total_limit)
 
     results = {"settings": s.to_dict(), "steps": step, "losses": losses, "history": history}
+    results["resumed_from"] = resumed_from
     if accelerator.is_main_process:
         bare.teacher.backbone.save_pretrained(os.path.join(s.output_dir, BACKBONE_DIR))
         if s.probe:

@@ -1,0 +1,57 @@
+"""SimDINO / DINO pretraining runs: resumed = uninterrupted, the saved backbone loads with AutoModel, settings."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from hf_tdiag.training.simdino import parse_settings, pretrain
+from hf_tdiag.training.simdino.args import PretrainSettings
+
+
+def _settings(folder, **extra):
+    return dict(
+        output_dir=str(folder), objective="dino", backbone="vit-digits", max_train_steps=4, batch_size=16,
+        warmup_steps=1, n_local=1, hidden_dim=16, bottleneck_dim=8, out_dim=12, track_every=2, track_samples=32,
+        checkpointing_steps=2, freeze_last_layer_steps=1, probe=False, **extra,
+    )  # fmt: skip
+
+
+def test_resumed_run_equals_uninterrupted_and_backbone_loads_with_automodel(tmp_path):
+    """DINO (its centre is state too): a run killed after its step-2 checkpoint and resumed gives the same teacher
+    weights, losses and collapse statistics as the uninterrupted run."""
+    from transformers import AutoModel
+
+    whole = pretrain(_settings(tmp_path / "whole"))
+    killed = tmp_path / "killed"
+    os.makedirs(killed)
+    shutil.copytree(tmp_path / "whole" / "checkpoint-2", killed / "checkpoint-2")  # what the killed run left
+    resumed = pretrain(_settings(killed, resume_from_checkpoint="latest"))
+    assert resumed["resumed_from"] == str(killed / "checkpoint-2") and whole["resumed_from"] is None
+    assert resumed["losses"] == whole["losses"] and resumed["history"] == whole["history"]
+    assert len(whole["losses"]) == 4 and [h["step"] for h in whole["history"]] == [0, 2, 4]
+    a = AutoModel.from_pretrained(tmp_path / "whole" / "backbone", add_pooling_layer=False)  # saved without one
+    b = AutoModel.from_pretrained(killed / "backbone", add_pooling_layer=False)
+    assert type(a).__name__ == "ViTModel"
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+    with open(killed / "pretrain_results.json") as fh:
+        assert json.load(fh)["steps"] == 4
+
+
+def test_a_folder_with_files_is_refused_without_resume(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty"):
+        pretrain(_settings(tmp_path))
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_flags_are_hyphenated_and_checked(tmp_path):
+    s = parse_settings(["--output-dir", str(tmp_path), "--objective", "dino", "--local-scale", "0.2", "0.5"])
+    assert (s.objective, s.local_scale, s.eps) == ("dino", (0.2, 0.5), pytest.approx(0.5**0.5))
+    with pytest.raises(ValueError, match="objective"):
+        PretrainSettings(output_dir=str(tmp_path), objective="byol")
+    with pytest.raises(ValueError, match="warmup_steps"):
+        PretrainSettings(output_dir=str(tmp_path), max_train_steps=5, warmup_steps=6)
