@@ -129,7 +129,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def parse_settings(argv=None) -> PretrainSettings:
     """:class:`PretrainSettings` from a command line."""
-    return PretrainSettings(**vars(build_parser().parse_args(argv)))
+    return PretrainSettings(**vars(build_parser("python -m hf_tdiag.training.simdino").parse_args(argv)))
 
 
 __all__ = ["PretrainSettings", "build_parser", "parse_settings", "OBJECTIVES", "BACKBONES"]
