@@ -137,3 +137,17 @@ def test_a_short_run_on_a_tiny_vit_decreases_the_loss():
 def test_bad_crop_settings_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         MultiCrop((8, 8), **kwargs)
+
+
+def test_classifiers_give_their_base_model_and_dinov2_its_cls_token():
+    from transformers import Dinov2Config, Dinov2Model, ViTForImageClassification
+
+    classifier = ViTForImageClassification(tiny_vit().config)
+    model = SelfDistillation(classifier, ProjectionHead(16, 16, 8), SimDINOLoss(2))
+    assert model.student.backbone is classifier.vit
+    dinov2 = Dinov2Model(
+        Dinov2Config(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1,
+                     num_attention_heads=2, mlp_ratio=2)
+    )  # fmt: skip
+    x = torch.randn(2, 1, 8, 8)
+    torch.testing.assert_close(backbone_features(dinov2, x), dinov2(pixel_values=x).last_hidden_state[:, 0])
