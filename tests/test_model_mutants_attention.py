@@ -101,3 +101,12 @@ def test_a_masked_bfloat16_call_returns_bfloat16_close_to_the_float64_reference(
     assert out.dtype == probs.dtype == torch.bfloat16
     torch.testing.assert_close(probs.double(), ref_probs, rtol=0, atol=0.03)
     torch.testing.assert_close(out.double(), ref_out, rtol=0, atol=0.1)
+
+
+@pytest.mark.parametrize("family", list(FUNCTIONS))
+def test_a_dropout_rate_is_not_applied_in_eval(family):
+    q, k, v = _qkv()
+    out, probs = FUNCTIONS[family](nn.Module().eval(), q, k, v, None, scaling=0.5, dropout=0.9)
+    ref_out, ref_probs = _reference(q, k, v, 0.5)
+    torch.testing.assert_close(probs, ref_probs, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=1e-5)
