@@ -55,3 +55,16 @@ def test_flags_are_hyphenated_and_checked(tmp_path):
         PretrainSettings(output_dir=str(tmp_path), objective="byol")
     with pytest.raises(ValueError, match="warmup_steps"):
         PretrainSettings(output_dir=str(tmp_path), max_train_steps=5, warmup_steps=6)
+
+
+def test_effective_rank_of_collapsed_and_spread_features():
+    from hf_tdiag.training.simdino.pretrain import effective_rank
+
+    line = torch.arange(6.0)[:, None] * torch.tensor([[1.0, 2.0, -1.0]])  # every feature on one line: rank 1
+    assert effective_rank(line) == pytest.approx(1.0, abs=1e-9)
+    # centred rows ±e_1, ±e_2, ±e_3 (equal singular values): exp(entropy) of three equal shares = 3
+    cube = torch.cat([torch.eye(3), -torch.eye(3)])
+    assert effective_rank(cube) == pytest.approx(3.0, abs=1e-9)
+    skew = torch.cat([torch.diag(torch.tensor([2.0, 1.0])), -torch.diag(torch.tensor([2.0, 1.0]))])
+    p = torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)
+    assert effective_rank(skew) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), abs=1e-9)
