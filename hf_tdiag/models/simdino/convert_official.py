@@ -177,9 +177,7 @@ def _config(sd, canon, layout, num_heads):
         image_size=_grid(pos[1] - 1, "pos_embed") * patch,
         qkv_bias="blocks.0.attn.qkv.bias" in canon,
         layer_norm_eps=1e-6,
-        hidden_act="gelu",
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
+        hidden_act="gelu",  # exact (erf) GELU, as nn.GELU; dropout and drop path stay at the configs' 0
     )
     if layout == "simdino":
         return ViTConfig(**common, intermediate_size=_shape(sd, canon, "blocks.0.mlp.fc1.weight", 2)[0])
@@ -195,7 +193,7 @@ def _config(sd, canon, layout, num_heads):
             "Dinov2 cannot express (vit_so150m/so400m-style shapes are not convertible)"
         )
     ratio = fits[0]
-    v2 = dict(common, mlp_ratio=ratio, use_swiglu_ffn=swiglu, layerscale_value=1.0, drop_path_rate=0.0)
+    v2 = dict(common, mlp_ratio=ratio, use_swiglu_ffn=swiglu)
     if "register_tokens" in canon:
         registers = _shape(sd, canon, "register_tokens", 3)[1]
         return Dinov2WithRegistersConfig(**v2, num_register_tokens=registers)
