@@ -128,6 +128,11 @@ USER = {"README.md": "# my project\n", "notes.txt": "mine\n"}
 APP = {"config.json": '{"app": 1}\n', "logs/app.log": "started\n"}
 
 
+REPORT = ["report", "{d}/m", "--dataset", "digits", "--max-samples", "16", "--output-dir", "{d}/out"]
+SVM = ["attention-svm", "{d}/m", "--dataset", "digits", "--max-samples", "16", "--output-dir", "{d}/out"]
+CONCEPTS = ["concepts", "{d}/m", "--dataset", "digits", "--max-samples", "16", "--output-dir", "{d}/out"]
+
+
 def _labels(text: str | bytes) -> dict:
     return {"ck.pth": "@ck", "labels.json": text}
 
@@ -193,6 +198,23 @@ CASES: list[Case] = [
     Case("ledger: user's ledger.json, flag", {"m": "@model", "out/ledger.json": "mine"}, ["ledger", "{d}/m", "--images", "digits", "--output-dir", "{d}/out", FLAG], "ledger.json"),
     Case("srr: output into the model's folder", {"m": "@model"}, ["srr", "{d}/m", "--dataset", "digits", "--max-samples", "8", "--output-dir", "{d}/m"], None,
          check=lambda d: os.path.isfile(f"{d}/m/srr.json") and json.load(open(f"{d}/m/config.json"))["model_type"] == "crate", keep=["m/config.json", "m/model.safetensors"]),
+    # --- out-of-range layers, heads, queries and concept counts: refused before any work (the 1-block model)
+    Case("report: --layer past the blocks", {"m": "@model"}, [*REPORT, "--layer", "2"], "--layer: expected a block number 0..1"),
+    Case("report: --attention-layer past the blocks", {"m": "@model"}, [*REPORT, "--attention-layer", "9"], "--attention-layer: expected a block number 1..1"),
+    Case("report: --head past the heads", {"m": "@model"}, [*REPORT, "--head", "4"], "--head: expected an integer in [0, 4), got 4"),
+    Case("report: --concepts past the token size", {"m": "@model"}, [*REPORT, "--concepts", "100000"], "--concepts: expected at most 64 concepts"),
+    Case("report: --head past the heads, attention only", {"m": "@model"}, [*REPORT, "--sections", "attention", "--head", "9"], "--head: expected an integer in [0, 4)"),
+    Case("report: --layer past the blocks, concepts only", {"m": "@model"}, [*REPORT, "--sections", "concepts", "--layer", "5"], "--layer: expected a block number"),
+    Case("attention-svm: --layer past the blocks", {"m": "@model"}, [*SVM, "--layer", "9"], "--layer: expected a block number 1..1, got 9"),
+    Case("attention-svm: --layer 0", {"m": "@model"}, [*SVM, "--layer", "0"], "--layer: expected a positive integer"),
+    Case("attention-svm: --head past the heads", {"m": "@model"}, [*SVM, "--layer", "1", "--head", "9"], "head: expected an integer in [0, 4), got 9"),
+    Case("attention-svm: --head -1", {"m": "@model"}, [*SVM, "--layer", "1", "--head", "-1"], "head: expected an integer in [0, 4), got -1"),
+    Case("attention-svm: --queries past the tokens", {"m": "@model"}, [*SVM, "--layer", "1", "--queries", "999"], "queries: positions must lie in [0, 17), got [999]"),
+    Case("attention-svm: --queries not numbers", {"m": "@model"}, [*SVM, "--layer", "1", "--queries", "x"], "--queries: expected 'all', 'cls' or comma-separated integers"),
+    Case("concepts: --layer past the blocks", {"m": "@model"}, [*CONCEPTS, "--layer", "9"], "layer: expected a block number 0..1 (0 = the embeddings), got 9"),
+    Case("concepts: --layers with one past the blocks", {"m": "@model"}, [*CONCEPTS, "--layers", "0,9"], "got 9"),
+    Case("concepts: --concepts past the token size", {"m": "@model"}, [*CONCEPTS, "--layer", "1", "--concepts", "100000"], "n_concepts: expected at most"),
+    Case("concepts: --concepts 0", {"m": "@model"}, [*CONCEPTS, "--layer", "1", "--concepts", "0"], "--concepts/--n-concepts: expected a positive integer"),
 ]  # fmt: skip
 
 

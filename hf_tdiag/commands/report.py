@@ -118,15 +118,17 @@ def run(args: argparse.Namespace) -> int:
     from hf_tdiag.report.report import ReportOptions, build_report
 
     loaded = load_model(args.model, trust_remote_code=args.trust_remote_code)
-    inputs = inputs_from_args(
-        loaded, images=args.images, dataset=args.dataset, texts=args.texts, split=args.split, limit=args.max_samples
-    )
     options = ReportOptions(
         srr_source=args.srr_source,
         concept_layer=args.layer,
         n_concepts=args.concepts,
         attention_layer=args.attention_layer,
         attention_head=args.head,
+    )
+    flags = {"concept_layer": "--layer", "n_concepts": "--concepts", "attention_layer": "--attention-layer"}
+    options.check(loaded.model, sections, {**flags, "attention_head": "--head"})  # before the inputs are read
+    inputs = inputs_from_args(
+        loaded, images=args.images, dataset=args.dataset, texts=args.texts, split=args.split, limit=args.max_samples
     )
     with torch_threads(model_threads(args.threads, loaded.model, next(loaded.model.parameters()).device)):
         report = build_report(loaded, inputs, sections=sections, options=options, title=args.title)

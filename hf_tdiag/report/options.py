@@ -46,3 +46,31 @@ class ReportOptions:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+    def check(self, model, sections=None, names: dict[str, str] | None = None) -> None:
+        """Before any section runs: the layer, head and concept count fit ``model`` (a block number 0..L for the
+        concept layer, 1..L for the attention layer, a head 0..H-1, at most d concepts of d-dimensional tokens), for
+        the sections that use them (``sections``: None for all). ``names``: how the error calls each field (the
+        command line's flags); a ValueError names it, the value and the range."""
+        from .._validation import block_number, integer
+        from ..probes.describe import describe
+
+        names = names or {}
+        wanted = set(sections) if sections is not None else {"concepts", "attention"}
+        if not wanted & {"concepts", "attention"}:
+            return
+        arch = describe(model)
+        if "concepts" in wanted:
+            name = names.get("concept_layer", "concept_layer")
+            if self.concept_layer is not None:
+                block_number(self.concept_layer, arch.num_layers, name, embeddings=True)
+            name = names.get("n_concepts", "n_concepts")
+            if integer(self.n_concepts, name, low=1) > arch.hidden_size:
+                raise ValueError(
+                    f"{name}: expected at most {arch.hidden_size} concepts (the model's {arch.hidden_size}-dimensional "
+                    f"tokens), got {self.n_concepts}"
+                )
+        if "attention" in wanted:
+            if self.attention_layer is not None:
+                block_number(self.attention_layer, arch.num_layers, names.get("attention_layer", "attention_layer"))
+            integer(self.attention_head, names.get("attention_head", "attention_head"), low=0, high=arch.num_heads)

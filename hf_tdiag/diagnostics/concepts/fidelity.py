@@ -22,14 +22,14 @@ from __future__ import annotations
 import functools
 
 from ..._caller_state import keeps_modes
-from ...probes.concept_model import check_layer, layer_activations
+from ...probes.concept_model import check_layer, concept_model_parts, layer_activations
 from ..entry import diagnostic_entry
 from ..settings import ConceptSettings
 from .estimator import check_one_count
 from .inputs import prepare_inputs
 from .layer import fidelity_at_layer
 from .report import ConceptFidelityReport
-from .sweep import layer_sweep
+from .sweep import layer_sweep, sweep_layers
 
 __all__ = ["DEFAULT_N_CONCEPTS", "concept_fidelity", "concept_fidelity_sweep"]
 
@@ -118,6 +118,11 @@ def concept_fidelity(
     """
     s = settings
     concepts = s.n_concepts if concepts is None else concepts
+    parts = concept_model_parts(model, head=head)  # the layers are checked before any input is encoded or run
+    if layers is None and layer is not None:
+        check_layer(parts, layer)
+    elif layers is not None and layer is None:
+        sweep_layers(parts, layers)
     cm, inputs, head_info = prepare_inputs(
         model,
         inputs,
