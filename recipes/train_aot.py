@@ -25,6 +25,7 @@ Writes the numbers (accuracies, losses, perplexities, parameters, wall times, th
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import platform
@@ -47,6 +48,26 @@ def n_params(model) -> int:
 
 def load() -> float:
     return round(os.getloadavg()[0], 2)
+
+
+def lr_sweep(args) -> list[dict]:
+    """AoT and CRATE on the digits at each learning rate of ``--lr-sweep`` (same epochs and seed as the main runs),
+    under ``<runs-dir>/aot-lr-sweep/``: whether the comparison depends on the one learning rate chosen."""
+    from hf_tdiag.training import train
+
+    rows = []
+    for lr in args.lr_sweep:
+        for name, preset, _ in DIGITS:
+            out = os.path.join(args.runs_dir, "aot-lr-sweep", f"{name}-lr{lr:g}")
+            start = time.perf_counter()
+            results = train(output_dir=out, preset=preset, num_train_epochs=args.epochs, learning_rate=lr,
+                            seed=args.seed, layer_srr_samples=0, disable_tqdm=True,
+                            overwrite_output_dir=args.overwrite_output_dir)  # fmt: skip
+            rows.append({"model": name, "learning_rate": lr, "eval_accuracy": results["eval_accuracy"],
+                         "eval_loss": results["eval_loss"], "train_loss": results["train_loss"],
+                         "wall_s": round(time.perf_counter() - start, 1), "load_average_after": load()})  # fmt: skip
+            print(f"sweep  {name:6s} lr {lr:g} accuracy {results['eval_accuracy']:.4f}")
+    return rows
 
 
 def _held_out_digits(folder: str, count: int) -> torch.Tensor:
@@ -209,6 +230,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-every", "--val_every", type=int, default=10)
     p.add_argument("--max-train-topics", "--max_train_topics", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--lr-sweep",
+        "--lr_sweep",
+        type=float,
+        nargs="*",
+        default=[],
+        help="more digits learning rates to train both models at (results under 'digits_lr_sweep')",
+    )
+    p.add_argument("--stages", default="digits,text", help="comma-separated stages to run: digits, text, sweep; "
+                   "stages not run keep their numbers from an existing --output")  # fmt: skip
     add_overwrite_flag(p)
     return p
 
@@ -223,16 +254,29 @@ def main(argv=None) -> int:
             raise SystemExit(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
     if os.path.exists(args.output) and not args.overwrite_output_dir:
         raise SystemExit(f"--output: {args.output} exists; pass --overwrite-output-dir to replace it")
+    stages = {part.strip() for part in args.stages.split(",") if part.strip()}
+    unknown = sorted(stages - {"digits", "text", "sweep"})
+    if unknown or not stages:
+        raise SystemExit(f"--stages: expected some of digits, text, sweep, got {args.stages!r}")
     started = time.perf_counter()
-    results = {
-        "command": " ".join(["python", "recipes/train_aot.py", *(sys.argv[1:] if argv is None else argv)]),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "load_average_at_start": load()},
-        "settings": {k: v for k, v in vars(args).items() if k != "overwrite_output_dir"},
-        "digits": digits(args),
-    }  # fmt: skip
-    write_json(args.output, results)  # the digits numbers, kept if the text runs fail
-    results["text"] = text(args)
+    results = {}
+    if os.path.exists(args.output):  # (allowed by --overwrite-output-dir): the stages not run keep their numbers
+        with open(args.output) as fh:
+            results = json.load(fh)
+    command = " ".join(["python", "recipes/train_aot.py", *(sys.argv[1:] if argv is None else argv)])
+    earlier = [results.pop("command")] if "command" in results else []  # a run before --stages existed
+    results["commands"] = [*earlier, *results.get("commands", []), command]
+    results["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(),
+                          "torch_threads": torch.get_num_threads(), "load_average_at_start": load()}  # fmt: skip
+    results["settings"] = {k: v for k, v in vars(args).items() if k != "overwrite_output_dir"}
+    if "digits" in stages:
+        results["digits"] = digits(args)
+        write_json(args.output, results)  # the digits numbers, kept if the text runs fail
+    if "text" in stages:
+        results["text"] = text(args)
+        write_json(args.output, results)
+    if "sweep" in stages:
+        results["digits_lr_sweep"] = lr_sweep(args)
     results["wall_seconds"] = round(time.perf_counter() - started, 1)
     write_json(args.output, results)
     print(f"wrote {args.output}")
