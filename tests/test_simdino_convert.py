@@ -17,9 +17,9 @@ from hf_tdiag.models.simdino.convert_official import convert_simdino, split_simd
 D, HEADS, PATCH, IMAGE, CH = 32, 4, 4, 8, 3
 
 
-def _backbone(layout, *, layers=2, registers=0, layer_scale=False, swiglu=False, chunks=0, seed=0, grid=2):
+def _backbone(layout, *, layers=2, registers=0, layer_scale=False, swiglu=False, chunks=0, seed=0, grid=2, dim=D):
     """A backbone state dict of the authors' ViT (``simdino``) or DinoVisionTransformer (``simdinov2``)."""
-    g = torch.Generator().manual_seed(seed)
+    g, D = torch.Generator().manual_seed(seed), dim  # noqa: N806  (the width, as the module constant)
 
     def r(*shape, scale=0.3):
         return scale * torch.randn(*shape, generator=g)
@@ -101,7 +101,7 @@ def _reference(sd, x, heads=HEADS, v2_interp=False):
     convolution's weight, [CLS] + patches + positions (bicubic-resized to the input's grid when it differs), the
     registers after [CLS], pre-LN blocks z += γ₁·proj(softmax(QKᵀ/√d_h)V), z += γ₂·FFN(LN z), a final LN."""
     sd = {k: v.double() for k, v in sd.items()}
-    x = x.double()
+    x, D = x.double(), sd["cls_token"].shape[-1]  # noqa: N806
     b, c, h, w = x.shape
     p = sd["patch_embed.proj.weight"].shape[-1]
     gh, gw = h // p, w // p
@@ -206,14 +206,10 @@ def test_simdinov2_swiglu_without_registers_or_layer_scale_is_a_dinov2_model():
 
 
 def test_heads_default_to_the_authors_width_of_64():
-    global D
-    saved, D = D, 128
-    try:
-        sd = _backbone("simdino", layers=1)
-    finally:
-        D = saved
+    sd = _backbone("simdino", layers=1, dim=128)
     model = convert_simdino(sd, "simdino")
     assert model.config.num_attention_heads == 2
+    torch.testing.assert_close(_hidden(model, _images()), _reference(sd, _images(), heads=2), rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="--num-heads"):
         convert_simdino(_backbone("simdino", layers=1), "simdino")  # width 32: not a multiple of 64
     with pytest.raises(ValueError, match="num_heads: expected a positive divisor of the width 32, got 5"):
