@@ -1,0 +1,121 @@
+"""CRATE-α beyond the converter's equations (tests/test_crate_alpha.py): what the full mutation run of
+modeling_crate_alpha.py found untested — the head's attributes, dropout in training, mean pooling, the head without
+labels, the loss — each against a computation written here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_tdiag.models.crate_alpha import CrateAlphaConfig, CrateAlphaForImageClassification, CrateAlphaModel
+
+
+def _config(**kw) -> CrateAlphaConfig:
+    fields = dict(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=2,
+                  num_attention_heads=2, num_labels=3)  # fmt: skip
+    return CrateAlphaConfig(**{**fields, **kw})
+
+
+def _pixels(seed: int = 0) -> torch.Tensor:
+    return torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_classifier_carries_its_label_count():
+    assert CrateAlphaForImageClassification(_config(num_labels=7)).num_labels == 7
+
+
+def _dropout_pattern(train: torch.Tensor, ref: torch.Tensor, p: float) -> float:
+    """Each entry of a dropout output is 0 or ref / (1 - p); returns the share of zeros."""
+    zero = train == 0
+    torch.testing.assert_close(train[~zero], ref[~zero] / (1 - p), rtol=1e-5, atol=1e-6)
+    return zero.float().mean().item()
+
+
+def test_the_embeddings_and_the_attention_output_drop_in_training_only():
+    torch.manual_seed(0)
+    model = CrateAlphaModel(_config(hidden_dropout_prob=0.5)).eval()
+    x = _pixels()
+    emb, layer = model.embeddings, model.encoder.layer[0]
+    with torch.no_grad():
+        ref = emb(x)
+        assert torch.equal(emb(x), ref)  # eval: no dropout
+        emb.train()
+        share = _dropout_pattern(emb(x), ref, 0.5)
+        assert 0.3 < share < 0.7
+        h = layer.layernorm_before(ref)
+        attn_ref, _ = layer.attention(h)
+        layer.attention.train()
+        attn_train, _ = layer.attention(h)
+        share = _dropout_pattern(attn_train, attn_ref, 0.5)
+        assert 0.3 < share < 0.7
+
+
+def test_attention_dropout_drops_probabilities_in_training_only():
+    torch.manual_seed(0)
+    model = CrateAlphaModel(_config(attention_probs_dropout_prob=0.5, attn_implementation="eager"))
+    attention = model.encoder.layer[0].attention
+    h = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        attention.eval()
+        ref, probs = attention(h)
+        attention.train()
+        torch.manual_seed(3)
+        train, _ = attention(h)
+    # by hand: the same dropout draw on the probabilities, then the heads' values and the output matrix
+    w = attention.qkv(h).view(2, 5, 2, 8).transpose(1, 2)
+    torch.manual_seed(3)
+    dropped = F.dropout(probs, p=0.5, training=True)
+    expected = attention.out_proj((dropped @ w).transpose(1, 2).reshape(2, 5, 16))
+    torch.testing.assert_close(train, expected, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(train, ref)
+
+
+def test_mean_pooling_is_the_token_mean_and_cls_pooling_the_first_token():
+    torch.manual_seed(0)
+    x = _pixels()
+    with torch.no_grad():
+        for pooling in ("mean", "cls"):
+            out = CrateAlphaModel(_config(pooling=pooling)).eval()(x)
+            want = out.last_hidden_state.mean(dim=1) if pooling == "mean" else out.last_hidden_state[:, 0]
+            torch.testing.assert_close(out.pooler_output, want)
+
+
+def test_without_labels_the_head_returns_the_normed_pooled_token():
+    torch.manual_seed(0)
+    model = CrateAlphaForImageClassification(_config(num_labels=0)).eval()
+    x = _pixels()
+    with torch.no_grad():
+        pooled = model.crate_alpha(x).pooler_output
+        logits = model(x).logits
+    torch.testing.assert_close(logits, F.layer_norm(pooled, (16,), model.classifier_norm.weight,
+                                                    model.classifier_norm.bias, model.config.classifier_layer_norm_eps))  # fmt: skip
+
+
+def test_the_loss_is_the_cross_entropy_of_the_logits_and_float64_pixels_are_cast():
+    torch.manual_seed(0)
+    model = CrateAlphaForImageClassification(_config()).eval()
+    x = _pixels()
+    labels = torch.tensor([2, 0])
+    with torch.no_grad():
+        out = model(x.double(), labels=labels)
+        ref = model(x)
+    assert out.logits.dtype == torch.float32
+    torch.testing.assert_close(out.logits, ref.logits)
+    torch.testing.assert_close(out.loss, F.cross_entropy(ref.logits, labels))
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_the_head_returns_every_recorded_state(impl):
+    torch.manual_seed(0)
+    model = CrateAlphaForImageClassification(_config(attn_implementation=impl)).eval()
+    with torch.no_grad():
+        out = model(_pixels(), output_hidden_states=True, output_attentions=True, output_mid_hidden_states=True)
+        base = model.crate_alpha(_pixels(), output_hidden_states=True, output_mid_hidden_states=True)
+    assert len(out.hidden_states) == 3 and len(out.mid_hidden_states) == 2 and len(out.attentions) == 2
+    for a, b in zip(
+        out.hidden_states + out.mid_hidden_states, base.hidden_states + base.mid_hidden_states, strict=True
+    ):
+        torch.testing.assert_close(a, b)
+    for probs in out.attentions:
+        torch.testing.assert_close(probs.sum(-1), torch.ones(2, 2, 5))
