@@ -66,3 +66,20 @@ def test_cli_errors_are_one_line_and_leave_the_folder_as_it_was(tmp_path, capsys
         err = capsys.readouterr().err
         assert code == 1 and len(err.strip().splitlines()) == 1 and message in err, err
         assert {k: v for k, v in _tree(tmp_path).items() if not k.startswith("out/.hf-tdiag")} == before
+    # a checkpoint named like the heads file the conversion writes is refused, not replaced
+    named = tmp_path / "run" / "simdino_head.safetensors"
+    named.parent.mkdir()
+    torch.save(_v2_checkpoint(_backbone("simdinov2")), named)
+    before = named.read_bytes()
+    argv = [
+        "convert-official",
+        str(named),
+        "--preset",
+        "simdinov2",
+        "--num-heads",
+        "4",
+        "--output-dir",
+        str(named.parent),
+    ]
+    assert main([*argv, "--overwrite-output-dir"]) == 1
+    assert "would replace the input" in capsys.readouterr().err and named.read_bytes() == before
