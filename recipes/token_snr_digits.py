@@ -139,27 +139,39 @@ def _write(results: dict, path: str) -> None:
         json.dump(_json(results), fh, indent=1)
 
 
+def _values(runs) -> np.ndarray:
+    return np.array([[float(v) for v in run] for run in runs])
+
+
 def figure(results: dict, path: str) -> None:
+    """Three panels: the mean class SNR per layer of the trained models and of their random initializations (every
+    token), and the trained models' SNR over the same estimate with shuffled labels (the class-specific part)."""
     from hf_tdiag.viz import new_figure, save_figure
 
-    fig = new_figure(11.0, 4.0)
-    for col, (state, title) in enumerate((("trained", "trained"), ("init", "random initialization"))):
-        ax = fig.add_subplot(1, 2, col + 1)
-        for kind in MODELS:
-            runs = [r[state]["all"]["snr"] for r in results["models"][kind]]
-            if not runs:
+    fig = new_figure(15.0, 4.2)
+    panels = (("trained", "trained: SNR", False), ("init", "random initialization: SNR", False),
+              ("trained", "trained: SNR / SNR with shuffled labels", True))  # fmt: skip
+    for col, (state, title, ratio) in enumerate(panels):
+        ax = fig.add_subplot(1, 3, col + 1)
+        for kind, entries in results["models"].items():
+            if not entries:
                 continue
-            values = np.array([[float(v) for v in run] for run in runs])
+            values = _values([e[state]["all"]["snr"] for e in entries])
+            if ratio:
+                values = values / _values([e[state]["shuffled"]["snr"] for e in entries])
             xs = np.arange(values.shape[1])
-            line = ax.plot(xs, values.mean(0), marker="o", label=f"{kind} ({len(runs)} seeds)")[0]
+            line = ax.plot(xs, values.mean(0), marker="o", label=f"{kind} ({len(entries)} seeds)")[0]
             ax.fill_between(xs, values.min(0), values.max(0), color=line.get_color(), alpha=0.2)
         for run in results.get("runs", []) if state == "trained" else []:
-            values = np.array([float(v) for v in run["all"]["snr"]])
+            values = _values([run["all"]["snr"]])[0]
+            if ratio:
+                values = values / _values([run["shuffled"]["snr"]])[0]
             ax.plot(np.arange(len(values)), values, linestyle="--", marker="s", label=os.path.basename(run["folder"]))
-        ax.set_yscale("log")
+        if not ratio:
+            ax.set_yscale("log")
         ax.set_xlabel("layer (0: embeddings)")
-        ax.set_ylabel("mean class token SNR")
-        ax.set_title(f"held-out digits, {title}")
+        ax.set_ylabel("labelled / shuffled" if ratio else "mean class token SNR")
+        ax.set_title(f"held-out digits, {title}", fontsize="medium")
         ax.legend(fontsize="small")
     save_figure(fig, path)
 
