@@ -6,8 +6,9 @@ One run measures, side by side, every (condition, threads) pair for every case:
 * conditions: ``idle`` (nothing started by the benchmark) and ``busy`` (N−1 spinner processes, one
   ``while True: pass`` loop each, N = the cores this process may use);
 * threads: ``1`` (``torch.set_num_threads(1)`` and every BLAS limited to 1 by threadpoolctl) and ``default``
-  (torch's and the BLAS libraries' own defaults) — the caller's setting; the measures apply the thread policy of
-  :mod:`hf_tdiag._threads` inside;
+  (torch's and the BLAS libraries' own defaults) — the caller's setting; each measure runs under the thread policy
+  of the diagnostic that calls it (:func:`hf_tdiag.diagnostics.entry.thread_policy`; a tree from before that
+  policy moved to the diagnostics' entry applied it inside the measures, so the same benchmark compares both);
 * cases and their baselines (each timed in the same child process, at the same thread setting):
   - ``srr_layer``: :func:`hf_tdiag.measures.sparse_rate_reduction` of one layer's tokens ``Z (16, 197, 768)`` with
     12 heads of 64, against the float32 token-side reference of ``benchmarks/bench_srr.py`` (``torch.logdet`` of
@@ -76,6 +77,20 @@ def _time(fn, repeats: int) -> dict:
     }
 
 
+def _as_diagnostic(name: str, fn):
+    """``fn`` run under diagnostic ``name``'s thread policy, as the diagnostic runs its measures."""
+    try:
+        from hf_tdiag.diagnostics.entry import thread_policy
+    except ImportError:  # an older tree: its measures applied the policy themselves
+        return fn
+
+    def run():
+        with thread_policy(name):
+            return fn()
+
+    return run
+
+
 def _srr_layer(repeats: int, quick: bool) -> dict:
     import torch
     from bench_srr import ref_state_terms
@@ -86,7 +101,7 @@ def _srr_layer(repeats: int, quick: bool) -> dict:
     g = torch.Generator().manual_seed(0)
     Z = torch.randn(16, 197, 768, generator=g)
     U = torch.linalg.qr(torch.randn(12, 768, 64, generator=g))[0]
-    ours = _time(lambda: sparse_rate_reduction(Z, U), repeats)
+    ours = _time(_as_diagnostic("srr", lambda: sparse_rate_reduction(Z, U)), repeats)
     # the reference at one thread in both columns: at 2 threads on a loaded machine torch.logdet's batched LU
     # (MKL) prints "Parameter 6 was incorrect on entry to SLASWP" and may not return (seen in this benchmark)
     with torch_threads(1):
@@ -107,7 +122,7 @@ def _att_svm(n: int, T: int, d: int, repeats: int) -> dict:
 
     X, z, sel = random_instance(n, T, d)
     Xt, zt, st = torch.from_numpy(X), torch.from_numpy(z), torch.from_numpy(sel)
-    ours = _time(lambda: att_svm(Xt, zt, st), repeats)
+    ours = _time(_as_diagnostic("attention_svm", lambda: att_svm(Xt, zt, st)), repeats)
     base = _time(lambda: libsvm_fro(X, z, sel), 1 if n * T * d > 1e6 else repeats)
     rel = abs(base["_out"]["objective"] - ours["_out"].objective) / ours["_out"].objective
     base["_out"] = None
@@ -185,9 +200,9 @@ def _interleaved(repeats: int) -> dict:
     X, z, sel = (torch.from_numpy(a) for a in random_instance(32, 50, 64))
     XL, zL, selL = (torch.from_numpy(a) for a in random_instance(64, 197, 768))
     fns = {
-        "srr_layer": lambda: sparse_rate_reduction(Z, U),
-        "att_svm_small": lambda: att_svm(X, z, sel),
-        "att_svm_large": lambda: att_svm(XL, zL, selL),
+        "srr_layer": _as_diagnostic("srr", lambda: sparse_rate_reduction(Z, U)),
+        "att_svm_small": _as_diagnostic("attention_svm", lambda: att_svm(X, z, sel)),
+        "att_svm_large": _as_diagnostic("attention_svm", lambda: att_svm(XL, zL, selL)),
     }
     out = {}
     for name, fn in fns.items():

@@ -1,33 +1,34 @@
-"""Thread counts: torch's for the length of a block, and the thread policy of the measures.
+"""Thread counts: torch's for the length of a block, and the thread policy of the diagnostics.
 
-**The policy** (:func:`measure_threads`, the one place it is decided). Every measure in :mod:`hf_tdiag.measures`
-runs its CPU work inside ``measure_threads(kind)``, which sets ``torch.set_num_threads`` and, when threadpoolctl
+**The policy** (:func:`measure_threads`, the one place it is decided). Each diagnostic's call runs inside
+``measure_threads(kind)`` — the ``threads`` kind of its declaration in :mod:`hf_tdiag.diagnostics.registry`, applied
+by :func:`hf_tdiag.diagnostics.entry.diagnostic_entry` — which sets ``torch.set_num_threads`` and, when threadpoolctl
 is installed, the BLAS libraries' limits (NumPy's and SciPy's OpenBLAS/MKL) for the call and restores both
 afterwards — on errors too, and whatever the block itself set:
 
 * ``"small"`` — batched factorizations and solves of small matrices (Cholesky, triangular solves, ``eigvalsh``,
   SVDs of a few hundred rows, the Att-SVM's active-set and Newton steps): **one thread**. Each factorization is
   too small to split, and the threads' synchronisation is what collapses on a busy machine (a batched
-  ``cholesky_ex`` at two threads with one core kept busy is over ten times slower than at one).
-* ``"dense"`` — large matrix products (the SRR's head projections and Gram matrices): the caller's torch thread
-  count, but never more than the cores idle right now (:func:`idle_cores`: this process's cores minus the
-  runnable tasks of other processes the kernel counts; this process's own threads, such as torch's OpenMP workers
-  still spinning after the last parallel region, are not load), so a core kept busy by another process is not
-  waited for.
+  ``cholesky_ex`` at two threads with one core kept busy is over ten times slower than at one). The kernels of
+  :mod:`hf_tdiag.kernels.small` always run so, inside any diagnostic.
+* ``"dense"`` — large matrix products (the SRR's head projections and Gram matrices, model forwards): the caller's
+  torch thread count, but never more than the cores idle when the diagnostic starts (:func:`idle_cores`: this
+  process's cores minus the runnable tasks of other processes the kernel counts; this process's own threads, such
+  as torch's OpenMP workers still spinning after the last parallel region, are not load), so a core kept busy by
+  another process is not waited for.
 
-Pools of independent single-threaded jobs (:func:`hf_tdiag.spectrum_bounds`' workers, each at one BLAS thread)
-keep torch's count: their threads never wait for each other, so a busy core only slows them in proportion.
-
-So a measure at torch's default thread count runs like at one thread wherever threads do not pay, and uses the
-idle cores where they do. Scopes nest (an inner ``"small"`` inside a ``"dense"`` call); a count the caller set
-below the policy's is kept. Not for GPU work (nothing is set for CUDA tensors' kernels; the host side is
-tiny). torch's thread count is process-wide: measures called from several Python threads at once share it.
+The measures of :mod:`hf_tdiag.measures` set nothing: called directly, they run at the caller's count (wrap them in
+:func:`hf_tdiag.diagnostics.entry.thread_policy` to run them as a diagnostic does). Pools of independent
+single-threaded jobs (:func:`hf_tdiag.spectrum_bounds`' workers, each at one BLAS thread) keep torch's count:
+their threads never wait for each other, so a busy core only slows them in proportion. Scopes nest (a ``"small"``
+kernel inside a ``"dense"`` diagnostic); a count the caller set below the policy's is kept. Not for GPU work
+(nothing is set for CUDA tensors' kernels; the host side is tiny). torch's thread count is process-wide:
+diagnostics called from several Python threads at once share it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 import threading
@@ -181,19 +182,3 @@ def measure_threads(kind: str = "small") -> Iterator[int]:
     limits = controller.limit(limits=n, user_api="blas") if controller is not None else contextlib.nullcontext()
     with limits, torch_threads(n):
         yield n
-
-
-def threaded(kind: str):
-    """Decorator: the function runs inside :func:`measure_threads` ``(kind)``."""
-    if kind not in KINDS:
-        raise ValueError(f"kind: expected one of {list(KINDS)}, got {kind!r}")
-
-    def decorate(fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with measure_threads(kind):
-                return fn(*args, **kwargs)
-
-        return wrapper
-
-    return decorate

@@ -4,7 +4,9 @@ docstring derived from the settings class.
 A diagnostic's implementation takes ``settings`` (a validated settings object) and its own arguments;
 :func:`diagnostic_entry` turns it into the public function, which accepts ``settings=`` and every field of the
 settings class as a keyword: a keyword given always replaces the object's value (:func:`~.settings.resolve`).
-``inspect.signature`` and ``help()`` show each field as a keyword-only parameter with its default.
+``inspect.signature`` and ``help()`` show each field as a keyword-only parameter with its default. The call runs
+under the thread policy its declaration names (:data:`~.registry.DIAGNOSTICS`' ``threads``): the one place a
+diagnostic's thread count is decided; the measures below set none.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import functools
 import inspect
 
+from .._threads import measure_threads
+from .registry import DIAGNOSTICS
 from .settings import _Settings, resolve
 
 
@@ -33,10 +37,24 @@ def _with_settings_section(doc: str | None, cls: type[_Settings]) -> str:
     return f"{doc}\n\n{section}"
 
 
+def thread_policy(name: str):
+    """The thread policy diagnostic ``name``'s call runs under, as a context manager (for code that calls its
+    measures directly, such as the benchmarks, to run them as the diagnostic does)."""
+    return measure_threads(DIAGNOSTICS[name].threads)
+
+
+def _threads_kind(cls: type[_Settings]) -> str:
+    kinds = {d.threads for d in DIAGNOSTICS.values() if d.settings is cls}
+    if len(kinds) != 1:
+        raise TypeError(f"{cls.__name__}: expected one diagnostic declared with it in DIAGNOSTICS, got {len(kinds)}")
+    return kinds.pop()
+
+
 def diagnostic_entry(cls: type[_Settings]):
     """Decorator: ``impl(..., *, settings: cls, ...)`` -> the public diagnostic taking ``settings=None`` and the
     fields of ``cls`` as keywords."""
     names = set(cls.defaults())
+    kind = _threads_kind(cls)
 
     def wrap(impl):
         own = inspect.signature(impl).parameters
@@ -52,7 +70,9 @@ def diagnostic_entry(cls: type[_Settings]):
                     f"{impl.__name__}: unknown keyword(s) {unknown}; settings ({cls.__name__}): {sorted(names)}; "
                     f"other options: {options}"
                 )
-            return impl(*args, settings=resolve(cls, settings, overrides), **kwargs)
+            resolved = resolve(cls, settings, overrides)
+            with measure_threads(kind):
+                return impl(*args, settings=resolved, **kwargs)
 
         params = []
         for p in inspect.signature(impl).parameters.values():
@@ -80,4 +100,4 @@ def diagnostic_entry(cls: type[_Settings]):
     return wrap
 
 
-__all__ = ["diagnostic_entry"]
+__all__ = ["diagnostic_entry", "thread_policy"]

@@ -46,7 +46,9 @@ class Diagnostic:
     ``name`` is its one name (the report section, the settings' ``diagnostic``); ``command`` the ``hf-tdiag``
     sub-command (``name`` hyphenated); ``metric`` the bundled evaluate module; ``function`` / ``report``:
     ``"module:attribute"`` of the Python entry point and its report class; ``inputs``: what it measures (``()``:
-    the weights only); ``metric_options``: the evaluate module's keywords besides its inputs and its settings.
+    the weights only); ``metric_options``: the evaluate module's keywords besides its inputs and its settings;
+    ``threads``: the thread policy its call runs under (:func:`hf_tdiag._threads.measure_threads`: ``"dense"``,
+    torch's count capped by the idle cores, or ``"small"``, one thread, for work made of small factorizations).
     """
 
     name: str
@@ -57,6 +59,7 @@ class Diagnostic:
     inputs: tuple[str, ...]
     metric: str
     metric_options: tuple[str, ...] = ()
+    threads: str = "dense"
 
     @property
     def command(self) -> str:
@@ -156,6 +159,7 @@ DIAGNOSTICS: dict[str, Diagnostic] = {
             ("images", "texts", "pixel_values"),
             "attention_svm",
             ("layer", "head", "queries", "max_length", "tokenizer", "return_report", "progress"),
+            threads="small",  # active-set and Newton steps on small dense systems
         ),
         Diagnostic(
             "ledger",

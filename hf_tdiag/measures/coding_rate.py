@@ -31,9 +31,9 @@ import math
 
 import torch
 
-from .._threads import measure_threads, threaded
 from .._validation import check_tensor, finite_float, positive_float
-from ._cpu_kernels import count_nonzero, lower_gram
+from ..kernels import small
+from ..kernels.gram import count_nonzero, lower_gram
 
 __all__ = [
     "FLOAT32_GRAM_TOLERANCE",
@@ -95,7 +95,7 @@ def _check_u(U, d: int, finite: bool = True) -> None:
 
 def _gram(A: torch.Tensor) -> torch.Tensor:
     """``AᵀA`` or ``AAᵀ``, whichever is smaller, in ``A``'s dtype, at least its lower triangle (what the Cholesky
-    factorisation and ``eigvalsh`` read): by BLAS ``syrk`` on CPU where that pays (:mod:`._cpu_kernels`), else
+    factorisation and ``eigvalsh`` read): by BLAS ``syrk`` on CPU where that pays (:mod:`hf_tdiag.kernels.gram`), else
     both triangles by a matmul (contiguous blocks batch several times faster)."""
     lower = lower_gram(A)
     if lower is not None:
@@ -106,12 +106,11 @@ def _gram(A: torch.Tensor) -> torch.Tensor:
 
 def _cholesky_logdet(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(logdet, L, info)`` of SPD float64 ``mat``; eigenvalues where round-off broke positive definiteness."""
-    with measure_threads("small"):  # a batch of small factorizations: one thread (hf_tdiag._threads)
-        L, info = torch.linalg.cholesky_ex(mat)
-        if bool((info != 0).any()):
-            evals = torch.linalg.eigvalsh(mat)
-            return torch.log(evals.clamp_min(torch.finfo(torch.float64).tiny)).sum(-1), L, info
-        return 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1), L, info
+    L, info = small.cholesky_ex(mat)
+    if bool((info != 0).any()):
+        evals = small.eigvalsh(mat)
+        return torch.log(evals.clamp_min(torch.finfo(torch.float64).tiny)).sum(-1), L, info
+    return 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1), L, info
 
 
 def _identity_plus(gram: torch.Tensor, scale) -> torch.Tensor:
@@ -143,12 +142,11 @@ def float32_gram_error(mat: torch.Tensor, L: torch.Tensor, inner: int) -> torch.
     k = mat.shape[-1]
     probes = torch.diagonal(mat, dim1=-2, dim2=-1).sqrt().to(torch.float32)[..., None] * _rademacher(k, mat.device)
     # an estimate needs one digit: the triangular solve runs in float32
-    solved = torch.linalg.solve_triangular(L.to(torch.float32), probes, upper=False)
+    solved = small.solve_lower(L.to(torch.float32), probes)
     trace = solved.square().sum(-2, dtype=torch.float64).mean(-1)
     return _UNIT_ROUNDOFF_FLOAT32 * (math.sqrt(inner) + math.sqrt(k) + 2.0) * trace
 
 
-@threaded("dense")
 def logdet_identity_plus_gram(A: torch.Tensor, scale: float | torch.Tensor, precision: str = "auto") -> torch.Tensor:
     """``logdet(I + scale·AᵀA)`` for ``A`` of shape (..., n, m), on the smaller Gram side, via Cholesky.
 
@@ -165,13 +163,12 @@ def logdet_identity_plus_gram(A: torch.Tensor, scale: float | torch.Tensor, prec
     scale32 = scale.to(torch.float32) if isinstance(scale, torch.Tensor) else scale
     mat = _gram(A.to(torch.float32)).mul_(scale32)  # no gradient on this path: in place
     torch.diagonal(mat, dim1=-2, dim2=-1).add_(1.0)
-    with measure_threads("small"):  # the factorizations and the error estimate's triangular solves: one thread
-        L, info = torch.linalg.cholesky_ex(mat)
-        if not bool((info != 0).any()):
-            logdet = 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1).to(torch.float64)).sum(-1)
-            error = float32_gram_error(mat, L, inner=max(A.shape[-2], A.shape[-1]))
-            if not bool((error > FLOAT32_GRAM_TOLERANCE * logdet.abs().clamp_min(1.0)).any()):
-                return logdet
+    L, info = small.cholesky_ex(mat)
+    if not bool((info != 0).any()):
+        logdet = 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1).to(torch.float64)).sum(-1)
+        error = float32_gram_error(mat, L, inner=max(A.shape[-2], A.shape[-1]))
+        if not bool((error > FLOAT32_GRAM_TOLERANCE * logdet.abs().clamp_min(1.0)).any()):
+            return logdet
     return logdet_identity_plus_gram(A, scale, precision="float64")
 
 
@@ -241,7 +238,6 @@ def _sparsity(Z: torch.Tensor, mask=None) -> torch.Tensor:
     return (nonzero & mask.bool()[..., None]).sum(dim=(-2, -1), dtype=torch.float64) / (Z.shape[-1] * mask.sum(-1))
 
 
-@threaded("dense")
 def head_projections(Z: torch.Tensor, U: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
     """Per-head projections ``A_k = Z U_k`` (the paper's ``U_kᵀZ``), shape (..., K, N, p), in one matmul.
 
@@ -253,7 +249,6 @@ def head_projections(Z: torch.Tensor, U: torch.Tensor, *, check_finite: bool = T
     return _projections(Z, U)
 
 
-@threaded("dense")
 def coding_rate(
     Z: torch.Tensor,
     eps: float = 0.1,
@@ -271,7 +266,6 @@ def coding_rate(
     return _coding_rate(Z, eps, _check_mask(token_mask, Z), precision)
 
 
-@threaded("dense")
 def compression_rate_from_projections(
     A: torch.Tensor,
     eps: float = 0.1,
@@ -289,7 +283,6 @@ def compression_rate_from_projections(
     return _compression_rate(A, eps, mask, precision)
 
 
-@threaded("dense")
 def compression_rate(
     Z: torch.Tensor,
     U: torch.Tensor,
@@ -312,7 +305,6 @@ def unit_tokens(A: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
     return A / torch.linalg.vector_norm(A, dim=-1, keepdim=True).clamp_min(torch.finfo(A.dtype).tiny)
 
 
-@threaded("dense")
 def official_compression_rate(
     A: torch.Tensor,
     eps: float = 0.1,
@@ -341,7 +333,6 @@ def srr_from_terms(R: torch.Tensor, Rc: torch.Tensor, sparsity: torch.Tensor, la
     return Rc - R + lam * sparsity
 
 
-@threaded("dense")
 def sparse_rate_reduction(
     Z: torch.Tensor,
     U: torch.Tensor,
@@ -354,7 +345,6 @@ def sparse_rate_reduction(
     return srr_terms(Z, U, eps=eps, lam=lam, token_mask=token_mask, precision=precision)["srr"]
 
 
-@threaded("dense")
 def srr_terms(
     Z: torch.Tensor,
     U: torch.Tensor | None = None,

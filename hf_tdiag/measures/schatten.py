@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from .._defaults import DEFAULT_L_PHI, DEFAULT_RANK_TOL  # noqa: E402  (re-exported)
-from .._threads import threaded
 from .._validation import all_finite, positive_int, real
-from ._gil_free_lapack import symmetric_eigenvalues, syrk_accumulate
+from ..kernels import small
+from ..kernels.lapack import symmetric_eigenvalues, syrk_accumulate
 
 # A Gram matrix gives σᵢ with relative error ~ eps·(σ₁/σᵢ)²; we use it only when
 # σ_min² ≥ GRAM_MIN_RATIO · σ_max² (condition number ≤ 1000), where that error stays below ~1e-10
@@ -77,7 +77,6 @@ def _p_values(ps, name: str = "ps") -> torch.Tensor:
     return t
 
 
-@threaded("dense")
 def singular_values(matrix, *, method: str = "auto", check: bool = True) -> torch.Tensor:
     """σ(W): float64 singular values of ``(..., m, n)`` matrices, descending, ``min(m, n)`` per matrix.
 
@@ -132,7 +131,6 @@ def _gram_eigenvalues(w: torch.Tensor) -> torch.Tensor:
     return torch.stack(out).reshape(*w.shape[:-2], -1)
 
 
-@threaded("small")
 def low_rank_product_spectrum(left, right, *, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """σ(AB) and the column norms ‖(AB)_{:,j}‖₂ of ``A (..., n, r) @ B (..., r, m)`` without forming AB.
 
@@ -148,10 +146,10 @@ def low_rank_product_spectrum(left, right, *, check: bool = True) -> tuple[torch
     n, r, m = a.shape[-2], a.shape[-1], b.shape[-1]
     if r >= min(n, m):
         prod = a @ b
-        return torch.linalg.svdvals(prod), torch.linalg.vector_norm(prod, dim=-2)
-    r_a = torch.linalg.qr(a, mode="r")[1]  # (..., r, r)
-    r_b = torch.linalg.qr(b.mT, mode="r")[1]  # (..., r, r)
-    sigma = torch.linalg.svdvals(r_a @ r_b.mT)
+        return small.svdvals(prod), torch.linalg.vector_norm(prod, dim=-2)
+    r_a = small.qr_r(a)  # (..., r, r)
+    r_b = small.qr_r(b.mT)  # (..., r, r)
+    sigma = small.svdvals(r_a @ r_b.mT)
     col_norms = torch.linalg.vector_norm(r_a @ b, dim=-2)
     return sigma, col_norms
 
@@ -171,7 +169,7 @@ def streamed_gram(chunks, on_chunk=None) -> torch.Tensor:
 
     BLAS ``dsyrk`` accumulates in place (no ``n×n`` temporary), one block at a time, so A is never held whole;
     the lower triangle is left unspecified. The GIL is released during each ``dsyrk``
-    (:mod:`hf_tdiag.measures._gil_free_lapack`), so jobs in threads run side by side.
+    (:mod:`hf_tdiag.kernels.lapack`), so jobs in threads run side by side.
     ``on_chunk(A_c)`` (float64) is called on every block as it passes.
     """
     gram = None
@@ -196,7 +194,6 @@ def streamed_r_factor(chunks, on_chunk=None) -> torch.Tensor:
     return r
 
 
-@threaded("dense")
 def streamed_singular_values(make_chunks, method: str = "auto", on_chunk=None) -> torch.Tensor:
     """σ of a tall matrix ``(m, n)``, ``m ≥ n``, given as row blocks: ``make_chunks()`` yields them anew on each call.
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from ..._threads import threaded
 from .inputs import selection, to_f64
 from .problem import Problem
 
 __all__ = ["gen_svm_finite_part"]
 
 
-@threaded("small")  # small dense steps: one thread (hf_tdiag._threads)
 def gen_svm_finite_part(X, z, selected_mask, log_probs) -> torch.Tensor:
     """``W_fin``: min-norm W in ``S_fin = span{(x_{it}−x_{iτ}) z_iᵀ : t, τ ∈ O_i}`` with
     ``(x_{iτ} − x_{it})ᵀ W z_i = log s_{iτ} − log s_{it}`` for ``t, τ ∈ O_i`` (the softmax log-ratios)."""

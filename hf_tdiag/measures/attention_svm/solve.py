@@ -16,7 +16,6 @@ import time
 import numpy as np
 import torch
 
-from ..._threads import threaded
 from .causal import query_layout
 from .certificate import certificate_lp, infeasible_result, zero_feature_result
 from .inputs import check_norm, selection, to_f64, valid_mask
@@ -29,7 +28,6 @@ from .solvers import pdas, projected_newton, rel_gap, solver_name, support_guess
 __all__ = ["att_svm", "att_svm_self", "solve"]
 
 
-@threaded("small")
 def att_svm(
     X,
     z,
@@ -88,7 +86,6 @@ def att_svm(
     return solve(X, z, set_idx, ref, kind, check_norm(norm), tol, max_iter, feas_tol, progress)
 
 
-@threaded("small")
 def att_svm_self(
     X,
     selected,
@@ -184,7 +181,6 @@ def _feasible_result(
     )
 
 
-@threaded("small")  # small dense steps: one thread (hf_tdiag._threads)
 def solve(X, Z, set_idx, ref, kind, norm, tol, max_iter, feas_tol, progress, lp_check: bool = True) -> AttSVMResult:
     """Solve the Att-SVM with token sets ``X (B, T, dx)``, queries ``Z (n, dz)`` of set ``set_idx``, grid ``kind``."""
     t0 = time.perf_counter()

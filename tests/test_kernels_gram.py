@@ -1,4 +1,4 @@
-"""hf_tdiag.measures._cpu_kernels: the one-triangle Gram by BLAS syrk and NumPy's non-zero count, against torch."""
+"""hf_tdiag.kernels.gram: the one-triangle Gram by BLAS syrk and NumPy's non-zero count, against torch."""
 
 import importlib
 
@@ -7,7 +7,7 @@ import torch
 
 from hf_tdiag._threads import torch_threads
 
-K = importlib.import_module("hf_tdiag.measures._cpu_kernels")
+K = importlib.import_module("hf_tdiag.kernels.gram")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -1,4 +1,4 @@
-"""hf_tdiag.measures._gil_free_lapack: SciPy's own dsyrk / dsyevd through ctypes — the same numbers, bit for bit."""
+"""hf_tdiag.kernels.lapack: SciPy's own dsyrk / dsyevd through ctypes — the same numbers, bit for bit."""
 
 import threading
 
@@ -7,7 +7,7 @@ import pytest
 from scipy.linalg import eigvalsh
 from scipy.linalg.blas import dsyrk
 
-from hf_tdiag.measures import _gil_free_lapack as G
+from hf_tdiag.kernels import lapack as G
 
 
 def test_the_cython_routines_are_found():
