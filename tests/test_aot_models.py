@@ -1,5 +1,5 @@
-"""AoT beyond the common model tests: remote code without hf_tdiag (vision with its processor, language model with
-generation), the language model's generation (greedy with left padding against decoding by hand, the static cache,
+"""AoT beyond the common model tests: remote code without hf_tdiag (slow run: vision with its processor, language model
+with generation), the language model's generation (greedy with left padding against decoding by hand, the static cache,
 the cache against full forwards), the presets (aot-digits matched to crate-digits in parameters) and the config's
 one-line refusals."""
 
@@ -61,6 +61,7 @@ def _lm(attention="mhsa", seed=0) -> AotForCausalLM:
     return model
 
 
+@pytest.mark.slow  # a fresh interpreter importing transformers: 10-20 s on 2 shared cores
 def test_remote_code_without_hf_tdiag_gives_identical_outputs(tmp_path):
     vision = AotForImageClassification(AotConfig.from_preset("aot-digits", num_hidden_layers=2, num_labels=3)).eval()
     processor = AotImageProcessor.for_config(vision.config)
