@@ -81,9 +81,9 @@ def test_mean_pooling_is_the_token_mean_and_cls_pooling_the_first_token():
             torch.testing.assert_close(out.pooler_output, want)
 
 
-def test_without_labels_the_head_returns_the_normed_pooled_token():
+def test_without_labels_the_head_returns_the_normed_pooled_token_with_the_configured_epsilon():
     torch.manual_seed(0)
-    model = CrateAlphaForImageClassification(_config(num_labels=0)).eval()
+    model = CrateAlphaForImageClassification(_config(num_labels=0, classifier_layer_norm_eps=0.5)).eval()
     x = _pixels()
     with torch.no_grad():
         pooled = model.crate_alpha(x).pooler_output
