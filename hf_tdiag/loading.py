@@ -291,10 +291,17 @@ def load_image_processor(source, *, trust_remote_code: bool = False):
         return None
 
 
+# a folder holds a tokenizer only with one of these (vocabulary, merges, sentencepiece model or tokenizer config)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model",
+                    "spiece.model", "sentencepiece.bpe.model", "special_tokens_map.json", "tokenizer.tiktoken")  # fmt: skip
+
+
 def load_tokenizer(source, *, trust_remote_code: bool = False):
     """``AutoTokenizer`` of ``source`` or None when it has none (never runs remote code unless asked)."""
     from transformers import AutoTokenizer
 
+    if os.path.isdir(source) and not any(os.path.isfile(os.path.join(source, f)) for f in _TOKENIZER_FILES):
+        return None  # transformers would build a tokenizer of special tokens only, reading every word as unknown
     try:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=_check_trust(trust_remote_code))
     except (OSError, ValueError, KeyError, TypeError):

@@ -292,8 +292,8 @@ def digits_example(example_index) -> Image.Image:
     if index is None:
         index = 0
     try:
-        index = int(index)
-    except (TypeError, ValueError):
+        index = whole_number(index, "example")  # 2.5 is refused, never read as example 2
+    except ValueError:
         raise UserInputError(f"example: expected an integer index, got {index!r}") from None
     if not 0 <= index < len(images):
         raise UserInputError(f"example: expected an index between 0 and {len(images) - 1}, got {index}")
@@ -480,8 +480,8 @@ NUCLEAR_MAX_D = 32  # the nuclear-norm SVM goes through cvxpy; keep it interacti
 def _int_in(value, name: str) -> int:
     lo, hi = SVM_LIMITS[name]
     try:
-        value = int(value)
-    except (TypeError, ValueError):
+        value = whole_number(value, name)  # 2.5 is refused, never truncated to 2
+    except ValueError:
         raise UserInputError(f"{name}: expected an integer in [{lo}, {hi}], got {value!r}") from None
     if not lo <= value <= hi:
         raise UserInputError(f"{name}: expected an integer in [{lo}, {hi}], got {value}")
@@ -497,7 +497,9 @@ def svm_experiment(n=6, T=8, d=16, steps=2000, seed=0, progress=gr.Progress(trac
     from hf_tdiag.viz import attention_svm as viz_attention_svm
 
     n, T, d, steps = _int_in(n, "n"), _int_in(T, "T"), _int_in(d, "d"), _int_in(steps, "steps")
-    seed = int(seed or 0)
+    seed = whole_number(seed, "seed", default=0)
+    if seed < 0:
+        raise UserInputError(f"seed: expected a whole number >= 0, got {seed}")
     data = make_attention_data(n, T, d, seed=seed)
     curves, lines = {}, []
     runs = [("W", "fro", 0.5, steps)]

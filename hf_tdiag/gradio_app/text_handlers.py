@@ -116,10 +116,27 @@ def shown_continuation(text: str) -> str:
     return f"only whitespace: {parts} ({markdown_literal(text)})"
 
 
+def _room(loaded: LoadedModel, first: dict) -> int:
+    """How many tokens may follow the first text within the model's positions."""
+    return int(getattr(loaded.config, "max_position_embeddings", 1 << 30)) - first["input_ids"].shape[1]
+
+
+def _cut_note(loaded: LoadedModel, lines: list[str], batch: dict) -> str:
+    """A sentence naming the texts :func:`text_batch` cut at the token limit (empty when none was)."""
+    measured = batch["attention_mask"].sum(-1).tolist()
+    full = [len(ids) for ids in loaded.processor(lines)["input_ids"]]
+    cut = [i + 1 for i, (n, m) in enumerate(zip(full, measured)) if n > m]
+    if not cut:
+        return ""
+    return (
+        f"Text(s) {', '.join(map(str, cut))} were cut to their first {int(max(measured))} tokens (the model's "
+        f"positions or the tab's limit of {MAX_TOKENS}); the rest was not measured."
+    )
+
+
 def _continuation(loaded: LoadedModel, first: dict, new_tokens: int) -> str:
     """Greedy continuation of the first text (``new_tokens`` tokens within the model's positions)."""
-    room = int(getattr(loaded.config, "max_position_embeddings", 1 << 30)) - first["input_ids"].shape[1]
-    new_tokens = min(new_tokens, room)
+    new_tokens = min(new_tokens, _room(loaded, first))
     if new_tokens <= 0 or not hasattr(loaded.model, "generate"):
         return ""
     tokenizer = loaded.processor
@@ -181,11 +198,17 @@ def text_tab(model, texts, layer=-1, new_tokens=12, progress=gr.Progress(track_t
     summary = [f"**{html.escape(str(loaded.source))}** — `{loaded.model_type}`, {arch.num_layers} blocks, "
                f"{'causal' if arch.causal else 'bidirectional'}; {len(lines)} texts, "
                f"{int(batch['attention_mask'].sum())} tokens."]  # fmt: skip
+    cut = _cut_note(loaded, lines, batch)
+    if cut:
+        summary.append(cut)
     if logits is not None:
         summary.append(f"Next-token perplexity on them: {next_token_perplexity(logits.cpu(), batch):.4g}.")
         if new_tokens:
+            room = _room(loaded, first)
+            fewer = f" ({max(room, 0)} of the {new_tokens} tokens asked: the model has no more positions)"
             summary.append(
                 f"Greedy continuation of the first text: {shown_continuation(_continuation(loaded, first, new_tokens))}"
+                + (fewer if room < new_tokens else "")
             )
     summary.append(ledger_line)
     return "\n\n".join(summary), attention_fig, srr_fig, ledger_fig, rows
