@@ -17,7 +17,20 @@ from hf_tdiag.models.simdino.convert_official import convert_simdino, split_simd
 D, HEADS, PATCH, IMAGE, CH = 32, 4, 4, 8, 3
 
 
-def _backbone(layout, *, layers=2, registers=0, layer_scale=False, swiglu=False, chunks=0, seed=0, grid=2, dim=D):
+def _backbone(
+    layout,
+    *,
+    layers=2,
+    registers=0,
+    layer_scale=False,
+    swiglu=False,
+    chunks=0,
+    seed=0,
+    grid=2,
+    dim=D,
+    qkv_bias=True,
+    ratio=4,
+):
     """A backbone state dict of the authors' ViT (``simdino``) or DinoVisionTransformer (``simdinov2``)."""
     g, D = torch.Generator().manual_seed(seed), dim  # noqa: N806  (the width, as the module constant)
 
@@ -40,16 +53,18 @@ def _backbone(layout, *, layers=2, registers=0, layer_scale=False, swiglu=False,
     for i in range(layers):
         p = f"blocks.{i // per_chunk}.{i}" if chunks else f"blocks.{i}"
         sd[f"{p}.norm1.weight"], sd[f"{p}.norm1.bias"] = 1 + r(D), r(D)
-        sd[f"{p}.attn.qkv.weight"], sd[f"{p}.attn.qkv.bias"] = r(3 * D, D, scale=0.2), r(3 * D)
+        sd[f"{p}.attn.qkv.weight"] = r(3 * D, D, scale=0.2)
+        if qkv_bias:
+            sd[f"{p}.attn.qkv.bias"] = r(3 * D)
         sd[f"{p}.attn.proj.weight"], sd[f"{p}.attn.proj.bias"] = r(D, D, scale=0.2), r(D)
         sd[f"{p}.norm2.weight"], sd[f"{p}.norm2.bias"] = 1 + r(D), r(D)
         if swiglu:
-            hidden = (int(4 * D * 2 / 3) + 7) // 8 * 8  # SwiGLUFFNFused's width for mlp_ratio 4
+            hidden = (int(ratio * D * 2 / 3) + 7) // 8 * 8  # SwiGLUFFNFused's width for this mlp_ratio
             sd[f"{p}.mlp.w12.weight"], sd[f"{p}.mlp.w12.bias"] = r(2 * hidden, D, scale=0.2), r(2 * hidden)
             sd[f"{p}.mlp.w3.weight"], sd[f"{p}.mlp.w3.bias"] = r(D, hidden, scale=0.2), r(D)
         else:
-            sd[f"{p}.mlp.fc1.weight"], sd[f"{p}.mlp.fc1.bias"] = r(4 * D, D, scale=0.2), r(4 * D)
-            sd[f"{p}.mlp.fc2.weight"], sd[f"{p}.mlp.fc2.bias"] = r(D, 4 * D, scale=0.2), r(D)
+            sd[f"{p}.mlp.fc1.weight"], sd[f"{p}.mlp.fc1.bias"] = r(ratio * D, D, scale=0.2), r(ratio * D)
+            sd[f"{p}.mlp.fc2.weight"], sd[f"{p}.mlp.fc2.bias"] = r(D, ratio * D, scale=0.2), r(D)
         if layer_scale:
             sd[f"{p}.ls1.gamma"], sd[f"{p}.ls2.gamma"] = 0.5 + r(D), 0.5 + r(D)
     return sd
@@ -125,7 +140,7 @@ def _reference(sd, x, heads=HEADS, v2_interp=False):
         pre = _block_keys(sd, layer)
         n = z.shape[1]
         qkv = _ln(z, sd[f"{pre}.norm1.weight"], sd[f"{pre}.norm1.bias"]) @ sd[f"{pre}.attn.qkv.weight"].T
-        qkv = (qkv + sd[f"{pre}.attn.qkv.bias"]).reshape(b, n, 3, heads, dh)
+        qkv = (qkv + sd.get(f"{pre}.attn.qkv.bias", 0.0)).reshape(b, n, 3, heads, dh)
         q, k, v = (qkv[:, :, j].transpose(1, 2) for j in range(3))  # (b, heads, n, dh)
         att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(dh), dim=-1)
         y = (att @ v).transpose(1, 2).reshape(b, n, D) @ sd[f"{pre}.attn.proj.weight"].T + sd[f"{pre}.attn.proj.bias"]
@@ -203,6 +218,20 @@ def test_simdinov2_swiglu_without_registers_or_layer_scale_is_a_dinov2_model():
     assert all(torch.equal(m.lambda1, torch.ones(D)) for m in model.modules() if hasattr(m, "lambda1"))
     x = _images()
     torch.testing.assert_close(_hidden(model, x), _reference(teacher, x), rtol=0, atol=1e-5)
+
+
+def test_without_qkv_bias_and_at_mlp_ratio_1_and_3():
+    x = _images()
+    for layout, kw in [
+        ("simdino", dict(ratio=3)),
+        ("simdinov2", dict(ratio=1)),
+        ("simdinov2", dict(swiglu=True, ratio=1)),
+    ]:
+        sd = _backbone(layout, qkv_bias=False, **kw)
+        model = convert_simdino(sd, layout, num_heads=HEADS)
+        assert model.config.qkv_bias is False
+        torch.testing.assert_close(_hidden(model, x), _reference(sd, x), rtol=0, atol=1e-5)
+    assert model.config.mlp_ratio == 1 and model.encoder.layer[0].mlp.up_proj.out_features == 24
 
 
 def test_heads_default_to_the_authors_width_of_64():

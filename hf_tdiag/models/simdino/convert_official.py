@@ -38,12 +38,8 @@ _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
 def _strip_wrappers(name: str) -> str:
-    changed = True
-    while changed:
-        changed = False
-        for prefix in _WRAPPERS:
-            if name.startswith(prefix):
-                name, changed = name[len(prefix) :], True
+    while name.startswith(_WRAPPERS):
+        name = name.split(".", 1)[1]
     return name
 
 
@@ -177,8 +173,7 @@ def _config(sd, canon, layout, num_heads):
         image_size=_grid(pos[1] - 1, "pos_embed") * patch,
         qkv_bias="blocks.0.attn.qkv.bias" in canon,
         layer_norm_eps=1e-6,
-        hidden_act="gelu",  # exact (erf) GELU, as nn.GELU; dropout and drop path stay at the configs' 0
-    )
+    )  # the configs' defaults are the authors': exact (erf) GELU as nn.GELU, no dropout or drop path
     if layout == "simdino":
         return ViTConfig(**common, intermediate_size=_shape(sd, canon, "blocks.0.mlp.fc1.weight", 2)[0])
     swiglu = "blocks.0.mlp.w12.weight" in canon
