@@ -119,3 +119,16 @@ def test_the_head_returns_every_recorded_state(impl):
         torch.testing.assert_close(a, b)
     for probs in out.attentions:
         torch.testing.assert_close(probs.sum(-1), torch.ones(2, 2, 5))
+
+
+def test_one_label_is_a_regression_head_with_the_squared_error():
+    torch.manual_seed(0)
+    model = CrateAlphaForImageClassification(_config(num_labels=1)).eval()
+    x = _pixels()
+    target = torch.tensor([0.5, -1.0])
+    with torch.no_grad():
+        out = model(x, labels=target)
+        pooled = model.classifier_norm(model.crate_alpha(x).pooler_output)
+    assert out.logits.shape == (2, 1)
+    torch.testing.assert_close(out.logits, pooled @ model.classifier.weight.t() + model.classifier.bias)
+    torch.testing.assert_close(out.loss, ((out.logits.squeeze(-1) - target) ** 2).mean())
