@@ -179,15 +179,16 @@ def figure(results: dict, path: str) -> None:
 def merge(paths: list[str], output: str, figure_path: str) -> int:
     """One results file from several: their models and runs side by side, each part's machine record kept."""
     parts = [json.load(open(path, encoding="utf-8")) for path in paths]
-    merged = {
-        "machine": [part["machine"] for part in parts],
-        "settings": parts[0]["settings"],
-        "models": {},
-        "runs": [],
-    }
-    for part in parts:
-        if part["settings"] != merged["settings"]:
-            raise ValueError(f"--merge: {paths[parts.index(part)]} was run with other settings")
+
+    def same(settings):
+        return {k: v for k, v in settings.items() if k != "seeds"}
+
+    merged = {"machine": [part["machine"] for part in parts], "settings": dict(parts[0]["settings"]), "models": {},
+              "runs": []}  # fmt: skip
+    merged["settings"]["seeds"] = sorted({seed for part in parts for seed in part["settings"]["seeds"]})
+    for path, part in zip(paths, parts):
+        if same(part["settings"]) != same(merged["settings"]):
+            raise ValueError(f"--merge: {path} was run with other settings than {paths[0]} (seeds aside)")
         for kind, entries in part["models"].items():
             merged["models"].setdefault(kind, []).extend(entries)
         merged["runs"].extend(part.get("runs", []))
