@@ -59,7 +59,10 @@ class ReportOptions:
         wanted = set(sections) if sections is not None else {"concepts", "attention"}
         if not wanted & {"concepts", "attention"}:
             return
-        arch = describe(model)
+        try:
+            arch = describe(model)
+        except (ValueError, TypeError, NotImplementedError):
+            return  # an architecture the probes do not read: its sections say so themselves
         if "concepts" in wanted:
             name = names.get("concept_layer", "concept_layer")
             if self.concept_layer is not None:
