@@ -163,9 +163,9 @@ def table(rows: list[dict], cases: dict[str, tuple[str, bool, bool]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("report", type=Path, help="pytest --junitxml output of tests/test_model_common.py")
+    ap.add_argument("reports", type=Path, nargs="+", help="pytest --junitxml output(s) of tests/test_model_common.py")
     args = ap.parse_args(argv)
-    print(table(read_report(args.report), families_of_cases()), end="")
+    print(table([row for report in args.reports for row in read_report(report)], families_of_cases()), end="")
     return 0
 
 
