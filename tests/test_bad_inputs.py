@@ -40,6 +40,12 @@ def folders(tmp_path_factory):
             max_position_embeddings=16,
         )
     ).save_pretrained(root / "bert")
+    # its tokenizer (a folder without one has none: hf_tdiag.loading.load_tokenizer), 30 words as the vocabulary
+    from transformers import BertTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxy"]
+    (root / "bert" / "vocab.txt").write_text("\n".join(words))
+    BertTokenizerFast(vocab_file=str(root / "bert" / "vocab.txt")).save_pretrained(root / "bert")
     shutil.copytree(root / "crate", root / "truncated")
     weights = (root / "truncated" / "model.safetensors").read_bytes()
     (root / "truncated" / "model.safetensors").write_bytes(weights[: len(weights) // 2])
