@@ -175,6 +175,7 @@ def test_simdino_teacher_and_student_convert_to_vit_equal_to_the_equations():
     ckpt = _v1_checkpoint(student, teacher)
     backbone, heads = split_simdino_checkpoint(ckpt)
     assert set(heads) == {"head.mlp.0.weight", "head.mlp.0.bias"}
+    assert all(torch.equal(heads[k], ckpt["teacher"][k]) for k in heads)
     model = convert_simdino(backbone, "simdino", num_heads=HEADS)
     assert type(model).__name__ == "ViTModel" and model.pooler is None
     cfg = model.config
@@ -212,11 +213,11 @@ def test_simdinov2_chunked_blocks_registers_layer_scale_equal_to_the_equations()
 
 
 def test_simdinov2_swiglu_without_registers_or_layer_scale_is_a_dinov2_model():
-    teacher = _backbone("simdinov2", swiglu=True, seed=3)
+    teacher = _backbone("simdinov2", swiglu=True, seed=3, grid=3)  # a 3×3 grid: 12-px images
     model = convert_simdino(split_simdino_checkpoint(_v2_checkpoint(teacher))[0], "simdinov2", num_heads=HEADS)
-    assert type(model).__name__ == "Dinov2Model" and model.config.use_swiglu_ffn
+    assert type(model).__name__ == "Dinov2Model" and model.config.use_swiglu_ffn and model.config.image_size == 12
     assert all(torch.equal(m.lambda1, torch.ones(D)) for m in model.modules() if hasattr(m, "lambda1"))
-    x = _images()
+    x = _images(size=12)
     torch.testing.assert_close(_hidden(model, x), _reference(teacher, x), rtol=0, atol=1e-5)
 
 
@@ -254,7 +255,10 @@ def test_heads_default_to_the_authors_width_of_64():
         (lambda sd: sd.update({"backbone.fc_norm.weight": torch.ones(D)}), r"unexpected keys \['fc_norm.weight'\]"),
         (lambda sd: sd.update({"predictor.weight": torch.ones(D)}), r"unexpected keys \['predictor.weight'\]"),
         (lambda sd: sd.update({"backbone.blocks.0.attn.proj.bias": torch.ones(D + 1)}), r"'blocks.0.attn.proj.bias'"),
-        (lambda sd: sd.update({"backbone.pos_embed": torch.ones(1, 6, D)}), "not a square grid"),
+        (
+            lambda sd: sd.update({"backbone.pos_embed": torch.ones(1, 6, D)}),
+            "'pos_embed' holds 5 patch positions, not a",
+        ),
     ],
 )
 def test_a_missing_extra_or_misshaped_key_is_named(change, message):

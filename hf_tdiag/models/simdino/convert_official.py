@@ -97,11 +97,12 @@ def split_simdino_checkpoint(
     return backbone, heads
 
 
-def _canonical_blocks(sd: Mapping[str, torch.Tensor], layout: str) -> dict[str, str]:
-    """Canonical name (``blocks.{i}.rest``) -> the key in ``sd``; SimDINOv2's chunked ``blocks.{c}.{i}`` unfolded."""
+def _canonical_blocks(sd: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """Canonical name (``blocks.{i}.rest``) -> the key in ``sd``; SimDINOv2's chunked ``blocks.{c}.{i}`` unfolded
+    (:func:`_check_layout` has refused chunked keys under the ``simdino`` layout)."""
     out: dict[str, str] = {}
     for key in sd:
-        match = _CHUNKED.match(key) if layout == "simdinov2" else None
+        match = _CHUNKED.match(key)
         name = f"blocks.{match.group(2)}.{match.group(3)}" if match else key
         if name in out:
             raise ValueError(f"checkpoint: keys {out[name]!r} and {key!r} both hold {name!r}")
@@ -235,7 +236,7 @@ def _key_map(config, layout: str, layer_scale: bool) -> dict[str, tuple[str, ...
     }
     if layout == "simdinov2":
         out["mask_token"] = "embeddings.mask_token"
-        if getattr(config, "num_register_tokens", 0):
+        if config.model_type == "dinov2_with_registers":
             out["register_tokens"] = "embeddings.register_tokens"
     for i in range(config.num_hidden_layers):
         out.update(_block_map(i, config, layout))
@@ -265,7 +266,7 @@ def convert_simdino(backbone: Mapping[str, torch.Tensor], layout: str, *, num_he
     from transformers import Dinov2Model, Dinov2WithRegistersModel, ViTModel
 
     _check_layout(backbone, layout)
-    canon = _canonical_blocks(backbone, layout)
+    canon = _canonical_blocks(backbone)
     config = _config(backbone, canon, layout, num_heads)
     layer_scale = layout == "simdinov2" and "blocks.0.ls1.gamma" in canon
     key_map = _key_map(config, layout, layer_scale)
@@ -285,11 +286,13 @@ def convert_simdino(backbone: Mapping[str, torch.Tensor], layout: str, *, num_he
                 f"checkpoint: {canon[name]!r} has shape {tuple(tensor.shape)}, but the architecture its other keys "
                 f"imply needs {want}"
             )
-        new.update(zip(parts, tensor.chunk(len(parts), dim=0), strict=True))
+        chunks = tensor.chunk(len(parts), dim=0)
+        for k, part in enumerate(parts):
+            new[part] = chunks[k]
     for name in ours:  # a checkpoint without layer scale: Dinov2's scale of 1 leaves the residuals as they are
         if name.endswith(".lambda1") and name not in new:
             new[name] = torch.ones_like(ours[name])
-    model.load_state_dict(new, strict=True)
+    model.load_state_dict(new)  # strict: every parameter of the model set
     return model.eval()
 
 
