@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -89,6 +90,10 @@ def figure(results: dict, path: str) -> None:
                 steps = [h["step"] for h in run["history"]]
                 axes[row, 1].plot(steps, [h["rate"] for h in run["history"]], color=color, marker=".", label=label)
                 axes[row, 2].plot(steps, [h["rank"] for h in run["history"]], color=color, marker=".", label=label)
+        out_dim = results[backbone]["dino"]["runs"][0].get("out_dim", 256)
+        axes[row, 0].axhline(
+            math.log(out_dim), ls="--", color="gray", lw=0.8, label=f"log {out_dim} (uniform DINO output)"
+        )
         for ax, title in zip(
             axes[row], ("training loss", "teacher rate R_eps(z) (held out)", "effective rank of features")
         ):
