@@ -73,7 +73,7 @@ def test_the_ledger_measures_rc_before_and_after_each_block_as_computed_independ
         before, after = states[step.layer - 1], states[step.layer]
         assert step.before == pytest.approx(_rc_by_hand(before, attention.qkv.weight, 2, 0.5), rel=1e-5)
         assert step.after == pytest.approx(_rc_by_hand(after, attention.qkv.weight, 2, 0.5), rel=1e-5)
-        U = attention.subspace_bases()
+        U = attention.subspace_bases().detach()
         assert step.after == pytest.approx(float(compression_rate(after, U, 0.5).mean()), rel=1e-5)
         assert step.before != pytest.approx(step.after, rel=1e-6)  # the block moved the tokens
     assert math.isfinite(ledger.summary()["mean_relative_change"])
