@@ -7,7 +7,8 @@ measure AoT's objective ledger trained against random.
 
 Digits (scikit-learn's 8x8 digits, the trainer's fixed stratified 80/20 split): ``--preset aot-digits`` (6 AoT-MSSA
 blocks of width 64, 4 heads) and ``--preset crate-digits`` (4 CRATE blocks of width 64, 4 heads; the two match in
-parameters, 52,690 against 52,818), each trained by ``hf_tdiag.training.train`` with the same epochs, learning rate
+parameters), both read as the trainer reads the digits for CRATE (upsampled to 16 px, 4 px patches, mean pooling),
+each trained by ``hf_tdiag.training.train`` with the same epochs, learning rate
 and seed, saved to ``<runs-dir>/aot-digits`` and ``<runs-dir>/crate-digits-matched``. The objective ledger (Rᶜ(Z; U)
 before and after each AoT block) of the trained AoT and of the same architecture at its random initialisation
 (seeded) is measured on the held-out digits.
@@ -40,6 +41,9 @@ import hf_tdiag
 from hf_tdiag.text_corpus import corpus, token_blocks, train_tokenizer
 
 DIGITS = (("aot", "aot-digits", "aot-digits"), ("crate", "crate-digits", "crate-digits-matched"))
+# the trainer's digits recipe for CRATE (upsampled to 16 px, 4 px patches, mean pooling), given to AoT too so that the
+# two models read the same tokens
+DIGITS_INPUT = dict(image_size=16, patch_size=4, pooling="mean")
 
 
 def n_params(model) -> int:
@@ -62,7 +66,7 @@ def lr_sweep(args) -> list[dict]:
             start = time.perf_counter()
             results = train(output_dir=out, preset=preset, num_train_epochs=args.epochs, learning_rate=lr,
                             seed=args.seed, layer_srr_samples=0, disable_tqdm=True,
-                            overwrite_output_dir=args.overwrite_output_dir)  # fmt: skip
+                            overwrite_output_dir=args.overwrite_output_dir, **DIGITS_INPUT)  # fmt: skip
             rows.append({"model": name, "learning_rate": lr, "eval_accuracy": results["eval_accuracy"],
                          "eval_loss": results["eval_loss"], "train_loss": results["train_loss"],
                          "wall_s": round(time.perf_counter() - start, 1), "load_average_after": load()})  # fmt: skip
@@ -79,7 +83,8 @@ def _held_out_digits(folder: str, count: int) -> torch.Tensor:
 
     processor = AutoImageProcessor.from_pretrained(folder)
     args = make_args(output_dir=os.path.join(tempfile.gettempdir(), "unused"), preset="aot-digits")
-    evaluation = build_datasets(args, load_raw_data(args), processor, 1, (8, 8)).eval
+    size = (processor.size.height, processor.size.width)
+    evaluation = build_datasets(args, load_raw_data(args), processor, 1, size).eval
     return torch.stack([torch.as_tensor(evaluation[i]["pixel_values"]) for i in range(min(count, len(evaluation)))])
 
 
@@ -100,7 +105,7 @@ def digits(args) -> dict:
         before, start = load(), time.perf_counter()
         results = train(output_dir=out, preset=preset, num_train_epochs=args.epochs, learning_rate=args.lr,
                         seed=args.seed, layer_srr_samples=0, disable_tqdm=True,
-                        overwrite_output_dir=args.overwrite_output_dir)  # fmt: skip
+                        overwrite_output_dir=args.overwrite_output_dir, **DIGITS_INPUT)  # fmt: skip
         rows[name] = {
             "preset": preset, "folder": out, "parameters": results["num_parameters"],
             "eval_accuracy": results["eval_accuracy"], "eval_loss": results["eval_loss"],
