@@ -183,3 +183,24 @@ def test_bad_inputs_are_one_line_errors():
         principal_subspaces(class_second_moments(Z, torch.zeros(5, dtype=torch.long), 2)[0], 1)
     with pytest.raises(ValueError, match="U: expected 4 rows"):
         cluster_snr(Z, torch.randn(3, 2, dtype=torch.float64))
+
+
+def test_float32_inputs_are_measured_in_float64():
+    U = _orthogonal_bases(2, 6, 2)
+    Z, labels, _, _ = _mixture(U, 20, 0.5)
+    Z32, U32 = Z.float(), U.float()
+    s64, n64 = subspace_energies(Z, U[0])
+    s32, n32 = subspace_energies(Z32, U[0])
+    assert s32.dtype == torch.float64 and torch.allclose(s32, s64, rtol=1e-5) and torch.allclose(n32, n64, rtol=1e-5)
+    M, _ = class_second_moments(Z, labels, 2)
+    U_fit = principal_subspaces(M.float(), 2)
+    assert U_fit.dtype == torch.float64
+    assert torch.allclose(U_fit @ U_fit.transpose(-1, -2), principal_subspaces(M, 2) @ principal_subspaces(M, 2).mT,
+                          atol=1e-4)  # fmt: skip
+    signal, noise = energies_from_moments(M, U32)
+    assert signal.dtype == torch.float64 and torch.allclose(signal, energies_from_moments(M, U)[0], rtol=1e-5)
+    Zs = Z32.reshape(4, 10, 6)
+    S, C = class_position_sums(Zs, torch.tensor([0, 1, 0, 1]), 2)
+    mean = torch.zeros(10, 6)
+    Mb, _ = class_second_moments(Z32, torch.tensor([0, 1, 0, 1]).repeat_interleave(10), 2)
+    assert torch.allclose(centered_moments(Mb, S.float(), C.float(), mean), Mb)  # float32 sums and counts
