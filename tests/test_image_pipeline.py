@@ -157,7 +157,7 @@ def test_import_makes_the_white_box_pipelines_the_default_for_every_image_family
         PIPELINE_REGISTRY.supported_tasks["image-feature-extraction"]["impl"] is WhiteBoxImageFeatureExtractionPipeline
     )
     image_families = [f for f in FAMILIES.values() if f.image_processor is not None]
-    assert {f.model_type for f in image_families} == {"crate", "crate-alpha", "crate-mae", "tost"}
+    assert {f.model_type for f in image_families} == {"crate", "crate-alpha", "crate-mae", "tost", "aot"}
     for family in image_families:
         config = family.load(family.config)()
         assert _is_white_box(type("M", (), {"config": config})()), family.model_type
