@@ -66,3 +66,22 @@ def test_an_intact_history_still_resumes(tmp_path):
     path.parent.mkdir()
     path.write_text(json.dumps({"history": GOOD["history"] + [{"step": 4, "output": {"srr": [0.3, 0.1]}}]}))
     assert [r["step"] for r in _resume(tmp_path).history] == [0, 2]  # step 4 is past the resumed step
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [({"every_n_steps": 0}, "every_n_steps: expected a positive integer, got 0"),
+     ({"num_samples": -1}, "num_samples: expected a positive integer, got -1"),
+     ({"log_layers": "yes"}, "log_layers: expected True or False, got 'yes'")],
+    ids=["every_n_steps 0", "num_samples -1", "log_layers a string"],
+)  # fmt: skip
+def test_bad_callback_arguments_are_named(kwargs, words):
+    with pytest.raises((ValueError, TypeError), match="^" + words.replace("(", r"\(")):
+        SRRCallback(**kwargs)
+
+
+def test_logged_scalars_of_a_record_with_schatten_numbers():
+    from hf_tdiag.integrations.srr_callback import scalars
+
+    logs = scalars({"output": {"srr": [1.0, 3.0]}, "schatten": {"bound": 2.5}}, layers=False)
+    assert logs == {"srr/mean": 2.0, "srr/last": 3.0, "schatten/bound": 2.5}
