@@ -90,6 +90,26 @@ def test_padding_tokens_are_left_out():
     assert not np.allclose(unmasked.snr(), masked.snr(), rtol=1e-2)
 
 
+def test_batches_of_different_lengths_equal_one_padded_batch():
+    """Texts come in batches padded to their own longest: the per-position sums grow to the longest batch."""
+    torch.manual_seed(0)
+    bert = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=32, max_position_embeddings=16)).eval()  # fmt: skip
+    ids = torch.randint(1, 50, (8, 6), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[:4, 3:] = 0  # the first four texts have 3 tokens
+    labels = [0, 1] * 4
+    whole = token_snr(bert, {"input_ids": ids, "attention_mask": mask}, labels, rank=2)
+    short = {"input_ids": ids[:4, :3], "attention_mask": mask[:4, :3]}  # padded to their own longest: 3
+    long = {"input_ids": ids[4:], "attention_mask": mask[4:]}
+    # short first (the sums grow to 6 positions), then long first (a shorter batch added to longer sums); the fitting
+    # inputs are the same either way: within each class the 2nd and 4th of rows (0, 2, 4, 6) and of (4, 6, 0, 2)
+    for parts in ([short, long], [long, short]):
+        split = token_snr(bert, parts, labels, rank=2)
+        assert np.allclose([layer.class_snr for layer in split.layers], [layer.class_snr for layer in whole.layers],
+                           rtol=1e-5)  # fmt: skip
+
+
 def test_report_contract_and_model_left_as_found(tmp_path):
     model = _vit().train()
     x = torch.randn(12, 1, 8, 8, generator=torch.Generator().manual_seed(3))
