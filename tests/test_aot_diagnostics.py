@@ -34,7 +34,7 @@ def test_describe_gives_the_roles_of_mssa_and_mhsa_blocks():
         "aot", "mssa", "shared", 3, 2, 8)  # fmt: skip
     block = model.aot.layer[1]
     h = d.layers[1]
-    assert h.query is h.key is h.value is block.attention.qkv and h.attention_norm is block.layernorm
+    assert h.query is h.key is h.value is block.attention.qkv and h.attention_norm is block.layernorm_before
     assert h.ffn_in is None and h.ista is None and h.ffn_norm is None  # attention only
     assert torch.equal(h.output_weight(), block.attention.out_proj.weight)
     subspace = _aot(mssa_output="subspace")

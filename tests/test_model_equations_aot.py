@@ -51,7 +51,7 @@ def _blocks(sd, prefix, z, config, causal):
     states = [z]
     for layer in range(config.num_hidden_layers):
         at = f"{prefix}.layer.{layer}"
-        normed = _ln(z, sd[f"{at}.layernorm.weight"], sd[f"{at}.layernorm.bias"], config.layer_norm_eps)
+        normed = _ln(z, sd[f"{at}.layernorm_before.weight"], sd[f"{at}.layernorm_before.bias"], config.layer_norm_eps)
         z = z + config.step_size * _attention(sd, f"{at}.attention", normed, config, causal)
         states.append(z)
     return states

@@ -218,12 +218,12 @@ class AotLayer(GradientCheckpointingLayer):
 
     def __init__(self, config, layer_idx: int = 0, is_causal: bool = False):
         super().__init__()
-        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.layernorm_before = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.attention = AotAttention(config, layer_idx, is_causal)
         self.step_size = float(config.step_size)
 
     def forward(self, hidden_states, attention_mask=None, cache=None, **kwargs: Unpack[TransformersKwargs]):
-        update, _ = self.attention(self.layernorm(hidden_states), attention_mask, cache, **kwargs)
+        update, _ = self.attention(self.layernorm_before(hidden_states), attention_mask, cache, **kwargs)
         return hidden_states + self.step_size * update
 
 

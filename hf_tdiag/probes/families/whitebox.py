@@ -49,14 +49,14 @@ AOT_ROLES = {
     "key": ("attention.qkv",),
     "value": ("attention.qkv",),
     "attn_output": ("attention",),
-    "attention_norm": ("layernorm",),
+    "attention_norm": ("layernorm_before",),
 }
 AOT_MHSA_ROLES = {
     "query": ("attention.q_proj",),
     "key": ("attention.k_proj",),
     "value": ("attention.v_proj",),
     "attn_output": ("attention",),
-    "attention_norm": ("layernorm",),
+    "attention_norm": ("layernorm_before",),
 }
 _FAMILIES = {
     # block class -> (family, role table, attention kind, base model class)
