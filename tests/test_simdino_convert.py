@@ -242,8 +242,12 @@ def test_heads_default_to_the_authors_width_of_64():
     torch.testing.assert_close(_hidden(model, _images()), _reference(sd, _images(), heads=2), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="--num-heads"):
         convert_simdino(_backbone("simdino", layers=1), "simdino")  # width 32: not a multiple of 64
-    with pytest.raises(ValueError, match="num_heads: expected a positive divisor of the width 32, got 5"):
-        convert_simdino(_backbone("simdino", layers=1), "simdino", num_heads=5)
+    for bad in (5, 0, True, 2.0):
+        with pytest.raises(ValueError, match=f"num_heads: expected a positive divisor of the width 32, got {bad}"):
+            convert_simdino(_backbone("simdino", layers=1), "simdino", num_heads=bad)
+    one = _backbone("simdino", layers=1)
+    model = convert_simdino(one, "simdino", num_heads=1)  # one head of width 32
+    torch.testing.assert_close(_hidden(model, _images()), _reference(one, _images(), heads=1), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize(

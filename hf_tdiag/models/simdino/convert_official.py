@@ -286,7 +286,7 @@ def convert_simdino(backbone: Mapping[str, torch.Tensor], layout: str, *, num_he
                 f"checkpoint: {canon[name]!r} has shape {tuple(tensor.shape)}, but the architecture its other keys "
                 f"imply needs {want}"
             )
-        chunks = tensor.chunk(len(parts), dim=0)
+        chunks = tensor.chunk(len(parts))  # along the rows
         for k, part in enumerate(parts):
             new[part] = chunks[k]
     for name in ours:  # a checkpoint without layer scale: Dinov2's scale of 1 leaves the residuals as they are
