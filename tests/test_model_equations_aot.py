@@ -96,16 +96,19 @@ VISION = {
     "mssa-learned": {},
     "mssa-subspace-step": dict(mssa_output="subspace", step_size=0.5),
     "mhsa-bias-mean": dict(attention="mhsa", attention_bias=True, pooling="mean"),
+    "rectangular": dict(image_size=(8, 12)),  # a 2x3 patch grid: height and width are not interchangeable
 }
 
 
 @pytest.mark.parametrize("name", VISION)
 def test_vision_forward_equals_the_block_equations(name):
-    config = AotConfig(image_size=8, patch_size=4, num_channels=2, hidden_size=12, num_hidden_layers=2,
-                       num_attention_heads=3, num_labels=4, **VISION[name])  # fmt: skip
+    fields = {"image_size": 8, **VISION[name]}
+    config = AotConfig(patch_size=4, num_channels=2, hidden_size=12, num_hidden_layers=2, num_attention_heads=3,
+                       num_labels=4, **fields)  # fmt: skip
     torch.manual_seed(0)
     model = _randomised(AotForImageClassification(config))
-    pixels = torch.randn(2, 2, 8, 8, generator=torch.Generator().manual_seed(1))
+    height, width = (fields["image_size"],) * 2 if isinstance(fields["image_size"], int) else fields["image_size"]
+    pixels = torch.randn(2, 2, height, width, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         out = model(pixels, output_hidden_states=True)
     logits, states = _vision_reference(model, pixels)
