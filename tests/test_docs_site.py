@@ -101,11 +101,12 @@ def test_stale_facts_stay_corrected():
 
 # ----------------------------------------------------------------------------- the design page
 
-STAGES = ("model", "probe", "measure", "diagnostic", "figures", "presentation", "application")
+STAGES = ("model", "probe", "measure", "kernel", "diagnostic", "figures", "presentation", "application")
 # what a stage may not import: a measure knows no model, probe or diagnostic; a probe knows no diagnostic; nothing
 # of the chain model -> probe -> measure -> diagnostic knows the presentations or the applications built on it; the
-# figures (a report's plot() calls them) know no other stage
+# figures (a report's plot() calls them) know no other stage; the kernels under the measures know none either
 FORBIDDEN = {
+    "kernel": {"model", "probe", "measure", "diagnostic", "figures", "presentation", "application"},
     "model": {"probe", "diagnostic", "figures", "presentation", "application"},
     "probe": {"diagnostic", "figures", "presentation", "application"},
     "measure": {"model", "probe", "diagnostic", "figures", "presentation", "application"},

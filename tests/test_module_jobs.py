@@ -54,6 +54,8 @@ JOBS = {
     "diagnostics/settings.py": "one settings class per diagnostic: each option's default, type, help, constraint, flag",
     "diagnostics/srr.py": "layer_srr: layer-by-layer sparse rate reduction over a dataset",
     "diagnostics/srr_report.py": "the report layer_srr returns",
+    "diagnostics/token_snr.py": "token_snr: per-layer signal-to-noise of the tokens in their class subspaces",
+    "diagnostics/token_snr_report.py": "the report token_snr returns, with its versioned JSON",
 }
 
 # code that names a model's modules outright without being a role table, and why
