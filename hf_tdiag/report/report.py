@@ -97,30 +97,21 @@ class Report:
 # ----------------------------------------------------------------------------- sections
 
 
-def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
+def _architecture(loaded: LoadedModel) -> tuple[list[list], dict[str, Any]]:
+    """The architecture table's rows and the summary's numbers about the model itself."""
     arch = _arch(loaded)
     params = sum(p.numel() for p in loaded.model.parameters())
-    cfg = loaded.config
     rows = [
         ["source", str(loaded.source)],
         ["model type", loaded.model_type],
         ["family", arch.family],
-        ["variant", getattr(cfg, "variant", "—") if arch.family == "crate" else "—"],
+        ["variant", getattr(loaded.config, "variant", "—") if arch.family == "crate" else "—"],
         ["layers", arch.num_layers],
         ["heads × head dim", f"{arch.num_heads} × {arch.head_dim}"],
         ["hidden size", arch.hidden_size],
         ["parameters", params],
         ["input", loaded.modality],
     ]
-    if arch.causal:
-        rows.insert(
-            6,
-            [
-                "key/value heads (query heads per K/V head)",
-                f"{arch.num_kv_heads} ({arch.num_heads // arch.num_kv_heads})",
-            ],
-        )
-        rows.insert(7, ["attention", "causal"])
     numbers: dict[str, Any] = {
         "model_type": loaded.model_type,
         "family": arch.family,
@@ -131,51 +122,68 @@ def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: R
         "num_parameters": params,
     }
     if arch.causal:
+        kv = f"{arch.num_kv_heads} ({arch.num_heads // arch.num_kv_heads})"
+        rows[6:6] = [["key/value heads (query heads per K/V head)", kv], ["attention", "causal"]]
         numbers.update(causal=True, num_kv_heads=arch.num_kv_heads)
+    return rows, numbers
+
+
+def _perplexity_summary(logits: torch.Tensor, batch: dict, numbers: dict) -> str:
+    """Next-token perplexity on a causal model's inputs into ``numbers``; the summary's sentence."""
+    nll = next_token_nll(logits, batch)
+    numbers["next_token_perplexity"] = next_token_perplexity(logits, batch)
+    numbers["num_tokens"] = int(nll.numel())
+    interval = mean_interval(float(nll.mean()), float(nll.std(correction=1)) if nll.numel() > 1 else 0.0,
+                             nll.numel(), ddof=1)  # fmt: skip
+    if interval is not None:  # exp of the mean NLL's interval (tokens taken as independent)
+        numbers.setdefault("intervals", {})["next_token_perplexity"] = [math.exp(v) for v in interval]
+    return (
+        f" Next-token perplexity on them: {numbers['next_token_perplexity']:.4g} "
+        f"({numbers['num_tokens']:,} predicted tokens)."
+    )
+
+
+def _prediction_summary(loaded: LoadedModel, inputs: ReportInputs, logits: torch.Tensor, section: Section,
+                        numbers: dict) -> str:  # fmt: skip
+    """A classifier's predictions (and accuracy, with labels) into ``numbers``, the first images' figure into
+    ``section``; the summary's sentence."""
+    conf, pred = logits.softmax(-1).max(-1)
+    id2label = loaded.config.id2label
+    numbers["predictions"] = pred.tolist()
+    numbers["confidence"] = conf.tolist()
+    sentence = ""
+    if inputs.labels is not None:
+        correct, n = int((pred == inputs.labels).sum()), int(inputs.labels.numel())
+        numbers.update(accuracy=correct / n, num_correct=correct, num_labeled=n)
+        lo, hi = wilson_interval(correct, n)
+        numbers.setdefault("intervals", {})["accuracy"] = [lo, hi]
+        sentence = (
+            f" Top-1 accuracy on them: {correct / n:.1%} ({correct} of {n}; Wilson 95% interval {lo:.1%}–{hi:.1%})."
+        )
+    if inputs.images:
+        k = min(16, len(inputs.images))
+        truths = [str(id2label.get(int(t), int(t))) for t in inputs.labels[:k]] if inputs.labels is not None else None
+        fig = images.predictions_figure(
+            inputs.images[:k], [str(id2label.get(int(p), int(p))) for p in pred[:k]], conf[:k].tolist(), truths
+        )
+        section.figures.append(Figure("Predicted label (probability) of the first inputs", _png(fig)))
+    return sentence
+
+
+def section_summary(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
+    rows, numbers = _architecture(loaded)
     section = Section("summary", "Model and predictions", tables=[Table("Architecture", ["property", "value"], rows)])
+    section.numbers = numbers
     if inputs is None:
         section.summary = "No inputs were given: only weight-based diagnostics apply."
-        section.numbers = numbers
         return section
     numbers["num_inputs"] = inputs.num_samples
     section.summary = f"Inputs: {inputs.description} ({inputs.num_samples} samples)."
     logits, _ = _forward(loaded, inputs)
-    if logits is not None and arch.causal and logits.ndim == 3 and isinstance(inputs.batch, dict):
-        nll = next_token_nll(logits, inputs.batch)
-        numbers["next_token_perplexity"] = next_token_perplexity(logits, inputs.batch)
-        numbers["num_tokens"] = int(nll.numel())
-        interval = mean_interval(float(nll.mean()), float(nll.std(correction=1)) if nll.numel() > 1 else 0.0,
-                                 nll.numel(), ddof=1)  # fmt: skip
-        if interval is not None:  # exp of the mean NLL's interval (tokens taken as independent)
-            numbers.setdefault("intervals", {})["next_token_perplexity"] = [math.exp(v) for v in interval]
-        section.summary += (
-            f" Next-token perplexity on them: {numbers['next_token_perplexity']:.4g} "
-            f"({numbers['num_tokens']:,} predicted tokens)."
-        )
+    if logits is not None and numbers.get("causal") and logits.ndim == 3 and isinstance(inputs.batch, dict):
+        section.summary += _perplexity_summary(logits, inputs.batch, numbers)
     if logits is not None and loaded.is_classifier:
-        probs = logits.softmax(-1)
-        conf, pred = probs.max(-1)
-        id2label = cfg.id2label
-        numbers["predictions"] = pred.tolist()
-        numbers["confidence"] = conf.tolist()
-        if inputs.labels is not None:
-            correct, n = int((pred == inputs.labels).sum()), int(inputs.labels.numel())
-            numbers.update(accuracy=correct / n, num_correct=correct, num_labeled=n)
-            lo, hi = wilson_interval(correct, n)
-            numbers.setdefault("intervals", {})["accuracy"] = [lo, hi]
-            section.summary += (
-                f" Top-1 accuracy on them: {correct / n:.1%} ({correct} of {n}; Wilson 95% interval {lo:.1%}–{hi:.1%})."
-            )
-        if inputs.images:
-            k = min(16, len(inputs.images))
-            truths = (
-                [str(id2label.get(int(t), int(t))) for t in inputs.labels[:k]] if inputs.labels is not None else None
-            )
-            fig = images.predictions_figure(
-                inputs.images[:k], [str(id2label.get(int(p), int(p))) for p in pred[:k]], conf[:k].tolist(), truths
-            )
-            section.figures.append(Figure("Predicted label (probability) of the first inputs", _png(fig)))
-    section.numbers = numbers
+        section.summary += _prediction_summary(loaded, inputs, logits, section, numbers)
     return section
 
 
