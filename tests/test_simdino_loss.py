@@ -142,3 +142,8 @@ def test_bad_settings_are_refused(kwargs, match):
 def test_rows_that_do_not_split_into_views_are_refused():
     with pytest.raises(ValueError, match="student"):
         SimDINOLoss(3)(torch.randn(10, 4), torch.randn(6, 4))
+
+
+def test_teacher_rows_that_do_not_split_into_global_views_are_refused():
+    with pytest.raises(ValueError, match="^teacher: 5 rows"):
+        SimDINOLoss(3)(torch.randn(9, 4), torch.randn(5, 4))
