@@ -5,7 +5,9 @@ and MiniLM are in tests/test_scan_slow.py."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import math
 import os
@@ -431,6 +433,15 @@ def test_scan_of_checkpoints_correlates_with_their_held_out_accuracy(tmp_path):
 def test_bad_arguments_name_the_input(zoo, tmp_path):
     with pytest.raises(ValueError, match="diagnostic: unknown diagnostic 'sr'"):
         scan(zoo["crate1"], ["sr"], output_dir=tmp_path / "s")
+    # a registered diagnostic without a scan rule (token_snr needs labels) is refused before anything runs, as is
+    # its name on the command line, which names the command to run instead
+    with pytest.raises(ValueError, match="diagnostics: a scan runs srr, schatten, concepts, attention_svm, ledger; "
+                                         "not token_snr"):  # fmt: skip
+        scan(zoo["crate1"], ["srr", "token_snr"], output_dir=tmp_path / "s")
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+        main(["scan", zoo["crate1"], "--diagnostics", "token_snr", "--output-dir", str(tmp_path / "s")])
+    assert "'token_snr': a scan runs srr, schatten, concepts, attention_svm, ledger" in err.getvalue()
+    assert "hf-tdiag token-snr per model" in err.getvalue()
     with pytest.raises(ValueError, match="settings: given for \\['srr'\\], which the scan does not run"):
         scan(zoo["crate1"], ["schatten"], settings={"srr": SRRSettings()}, output_dir=tmp_path / "s")
     with pytest.raises(TypeError, match="inputs: got the name 'digits'; pass \\{'images': 'digits'\\}"):

@@ -18,6 +18,7 @@ from .._cli_args import (
     positive_int,
 )
 from ..diagnostics.registry import DIAGNOSTICS
+from ..zoo.worker import SCANNED
 
 # decided by the scan per model (streaming where the folder allows it), not a flag
 SCAN_DECIDES = {"schatten": ("streaming",)}
@@ -69,9 +70,15 @@ def _diagnostic_name(text: str) -> str:
     from ..diagnostics.registry import diagnostic
 
     try:
-        return diagnostic(text).name
+        name = diagnostic(text).name
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(sorted(DIAGNOSTICS))}") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(SCANNED)}") from None
+    if name not in SCANNED:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a scan runs {', '.join(SCANNED)} ({name} needs labelled inputs: run hf-tdiag "
+            f"{DIAGNOSTICS[name].command} per model)"
+        )
+    return name
 
 
 def register(subparsers) -> None:
@@ -96,7 +103,7 @@ def register(subparsers) -> None:
         type=list_of(_diagnostic_name),
         default=[["srr", "schatten"]],
         metavar="NAME",
-        help=f"diagnostics to run, comma- or space-separated, of {', '.join(sorted(DIAGNOSTICS))} (default srr,schatten)",
+        help=f"diagnostics to run, comma- or space-separated, of {', '.join(SCANNED)} (default srr,schatten)",
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--images", metavar="DIR", help="image inputs: a folder of images or a save_to_disk folder")
@@ -109,7 +116,7 @@ def register(subparsers) -> None:
     p.add_argument("--split", default=None, help="dataset split (default: test, validation or train, first found)")
     p.add_argument("--max-samples", type=positive_int, default=MAX_SAMPLES, metavar="N",
                    help=f"inputs per modality (default {MAX_SAMPLES})")  # fmt: skip
-    for name in DIAGNOSTICS:
+    for name in SCANNED:
         add_prefixed_settings_flags(p, name)
     p.add_argument("--jobs", type=positive_int, default=1, help="models measured at once, in processes (default 1)")
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",

@@ -43,6 +43,12 @@ def _diagnostics(diagnostics) -> list[str]:
             f"diagnostics: expected one or more diagnostic names (e.g. ['srr', 'schatten']), got {diagnostics!r}"
         )
     names = [diagnostic(str(d).strip()).name for d in diagnostics]
+    from .worker import SCANNED
+
+    unscanned = [n for n in names if n not in SCANNED]
+    if unscanned:
+        raise ValueError(f"diagnostics: a scan runs {', '.join(SCANNED)}; not {', '.join(unscanned)} (it needs labelled "
+                         "inputs: run it per model with its own command)")  # fmt: skip
     return list(dict.fromkeys(names))
 
 

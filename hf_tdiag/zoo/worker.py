@@ -21,6 +21,10 @@ import traceback
 
 from .cache import SCAN_VERSION, read_entry, write_entry
 
+#: the diagnostics a scan runs, each with its rule in :func:`run_diagnostic` (token_snr needs each input's label,
+#: which a scan's inputs do not carry: run ``hf-tdiag token-snr`` per model)
+SCANNED = ("srr", "schatten", "concepts", "attention_svm", "ledger")
+
 # a model at least this large is collected at once when the worker drops it (a full gc.collect costs ~0.4 s with
 # torch, transformers and pandas loaded: more than measuring a tiny model; smaller ones go with reference counting)
 FULL_COLLECT_BYTES = 64 << 20
