@@ -8,6 +8,8 @@ import math
 import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
+from ..._validation import non_negative_int, positive_float, positive_int, real
+
 OBJECTIVES = ("simdino", "dino")
 BACKBONES = ("crate-digits", "vit-digits")
 
@@ -67,34 +69,21 @@ class PretrainSettings:
         if self.expansion not in ("mean", "student"):
             raise ValueError(f"expansion: expected 'mean' or 'student', got {self.expansion!r}")
         for name in ("max_train_steps", "batch_size", "n_global", "hidden_dim", "bottleneck_dim", "head_layers"):
-            _positive_int(getattr(self, name), name)
+            positive_int(getattr(self, name), name)
         for name in ("n_local", "warmup_steps", "warmup_teacher_temp_steps", "freeze_last_layer_steps", "track_every"):
-            _non_negative_int(getattr(self, name), name)
+            non_negative_int(getattr(self, name), name)
         for name in ("checkpointing_steps", "track_samples", "checkpoints_total_limit", "out_dim"):
-            _non_negative_int(getattr(self, name), name)
+            non_negative_int(getattr(self, name), name)
         if self.warmup_steps > self.max_train_steps:
             raise ValueError(f"warmup_steps: {self.warmup_steps} exceeds --max-train-steps {self.max_train_steps}")
         for name in ("learning_rate", "eps", "teacher_temp", "warmup_teacher_temp", "student_temp"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
+            positive_float(getattr(self, name), name)
         for name in ("momentum_teacher", "center_momentum", "hflip"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name}: expected a value in [0, 1], got {getattr(self, name)!r}")
+            real(getattr(self, name), name, low=0.0, high=1.0)
         self.global_scale, self.local_scale = tuple(self.global_scale), tuple(self.local_scale)
 
     def to_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-
-
-def _positive_int(value, name):
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        raise ValueError(f"{name}: expected a positive int, got {value!r}")
-
-
-def _non_negative_int(value, name):
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-        raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
 
 
 def _bool(text: str) -> bool:
