@@ -17,7 +17,7 @@ One run measures, side by side, every (condition, threads) pair for every case:
   - ``att_svm_small`` / ``att_svm_large``: :func:`hf_tdiag.measures.attention_svm.att_svm` (Frobenius) on
     n32/T50/d64 and n64/T197/d768, against libsvm (``SVC(kernel="precomputed")``, kernel built + fit) as in
     ``benchmarks/bench_attention_svm.py``;
-  - ``schatten_bert``: :func:`hf_tdiag.spectrum_bounds` of a BERT-base-shaped model (768 wide, 12 heads, FFN 3072)
+  - ``schatten_bert``: :func:`hf_tdiag.schatten_bounds` of a BERT-base-shaped model (768 wide, 12 heads, FFN 3072)
     against a values-only dense SVD of every explicit matrix (``np.linalg.svd(x, compute_uv=False)``,
     ``tests/test_schatten_reference.py``).
 
@@ -149,7 +149,7 @@ def _schatten_bert(repeats: int, quick: bool) -> dict:
         max_position_embeddings=64,
     )
     model = BertModel(cfg).eval()
-    ours = _time(lambda: hf_tdiag.spectrum_bounds(model), repeats)
+    ours = _time(lambda: hf_tdiag.schatten_bounds(model), repeats)
     base = _time(lambda: dense_reference(model.state_dict(), layers, 12, svd_call="values"), 1)
     report = ours["_out"]
     value = getattr(report, "schatten_bound", None)

@@ -1,4 +1,4 @@
-"""Peak resident memory and time of ``layer_srr`` and ``spectrum_bounds`` on a decoder in memory against the same
+"""Peak resident memory and time of ``layer_srr`` and ``schatten_bounds`` on a decoder in memory against the same
 decoder with every block offloaded to disk (Accelerate big-model inference, passed to the diagnostics as it is),
 on an idle machine and with a busy-loop process beside it.
 
@@ -14,7 +14,7 @@ reset again after loading), its wall time and the numbers it measured:
 * ``disk-<diag>``   — ``from_pretrained(path, device_map=<embeddings and head in memory, every block on disk>,
   offload_folder=...)`` then the diagnostic (no wrapper: the diagnostics read offloaded weights one job at a time).
 
-``<diag>``: ``srr`` (``layer_srr`` on 8 sequences of 64 tokens) or ``schatten`` (``spectrum_bounds``). The whole set
+``<diag>``: ``srr`` (``layer_srr`` on 8 sequences of 64 tokens) or ``schatten`` (``schatten_bounds``). The whole set
 runs twice: ``idle`` (nothing of ours beside it; other users' load is recorded as the 1-minute load average) and
 ``spinner`` (one busy-loop process running throughout). Reported per condition: the peaks above the memory before
 loading, disk / memory ratios of the diagnostic's peak and of the times, and whether disk and memory gave the same
@@ -73,7 +73,7 @@ else:
     if diag == "srr":
         numbers = hf_tdiag.layer_srr(model, {"input_ids": ids}, batch_size=4, progress=False).per_layer("srr")
     else:
-        rep = hf_tdiag.spectrum_bounds(model, progress=False, num_workers=1)
+        rep = hf_tdiag.schatten_bounds(model, progress=False, num_workers=1)
         numbers = [rep.schatten_bound, rep.edelman_bound, *[m.spectral_norm for m in rep.matrices]]
 diag_peak = status("VmHWM") if mode != "baseline" else loaded
 print(json.dumps({"rss_before_load_mib": before, "load_peak_mib": load_peak, "rss_after_load_mib": loaded,

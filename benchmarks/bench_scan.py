@@ -4,7 +4,7 @@
 One run builds a zoo of small models (random CRATE digits classifiers of 1–4 blocks and ViTs of two widths, saved
 with ``save_pretrained``) and measures SRR (on 32 digits images) and both Schatten proxies of every model with:
 
-* ``loop``: a plain Python loop in one process — ``load_model``, ``layer_srr``, ``spectrum_bounds`` per model, no
+* ``loop``: a plain Python loop in one process — ``load_model``, ``layer_srr``, ``schatten_bounds`` per model, no
   cache, no table (what a user scripts by hand);
 * ``local1``: ``scan(..., jobs=1)`` (the models one after another in the scan's process);
 * ``local2``: ``scan(..., jobs=2, threads=1)`` (two worker processes, one thread each);
@@ -79,14 +79,14 @@ def child(mode: str, models: list[str], out: str) -> dict:
     start = time.perf_counter()
     if mode == "loop":
         from hf_tdiag.batching import encoded_batches
-        from hf_tdiag.diagnostics.schatten import spectrum_bounds
+        from hf_tdiag.diagnostics.schatten import schatten_bounds
         from hf_tdiag.diagnostics.srr import layer_srr
         from hf_tdiag.loading import load_model
 
         for model in models:
             loaded = load_model(model, eager_attention=False)
             layer_srr(loaded.model, encoded_batches(loaded, images, 32), progress=False)
-            spectrum_bounds(loaded.model)
+            schatten_bounds(loaded.model)
         peak = _peak_rss_mb()
     else:
         options = {"executor": "ray", "jobs": 2, "executor_options": {"num_cpus": 1}} if mode == "ray2" else {}

@@ -12,7 +12,7 @@ of the references and the worker count of ours).
 
     .venv/bin/python benchmarks/bench_schatten.py [--threads 1] [--references values,thin,numpy_default,torch]
 
-``--streaming`` measures something else: peak memory and time of ``spectrum_bounds(path, streaming=True)`` against
+``--streaming`` measures something else: peak memory and time of ``schatten_bounds(path, streaming=True)`` against
 the in-memory path on a sharded ≈ 0.6 B-parameter Llama-style decoder saved once in bf16 outside the repository
 (``benchmarks/schatten_streaming.py``; its options: ``--cache-dir``, ``--repeats``, ``--output``).
 
@@ -109,18 +109,18 @@ def main() -> None:
     )
     model = BertModel(cfg).eval()
 
-    variants = {  # name -> spectrum_bounds kwargs
+    variants = {  # name -> schatten_bounds kwargs
         "auto": {"svd_method": "auto"},
         "auto_one_worker": {"svd_method": "auto", "num_workers": 1},
         "svd": {"svd_method": "svd"},
     }
     timings, reports = {}, {}
     for name, kw in variants.items():
-        hf_tdiag.spectrum_bounds(model, **kw)  # warm-up
+        hf_tdiag.schatten_bounds(model, **kw)  # warm-up
         ts = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            reports[name] = hf_tdiag.spectrum_bounds(model, **kw)
+            reports[name] = hf_tdiag.schatten_bounds(model, **kw)
             ts.append(time.perf_counter() - t0)
         timings[name] = ts
     best = {k: min(v) for k, v in timings.items()}

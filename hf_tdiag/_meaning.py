@@ -9,7 +9,7 @@ One rule each, used by the report classes' ``summary()``, the HTML report, the S
   KL from any prediction ``p`` to the uniform guess ``u`` is ``KL(p‖u) = log C − H(p) ≤ log C``, so a bound at
   least ``log C`` also admits a reconstruction whose predictions say nothing about the input;
 * a Schatten proxy is **degenerate** when ``p_opt = 0`` for every matrix (``SchattenReport.degenerate``):
-  ``B_ours = Σ_W √(rank(W)·N) + √L`` then counts ranks and shapes and ignores every singular value.
+  ``B_Schatten = Σ_W √(rank(W)·N) + √L`` then counts ranks and shapes and ignores every singular value.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def concept_intervals(report) -> dict[str, list[float]]:
 def degenerate_reason(num_matrices: int) -> str:
     """One line: why a Schatten proxy with p_opt = 0 for every matrix is a rank count."""
     return (
-        f"degenerate: p_opt = 0 for all {num_matrices} matrices, so B_ours = Σ_W √(rank(W)·N) + √L counts ranks and "
+        f"degenerate: p_opt = 0 for all {num_matrices} matrices, so B_Schatten = Σ_W √(rank(W)·N) + √L counts ranks and "
         "shapes and ignores the singular values"
     )
 

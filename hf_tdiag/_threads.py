@@ -19,7 +19,7 @@ afterwards — on errors too, and whatever the block itself set:
 
 The measures of :mod:`hf_tdiag.measures` set nothing: called directly, they run at the caller's count (wrap them in
 :func:`hf_tdiag.diagnostics.entry.thread_policy` to run them as a diagnostic does). Pools of independent
-single-threaded jobs (:func:`hf_tdiag.spectrum_bounds`' workers, each at one BLAS thread) keep torch's count:
+single-threaded jobs (:func:`hf_tdiag.schatten_bounds`' workers, each at one BLAS thread) keep torch's count:
 their threads never wait for each other, so a busy core only slows them in proportion. Scopes nest (a ``"small"``
 kernel inside a ``"dense"`` diagnostic); a count the caller set below the policy's is kept. Not for GPU work
 (nothing is set for CUDA tensors' kernels; the host side is tiny). torch's thread count is process-wide:

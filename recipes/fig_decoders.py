@@ -3,7 +3,7 @@
 Left: ``Rᶜ`` per subspace (``Rᶜ / K``) per layer of a small Llama-style decoder (8 query heads, 2 K/V heads, random
 weights, built from a config and saved sharded) on right-padded random token ids, for ``source`` = query (K = 8
 subspaces) and key / value (K = 2 shared subspaces). Right: peak resident memory of
-``spectrum_bounds(path, streaming=True)`` against the in-memory path, from the benchmark's JSON
+``schatten_bounds(path, streaming=True)`` against the in-memory path, from the benchmark's JSON
 (``benchmarks/bench_schatten.py --streaming``), with the largest layer's weights and the fixed overhead.
 
     python recipes/fig_decoders.py [--output-dir docs/figures] [--overwrite-output-dir]
@@ -100,7 +100,7 @@ def figure(srr: dict, bench: dict | None) -> Figure:
     ckpt = bench["checkpoint"]
     t = default["seconds_best"]
     bx.set_title(
-        f"spectrum_bounds, {ckpt['num_parameters'] / 1e9:.2f} B bf16, {ckpt['shards']} shards; "
+        f"schatten_bounds, {ckpt['num_parameters'] / 1e9:.2f} B bf16, {ckpt['shards']} shards; "
         f"{t['streaming']:.0f} s streaming, {t['memory']:.0f} s in memory",
         fontsize=8,
     )

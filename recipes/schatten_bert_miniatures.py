@@ -4,7 +4,7 @@ Models: ``google/bert_uncased_L-{2,4,6,8,10,12}_H-{128,256,512,768}_A-{H/64}`` b
 local copies from ``--local-dir`` (a folder holding ``bert_uncased_L-.._H-.._A-..`` folders, or
 ``google/bert_uncased_...``). Writes into ``--output-dir``:
 
-* ``miniatures.csv`` / ``miniatures.json``: one row per model (B_ours, B_Edelman, each normalised per
+* ``miniatures.csv`` / ``miniatures.json``: one row per model (B_Schatten, B_Edelman, each normalised per
   curve as the paper plots them — ``*_norm_width``: divided by the same depth's model at N = 128,
   ``*_norm_depth``: by the same width's model at L = 2, or the curve's smallest model when that one is
   missing —, mean optimal p per matrix type, seconds); the JSON also holds every model's report
@@ -140,13 +140,13 @@ def main(argv=None) -> int:
     rows, reports = [], {}
     for i, (name, where) in enumerate(jobs, 1):
         t0 = time.perf_counter()
-        rep = hf_tdiag.spectrum_bounds(where, L_phi=args.l_phi, p_grid_m=args.p_grid_m, rank_tol=args.rank_tol)
+        rep = hf_tdiag.schatten_bounds(where, L_phi=args.l_phi, p_grid_m=args.p_grid_m, rank_tol=args.rank_tol)
         seconds = time.perf_counter() - t0
         rep.to_json(os.path.join(args.output_dir, "reports", f"{name}.json"))
         reports[name] = rep
         rows.append({"name": name, **rep.summary(), "seconds": seconds})
         print(
-            f"[{i}/{len(jobs)}] {name}: B_ours {rep.schatten_bound:.6g}  B_Edelman {rep.edelman_bound:.6g}  ({seconds:.1f}s)",
+            f"[{i}/{len(jobs)}] {name}: B_Schatten {rep.schatten_bound:.6g}  B_Edelman {rep.edelman_bound:.6g}  ({seconds:.1f}s)",
             flush=True,
         )
 

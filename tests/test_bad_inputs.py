@@ -212,11 +212,11 @@ def test_config_json_with_bad_values_is_named(folders):
 # ----------------------------------------------------------------------------------------- model files
 
 
-@pytest.mark.parametrize("what", ["load_model", "spectrum_bounds"])
+@pytest.mark.parametrize("what", ["load_model", "schatten_bounds"])
 def test_truncated_safetensors_is_named(folders, what):
     from hf_tdiag.loading import load_model
 
-    fn = load_model if what == "load_model" else hf_tdiag.spectrum_bounds
+    fn = load_model if what == "load_model" else hf_tdiag.schatten_bounds
     with pytest.raises(ValueError) as info:
         fn(str(folders / "truncated"))
     assert str(folders / "truncated" / "model.safetensors") in str(info.value)
@@ -224,14 +224,14 @@ def test_truncated_safetensors_is_named(folders, what):
 
 def test_unreadable_config_json_is_named(folders):
     with pytest.raises(ValueError) as info:
-        hf_tdiag.spectrum_bounds(str(folders / "garbage_config"))
+        hf_tdiag.schatten_bounds(str(folders / "garbage_config"))
     assert str(folders / "garbage_config" / "config.json") in str(info.value)
     assert "Hub" not in str(info.value)
 
 
-def test_spectrum_bounds_of_a_config_file(folders):
+def test_schatten_bounds_of_a_config_file(folders):
     with pytest.raises(ValueError) as info:
-        hf_tdiag.spectrum_bounds(str(folders / "crate" / "config.json"))
+        hf_tdiag.schatten_bounds(str(folders / "crate" / "config.json"))
     assert str(folders / "crate" / "config.json") in str(info.value)
 
 

@@ -28,7 +28,7 @@ PIXELS = torch.randn(6, 1, 8, 8, generator=torch.Generator().manual_seed(2))
 
 
 def _schatten(model) -> dict:
-    rep = hf_tdiag.spectrum_bounds(model, progress=False)
+    rep = hf_tdiag.schatten_bounds(model, progress=False)
     out = {"schatten/bound": rep.schatten_bound, "schatten/edelman": rep.edelman_bound}
     for key in ("spectral_norm", "frobenius_norm", "norm_2_1", "norm_1_1", "p_opt"):
         out[f"schatten/{key}"] = [getattr(m, key) for m in rep.matrices]

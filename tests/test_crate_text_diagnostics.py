@@ -63,7 +63,7 @@ def test_attention_svm_on_a_causal_text_crate_head():
 @pytest.mark.parametrize("causal", [True, False])
 def test_schatten_matrices_of_a_square_block_text_crate(causal):
     model = _model(causal)
-    report = hf_tdiag.spectrum_bounds(model)
+    report = hf_tdiag.schatten_bounds(model)
     by_key = {(m.layer, m.head, m.type): m for m in report.matrices}
     for i, layer in enumerate(model.crate.layer, start=1):
         W = layer.attention.qkv.weight.detach().double()
@@ -89,7 +89,7 @@ def test_schatten_reads_crate_lm_block_as_a_tied_two_matrix_ffn():
         assert h.ista is None and h.ffn_in is layer.ista
         assert h.ffn_out.weight.data_ptr() == layer.ista.weight.data_ptr()  # a view, no copy
         assert h.ffn_out.weight.shape == (D_MODEL, 4 * D_MODEL) and not list(h.ffn_out.parameters())
-    report = hf_tdiag.spectrum_bounds(model)
+    report = hf_tdiag.schatten_bounds(model)
     by_key = {(m.layer, m.head, m.type): m for m in report.matrices}
     for i, layer in enumerate(model.crate.layer, start=1):
         sigma = torch.linalg.svdvals(layer.ista.weight.detach().double())

@@ -37,7 +37,7 @@ with contextlib.redirect_stdout(text):
     except SystemExit:
         pass
 out["help"] = text.getvalue()
-out["signature"] = inspect.signature(hf_tdiag.spectrum_bounds).parameters["probe_knob"].default
+out["signature"] = inspect.signature(hf_tdiag.schatten_bounds).parameters["probe_knob"].default
 import evaluate, torch
 from hf_tdiag import CrateConfig, CrateForImageClassification
 module = evaluate.load(hf_tdiag.metric_path("schatten_bound"))

@@ -15,12 +15,12 @@ def _default(fn, name):
 
 
 def test_every_l_phi_default_is_the_shared_one(monkeypatch):
-    from hf_tdiag.diagnostics.schatten import spectrum_bounds
+    from hf_tdiag.diagnostics.schatten import schatten_bounds
     from hf_tdiag.measures import schatten
     from hf_tdiag.report.report import ReportOptions
     from hf_tdiag.study.schatten_grid import GridCell
 
-    assert _default(spectrum_bounds, "L_phi") == _defaults.DEFAULT_L_PHI
+    assert _default(schatten_bounds, "L_phi") == _defaults.DEFAULT_L_PHI
     assert _default(schatten.layer_gain, "L_phi") == _defaults.DEFAULT_L_PHI
     assert _default(schatten.numerical_rank, "rank_tol") == _defaults.DEFAULT_RANK_TOL
     assert {f.name: f.default for f in dataclasses.fields(ReportOptions)}["L_phi"] == _defaults.DEFAULT_L_PHI

@@ -236,7 +236,7 @@ def test_every_function_the_design_page_names_is_in_the_tree():
 
 PUBLIC_WITH_EXAMPLES = (
     "layer_srr",
-    "spectrum_bounds",
+    "schatten_bounds",
     "concept_fidelity",
     "attention_svm_diagnostic",
     "objective_ledger",

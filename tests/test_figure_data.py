@@ -107,7 +107,7 @@ def test_layer_srr_table_prints_the_reports_means():
 # ---------------------------------------------------------------------------------------------- viz/schatten.py
 @pytest.fixture(scope="module")
 def bert_report():
-    from hf_tdiag.diagnostics.schatten import spectrum_bounds
+    from hf_tdiag.diagnostics.schatten import schatten_bounds
 
     torch.manual_seed(0)
     model = BertModel(
@@ -120,7 +120,7 @@ def bert_report():
             intermediate_size=24,
         )
     ).eval()
-    return model, spectrum_bounds(model, p_grid_m=4)
+    return model, schatten_bounds(model, p_grid_m=4)
 
 
 def _numpy_spectrum(weight: torch.Tensor) -> np.ndarray:

@@ -9,7 +9,7 @@ from transformers import BertConfig, BertModel
 
 @pytest.fixture(scope="module")
 def bert_report():
-    from hf_tdiag.diagnostics.schatten import spectrum_bounds
+    from hf_tdiag.diagnostics.schatten import schatten_bounds
 
     torch.manual_seed(0)
     model = BertModel(
@@ -22,7 +22,7 @@ def bert_report():
             intermediate_size=24,
         )
     ).eval()
-    return spectrum_bounds(model, p_grid_m=4)
+    return schatten_bounds(model, p_grid_m=4)
 
 
 def test_schatten_records_and_tables_number_blocks_1_to_L(bert_report):

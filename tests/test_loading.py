@@ -89,9 +89,9 @@ def test_custom_code_is_refused_without_opt_in(custom_repo):
     with pytest.raises(ValueError, match="model: .*needs its own Python code.*trust_remote_code=True"):
         load_model(folder)
     with pytest.raises(ValueError, match="model_or_path: .*needs its own Python code"):
-        from hf_tdiag.diagnostics.schatten import spectrum_bounds
+        from hf_tdiag.diagnostics.schatten import schatten_bounds
 
-        spectrum_bounds(folder)  # called AutoModel.from_pretrained without trust_remote_code before
+        schatten_bounds(folder)  # called AutoModel.from_pretrained without trust_remote_code before
     assert not marker.exists()
 
 
@@ -107,7 +107,7 @@ def test_custom_code_runs_with_explicit_opt_in(custom_repo):
 def test_refusal_is_prompt_free_under_a_terminal(custom_repo):
     """Under a pseudo-terminal Transformers would ask "run the custom code? [y/N]"; hf-tdiag never lets it."""
     folder, marker = custom_repo
-    code = f"from hf_tdiag.diagnostics.schatten import spectrum_bounds\nspectrum_bounds({folder!r})"
+    code = f"from hf_tdiag.diagnostics.schatten import schatten_bounds\nspectrum_bounds({folder!r})"
     controller, child = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=child, stdout=child, stderr=child, env=dict(os.environ))
     os.close(child)

@@ -272,10 +272,10 @@ def test_streaming_bounds_of_a_hub_decoder_equal_the_local_folders(hub, tmp_path
         hub,
         f"""
         import json
-        from hf_tdiag.diagnostics.schatten import spectrum_bounds
+        from hf_tdiag.diagnostics.schatten import schatten_bounds
 
-        remote = spectrum_bounds("org/gpt2", streaming=True, progress=False)
-        local = spectrum_bounds({str(folder)!r}, streaming=True, progress=False)
+        remote = schatten_bounds("org/gpt2", streaming=True, progress=False)
+        local = schatten_bounds({str(folder)!r}, streaming=True, progress=False)
         print(json.dumps(dict(remote=remote.to_dict(False), local=local.to_dict(False))))
     """,
         tmp_path,

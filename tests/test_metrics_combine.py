@@ -57,7 +57,7 @@ def test_combine_routes_each_modules_keywords_and_matches_the_api(setup):
     assert out["srr_srr_layer_2"] == pytest.approx(srr.mean["output"]["srr"][1], rel=1e-9)
     assert out["srr_Rc_mean_over_layers"] == pytest.approx(srr.summary()["Rc_mean_over_layers"], rel=1e-9)
     assert out["srr_num_samples"] == 6
-    bounds = hf_tdiag.spectrum_bounds(model)
+    bounds = hf_tdiag.schatten_bounds(model)
     assert out["schatten_bound_schatten_bound"] == pytest.approx(bounds.schatten_bound, rel=1e-12)
     assert out["schatten_bound_edelman_bound"] == pytest.approx(bounds.edelman_bound, rel=1e-12)
     torch.manual_seed(0)
@@ -199,7 +199,7 @@ def test_schatten_bound_keeps_added_models_for_the_next_compute(setup):
     metric = modules["schatten_bound"]
     metric.add(model=model)
     out = metric.compute()
-    assert out["schatten_bound"] == pytest.approx(hf_tdiag.spectrum_bounds(model).schatten_bound, rel=1e-12)
+    assert out["schatten_bound"] == pytest.approx(hf_tdiag.schatten_bounds(model).schatten_bound, rel=1e-12)
     with pytest.raises(ValueError, match="schatten_bound: no models; pass models="):
         metric.compute()  # the added model was used once
     with pytest.raises(TypeError, match="schatten_bound: add_batch takes models="):

@@ -224,7 +224,7 @@ def _state(model):
     )
 
 
-@pytest.mark.parametrize("name", ["layer_srr", "concept_fidelity", "attention_svm_diagnostic", "spectrum_bounds"])
+@pytest.mark.parametrize("name", ["layer_srr", "concept_fidelity", "attention_svm_diagnostic", "schatten_bounds"])
 @pytest.mark.parametrize("grad", [True, False])
 def test_public_diagnostics_leave_the_callers_model_and_torch_state_as_found(crate_folder, name, grad):
     import hf_tdiag
@@ -241,7 +241,7 @@ def test_public_diagnostics_leave_the_callers_model_and_torch_state_as_found(cra
         "layer_srr": lambda: hf_tdiag.layer_srr(model, x, progress=False),
         "concept_fidelity": lambda: hf_tdiag.concept_fidelity(model, x, 1, 2),
         "attention_svm_diagnostic": lambda: hf_tdiag.attention_svm_diagnostic(model, x, 1, 0, max_queries=4),
-        "spectrum_bounds": lambda: hf_tdiag.spectrum_bounds(model),
+        "schatten_bounds": lambda: hf_tdiag.schatten_bounds(model),
     }
     with torch.set_grad_enabled(grad):
         before = _state(model)

@@ -124,8 +124,8 @@ def test_headline_boxes_carry_counts_intervals_and_labels():
     accuracy = boxes["top-1 accuracy"]
     assert accuracy["value"] == "100.0%" and accuracy["flag"] == ""
     assert accuracy["detail"] == f"64 of 64 labelled inputs · 95% CI {lo:.1%}–100.0%" and f"{lo:.1%}" == "94.3%"
-    assert boxes["B_ours (Schatten proxy)"]["flag"] == "degenerate"
-    assert boxes["B_ours (Schatten proxy)"]["detail"] == "from the weights of 36 matrices (no inputs)"
+    assert boxes["B_Schatten (Schatten proxy)"]["flag"] == "degenerate"
+    assert boxes["B_Schatten (Schatten proxy)"]["detail"] == "from the weights of 36 matrices (no inputs)"
     assert boxes["B_Edelman"]["flag"] == ""
     certified = boxes["KL bound, certified"]
     assert (
@@ -134,7 +134,7 @@ def test_headline_boxes_carry_counts_intervals_and_labels():
     assert boxes["concept KL (mean)"]["flag"] == "" and boxes["concept KL (mean)"]["detail"] == "n = 31 images"
     page = render_html("t", "s", sections, {"model": "m"})
     flagged = page[page.index('<ul class="flags" id="flags">') :]
-    assert flagged.index("B_ours (Schatten proxy)") < flagged.index("KL bound, certified") < flagged.index("</ul>")
+    assert flagged.index("B_Schatten (Schatten proxy)") < flagged.index("KL bound, certified") < flagged.index("</ul>")
     assert "degenerate: p_opt = 0 for all 36 matrices" in flagged
     assert '<span class="flag">vacuous</span>' in page and "94.3%–100.0%" in page
     assert 'id="flags"' not in render_html("t", "s", sections[:1], {"model": "m"})  # nothing flagged: no list
@@ -172,11 +172,11 @@ def test_report_headline_numbers_are_the_sections_numbers_with_their_counts(tiny
     assert srr["intervals"]["srr_last_layer"] == pytest.approx([float(last.mean()) - half, float(last.mean()) + half],
                                                                rel=1e-4)  # fmt: skip
     schatten = report.section("schatten").numbers
-    direct = hf_tdiag.spectrum_bounds(model)
+    direct = hf_tdiag.schatten_bounds(model)
     assert ("schatten_bound" in schatten["flags"]) == direct.degenerate
     boxes = {b["label"]: b for b in headline(report.sections)}
     assert boxes["SRR, last block"]["detail"].startswith("n = 12 samples · 95% CI ")
-    assert boxes["B_ours (Schatten proxy)"]["flag"] == ("degenerate" if direct.degenerate else "")
+    assert boxes["B_Schatten (Schatten proxy)"]["flag"] == ("degenerate" if direct.degenerate else "")
 
 
 def report_inputs(folder, images):
@@ -214,13 +214,13 @@ def test_report_summaries_carry_the_labels():
     assert sweep.summary()["bound_certified_vacuous_layers"] == 1 and sweep.vacuous_reasons() == {}
 
     torch.manual_seed(0)
-    report = hf_tdiag.spectrum_bounds(CrateForImageClassification(CrateConfig.from_preset("crate-digits")))
+    report = hf_tdiag.schatten_bounds(CrateForImageClassification(CrateConfig.from_preset("crate-digits")))
     summary = report.summary()
     assert summary["schatten_degenerate"] is report.degenerate
     assert summary.get("schatten_degenerate_reason") == (
         F.degenerate_reason(len(report.matrices)) if report.degenerate else None
     )
-    for m in report.matrices:  # every p_opt = 0: B_ours is a rank count, and the summary says so
+    for m in report.matrices:  # every p_opt = 0: B_Schatten is a rank count, and the summary says so
         m.p_opt = 0.0
     summary = report.summary()
     assert summary["schatten_degenerate"] is True
@@ -243,6 +243,6 @@ def test_evaluate_modules_output_the_labels(tiny_crate):
 
     model, _ = report_inputs(tiny_crate, [])
     out = evaluate.load(hf_tdiag.metric_path("schatten_bound")).compute(model=model)
-    report = hf_tdiag.spectrum_bounds(model)
+    report = hf_tdiag.schatten_bounds(model)
     assert out["schatten_degenerate"] is report.degenerate
     assert out.get("schatten_degenerate_reason") == report.summary().get("schatten_degenerate_reason")

@@ -28,7 +28,7 @@ from transformers import (
 from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
 from hf_tdiag.diagnostics.concepts import compare_concepts
 from hf_tdiag.diagnostics.concepts.constants import alpha_constants
-from hf_tdiag.diagnostics.schatten import SchattenReport, spectrum_bounds
+from hf_tdiag.diagnostics.schatten import SchattenReport, schatten_bounds
 from hf_tdiag.diagnostics.srr import batch_srr_values, layer_srr
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
 from hf_tdiag.probes.attention_heads import head_weights
@@ -330,7 +330,7 @@ def test_query_heads_of_each_kv_head_and_the_bad_index():
 
 
 def test_spectrum_report_json_round_trip_from_text_and_file(tmp_path):
-    rep = spectrum_bounds(_bert(layers=2), progress=False)
+    rep = schatten_bounds(_bert(layers=2), progress=False)
     text = rep.to_json()
     path = tmp_path / "report.json"
     rep.to_json(path)

@@ -199,7 +199,7 @@ def test_report_on_crate_matches_direct_api_calls(crate_dir, crate_report):
     for state in srr.states:
         np.testing.assert_allclose(got[state]["srr"], srr.mean[state]["srr"], rtol=1e-9)
 
-    bounds = hf_tdiag.spectrum_bounds(loaded.model)
+    bounds = hf_tdiag.schatten_bounds(loaded.model)
     assert report.section("schatten").numbers["schatten_bound"] == pytest.approx(bounds.schatten_bound, rel=1e-12)
     assert report.section("schatten").numbers["edelman_bound"] == pytest.approx(bounds.edelman_bound, rel=1e-12)
 
@@ -256,7 +256,7 @@ def test_report_on_bert_runs_weight_diagnostics(bert_dir):
 
 
 def test_optimal_p_heatmap_cells_are_the_records_p_opt(bert_dir):
-    bounds = hf_tdiag.spectrum_bounds(bert_dir)
+    bounds = hf_tdiag.schatten_bounds(bert_dir)
     fig = optimal_p_heatmap(bounds)
     grid = np.ma.filled(fig.axes[0].images[0].get_array(), np.nan)
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]

@@ -35,7 +35,7 @@ def reports() -> dict[str, dict]:
     x = torch.randn(4, 1, 8, 8)
     return {
         "SRRReport": hf_tdiag.layer_srr(model, x, progress=False).to_dict(include_samples=True),
-        "SchattenReport": hf_tdiag.spectrum_bounds(model).to_dict(),
+        "SchattenReport": hf_tdiag.schatten_bounds(model).to_dict(),
         "AttentionSVMReport": hf_tdiag.attention_svm_diagnostic(model, x[:2], layer=1, head=0, max_queries=6).to_dict(),
         "ConceptFidelityReport": hf_tdiag.concept_fidelity(
             model, x, layer=2, concepts=2, bounds=False, progress=False

@@ -52,7 +52,7 @@ def test_headline_box_comes_first_with_the_key_numbers_of_sections_that_ran():
         ("top-1 accuracy", "95.3%"),
         ("SRR, last block", "33.3"),
         ("SRR, mean over blocks", "21.8"),
-        ("B_ours (Schatten proxy)", "1282"),
+        ("B_Schatten (Schatten proxy)", "1282"),
         ("B_Edelman", "3.327e+06"),
         ("corr(W_h, W_mm)", "0.036"),
         ("margin ratio (≤ 1)", "0.011"),

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, ViTConfig, ViTModel
 
-from hf_tdiag import CrateConfig, CrateForImageClassification, layer_srr, spectrum_bounds
+from hf_tdiag import CrateConfig, CrateForImageClassification, layer_srr, schatten_bounds
 from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
 from hf_tdiag.diagnostics.report import read_json_text, typed_frame
 from hf_tdiag.diagnostics.srr import TERMS, SRRReport
@@ -82,7 +82,7 @@ def test_typed_frame_keeps_dtypes_when_empty_or_missing():
 def test_schatten_table_layers_are_one_based_and_sum_to_the_bound():
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
-    report = spectrum_bounds(BertModel(cfg).eval())
+    report = schatten_bounds(BertModel(cfg).eval())
     frame = report.to_pandas()
     assert str(frame.layer.dtype) == "Int64" and str(frame["head"].dtype) == "Int64"
     assert str(frame.type.dtype) == "string" and str(frame.p_opt.dtype) == "float64"
@@ -157,7 +157,7 @@ def test_every_diagnostic_returns_a_report_with_the_whole_contract():
     crate, x = _crate(), torch.rand(6, 1, 8, 8)
     reports = [
         hf_tdiag.layer_srr(crate, x, progress=False),
-        hf_tdiag.spectrum_bounds(crate),
+        hf_tdiag.schatten_bounds(crate),
         hf_tdiag.concept_fidelity(crate, x, 2, 3, power_iters=3, progress=False),
         hf_tdiag.attention_svm_diagnostic(_vit(), torch.randn(2, 3, 32, 32), 2, 1, max_queries=5),
     ]
@@ -206,7 +206,7 @@ def test_schatten_json_of_format_1_reads_with_one_based_layers_and_new_names():
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
-    report = spectrum_bounds(BertModel(cfg).eval())
+    report = schatten_bounds(BertModel(cfg).eval())
     old = report.to_dict()
     del old["format_version"]
     old["ours"], old["edelman"] = old.pop("schatten_bound"), old.pop("edelman_bound")

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 import hf_tdiag  # noqa: F401  (registers the families)
 from hf_tdiag.batching import encoded_batches
 from hf_tdiag.cli import main
-from hf_tdiag.diagnostics.schatten import spectrum_bounds
+from hf_tdiag.diagnostics.schatten import schatten_bounds
 from hf_tdiag.diagnostics.settings import SchattenSettings, SRRSettings
 from hf_tdiag.diagnostics.srr import layer_srr
 from hf_tdiag.inputs import load_images
@@ -178,7 +178,7 @@ def reference_frames(model: str, images, texts) -> dict[str, pd.DataFrame]:
         loaded.model.load_state_dict(load_file(os.path.join(model, "model.safetensors")))
     items = images if loaded.modality == "image" else texts
     srr = layer_srr(loaded.model, encoded_batches(loaded, items, SRR.batch_size), settings=SRR, progress=False)
-    return {"srr": srr.to_pandas(), "schatten": spectrum_bounds(loaded.model, settings=SCHATTEN).to_pandas()}
+    return {"srr": srr.to_pandas(), "schatten": schatten_bounds(loaded.model, settings=SCHATTEN).to_pandas()}
 
 
 def assert_frames_equal(got: pd.DataFrame, want: pd.DataFrame, what: str) -> None:

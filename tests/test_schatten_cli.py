@@ -45,7 +45,7 @@ def miniatures(tmp_path_factory):
 
 def test_metric_on_folders_objects_and_add_batch(miniatures):
     folder = str(miniatures / "bert_uncased_L-2_H-128_A-2")
-    direct = hf_tdiag.spectrum_bounds(folder)
+    direct = hf_tdiag.schatten_bounds(folder)
     metric = evaluate.load(hf_tdiag.metric_path("schatten_bound"))
     out = metric.compute(models=[folder], return_report=True)  # one model: scalars, the full report on request
     assert out["schatten_bound"] == pytest.approx(direct.schatten_bound, rel=1e-12)
@@ -88,7 +88,7 @@ def test_cli_schatten_writes_table_csv_json_and_figures(miniatures, tmp_path, ca
     )
     assert rc == 0
     printed = capsys.readouterr().out
-    reports = [hf_tdiag.spectrum_bounds(f, p_grid_m=4) for f in folders]
+    reports = [hf_tdiag.schatten_bounds(f, p_grid_m=4) for f in folders]
     for r in reports:
         assert f"{r.schatten_bound:.6g}" in printed and f"{r.edelman_bound:.6g}" in printed
     with open(tmp_path / "s.csv", newline="") as fh:
@@ -139,7 +139,7 @@ def test_miniatures_recipe_on_local_copies(miniatures, tmp_path, capsys):
         rows = {r["name"]: r for r in csv.DictReader(fh)}
     assert sorted(rows) == sorted(p.name for p in miniatures.iterdir())
     for name, row in rows.items():
-        rep = hf_tdiag.spectrum_bounds(str(miniatures / name))
+        rep = hf_tdiag.schatten_bounds(str(miniatures / name))
         assert float(row["schatten_bound"]) == pytest.approx(rep.schatten_bound, rel=1e-12)
         assert float(row["edelman_bound"]) == pytest.approx(rep.edelman_bound, rel=1e-12)
     # per curve, as the paper: vs width at N = 128 (same L), vs depth at L = 2 (same N)
@@ -216,13 +216,13 @@ def test_scaling_figures_normalise_each_curve_as_the_paper():
     ax = fig.axes[0]
     assert ax.get_yscale() == "log" and ax.get_ylabel() == "proxy / same curve at N=128"
     lines = {line.get_label(): line for line in ax.get_lines()}
-    ours_l2 = lines["B_ours (spectrum-adaptive), L=2"]
+    ours_l2 = lines["B_Schatten (spectrum-adaptive), L=2"]
     assert list(ours_l2.get_xdata()) == [64, 128, 256]
     assert list(ours_l2.get_ydata()) == pytest.approx([(20 + 64) / (20 + 128), 1.0, (20 + 256) / (20 + 128)])
     ed_l4 = lines["B_Edelman, L=4"]  # each curve by its own N = 128 value: 400·N / (400·128)
     assert list(ed_l4.get_ydata()) == pytest.approx([0.5, 1.0, 2.0])
     depth = plot_proxies_vs_depth(rows).axes[0]
-    ours_n256 = {line.get_label(): line for line in depth.get_lines()}["B_ours (spectrum-adaptive), N=256"]
+    ours_n256 = {line.get_label(): line for line in depth.get_lines()}["B_Schatten (spectrum-adaptive), N=256"]
     assert list(ours_n256.get_xdata()) == [2, 4]
     assert list(ours_n256.get_ydata()) == pytest.approx([1.0, (40 + 256) / (20 + 256)])
     # a curve without the paper's point is normalised at its smallest x, and the label says so
@@ -241,8 +241,8 @@ def test_norm_scaling_figure_plots_the_dense_norms_at_fixed_depth(miniatures):
     from hf_tdiag.viz.schatten import plot_norm_scaling
 
     folders = {H: str(miniatures / f"bert_uncased_L-2_H-{H}_A-{H // 64}") for H in (64, 128)}
-    reports = [hf_tdiag.spectrum_bounds(f) for f in folders.values()]
-    reports.append(hf_tdiag.spectrum_bounds(str(miniatures / "bert_uncased_L-1_H-64_A-1")))  # other depth: left out
+    reports = [hf_tdiag.schatten_bounds(f) for f in folders.values()]
+    reports.append(hf_tdiag.schatten_bounds(str(miniatures / "bert_uncased_L-1_H-64_A-1")))  # other depth: left out
     fig = plot_norm_scaling(reports, num_layers=2)
     refs = {H: dense_reference(BertModel.from_pretrained(f).state_dict(), 2, H // 64) for H, f in folders.items()}
     for ax, key in zip(fig.axes, ("norm_2_1", "norm_1_1", "spectral")):

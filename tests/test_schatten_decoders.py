@@ -107,7 +107,7 @@ def assert_matches(rep, ref, layers):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_decoder_proxies_match_dense_reference(decoder_dirs, family):
     folder = decoder_dirs[family]
-    rep = hf_tdiag.spectrum_bounds(folder)
+    rep = hf_tdiag.schatten_bounds(folder)
     ref, layers = reference(folder, family)
     assert_matches(rep, ref, layers)
     assert rep.family == ("gpt2" if family == "gpt2" else "llama") and rep.gated == (family != "gpt2")
@@ -123,7 +123,7 @@ def test_small_weights_make_p_above_zero_win_and_still_match(tmp_path):
             if prm.ndim == 2 and "embed" not in name and "lm_head" not in name:
                 prm.mul_(0.02)
     folder = save_sharded(model, tmp_path / "small")
-    rep = hf_tdiag.spectrum_bounds(folder, L_phi=1.0)
+    rep = hf_tdiag.schatten_bounds(folder, L_phi=1.0)
     ref, layers = reference(folder, "llama", L_phi=1.0)
     assert_matches(rep, ref, layers)
     assert any(m.p_opt > 0 for m in rep.matrices) and not rep.degenerate
@@ -132,9 +132,9 @@ def test_small_weights_make_p_above_zero_win_and_still_match(tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_streaming_equals_in_memory_exactly(decoder_dirs, decoder_models, family):
     folder = decoder_dirs[family]
-    streamed = hf_tdiag.spectrum_bounds(folder, streaming=True)
-    loaded = hf_tdiag.spectrum_bounds(folder)  # AutoModel.from_pretrained, then in memory
-    model = hf_tdiag.spectrum_bounds(decoder_models[family], num_workers=2)  # the CausalLM object, two workers
+    streamed = hf_tdiag.schatten_bounds(folder, streaming=True)
+    loaded = hf_tdiag.schatten_bounds(folder)  # AutoModel.from_pretrained, then in memory
+    model = hf_tdiag.schatten_bounds(decoder_models[family], num_workers=2)  # the CausalLM object, two workers
     for other in (loaded, model):
         assert streamed.schatten_bound == other.schatten_bound and streamed.edelman_bound == other.edelman_bound
         assert np.array_equal(streamed.alpha, other.alpha) and np.array_equal(streamed.xi, other.xi)
@@ -176,13 +176,13 @@ def test_streaming_chunks_large_ffn_and_matches_reference(tmp_path, monkeypatch)
 
     monkeypatch.setattr(S, "streamed_gram", count("gram", gram))
     monkeypatch.setattr(S, "streamed_r_factor", count("tsqr", tsqr))
-    streamed = hf_tdiag.spectrum_bounds(folder, streaming=True)
+    streamed = hf_tdiag.schatten_bounds(folder, streaming=True)
     assert calls == {"gram": 4, "tsqr": 1}  # M_in, M_out of 2 layers; one ill-conditioned M_out
-    loaded = hf_tdiag.spectrum_bounds(folder)
+    loaded = hf_tdiag.schatten_bounds(folder)
     assert streamed.schatten_bound == loaded.schatten_bound and streamed.edelman_bound == loaded.edelman_bound
     ref, layers = reference(folder, "mistral")
     assert_matches(streamed, ref, layers)
-    svd = hf_tdiag.spectrum_bounds(folder, streaming=True, svd_method="svd")
+    svd = hf_tdiag.schatten_bounds(folder, streaming=True, svd_method="svd")
     assert svd.schatten_bound == pytest.approx(ref["ours"], rel=1e-9) and svd.edelman_bound == pytest.approx(
         ref["edelman"], rel=1e-9
     )
@@ -196,7 +196,7 @@ def test_gqa_products_use_the_shared_kv_head(tmp_path):
         model.model.layers[0].self_attn.k_proj.weight[p : 2 * p] = 0
         model.model.layers[0].self_attn.v_proj.weight[:p] = 0
     folder = save_sharded(model, tmp_path / "gqa")
-    for rep in (hf_tdiag.spectrum_bounds(folder), hf_tdiag.spectrum_bounds(folder, streaming=True)):
+    for rep in (hf_tdiag.schatten_bounds(folder), hf_tdiag.schatten_bounds(folder, streaming=True)):
         qk = {m.head: m for m in rep.matrices if m.layer == 1 and m.type == "qk"}
         v = {m.head: m for m in rep.matrices if m.layer == 1 and m.type == "v"}
         assert [qk[h].rank for h in range(8)] == [8, 8, 8, 8, 0, 0, 0, 0]
@@ -207,13 +207,13 @@ def test_gqa_products_use_the_shared_kv_head(tmp_path):
 
 def test_streaming_errors(decoder_models, tmp_path):
     with pytest.raises(TypeError, match="streaming=True reads a checkpoint"):
-        hf_tdiag.spectrum_bounds(decoder_models["gpt2"], streaming=True)
+        hf_tdiag.schatten_bounds(decoder_models["gpt2"], streaming=True)
     with pytest.raises(TypeError, match="streaming"):
-        hf_tdiag.spectrum_bounds(decoder_models["gpt2"], streaming="yes")
+        hf_tdiag.schatten_bounds(decoder_models["gpt2"], streaming="yes")
     bin_only = tmp_path / "bin"
     decoder_models["gpt2"].save_pretrained(bin_only)
     for f in os.listdir(bin_only):
         if f.endswith(".safetensors"):
             os.remove(bin_only / f)
     with pytest.raises(ValueError, match="safetensors"):
-        hf_tdiag.spectrum_bounds(str(bin_only), streaming=True)
+        hf_tdiag.schatten_bounds(str(bin_only), streaming=True)

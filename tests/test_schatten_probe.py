@@ -75,7 +75,7 @@ def _copy_bert_into(bert, target_layers, names):
 
 def test_distilbert_and_vit_with_copied_weights_give_the_bert_numbers():
     bert = _bert()
-    ref = hf_tdiag.spectrum_bounds(bert)
+    ref = hf_tdiag.schatten_bounds(bert)
     distil = DistilBertModel(DistilBertConfig(vocab_size=50, dim=H, n_layers=L, n_heads=A, hidden_dim=FF)).eval()
     _copy_bert_into(
         bert,
@@ -103,7 +103,7 @@ def test_distilbert_and_vit_with_copied_weights_give_the_bert_numbers():
         },
     )
     for other in (distil, vit):
-        rep = hf_tdiag.spectrum_bounds(other)
+        rep = hf_tdiag.schatten_bounds(other)
         assert rep.family == "bert-like"
         assert rep.schatten_bound == pytest.approx(ref.schatten_bound, rel=1e-12)
         assert rep.edelman_bound == pytest.approx(ref.edelman_bound, rel=1e-12)
@@ -121,7 +121,7 @@ def test_roberta_electra_and_task_heads_match_the_dense_reference(kind):
         model = BertForSequenceClassification(
             BertConfig(vocab_size=50, max_position_embeddings=16, num_labels=3, **SMALL)
         )
-    rep = hf_tdiag.spectrum_bounds(model)
+    rep = hf_tdiag.schatten_bounds(model)
     ref = dense_reference(model.state_dict(), L, A)
     assert rep.schatten_bound == pytest.approx(ref["ours"], rel=1e-9)
     assert rep.edelman_bound == pytest.approx(ref["edelman"], rel=1e-9)
@@ -170,7 +170,7 @@ def _crate_matrices(model):
 @pytest.mark.parametrize("variant", ["crate", "crate-c", "crate-t", "crate-fix", "crate-identity"])
 def test_crate_matches_dense_reference_with_identity_m_out(variant):
     model = _crate(variant)
-    rep = hf_tdiag.spectrum_bounds(model)
+    rep = hf_tdiag.schatten_bounds(model)
     ref = dense_reference_from_matrices(_crate_matrices(model))
     assert rep.family == "crate" and rep.model_type == "crate"
     assert [m.type for m in rep.matrices[: 2 * 2 + 1]] == ["qk", "qk", "v", "v", "ista"]
@@ -186,8 +186,8 @@ def test_crate_matches_dense_reference_with_identity_m_out(variant):
 def test_crate_saved_folder_matches_model_object(tmp_path):
     model = _crate("crate", seed=2)
     model.save_pretrained(tmp_path / "crate")
-    a = hf_tdiag.spectrum_bounds(model)
-    b = hf_tdiag.spectrum_bounds(str(tmp_path / "crate"))
+    a = hf_tdiag.schatten_bounds(model)
+    b = hf_tdiag.schatten_bounds(str(tmp_path / "crate"))
     assert b.schatten_bound == pytest.approx(a.schatten_bound, rel=1e-12) and b.edelman_bound == pytest.approx(
         a.edelman_bound, rel=1e-12
     )
@@ -195,7 +195,7 @@ def test_crate_saved_folder_matches_model_object(tmp_path):
 
 def test_report_fields_and_serialisation(tmp_path):
     model = _bert()
-    rep = hf_tdiag.spectrum_bounds(model, p_grid_m=5, progress=True)
+    rep = hf_tdiag.schatten_bounds(model, p_grid_m=5, progress=True)
     assert rep.p_grid.tolist() == [k / 5 for k in range(11)]
     assert len(rep.matrices) == L * (2 * A + 2)
     assert rep.contribution_curves.shape == (len(rep.matrices), 11)
@@ -228,14 +228,14 @@ def test_report_fields_and_serialisation(tmp_path):
 
 def test_l_phi_and_rank_tol_are_passed_through():
     model = _bert()
-    a = hf_tdiag.spectrum_bounds(model, L_phi=1.0)
+    a = hf_tdiag.schatten_bounds(model, L_phi=1.0)
     ref = dense_reference(model.state_dict(), L, A, L_phi=1.0, p_grid_m=3)
-    b = hf_tdiag.spectrum_bounds(model, L_phi=1.0, p_grid_m=3)
+    b = hf_tdiag.schatten_bounds(model, L_phi=1.0, p_grid_m=3)
     assert b.schatten_bound == pytest.approx(ref["ours"], rel=1e-9) and b.edelman_bound == pytest.approx(
         ref["edelman"], rel=1e-9
     )
-    assert a.alpha[0] == pytest.approx(hf_tdiag.spectrum_bounds(model).alpha[0] / 1.13, rel=1e-12)
-    huge_tol = hf_tdiag.spectrum_bounds(model, rank_tol=0.5)
+    assert a.alpha[0] == pytest.approx(hf_tdiag.schatten_bounds(model).alpha[0] / 1.13, rel=1e-12)
+    huge_tol = hf_tdiag.schatten_bounds(model, rank_tol=0.5)
     assert all(m.rank <= 1 for m in huge_tol.matrices)  # τ = 0.5·N·max(σ₁,1) removes (almost) everything
 
 
@@ -244,24 +244,24 @@ def test_unsupported_models_and_bad_arguments(tmp_path):
         GPTNeoXConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, vocab_size=20, intermediate_size=64)
     )  # a decoder with a fused query_key_value: unsupported
     with pytest.raises(ValueError, match=r"not a supported decoder.*GPT-2.*query_key_value"):
-        hf_tdiag.spectrum_bounds(neox)
+        hf_tdiag.schatten_bounds(neox)
     roberta_like = BertModel(
         BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=20)
     )
     roberta_like.encoder.layer[0].attention.self.query = torch.nn.Identity()
     with pytest.raises(ValueError, match=r"unsupported architecture 'bert'.*query: query \| q_lin"):
-        hf_tdiag.spectrum_bounds(roberta_like)
+        hf_tdiag.schatten_bounds(roberta_like)
     with pytest.raises(ValueError, match="unsupported architecture"):
         encoder_weights(torch.nn.Sequential(torch.nn.Linear(3, 3)))
     two = torch.nn.ModuleDict({"a": _bert(), "b": _bert()})
     with pytest.raises(ValueError, match="several encoder layer lists.*a.encoder.layer.*b.encoder.layer"):
         encoder_weights(two)
     with pytest.raises(TypeError, match="model_or_path"):
-        hf_tdiag.spectrum_bounds(42)
+        hf_tdiag.schatten_bounds(42)
     with pytest.raises(TypeError, match="model"):
         encoder_weights("bert")
     with pytest.raises(ValueError, match="model_or_path"):
-        hf_tdiag.spectrum_bounds(str(tmp_path / "missing"))
+        hf_tdiag.schatten_bounds(str(tmp_path / "missing"))
     model = _bert()
     for kwargs, name in [
         ({"L_phi": 0.0}, "L_phi"),
@@ -272,18 +272,18 @@ def test_unsupported_models_and_bad_arguments(tmp_path):
         ({"num_workers": 1.5}, "num_workers"),
     ]:
         with pytest.raises(ValueError, match=name):
-            hf_tdiag.spectrum_bounds(model, **kwargs)
+            hf_tdiag.schatten_bounds(model, **kwargs)
     with torch.no_grad():
         model.encoder.layer[1].attention.self.value.weight[0, 0] = float("nan")
     for workers in (1, 2):
         with pytest.raises(ValueError, match=r"layer 1 value .*NaN"):
-            hf_tdiag.spectrum_bounds(model, num_workers=workers)
+            hf_tdiag.schatten_bounds(model, num_workers=workers)
     model = _bert()
     with torch.no_grad():
         model.encoder.layer[0].output.dense.weight[3, 5] = float("-inf")
     threads = torch.get_num_threads()
     with pytest.raises(ValueError, match=r"layer 0 ffn_out \(encoder.layer.0.output.dense\) contains NaN or inf"):
-        hf_tdiag.spectrum_bounds(model, num_workers=2)
+        hf_tdiag.schatten_bounds(model, num_workers=2)
     assert torch.get_num_threads() == threads
 
 
@@ -302,8 +302,8 @@ def test_worker_threads_give_the_same_report(workers):
         )
     ).eval()
     threads = torch.get_num_threads()
-    one = hf_tdiag.spectrum_bounds(model, num_workers=1)
-    many = hf_tdiag.spectrum_bounds(model, num_workers=workers)
+    one = hf_tdiag.schatten_bounds(model, num_workers=1)
+    many = hf_tdiag.schatten_bounds(model, num_workers=workers)
     assert torch.get_num_threads() == threads  # the workers' single-threaded torch is undone on return
     assert many.schatten_bound == pytest.approx(one.schatten_bound, rel=1e-13) and many.edelman_bound == pytest.approx(
         one.edelman_bound, rel=1e-13
@@ -329,5 +329,5 @@ def test_a_failing_job_propagates_and_restores_torch_threads(monkeypatch, worker
     monkeypatch.setattr(spectrum, "_ffn_spectrum", boom)
     threads = torch.get_num_threads()
     with pytest.raises(RuntimeError, match="solver failed"):
-        hf_tdiag.spectrum_bounds(_bert(), num_workers=workers)
+        hf_tdiag.schatten_bounds(_bert(), num_workers=workers)
     assert torch.get_num_threads() == threads

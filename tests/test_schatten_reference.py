@@ -1,4 +1,4 @@
-"""Brute-force dense reference for both bound proxies, and agreement of hf_tdiag.spectrum_bounds with it.
+"""Brute-force dense reference for both bound proxies, and agreement of hf_tdiag.schatten_bounds with it.
 
 ``dense_reference`` forms every N×N / N×4N matrix explicitly from a BERT state dict
 (hard-coded BERT parameter names, independent of the probe's discovery) and takes a plain
@@ -48,7 +48,7 @@ def dense_reference(
     svd_call="values",
     convention="hf_tdiag",
 ):
-    """B_ours, B_Edelman and per-matrix min contributions of a BERT state dict, one numpy SVD per explicit matrix."""
+    """B_Schatten, B_Edelman and per-matrix min contributions of a BERT state dict, one numpy SVD per explicit matrix."""
     layers = bert_matrices(state_dict, num_layers, num_heads, prefix)
     return dense_reference_from_matrices(layers, L_phi, p_grid_m, rank_tol, svd_call, convention)
 
@@ -199,7 +199,7 @@ def test_fast_path_matches_dense_reference_on_saved_miniature_shapes(tmp_path, L
     model = _tiny_bert(L, H, A, std=std)
     folder = tmp_path / f"bert_uncased_L-{L}_H-{H}_A-{A}"
     model.save_pretrained(folder)
-    rep = hf_tdiag.spectrum_bounds(str(folder))  # the same path a Hub id takes
+    rep = hf_tdiag.schatten_bounds(str(folder))  # the same path a Hub id takes
     reloaded = BertModel.from_pretrained(folder)
     ref = dense_reference(reloaded.state_dict(), L, A)
     assert rep.num_layers == L and rep.hidden_size == H and rep.num_heads == A
@@ -208,7 +208,7 @@ def test_fast_path_matches_dense_reference_on_saved_miniature_shapes(tmp_path, L
     np.testing.assert_allclose([m.min_contribution for m in rep.matrices], ref["mins"], rtol=1e-9)
     np.testing.assert_allclose(rep.alpha, ref["alpha"], rtol=1e-9)
     # the in-memory model object gives the same numbers as its saved folder
-    direct = hf_tdiag.spectrum_bounds(model)
+    direct = hf_tdiag.schatten_bounds(model)
     assert direct.schatten_bound == pytest.approx(rep.schatten_bound, rel=1e-12)
     assert direct.edelman_bound == pytest.approx(rep.edelman_bound, rel=1e-12)
 
@@ -224,7 +224,7 @@ def test_dense_reference_agrees_on_low_rank_and_zero_heads():
         layer0.attention.self.value.weight[dh : 2 * dh] = torch.outer(torch.randn(dh), torch.randn(H))  # Ṽ rank 1
         layer1 = model.encoder.layer[1]
         layer1.attention.self.key.weight[dh : dh + 10] = 0.0  # QK of head 1 has rank ≤ dh - 10
-    rep = hf_tdiag.spectrum_bounds(model)
+    rep = hf_tdiag.schatten_bounds(model)
     ref = dense_reference(model.state_dict(), L, A)
     assert rep.schatten_bound == pytest.approx(ref["ours"], rel=1e-9)
     assert rep.edelman_bound == pytest.approx(ref["edelman"], rel=1e-9)

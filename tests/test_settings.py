@@ -23,13 +23,13 @@ def _diagnostics():
     from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
     from hf_tdiag.diagnostics.concepts import concept_fidelity
     from hf_tdiag.diagnostics.objective_ledger import objective_ledger
-    from hf_tdiag.diagnostics.schatten import spectrum_bounds
+    from hf_tdiag.diagnostics.schatten import schatten_bounds
     from hf_tdiag.diagnostics.srr import layer_srr
 
     return {
         SRRSettings: layer_srr,
         LedgerSettings: objective_ledger,
-        SchattenSettings: spectrum_bounds,
+        SchattenSettings: schatten_bounds,
         ConceptSettings: concept_fidelity,
         AttentionSVMSettings: attention_svm_diagnostic,
     }

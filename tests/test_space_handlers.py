@@ -201,12 +201,12 @@ def test_digits_example_returns_held_out_digit():
     assert "between 0 and" in _message(excinfo)
 
 
-def test_bounds_tab_matches_spectrum_bounds(crate_dir, bert_dir):
+def test_bounds_tab_matches_schatten_bounds(crate_dir, bert_dir):
     import hf_tdiag
 
     for folder in (crate_dir, bert_dir):
         text, heatmap, spectra, contrib, rows = H.bounds_tab(folder, 1.13)
-        direct = hf_tdiag.spectrum_bounds(folder)
+        direct = hf_tdiag.schatten_bounds(folder)
         assert f"{format_value(direct.schatten_bound)}" in text and f"{format_value(direct.edelman_bound)}" in text
         assert len(rows) == len(direct.matrices)
         assert [float(r[6]) for r in rows] == pytest.approx([m.p_opt for m in direct.matrices], rel=1e-3, abs=1e-12)

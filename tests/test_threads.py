@@ -140,7 +140,7 @@ def _tiny_bert():
 
 DIAGNOSTICS = {
     "layer_srr": lambda hf, x: hf.layer_srr(_tiny_crate(), x, batch_size=4, progress=False),
-    "spectrum_bounds": lambda hf, x: hf.spectrum_bounds(_tiny_bert(), num_workers=2),
+    "schatten_bounds": lambda hf, x: hf.schatten_bounds(_tiny_bert(), num_workers=2),
     "concept_fidelity": lambda hf, x: hf.concept_fidelity(_tiny_crate(), x, 1, 2, power_iters=2, progress=False),
     "attention_svm_diagnostic": lambda hf, x: hf.attention_svm_diagnostic(_tiny_crate(), x, 1, 0, max_queries=8),
 }

@@ -114,7 +114,7 @@ def test_srr_trainer_loss_is_the_project_loops_loss(tmp_path, srr_layer):
 
 
 def test_a_measurement_leaves_mode_and_rng_as_found_and_logs_the_schatten_proxies():
-    from hf_tdiag.diagnostics.schatten import spectrum_bounds
+    from hf_tdiag.diagnostics.schatten import schatten_bounds
     from hf_tdiag.integrations.srr_callback import fixed_subset, scalars
 
     model = _model(5).train()
@@ -126,7 +126,7 @@ def test_a_measurement_leaves_mode_and_rng_as_found_and_logs_the_schatten_proxie
     after = torch.rand(3)
     torch.manual_seed(11)
     assert torch.equal(after, torch.rand(3)) and model.training  # the global RNG and the train mode untouched
-    bounds = spectrum_bounds(model)
+    bounds = schatten_bounds(model)
     logs = scalars(entry)
     assert logs["schatten/schatten_bound"] == pytest.approx(bounds.schatten_bound, rel=1e-12)
     assert logs["schatten/edelman_bound"] == pytest.approx(bounds.edelman_bound, rel=1e-12)

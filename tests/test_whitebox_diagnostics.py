@@ -73,7 +73,7 @@ def test_crate_alpha_schatten_matches_dense_reference():
     with torch.no_grad():  # a rank-deficient dictionary and a zero head: the thresholds must agree too
         model.crate_alpha.encoder.layer[1].sparse_coding.D[:10] = 0.0  # rank 54
         model.crate_alpha.encoder.layer[2].attention.qkv.weight[:16] = 0.0
-    rep = hf_tdiag.spectrum_bounds(model)
+    rep = hf_tdiag.schatten_bounds(model)
     ref = dense_reference_from_matrices(_alpha_matrices(model, 4))
     assert rep.family == "crate-alpha" and rep.intermediate_size == 256
     assert [m.type for m in rep.matrices[:10]] == ["qk"] * 4 + ["v"] * 4 + ["ista_d", "ista_d1"]
@@ -90,9 +90,9 @@ def test_crate_alpha_schatten_matches_dense_reference():
     assert set(frame["type"]) == {"qk", "v", "ista_d", "ista_d1"}
 
 
-def test_spectrum_bounds_refuses_tost_and_says_why():
+def test_schatten_bounds_refuses_tost_and_says_why():
     with pytest.raises(ValueError, match="TSSA.*not softmax attention"):
-        hf_tdiag.spectrum_bounds(_tost())
+        hf_tdiag.schatten_bounds(_tost())
 
 
 # ----------------------------------------------------------------------------- attention as SVM

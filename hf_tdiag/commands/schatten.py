@@ -22,7 +22,7 @@ def register(subparsers) -> None:
         "schatten",
         help="spectrum-adaptive Schatten vs Edelman generalization-bound proxies of encoder weights",
         description=plain(
-            "Compute B_ours = sum_W min_p c(W,p) + sqrt(L) (Sakai & Imaizumi 2026) and B_Edelman (Edelman et al. 2022) "
+            "Compute B_Schatten = sum_W min_p c(W,p) + sqrt(L) (Sakai & Imaizumi 2026) and B_Edelman (Edelman et al. 2022) "
             "from the weights of BERT-like encoders (BERT, RoBERTa, ELECTRA, DistilBERT), ViT/DeiT or CRATE. "
             "MODEL is a local folder or a Hub id."
         ),
@@ -96,7 +96,7 @@ def print_breakdown(report) -> None:
 def run(args: argparse.Namespace) -> int:
     from hf_tdiag._atomic import write_csv, write_json
     from hf_tdiag._outputs import claim_args
-    from hf_tdiag.diagnostics.schatten import spectrum_bounds
+    from hf_tdiag.diagnostics.schatten import schatten_bounds
     from hf_tdiag.viz.schatten import model_label
 
     dest = _destinations(args)
@@ -115,14 +115,14 @@ def run(args: argparse.Namespace) -> int:
     with torch_threads(args.threads):
         for model in args.models:
             reports.append(
-                spectrum_bounds(
+                schatten_bounds(
                     model,
                     settings=settings,
                     progress=True,
                     trust_remote_code=args.trust_remote_code,
                 )
             )
-    header = f"{'model':<44} {'L':>3} {'N':>5} {'H':>3} {'B_ours':>12} {'B_Edelman':>12} {'ratio':>9}"
+    header = f"{'model':<44} {'L':>3} {'N':>5} {'H':>3} {'B_Schatten':>12} {'B_Edelman':>12} {'ratio':>9}"
     print(header)
     print("-" * len(header))
     for r in reports:

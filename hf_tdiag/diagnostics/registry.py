@@ -122,7 +122,7 @@ DIAGNOSTICS: dict[str, Diagnostic] = {
             "schatten",
             "Schatten bound proxies",
             SchattenSettings,
-            "hf_tdiag.diagnostics.schatten:spectrum_bounds",
+            "hf_tdiag.diagnostics.schatten:schatten_bounds",
             "hf_tdiag.diagnostics.schatten_report:SchattenReport",
             (),
             "schatten_bound",

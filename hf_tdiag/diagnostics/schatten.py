@@ -1,4 +1,4 @@
-"""``hf_tdiag.spectrum_bounds``: spectrum-adaptive Schatten and Edelman bound proxies of an encoder or a decoder.
+"""``hf_tdiag.schatten_bounds``: spectrum-adaptive Schatten and Edelman bound proxies of an encoder or a decoder.
 
 Wires the weight probes (:mod:`hf_tdiag.probes.block_matrices`, :mod:`hf_tdiag.probes.spectrum_sources`) to the math
 in :mod:`hf_tdiag.measures.schatten`: per layer and head the matrices ``QK``, ``Ṽ``, ``M_in``, ``M_out`` (CRATE's
@@ -56,7 +56,7 @@ def _check_finite(w: EncoderWeights, layer: int, roles) -> None:
 TSSA_REFUSAL = (
     "model: ToST's token-statistics self-attention (TSSA) is not softmax attention: it forms no query–key logits, so "
     "the bound's attention matrices QK_h = W_Q,hᵀ W_K,h, Ṽ_h and their Lipschitz factor 1 + 4‖QK_h‖₂ do not describe "
-    "it, and spectrum_bounds does not apply to ToST"
+    "it, and schatten_bounds does not apply to ToST"
 )
 
 _ffn_spectrum = ffn_job  # one FFN matrix's σ, column norms and ‖·‖_{1,1} (module attribute: tests patch it)
@@ -279,14 +279,14 @@ def _matrix_groups(sh, sp: dict, gamma: dict, alpha: torch.Tensor) -> list[tuple
 
 
 @diagnostic_entry(SchattenSettings)
-def spectrum_bounds(
+def schatten_bounds(
     model_or_path,
     *,
     settings: SchattenSettings,
     progress: bool = False,
     **load_kwargs,
 ) -> SchattenReport:
-    """Spectrum-adaptive Schatten proxy B_ours = Σ_W min_p c(W, p) + √L and Edelman's proxy of an encoder or decoder.
+    """Spectrum-adaptive Schatten proxy B_Schatten = Σ_W min_p c(W, p) + √L and Edelman's proxy of an encoder or decoder.
 
     Args:
         model_or_path: a Transformers model (BERT-like, ViT-like, CRATE, or a GPT-2 / Llama-family decoder), a local
@@ -309,7 +309,7 @@ def spectrum_bounds(
         >>> from hf_tdiag import CrateConfig, CrateForImageClassification
         >>> _ = torch.manual_seed(0)
         >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10))
-        >>> report = hf_tdiag.spectrum_bounds(model)  # a model object, a save_pretrained folder or a Hub id
+        >>> report = hf_tdiag.schatten_bounds(model)  # a model object, a save_pretrained folder or a Hub id
         >>> report.num_layers, report.hidden_size, len(report.matrices), sorted({m.type for m in report.matrices})
         (4, 64, 36, ['ista', 'qk', 'v'])
         >>> round(report.schatten_bound, 1), f"{report.edelman_bound:.3e}"
@@ -383,5 +383,5 @@ __all__ = [
     "FORMAT_VERSION",
     "MatrixRecord",
     "SchattenReport",
-    "spectrum_bounds",
+    "schatten_bounds",
 ]

@@ -1,4 +1,4 @@
-"""The report :func:`~hf_tdiag.diagnostics.schatten.spectrum_bounds` returns (the shared contract of
+"""The report :func:`~hf_tdiag.diagnostics.schatten.schatten_bounds` returns (the shared contract of
 :mod:`hf_tdiag.diagnostics.report`): both bound proxies, one :class:`MatrixRecord` per analysed matrix, the
 per-type and per-layer breakdowns, and a versioned JSON form."""
 
@@ -97,14 +97,14 @@ _RECORD_FLOATS = (
 
 @dataclass
 class SchattenReport(ReportContract):
-    """Result of :func:`spectrum_bounds`: ``schatten_bound`` = B_ours (the spectrum-adaptive Schatten proxy
+    """Result of :func:`schatten_bounds`: ``schatten_bound`` = B_Schatten (the spectrum-adaptive Schatten proxy
     Σ_W min_p c(W, p) + √L), ``edelman_bound`` = B_Edelman, and one :class:`MatrixRecord` per analysed matrix.
 
     Examples:
         >>> import torch, hf_tdiag
         >>> from hf_tdiag import CrateConfig, CrateForImageClassification, SchattenReport
         >>> _ = torch.manual_seed(0)
-        >>> report = hf_tdiag.spectrum_bounds(CrateForImageClassification(CrateConfig.from_preset("crate-digits")))
+        >>> report = hf_tdiag.schatten_bounds(CrateForImageClassification(CrateConfig.from_preset("crate-digits")))
         >>> again = SchattenReport.from_json(report.to_json())
         >>> (again.schatten_bound, again.edelman_bound) == (report.schatten_bound, report.edelman_bound)
         True
@@ -137,7 +137,7 @@ class SchattenReport(ReportContract):
 
     @property
     def degenerate(self) -> bool:
-        """True when p_opt = 0 for every matrix: B_ours = Σ_W √(rank(W)·N) + √L depends only on shapes and ranks."""
+        """True when p_opt = 0 for every matrix: B_Schatten = Σ_W √(rank(W)·N) + √L depends only on shapes and ranks."""
         return bool(self.matrices) and all(m.p_opt == 0 for m in self.matrices)
 
     def type_contributions(self, ps=(0.0, 0.5, 1.0, 2.0)) -> dict[str, np.ndarray]:
@@ -150,7 +150,7 @@ class SchattenReport(ReportContract):
         return out
 
     def fixed_p_bounds(self, ps=(0.0, 0.5, 1.0, 2.0)) -> np.ndarray:
-        """Σ_W c(W, p) + √L with one p for every matrix, at each p in ``ps`` (B_ours is never larger than any of them)."""
+        """Σ_W c(W, p) + √L with one p for every matrix, at each p in ``ps`` (B_Schatten is never larger than any of them)."""
         return np.sum(list(self.type_contributions(ps).values()), axis=0) + math.sqrt(self.num_layers)
 
     def breakdown_tables(self, ps=(0.0, 0.5, 1.0, 2.0)) -> dict[str, tuple[list[str], list[list]]]:
@@ -187,7 +187,7 @@ class SchattenReport(ReportContract):
         scales = [m.gamma * m.alpha * self.num_layers for m in self.matrices]
         kmax = max(m.flip_factor_down for m in self.matrices if math.isfinite(m.flip_factor_down))
         return (
-            f"p_opt = 0 for all {len(self.matrices)} matrices: B_ours = Σ_W √(rank(W)·N) + √L = {shape_only:.6g} depends "
+            f"p_opt = 0 for all {len(self.matrices)} matrices: B_Schatten = Σ_W √(rank(W)·N) + √L = {shape_only:.6g} depends "
             f"only on shapes and ranks, not on the singular values. The scales γα_ℓL (from {min(scales):.3g} to "
             f"{max(scales):.3g}; α of the first layer = {self.alpha[0]:.3g}, a product of {self.num_layers - 1} layer "
             f"gains) make every p > 0 lose: they would have to shrink by a factor of at least {1 / kmax:.3g} for any "
@@ -206,7 +206,7 @@ class SchattenReport(ReportContract):
         return [m for m in self.matrices if m.type == matrix_type]
 
     def summary(self) -> dict[str, Any]:
-        """The headline numbers as a flat dict (one table row); ``schatten_degenerate`` says whether B_ours is a rank
+        """The headline numbers as a flat dict (one table row); ``schatten_degenerate`` says whether B_Schatten is a rank
         count (:attr:`degenerate`), and ``schatten_degenerate_reason`` why, in one line, when it is."""
         return {
             "model": self.model,

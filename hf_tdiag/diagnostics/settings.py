@@ -240,7 +240,7 @@ class SRRSettings(_Settings):
 
 @dataclass(frozen=True)
 class SchattenSettings(_Settings):
-    """Spectrum-adaptive Schatten and Edelman bound proxies (:func:`hf_tdiag.spectrum_bounds`).
+    """Spectrum-adaptive Schatten and Edelman bound proxies (:func:`hf_tdiag.schatten_bounds`).
 
     Examples:
         >>> from hf_tdiag import SchattenSettings

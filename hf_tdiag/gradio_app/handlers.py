@@ -306,7 +306,7 @@ def digits_example(example_index) -> Image.Image:
 def _bounds_report(loaded: LoadedModel, settings: SchattenSettings):
     import hf_tdiag
 
-    return hf_tdiag.spectrum_bounds(loaded.model, settings=settings, progress=True)
+    return hf_tdiag.schatten_bounds(loaded.model, settings=settings, progress=True)
 
 
 def _bounds_table(report) -> list[list]:
@@ -354,10 +354,10 @@ def bounds_tab(model, settings, progress=gr.Progress(track_tqdm=True)):
     loaded = get_model(model)
     report = _bounds_report(loaded, settings)
     text = (
-        f"**B_ours (spectrum-adaptive Schatten)** = {format_value(report.schatten_bound)}"
+        f"**B_Schatten (spectrum-adaptive Schatten)** = {format_value(report.schatten_bound)}"
         + (" **(degenerate)**" if report.degenerate else "")
         + " &nbsp;·&nbsp; "
-        f"**B_Edelman** = {format_value(report.edelman_bound)} &nbsp;·&nbsp; ratio B_Edelman / B_ours = "
+        f"**B_Edelman** = {format_value(report.edelman_bound)} &nbsp;·&nbsp; ratio B_Edelman / B_Schatten = "
         f"{format_value(report.edelman_bound / report.schatten_bound)}  \n"
         f"{report.num_layers} layers, width {report.hidden_size}, {report.num_heads} heads, "
         f"{len(report.matrices)} matrices, L_φ = {report.L_phi:g}, mean optimal p = "

@@ -4,7 +4,7 @@ A model loaded with ``from_pretrained(..., device_map=..., offload_folder=...)``
 ``cpu_offload``, ``disk_offload``) keeps each offloaded module's weights on the ``meta`` device between forward
 passes; a hook brings them to the execution device when the module runs and sends them back afterwards.
 
-The public diagnostics (:func:`hf_tdiag.layer_srr`, :func:`hf_tdiag.spectrum_bounds`,
+The public diagnostics (:func:`hf_tdiag.layer_srr`, :func:`hf_tdiag.schatten_bounds`,
 :func:`hf_tdiag.concept_fidelity`, :func:`hf_tdiag.attention_svm_diagnostic`) take such a model as it is: their
 forward passes run through the hooks, and their weight reads go through :mod:`hf_tdiag.probes.offload`, which reads
 one module's (one job's) tensors from the offload store at a time. Nothing needs wrapping.

@@ -180,9 +180,9 @@ class SRRCallback(TrainerCallback):
                 "embeddings": report.embeddings["mean"] if report.embeddings else None,
             }
             if self.schatten:
-                from ..diagnostics.schatten import spectrum_bounds
+                from ..diagnostics.schatten import schatten_bounds
 
-                summary = spectrum_bounds(model).summary()
+                summary = schatten_bounds(model).summary()
                 entry["schatten"] = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float))}
         finally:
             restore_modes(saved_modes)

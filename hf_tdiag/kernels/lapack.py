@@ -1,7 +1,7 @@
 """In-place BLAS ``dsyrk`` and LAPACK ``dsyevd`` (values only) that release the GIL.
 
 SciPy's f2py wrappers ``scipy.linalg.blas.dsyrk`` and ``scipy.linalg.eigvalsh`` hold the GIL for the whole
-Fortran call, so the thread pool of :func:`hf_tdiag.spectrum_bounds` ran its FFN jobs one at a time. The same
+Fortran call, so the thread pool of :func:`hf_tdiag.schatten_bounds` ran its FFN jobs one at a time. The same
 routines of the same library are reached here through SciPy's ``cython_blas`` / ``cython_lapack`` function
 pointers, called by :mod:`ctypes` (which releases the GIL around a foreign call): the same arithmetic (bit for
 bit), in place, without the GIL. Where those pointers cannot be had, SciPy's wrappers are used.

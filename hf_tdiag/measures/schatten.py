@@ -416,7 +416,7 @@ def optimal_contribution(curve, ps) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def spectrum_adaptive_bound(min_contributions, num_layers: int) -> torch.Tensor:
-    """B_ours = Σ_W min_p c(W, p) + √L."""
+    """B_Schatten = Σ_W min_p c(W, p) + √L."""
     c = _tensor(min_contributions, "min_contributions")
     L = positive_int(num_layers, "num_layers")
     return c.sum() + math.sqrt(L)

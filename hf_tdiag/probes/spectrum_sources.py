@@ -1,4 +1,4 @@
-"""Where :func:`hf_tdiag.spectrum_bounds` reads its matrices from, and the per-job spectra it computes from them.
+"""Where :func:`hf_tdiag.schatten_bounds` reads its matrices from, and the per-job spectra it computes from them.
 
 Work is split into jobs of one layer each: ``"in"`` (M_in), ``"out"`` (M_out) and ``"heads"`` (every head's QK_h
 and Ṽ_h). A source hands a job only the tensors it needs (:meth:`tensors`), so a checkpoint streamed from its

@@ -19,7 +19,7 @@ HEADLINE = (
     ("summary", "next-token perplexity", ("next_token_perplexity",), "number"),
     ("srr", "SRR, last block", ("summary", "srr_last_layer"), "number"),
     ("srr", "SRR, mean over blocks", ("summary", "srr_mean_over_layers"), "number"),
-    ("schatten", "B_ours (Schatten proxy)", ("schatten_bound",), "number"),
+    ("schatten", "B_Schatten (Schatten proxy)", ("schatten_bound",), "number"),
     ("schatten", "B_Edelman", ("edelman_bound",), "number"),
     ("concepts", "concept KL (mean)", ("kl",), "number"),
     ("concepts", "KL bound, certified", ("bound_certified",), "number"),

@@ -4,7 +4,7 @@ Sections (each one wires a public API of hf_tdiag to its figures; no math here):
 
 * ``summary``   — architecture, predictions on the inputs (accuracy when labels are known);
 * ``srr``       — per-layer sparse rate reduction (:func:`hf_tdiag.layer_srr`), vision and text models;
-* ``schatten``  — spectrum-adaptive vs Edelman bound proxies (:func:`hf_tdiag.spectrum_bounds`), any encoder;
+* ``schatten``  — spectrum-adaptive vs Edelman bound proxies (:func:`hf_tdiag.schatten_bounds`), any encoder;
 * ``concepts``  — Semi-NMF concepts, δ_rec/δ_gram, empirical KL vs the bound (:func:`hf_tdiag.concept_fidelity`),
   image classifiers and decoder LLMs on texts (next-token distribution of the last token; estimated bound only);
 * ``attention`` — attention maps over the image and the attention-as-SVM head diagnostic
@@ -274,7 +274,7 @@ def srr_intervals(report) -> dict[str, list[float]]:
 
 
 def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
-    report = hf_tdiag.spectrum_bounds(loaded.model, L_phi=options.L_phi)
+    report = hf_tdiag.schatten_bounds(loaded.model, L_phi=options.L_phi)
     rows = [
         [
             m.layer,
@@ -295,12 +295,14 @@ def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: 
         "schatten",
         "Generalization-bound proxies (spectrum-adaptive Schatten vs Edelman)",
         summary=(
-            f"Spectrum-adaptive proxy B_ours = {report.schatten_bound:.6g}; Edelman et al. proxy B_Edelman = "
+            f"Spectrum-adaptive proxy B_Schatten = {report.schatten_bound:.6g}; Edelman et al. proxy B_Edelman = "
             f"{report.edelman_bound:.6g} (ratio {report.edelman_bound / report.schatten_bound:.3g}×), from the weights alone "
             f"({len(report.matrices)} matrices, L_φ = {report.L_phi})." + (f" {note}" if note else "")
         ),
         tables=[
-            Table("Σ c(W, p) per matrix type at fixed p (B_ours takes the minimum per matrix)", *breakdown["types"]),
+            Table(
+                "Σ c(W, p) per matrix type at fixed p (B_Schatten takes the minimum per matrix)", *breakdown["types"]
+            ),
             Table("Layer gains f_ℓ and propagation factors α_ℓ", *breakdown["layers"]),
             Table(
                 "Per-matrix spectra and optimal p (κ↓: factor on γα_ℓL at which a larger p would win)",

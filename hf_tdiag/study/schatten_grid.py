@@ -1,6 +1,6 @@
 """A grid of small encoders trained here, with both Schatten bound proxies at initialisation and after training.
 
-The paper's Figure 1 (B_ours and B_Edelman vs depth L and width N on the BERT miniatures) on models
+The paper's Figure 1 (B_Schatten and B_Edelman vs depth L and width N on the BERT miniatures) on models
 trained offline: ViTs (Transformers' ``ViTForImageClassification``, BERT-like blocks: per-head
 Q/K/V, output projection, GELU MLP of width 4N) on scikit-learn's 8×8 digits with 4×4 patches
 (4 tokens + CLS; 2×2 patches, ``patch_size=2``, cost ~3× more), on the fixed stratified
@@ -226,7 +226,7 @@ def run_cell(cell: GridCell, cache_dir: str, device: str | None = None) -> dict:
     """Train one cell (or return its cached record): proxies at initialisation and after training, accuracies."""
     import torch
 
-    from hf_tdiag.diagnostics.schatten import spectrum_bounds
+    from hf_tdiag.diagnostics.schatten import schatten_bounds
     from hf_tdiag.study.cache import write_json_atomic
 
     cached = load_record(cell, cache_dir)
@@ -237,10 +237,10 @@ def run_cell(cell: GridCell, cache_dir: str, device: str | None = None) -> dict:
     os.makedirs(os.path.dirname(paths["init"]), exist_ok=True)
     t0 = time.perf_counter()
     model = build_model(cell)
-    init = spectrum_bounds(model, L_phi=cell.L_phi)
+    init = schatten_bounds(model, L_phi=cell.L_phi)
     init.to_json(paths["init"])
     metrics = train(model, cell, digits_tensors(), device)
-    trained = spectrum_bounds(model.cpu().eval(), L_phi=cell.L_phi)
+    trained = schatten_bounds(model.cpu().eval(), L_phi=cell.L_phi)
     trained.to_json(paths["trained"])
     rec = {
         "key": cell.key(),
@@ -331,7 +331,7 @@ def _line(rec: dict) -> str:
     c, i, t, m = rec["cell"], rec["init"], rec["trained"], rec["metrics"]
     how = "cached" if rec.get("cached") else f"{rec['seconds']:.0f} s"
     return (
-        f"L={c['num_layers']} N={c['hidden_size']}: test acc {m['test_accuracy']:.3f}; B_ours {i['schatten_bound']:.4g} -> "
+        f"L={c['num_layers']} N={c['hidden_size']}: test acc {m['test_accuracy']:.3f}; B_Schatten {i['schatten_bound']:.4g} -> "
         f"{t['schatten_bound']:.4g}, B_Edelman {i['edelman_bound']:.4g} -> {t['edelman_bound']:.4g} ({how})"
     )
 

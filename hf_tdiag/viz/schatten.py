@@ -18,7 +18,10 @@ from . import new_subplots
 
 TYPE_LABELS = {"qk": "QK (per head)", "v": "Ṽ (per head)", "m_in": "M_in", "ista": "ISTA D (as M_in)", "m_out": "M_out",
                "ista_d": "CRATE-α D (as M_in)", "ista_d1": "CRATE-α D₁ᵀ (as M_out)"}  # fmt: skip
-PROXY_STYLE = {"schatten_bound": ("B_ours (spectrum-adaptive)", "-", "o"), "edelman_bound": ("B_Edelman", "--", "s")}
+PROXY_STYLE = {
+    "schatten_bound": ("B_Schatten (spectrum-adaptive)", "-", "o"),
+    "edelman_bound": ("B_Edelman", "--", "s"),
+}
 
 
 AXIS_LABELS = {"hidden_size": ("hidden size N", "N"), "num_layers": ("depth L", "L")}
@@ -328,7 +331,7 @@ def plot_optimal_p_histogram(report) -> Figure:
     ax.legend(fontsize=7)
     title = f"Optimal p per matrix type — {_title_name(report)}"
     if getattr(report, "degenerate", False):
-        title += "\np_opt = 0 for every matrix: B_ours depends only on shapes and ranks"
+        title += "\np_opt = 0 for every matrix: B_Schatten depends only on shapes and ranks"
     ax.set_title(title, fontsize=9)
     return fig
 

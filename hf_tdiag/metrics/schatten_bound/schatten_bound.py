@@ -1,6 +1,6 @@
 """`evaluate` module: spectrum-adaptive Schatten (Sakai & Imaizumi 2026) and Edelman et al. (2022) bound proxies.
 
-Thin wrapper over :func:`hf_tdiag.spectrum_bounds`; the numbers depend on the weights only.
+Thin wrapper over :func:`hf_tdiag.schatten_bounds`; the numbers depend on the weights only.
 """
 
 import os
@@ -8,7 +8,7 @@ import os
 import datasets
 import evaluate
 import torch
-from hf_tdiag.diagnostics.schatten import spectrum_bounds
+from hf_tdiag.diagnostics.schatten import schatten_bounds
 from hf_tdiag.metrics.combining import ABSENT
 from hf_tdiag.metrics.combining import called_by_combine
 from hf_tdiag.metrics.combining import flat_scalars
@@ -35,7 +35,7 @@ _CITATION = """\
 
 _DESCRIPTION = """\
 Weight-only generalization-bound proxies of a transformer encoder (BERT, RoBERTa, ELECTRA,
-DistilBERT, ViT/DeiT, CRATE). B_ours = sum over the per-head query-key products QK, value-output
+DistilBERT, ViT/DeiT, CRATE). B_Schatten = sum over the per-head query-key products QK, value-output
 products V, and FFN matrices M_in / M_out of min_p c(W, p) + sqrt(L), with
 c(W, p) = (sum_i s_i^p)^(1/(p+2)) (gamma alpha L)^(p/(p+2)) N^((p+1)/(p+2)) and p chosen per matrix
 on {0, 1/m, ..., 2}; B_Edelman = (1 + sum_l alpha_l^(2/3) xi_l)^(3/2) from (2,1)-norms.
@@ -53,7 +53,7 @@ Args:
     In `evaluate.combine`, `model=` is read as one model, every option may carry the prefix `schatten_bound_`,
     and the inputs and options of the other hf-tdiag modules are ignored.
 Returns:
-    For one model a flat dict of scalars: schatten_bound (B_ours), edelman_bound (B_Edelman), num_layers,
+    For one model a flat dict of scalars: schatten_bound (B_Schatten), edelman_bound (B_Edelman), num_layers,
     hidden_size, num_heads, num_matrices, mean_p_opt and mean_p_opt_<type> (qk, v, m_in, m_out); for several
     models each key holds one value per model.
 Examples:
@@ -145,7 +145,7 @@ class SchattenBound(evaluate.Metric):
         **settings,
     ):
         s = resolve(SchattenSettings, None, settings)  # validated before any model is read
-        reports = [spectrum_bounds(m, settings=s) for m in models]
+        reports = [schatten_bounds(m, settings=s) for m in models]
         rows = [_scalars(r) for r in reports]
         keys = dict.fromkeys(k for row in rows for k in row)  # every row's keys (a reason only where degenerate)
         out = rows[0] if len(rows) == 1 else {k: [row.get(k) for row in rows] for k in keys}
@@ -157,7 +157,7 @@ class SchattenBound(evaluate.Metric):
 
 def _scalars(report):
     """One model's numbers: the two bounds, the architecture sizes, the mean chosen p's, ``schatten_degenerate`` and,
-    when B_ours is a rank count, ``schatten_degenerate_reason`` (one line)."""
+    when B_Schatten is a rank count, ``schatten_degenerate_reason`` (one line)."""
     summary = report.summary()
     for old, new in (("ours", "schatten_bound"), ("edelman", "edelman_bound")):
         if old in summary:

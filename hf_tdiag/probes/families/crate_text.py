@@ -33,7 +33,7 @@ CONCEPTS_REFUSAL = (
     "Llama-family blocks through their tensor layout and its encoder path needs a BERT-like pooler with a linear "
     "head, and the bound's certified constants are derived for full softmax attention and CRATE's square one-step "
     "ISTA, not for causal masks or CRATE-LM's overcomplete two-step block; layer_srr, objective_ledger, "
-    "spectrum_bounds and attention_svm_diagnostic do apply"
+    "schatten_bounds and attention_svm_diagnostic do apply"
 )
 
 
