@@ -372,6 +372,7 @@ def build_report(
     unknown = [k for k in keys if k not in SECTION_ORDER]
     if unknown:
         raise ValueError(f"sections: unknown {unknown}; expected a subset of {list(SECTION_ORDER)}")
+    options.check(loaded.model, keys)  # the layer, head and concept count fit the model: before any section runs
     settings = {"model": str(loaded.source), **_resolved_options(loaded, options)}
     if inputs is not None:
         settings["inputs"] = f"{inputs.description} ({inputs.num_samples} samples)"
