@@ -90,7 +90,10 @@ def test_errors_exit_1_with_one_line_on_stderr_and_no_traceback(args, message, c
     assert _last_line(proc.stderr).startswith(message.format(**fill)), proc.stderr[-2000:]
 
 
-def test_report_exits_1_when_a_section_fails_and_still_writes_the_page(crate_dir, tmp_path):
+def test_report_refuses_an_out_of_range_layer_before_any_section_runs(crate_dir, tmp_path):
+    """An out-of-range --layer is checked against the model before the inputs are read or a section runs: exit 1,
+    one line naming the flag and the range, no traceback and no page (a section that fails while it runs still
+    leaves the page: tests/test_report.py)."""
     proc = _run(
         "report",
         crate_dir,
@@ -108,14 +111,11 @@ def test_report_exits_1_when_a_section_fails_and_still_writes_the_page(crate_dir
         cwd=tmp_path,
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert _last_line(proc.stderr) == "hf-tdiag report: 1 section(s) failed: ['concepts']"
-    assert "Traceback" not in proc.stderr
-    assert "  summary    ok" in proc.stdout and "  concepts   error: ValueError: layer:" in proc.stdout
-    data = json.loads((tmp_path / "rep" / "report.json").read_text())
-    assert data["sections"]["summary"]["status"] == "ok" and data["sections"]["concepts"]["status"] == "error"
-    assert "expected a block number 0..2 (0 = the embeddings)" in data["sections"]["concepts"]["note"]
-    assert data["sections"]["summary"]["numbers"]["num_inputs"] == 8
-    assert "concepts" in (tmp_path / "rep" / "report.html").read_text()
+    assert _last_line(proc.stderr) == (
+        "hf-tdiag report: error: --layer: expected a block number 0..2 (0 = the embeddings), got 99"
+    )
+    assert "Traceback" not in proc.stderr and "  summary    ok" not in proc.stdout
+    assert not (tmp_path / "rep" / "report.html").exists() and not (tmp_path / "rep" / "report.json").exists()
 
 
 def test_srr_subprocess_numbers_are_the_srr_by_hand(crate_dir, tmp_path):

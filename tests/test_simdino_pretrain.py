@@ -68,3 +68,21 @@ def test_effective_rank_of_collapsed_and_spread_features():
     skew = torch.cat([torch.diag(torch.tensor([2.0, 1.0])), -torch.diag(torch.tensor([2.0, 1.0]))])
     p = torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)
     assert effective_rank(skew) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), abs=1e-9)
+
+
+def test_the_pretrain_command_runs_the_same_pretraining(tmp_path, capsys):
+    """hf-tdiag pretrain (flags derived from PretrainSettings, underscore spellings accepted) gives the run the Python
+    call gives: the same losses, and its summary line."""
+    from hf_tdiag.cli import main
+
+    settings = _settings(tmp_path / "py")
+    expected = pretrain(settings)
+    flags = []
+    for key, value in {**settings, "output_dir": str(tmp_path / "cli")}.items():
+        flags += [f"--{key.replace('_', '-')}" if key != "n_local" else "--n_local", str(value).lower()]
+    capsys.readouterr()
+    assert main(["pretrain", *flags]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == expected["steps"] == 4 and summary["resumed_from"] is None
+    saved = json.loads((tmp_path / "cli" / "pretrain_results.json").read_text())
+    assert saved["losses"] == expected["losses"]

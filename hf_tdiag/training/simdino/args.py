@@ -96,7 +96,15 @@ def _bool(text: str) -> bool:
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """One hyphenated flag per :class:`PretrainSettings` field (``--output-dir`` required)."""
-    parser = argparse.ArgumentParser(prog=prog, description="SimDINO / DINO self-supervised pretraining (digits).")
+    from ..._cli_args import ArgumentParser  # underscore spellings of the flags accepted, as everywhere
+
+    parser = ArgumentParser(prog=prog, description="SimDINO / DINO self-supervised pretraining (digits).")
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one hyphenated flag per :class:`PretrainSettings` field to ``parser``."""
     for f in fields(PretrainSettings):
         flag = "--" + f.name.replace("_", "-")
         kwargs = {"dest": f.name, "help": f.metadata["help"]}
@@ -113,7 +121,6 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         elif isinstance(f.default, float) or f.name == "gamma":
             kwargs["type"] = float
         parser.add_argument(flag, **kwargs)
-    return parser
 
 
 def parse_settings(argv=None) -> PretrainSettings:
@@ -121,4 +128,4 @@ def parse_settings(argv=None) -> PretrainSettings:
     return PretrainSettings(**vars(build_parser("python -m hf_tdiag.training.simdino").parse_args(argv)))
 
 
-__all__ = ["PretrainSettings", "build_parser", "parse_settings", "OBJECTIVES", "BACKBONES"]
+__all__ = ["PretrainSettings", "add_arguments", "build_parser", "parse_settings", "OBJECTIVES", "BACKBONES"]
