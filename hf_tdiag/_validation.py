@@ -291,6 +291,9 @@ def check_model_inputs(batch, name: str | None = None):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
             continue
         t = t.detach()
+        for dim in range(t.ndim):  # a broadcast (expanded) dimension repeats one slice: check that slice once
+            if t.stride(dim) == 0 and t.shape[dim] > 1:
+                t = t.narrow(dim, 0, 1)
         if not all_finite(t):
             bad = ~torch.isfinite(t)
             first = tuple(int(i) for i in bad.nonzero()[0])
@@ -299,7 +302,7 @@ def check_model_inputs(batch, name: str | None = None):
                 f"{key}: contains {kind} at index {first} ({int(bad.sum())} non-finite of {t.numel()} values); "
                 "give finite values (as the model's image processor or tokenizer makes them)"
             )
-        top = float(t.abs().max())
+        top = max(abs(float(t.amax())), abs(float(t.amin())))  # no |t| copy of the whole tensor
         if top > INPUT_LIMIT:
             raise ValueError(
                 f"{key}: values up to {top:.3g} overflow float32 (their squares pass its largest number, 3.4e+38); "

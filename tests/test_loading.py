@@ -107,7 +107,7 @@ def test_custom_code_runs_with_explicit_opt_in(custom_repo):
 def test_refusal_is_prompt_free_under_a_terminal(custom_repo):
     """Under a pseudo-terminal Transformers would ask "run the custom code? [y/N]"; hf-tdiag never lets it."""
     folder, marker = custom_repo
-    code = f"from hf_tdiag.diagnostics.schatten import schatten_bounds\nspectrum_bounds({folder!r})"
+    code = f"from hf_tdiag.diagnostics.schatten import schatten_bounds\nschatten_bounds({folder!r})"
     controller, child = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=child, stdout=child, stderr=child, env=dict(os.environ))
     os.close(child)

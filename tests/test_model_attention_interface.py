@@ -8,7 +8,8 @@ import pytest
 from model_cases import BY_NAME, FAMILY_HEADS, _assert_same, _run
 
 _ATTENTION_MODULES = {"crate": "CrateMSSA", "crate-alpha": "CrateAlphaMSSA", "crate-mae": "CrateMAEMSSA",
-                      "tost": "TostClassAttention", "crate_text": "CrateTextMSSA"}  # fmt: skip
+                      "tost": "TostClassAttention", "crate_text": "CrateTextMSSA", "aot": "AotAttention",
+                      "aot_text": "AotAttention"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", FAMILY_HEADS)
