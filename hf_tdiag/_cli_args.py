@@ -20,10 +20,14 @@ import argparse
 import re
 import textwrap
 
-from .diagnostics.settings import FINITE, NON_NEGATIVE_INT, POSITIVE_INT, ConceptSettings
+from .diagnostics.settings import FINITE, NON_NEGATIVE_INT, POSITIVE_INT, ConceptFidelitySettings
 
-MAX_SAMPLES = 64  # inputs measured by srr, concepts, attention-svm and report unless --max-samples says otherwise
-NUM_CONCEPTS = ConceptSettings.n_concepts  # Semi-NMF concepts k in concepts, report and the concept-fidelity recipe
+MAX_SAMPLES = (
+    64  # inputs measured by srr, concept-fidelity, attention-svm and report unless --max-samples says otherwise
+)
+NUM_CONCEPTS = (
+    ConceptFidelitySettings.n_concepts
+)  # Semi-NMF concepts k in concepts, report and the concept-fidelity recipe
 
 
 def normalize_flag(token: str) -> str:

@@ -10,8 +10,8 @@ DEFAULT_RANK_TOL = 1e-10
 
 
 #: the sections of ``hf-tdiag report``, in page order (the command line checks --sections against them)
-REPORT_SECTIONS = ("summary", "srr", "schatten", "concepts", "attention", "ledger")
+REPORT_SECTIONS = ("summary", "srr", "schatten", "concept_fidelity", "attention_svm", "objective_ledger")
 #: the sections that run the model on inputs (the others read its weights and config)
-SECTIONS_WITH_INPUTS = ("srr", "concepts", "attention", "ledger")
+SECTIONS_WITH_INPUTS = ("srr", "concept_fidelity", "attention_svm", "objective_ledger")
 
 __all__ = ["DEFAULT_L_PHI", "DEFAULT_RANK_TOL", "REPORT_SECTIONS", "SECTIONS_WITH_INPUTS"]

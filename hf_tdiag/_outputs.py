@@ -77,7 +77,7 @@ RESULT_PATTERNS = (
     "spectrum*.json",
     "spectrum*.csv",
     "matrices*.csv",
-    "concepts.json",
+    "concept_fidelity.json",
     "sweep.json",
     "sweep.png",
     "table.txt",
@@ -87,6 +87,8 @@ RESULT_PATTERNS = (
     "mu_sweep.png",
     "attention_svm.json",
     "attention_svm_l*_h*.png",
+    "objective_ledger.*",
+    "token_snr.*",
     "study.json",
 )
 # what a training run writes into its folder besides the model files (removed with --overwrite-output-dir)

@@ -177,7 +177,7 @@ NAN_NAME = "weight 'crate.encoder.layer.1.ista.weight'"
 def test_nan_weight_is_named_by_the_cli(nan_crate, tmp_path, capsys):
     for argv in (
         ["srr", nan_crate[0], "--dataset", "digits", "--max-samples", "4", "--output-dir", tmp_path / "srr"],
-        ["concepts", nan_crate[0], "--dataset", "digits", "--max-samples", "4", "--output-dir", tmp_path / "c"],
+        ["concept-fidelity", nan_crate[0], "--dataset", "digits", "--max-samples", "4", "--output-dir", tmp_path / "c"],
     ):
         code, err = _cli(argv, capsys)
         assert code == 1 and NAN_NAME in err and "3 NaN/inf entries" in err and str(nan_crate[0]) in err, err
@@ -294,7 +294,7 @@ TEXT_FILE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("command", ["srr", "attention-svm", "report", "concepts"])
+@pytest.mark.parametrize("command", ["srr", "attention-svm", "report", "concept-fidelity"])
 @pytest.mark.parametrize("content, message", [c[1:] for c in TEXT_FILE_CASES], ids=[c[0] for c in TEXT_FILE_CASES])
 def test_cli_texts_files(bert_dir, tmp_path, capsys, command, content, message):
     path = tmp_path / "texts.txt"

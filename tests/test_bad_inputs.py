@@ -469,16 +469,16 @@ CLI_CASES = [
     ("schatten truncated", ["schatten", "{root}/truncated"], 1, "'{root}/truncated/model.safetensors'"),
     ("schatten empty folder", ["schatten", "{root}/empty_dir"], 1, "'{root}/empty_dir' has no config.json"),
     ("schatten l-phi nan", ["schatten", "{root}/crate", "--l-phi", "nan"], 2, "--l-phi"),
-    ("concepts k 0", ["concepts", "{root}/crate", "--dataset", "digits", "--concepts", "0"], 2, "--concepts"),
+    ("concepts k 0", ["concept-fidelity", "{root}/crate", "--dataset", "digits", "--concepts", "0"], 2, "--concepts"),
     (
         "concepts layer 99",
-        ["concepts", "{root}/crate", "--dataset", "digits", "--layer", "99"],
+        ["concept-fidelity", "{root}/crate", "--dataset", "digits", "--layer", "99"],
         1,
         "layer: expected a block number 0..1 (0 = the embeddings), got",
     ),
     (
         "concepts on BERT",
-        ["concepts", "{root}/bert", "--dataset", "digits"],
+        ["concept-fidelity", "{root}/bert", "--dataset", "digits"],
         1,
         "'{root}/bert' is a text model; pass --texts FILE",
     ),
@@ -561,7 +561,12 @@ CLI_CASES = [
         1,
         "'{root}/remote' needs its own Python code",
     ),
-    ("concepts max-iter 0", ["concepts", "{root}/crate", "--dataset", "digits", "--max-iter", "0"], 2, "--max-iter"),
+    (
+        "concepts max-iter 0",
+        ["concept-fidelity", "{root}/crate", "--dataset", "digits", "--max-iter", "0"],
+        2,
+        "--max-iter",
+    ),
     ("report concepts 0", ["report", "{root}/crate", "--concepts", "0"], 2, "--concepts"),
     ("report max-samples 0", ["report", "{root}/crate", "--max-samples", "0"], 2, "--max-samples"),
 ]

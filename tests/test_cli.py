@@ -21,7 +21,7 @@ from hf_tdiag.cli import build_parser
 from hf_tdiag.cli import main as cli_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMANDS = ["attention-svm", "concepts", "convert-official", "report", "schatten", "srr", "study", "train"]
+COMMANDS = ["attention-svm", "concept-fidelity", "convert-official", "report", "schatten", "srr", "study", "train"]
 RECIPES = [
     "attention_svm.py",
     "concept_fidelity.py",
@@ -115,7 +115,7 @@ def _parse(argv):
     "command, required",
     [
         ("srr", ["m", "--dataset", "digits"]),
-        ("concepts", ["m", "--dataset", "digits"]),
+        ("concept-fidelity", ["m", "--dataset", "digits"]),
         ("attention-svm", ["m", "--dataset", "digits", "--layer", "1"]),
         ("report", ["m"]),
         ("schatten", ["m"]),
@@ -134,7 +134,7 @@ def test_output_dir_in_every_spelling(command, required):
 
 
 @pytest.mark.parametrize(
-    "command, extra", [("srr", []), ("concepts", []), ("attention-svm", ["--layer", "1"]), ("report", [])]
+    "command, extra", [("srr", []), ("concept-fidelity", []), ("attention-svm", ["--layer", "1"]), ("report", [])]
 )
 def test_max_samples_and_its_old_names(command, extra):
     base = [command, "m", "--dataset", "digits", *extra]
@@ -185,7 +185,7 @@ def test_schatten_old_l_phi_spellings():
     assert (parsed.threads, parsed.num_workers) == (2, None)
 
 
-@pytest.mark.parametrize("command, extra", [("srr", []), ("concepts", []), ("attention-svm", ["--layer", "1"])])
+@pytest.mark.parametrize("command, extra", [("srr", []), ("concept-fidelity", []), ("attention-svm", ["--layer", "1"])])
 def test_measuring_commands_require_one_input(command, extra, capsys, tmp_path):
     """A model that records no training dataset needs an input flag; nothing is written or loaded first."""
     out = tmp_path / "out"
@@ -233,7 +233,7 @@ def test_a_model_trained_by_hf_tdiag_is_measured_on_its_held_out_split_and_outpu
 def test_one_default_number_of_concepts():
     from hf_tdiag.report.report import ReportOptions
 
-    assert _parse(["concepts", "m", "--dataset", "digits"]).n_concepts == NUM_CONCEPTS
+    assert _parse(["concept-fidelity", "m", "--dataset", "digits"]).n_concepts == NUM_CONCEPTS
     assert _parse(["report", "m"]).concepts == NUM_CONCEPTS
     assert ReportOptions().n_concepts == NUM_CONCEPTS
 
@@ -411,7 +411,7 @@ def test_save_pretrained_writes_the_auto_maps_without_the_auto_classes_in_use(tm
     "command, extra",
     [
         ("srr", ["--dataset", "digits"]),
-        ("concepts", ["--dataset", "digits"]),
+        ("concept-fidelity", ["--dataset", "digits"]),
         ("attention-svm", ["--dataset", "digits", "--layer", "1"]),
         ("report", []),
         ("schatten", []),
@@ -434,7 +434,9 @@ def test_report_without_inputs_names_the_sections_that_need_them_and_runs_the_we
     out = tmp_path / "out"
     assert cli_main(["report", str(model_dir), "--output-dir", str(out)]) == 1
     err = capsys.readouterr().err
-    assert "inputs: the sections srr, concepts, attention, ledger measure the model on inputs" in err
+    assert (
+        "inputs: the sections srr, concept_fidelity, attention_svm, objective_ledger measure the model on inputs" in err
+    )
     assert "--sections summary,schatten" in err and not out.exists()
     assert cli_main(["report", str(model_dir), "--sections", "summary,schatten", "--output-dir", str(out)]) == 0
     sections = json.loads((out / "report.json").read_text())["sections"]
@@ -453,17 +455,26 @@ def test_report_and_concepts_print_the_numbers_with_their_counts_and_labels(tmp_
     model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=2))
     model.save_pretrained(model_dir)
     CrateImageProcessor.for_config(model.config).save_pretrained(model_dir)
-    argv = ["report", str(model_dir), "--dataset", "digits", "--max-samples", "8", "--sections", "summary,concepts"]
+    argv = [
+        "report",
+        str(model_dir),
+        "--dataset",
+        "digits",
+        "--max-samples",
+        "8",
+        "--sections",
+        "summary,concept_fidelity",
+    ]
     assert cli_main([*argv, "--output-dir", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
-    page = json.loads((tmp_path / "r" / "report.json").read_text())["sections"]["concepts"]
+    page = json.loads((tmp_path / "r" / "report.json").read_text())["sections"]["concept_fidelity"]
     bound = page["numbers"]["bound_certified"]
     line = next(x for x in out.splitlines() if x.strip().startswith("KL bound, certified:"))
     assert "n = 8 images" in line and (("[vacuous: the bound" in line) == (bound > math.log(10)))
     assert any(x.strip().startswith("top-1 accuracy:") and "of 8 labelled inputs" in x for x in out.splitlines())
-    assert cli_main(["concepts", str(model_dir), "--dataset", "digits", "--max-samples", "8", "--layer", "1",
+    assert cli_main(["concept-fidelity", str(model_dir), "--dataset", "digits", "--max-samples", "8", "--layer", "1",
                      "--concepts", "3", "--no-figures", "--output-dir", str(tmp_path / "c")]) == 0  # fmt: skip
-    runs = json.loads((tmp_path / "c" / "concepts.json").read_text())["runs"]
+    runs = json.loads((tmp_path / "c" / "concept_fidelity.json").read_text())["runs"]
     printed = capsys.readouterr().out
     for label, run in runs.items():
         if run.get("bound_certified", 0) > math.log(10):

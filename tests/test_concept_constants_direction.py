@@ -6,7 +6,7 @@
   mean (the smallest scale on the domain) while the others climb ``‖X‖_op`` on their spheres. Source-level mutants of
   ``alpha_constants`` (the data's spread instead of the segment minimum, ``‖X‖_op`` at the data, the largest token
   scale, post-norm without the radius) must fail that check.
-* The estimated constants err low (``hf_tdiag.diagnostics.concepts.constants`` module doc, ``docs/concept_bound.md`` §9):
+* The estimated constants err low (``hf_tdiag.diagnostics.concept_fidelity.constants`` module doc, ``docs/concept_bound.md`` §9):
   on random models, inputs and reconstructions each estimate is at most its certified counterpart, the power
   iteration at most the exact Jacobian norm at the data, and a decoder's α (median token scale) at most α with the
   smallest token scale at the data.
@@ -23,7 +23,7 @@ import torch
 from decoder_models import build
 from transformers import BertConfig, BertForSequenceClassification, ViTConfig, ViTForImageClassification
 
-import hf_tdiag.diagnostics.concepts.constants as CC
+import hf_tdiag.diagnostics.concept_fidelity.constants as CC
 import hf_tdiag.measures.concepts.alpha as ALPHA
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification
 from hf_tdiag.probes.concept_model import concept_model_parts, layer_activations

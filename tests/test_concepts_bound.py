@@ -8,8 +8,8 @@ import torch
 from transformers import BertConfig, BertModel, ViTConfig, ViTForImageClassification
 
 from hf_tdiag import CrateConfig, CrateForImageClassification
-from hf_tdiag.diagnostics.concepts import concept_fidelity, prepare_inputs
-from hf_tdiag.diagnostics.concepts.constants import block_lipschitz_certified
+from hf_tdiag.diagnostics.concept_fidelity import concept_fidelity, prepare_inputs
+from hf_tdiag.diagnostics.concept_fidelity.constants import block_lipschitz_certified
 from hf_tdiag.measures.concepts import Reconstruction, SemiNMF
 from hf_tdiag.measures.concepts.certified import (
     GELU_LIPSCHITZ,

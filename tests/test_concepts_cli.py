@@ -10,7 +10,7 @@ from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 import hf_tdiag
 from hf_tdiag import CrateConfig, CrateForImageClassification
 from hf_tdiag.cli import main
-from hf_tdiag.diagnostics.concepts import compare_concepts, concept_fidelity
+from hf_tdiag.diagnostics.concept_fidelity import compare_concepts, concept_fidelity
 from hf_tdiag.measures.concepts import SemiNMF, match_concepts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -137,7 +137,7 @@ def test_cli_writes_json_table_and_figures(tmp_path, capsys):
     outdir = tmp_path / "out"
     code = main(
         [
-            "concepts",
+            "concept-fidelity",
             str(tmp_path / "vit"),
             "--layer",
             "1",
@@ -162,7 +162,7 @@ def test_cli_writes_json_table_and_figures(tmp_path, capsys):
         ]
     )
     assert code == 0
-    data = json.loads((outdir / "concepts.json").read_text())
+    data = json.loads((outdir / "concept_fidelity.json").read_text())
     assert data["layer"] == 1 and data["inputs"]["count"] == 24 and data["inputs"]["kind"] == "images"
     assert set(data["runs"]) == {"plain", "gram(mu=2)", "supervised"}
     for name in ("heatmaps.png", "top_patches.png", "kl_vs_bound.png", "mu_sweep.png", "table.txt"):
@@ -172,7 +172,7 @@ def test_cli_writes_json_table_and_figures(tmp_path, capsys):
     assert (
         main(
             [
-                "concepts",
+                "concept-fidelity",
                 str(tmp_path / "vit"),
                 "--layer",
                 "9",
@@ -190,7 +190,7 @@ def test_cli_writes_json_table_and_figures(tmp_path, capsys):
 
 
 def test_figures_draw_from_reports():
-    from hf_tdiag.viz.concepts import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches
+    from hf_tdiag.viz.concept_fidelity import plot_concept_heatmaps, plot_kl_vs_bound, plot_mu_sweep, plot_top_patches
 
     pixels = _pixels(6)
     codes = torch.rand(6, 16, 5)

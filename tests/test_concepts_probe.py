@@ -8,7 +8,7 @@ from transformers import BertConfig, BertForSequenceClassification, ViTConfig, V
 
 import hf_tdiag
 from hf_tdiag import CrateConfig, CrateForImageClassification
-from hf_tdiag.diagnostics.concepts import concept_fidelity, supervised_concepts
+from hf_tdiag.diagnostics.concept_fidelity import concept_fidelity, supervised_concepts
 from hf_tdiag.measures.concepts import Reconstruction, SemiNMF, fidelity_errors, jacobian_spectral_norm, kl_divergence
 from hf_tdiag.probes.concept_model import layer_activations, suffix_runner
 

@@ -1,4 +1,4 @@
-"""What ``concepts=`` accepts (hf_tdiag.diagnostics.concepts.estimator): the number of concepts k or a concept
+"""What ``concepts=`` accepts (hf_tdiag.diagnostics.concept_fidelity.estimator): the number of concepts k or a concept
 estimator (fit/transform/inverse_transform, scikit-learn's fitted rule), anything else a one-line TypeError; and the
 rule between ``concepts=`` and the setting ``n_concepts``."""
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import hf_tdiag
-from hf_tdiag import ConceptSettings, CrateConfig, CrateForImageClassification
-from hf_tdiag.diagnostics.concepts import compare_concepts, concept_fidelity
-from hf_tdiag.diagnostics.concepts.estimator import is_fitted
+from hf_tdiag import ConceptFidelitySettings, CrateConfig, CrateForImageClassification
+from hf_tdiag.diagnostics.concept_fidelity import compare_concepts, concept_fidelity
+from hf_tdiag.diagnostics.concept_fidelity.estimator import is_fitted
 from hf_tdiag.measures.concepts import Reconstruction, SemiNMF
 from hf_tdiag.probes.concept_model import layer_activations
 
@@ -139,8 +139,8 @@ def test_concepts_and_the_n_concepts_keyword_are_refused_together(crate):
         concept_fidelity(model, x, layer=1, concepts=3, n_concepts=3, **FAST)
     # n_concepts alone, and concepts= with a settings object (concepts= wins; the report records the k used)
     assert concept_fidelity(model, x, 1, n_concepts=2, **FAST)["n_concepts"] == 2
-    assert concept_fidelity(model, x, 1, 3, settings=ConceptSettings(n_concepts=2), **FAST)["n_concepts"] == 3
-    assert concept_fidelity(model, x, 1, settings=ConceptSettings(n_concepts=2), **FAST)["n_concepts"] == 2
+    assert concept_fidelity(model, x, 1, 3, settings=ConceptFidelitySettings(n_concepts=2), **FAST)["n_concepts"] == 3
+    assert concept_fidelity(model, x, 1, settings=ConceptFidelitySettings(n_concepts=2), **FAST)["n_concepts"] == 2
 
 
 def test_a_sweep_takes_an_int_or_an_unfitted_estimator_and_copies_it_per_layer(crate):

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 import hf_tdiag
 from hf_tdiag.cli import main
-from hf_tdiag.diagnostics.concepts import concept_fidelity, prepare_inputs
+from hf_tdiag.diagnostics.concept_fidelity import concept_fidelity, prepare_inputs
 from hf_tdiag.measures.concepts import SemiNMF
 from hf_tdiag.probes.concept_model import layer_activations
 from hf_tdiag.probes.concept_text import BUILTIN_SENTENCES, builtin_texts, encode_texts, fit_linear_head
@@ -145,7 +145,7 @@ def test_cli_layer_sweep_on_texts_and_images(tokenizer, tmp_path, capsys):
     assert (
         main(
             [
-                "concepts",
+                "concept-fidelity",
                 str(tmp_path / "bert"),
                 "--layers",
                 "all",
@@ -178,7 +178,7 @@ def test_cli_layer_sweep_on_texts_and_images(tokenizer, tmp_path, capsys):
     for row, ref_row in zip(data["table"], ref["table"]):
         assert row["kl"] == pytest.approx(ref_row["kl"], rel=1e-6, abs=1e-12)
         assert row["bound_certified_chain"] == pytest.approx(ref_row["bound_certified_chain"], rel=1e-6)
-    from hf_tdiag.viz.concepts import layer_sweep_data
+    from hf_tdiag.viz.concept_fidelity import layer_sweep_data
 
     plotted = layer_sweep_data(ref)
     assert plotted["layer"] == [0, 1, 2] and plotted["kl"] == [r["kl"] for r in ref["table"]]

@@ -147,10 +147,10 @@ def test_ledger_cli_on_texts(tmp_path, capsys):
     tokenizer.save_pretrained(tmp_path / "clm")
     lines = ["The for statement iterates over a sequence.", "An if statement runs one suite."]
     (tmp_path / "texts.txt").write_text("\n".join(lines) + "\n")
-    rc = cli_main(["ledger", str(tmp_path / "clm"), "--texts", str(tmp_path / "texts.txt"), "--max-length", "16",
+    rc = cli_main(["objective-ledger", str(tmp_path / "clm"), "--texts", str(tmp_path / "texts.txt"), "--max-length", "16",
                    "--output-dir", str(tmp_path / "out")])  # fmt: skip
     assert rc == 0 and "(2 texts)" in capsys.readouterr().out
-    written = json.loads((tmp_path / "out" / "ledger.json").read_text())
+    written = json.loads((tmp_path / "out" / "objective_ledger.json").read_text())
     batch = tokenizer(lines, padding=True, truncation=True, max_length=16, return_tensors="pt")
     expected = objective_ledger(model.eval(), dict(batch))
     assert [(s["layer"], s["step"]) for s in written["steps"]] == [(s.layer, s.step) for s in expected.steps]

@@ -121,15 +121,20 @@ def test_a_keyword_given_wins_over_the_settings_object_and_an_unknown_one_is_ref
     import torch
 
     import hf_tdiag
-    from hf_tdiag import CrateConfig, CrateForImageClassification, LedgerSettings
+    from hf_tdiag import CrateConfig, CrateForImageClassification, ObjectiveLedgerSettings
 
     torch.manual_seed(0)
     model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=1))
     x = torch.randn(3, 1, 8, 8)
-    base = LedgerSettings(tolerance=0.5)
-    assert hf_tdiag.objective_ledger(model, x, settings=base, tolerance=LedgerSettings.tolerance).tolerance == 1e-6
+    base = ObjectiveLedgerSettings(tolerance=0.5)
+    assert (
+        hf_tdiag.objective_ledger(model, x, settings=base, tolerance=ObjectiveLedgerSettings.tolerance).tolerance
+        == 1e-6
+    )
     assert hf_tdiag.objective_ledger(model, x, settings=base).tolerance == 0.5
-    with pytest.raises(TypeError, match=r"objective_ledger: unknown keyword\(s\) \['tolerence'\]; settings \(Ledg"):
+    with pytest.raises(
+        TypeError, match=r"objective_ledger: unknown keyword\(s\) \['tolerence'\]; settings \(ObjectiveLedg"
+    ):
         hf_tdiag.objective_ledger(model, x, tolerence=0.1)
 
 

@@ -154,7 +154,7 @@ _SERVER = r"""
 import json, os, sys, traceback
 import torch, transformers, evaluate, matplotlib
 import hf_tdiag, hf_tdiag.models.crate, hf_tdiag.diagnostics.srr, hf_tdiag.diagnostics.schatten
-import hf_tdiag.diagnostics.concepts, hf_tdiag.diagnostics.attention_svm
+import hf_tdiag.diagnostics.concept_fidelity, hf_tdiag.diagnostics.attention_svm
 out = sys.stdout
 print(json.dumps({"ready": True}), file=out, flush=True)
 for line in sys.stdin:

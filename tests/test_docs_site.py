@@ -87,7 +87,7 @@ def test_links_between_the_readme_and_the_docs_resolve():
 
 def test_stale_facts_stay_corrected():
     """Facts that were once wrong in the docs: the published-package install, a DESIGN.md, 16 concepts."""
-    from hf_tdiag.diagnostics.settings import ConceptSettings  # torch-free
+    from hf_tdiag.diagnostics.settings import ConceptFidelitySettings  # torch-free
 
     files = [REPO / "README.md", *DOCS.rglob("*.md"), *(REPO / "hf_tdiag" / "metrics").glob("*/README.md")]
     for file in files:
@@ -96,7 +96,7 @@ def test_stale_facts_stay_corrected():
         assert "DESIGN.md" not in text, file
         assert "[--breakdown]" not in text, file
     concepts = (DOCS / "guide" / "concepts.md").read_text(encoding="utf-8")
-    assert f"The default number of concepts is {ConceptSettings.n_concepts}," in concepts
+    assert f"The default number of concepts is {ConceptFidelitySettings.n_concepts}," in concepts
 
 
 # ----------------------------------------------------------------------------- the design page
@@ -247,7 +247,7 @@ PUBLIC_WITH_EXAMPLES = (
     "ObjectiveLedgerReport",
     "SRRSettings",
     "SchattenSettings",
-    "ConceptSettings",
+    "ConceptFidelitySettings",
     "AttentionSVMSettings",
     "CrateConfig",
     "metric_path",

@@ -130,7 +130,7 @@ APP = {"config.json": '{"app": 1}\n', "logs/app.log": "started\n"}
 
 REPORT = ["report", "{d}/m", "--dataset", "digits", "--max-samples", "16", "--output-dir", "{d}/out"]
 SVM = ["attention-svm", "{d}/m", "--dataset", "digits", "--max-samples", "16", "--output-dir", "{d}/out"]
-CONCEPTS = ["concepts", "{d}/m", "--dataset", "digits", "--max-samples", "16", "--output-dir", "{d}/out"]
+CONCEPTS = ["concept-fidelity", "{d}/m", "--dataset", "digits", "--max-samples", "16", "--output-dir", "{d}/out"]
 
 
 def _labels(text: str | bytes) -> dict:
@@ -195,7 +195,7 @@ CASES: list[Case] = [
     Case("srr: user's srr.json, flag", {"m": "@model", "out/srr.json": "mine"}, ["srr", "{d}/m", "--dataset", "digits", "--output-dir", "{d}/out", FLAG], "no hf-tdiag run recorded writing"),
     Case("srr: user's srr.png, flag", {"m": "@model", "out/srr.png": b"\x89PNG"}, ["srr", "{d}/m", "--dataset", "digits", "--output-dir", "{d}/out", FLAG], "srr.png"),
     Case("schatten: user's schatten.json, flag", {"m": "@model", "out/schatten.json": "mine"}, ["schatten", "{d}/m", "--output-dir", "{d}/out", FLAG], "schatten.json"),
-    Case("ledger: user's ledger.json, flag", {"m": "@model", "out/ledger.json": "mine"}, ["ledger", "{d}/m", "--images", "digits", "--output-dir", "{d}/out", FLAG], "ledger.json"),
+    Case("objective-ledger: user's objective_ledger.json, flag", {"m": "@model", "out/objective_ledger.json": "mine"}, ["objective-ledger", "{d}/m", "--images", "digits", "--output-dir", "{d}/out", FLAG], "objective_ledger.json"),
     Case("srr: output into the model's folder", {"m": "@model"}, ["srr", "{d}/m", "--dataset", "digits", "--max-samples", "8", "--output-dir", "{d}/m"], None,
          check=lambda d: os.path.isfile(f"{d}/m/srr.json") and json.load(open(f"{d}/m/config.json"))["model_type"] == "crate", keep=["m/config.json", "m/model.safetensors"]),
     # --- out-of-range layers, heads, queries and concept counts: refused before any work (the 1-block model)
@@ -203,8 +203,8 @@ CASES: list[Case] = [
     Case("report: --attention-layer past the blocks", {"m": "@model"}, [*REPORT, "--attention-layer", "9"], "--attention-layer: expected a block number 1..1"),
     Case("report: --head past the heads", {"m": "@model"}, [*REPORT, "--head", "4"], "--head: expected an integer in [0, 4), got 4"),
     Case("report: --concepts past the token size", {"m": "@model"}, [*REPORT, "--concepts", "100000"], "--concepts: expected at most 64 concepts"),
-    Case("report: --head past the heads, attention only", {"m": "@model"}, [*REPORT, "--sections", "attention", "--head", "9"], "--head: expected an integer in [0, 4)"),
-    Case("report: --layer past the blocks, concepts only", {"m": "@model"}, [*REPORT, "--sections", "concepts", "--layer", "5"], "--layer: expected a block number"),
+    Case("report: --head past the heads, attention only", {"m": "@model"}, [*REPORT, "--sections", "attention_svm", "--head", "9"], "--head: expected an integer in [0, 4)"),
+    Case("report: --layer past the blocks, concepts only", {"m": "@model"}, [*REPORT, "--sections", "concept_fidelity", "--layer", "5"], "--layer: expected a block number"),
     Case("attention-svm: --layer past the blocks", {"m": "@model"}, [*SVM, "--layer", "9"], "--layer: expected a block number 1..1, got 9"),
     Case("attention-svm: --layer 0", {"m": "@model"}, [*SVM, "--layer", "0"], "--layer: expected a positive integer"),
     Case("attention-svm: --head past the heads", {"m": "@model"}, [*SVM, "--layer", "1", "--head", "9"], "head: expected an integer in [0, 4), got 9"),

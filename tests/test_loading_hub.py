@@ -233,7 +233,7 @@ def test_commands_take_hub_ids_over_http(hub, folders, tmp_path):
         result = dict(
             srr=(srr("org/crate", "hub_srr"), srr({crate!r}, "local_srr")),
             schatten=(schatten(["org/bert", "org/crate"], "hub.json"), schatten([{bert!r}, {crate!r}], "local.json")),
-            concepts=main(["concepts", "org/crate", "--dataset", "digits", "--limit", "8", "--concepts", "2",
+            concepts=main(["concept-fidelity", "org/crate", "--dataset", "digits", "--limit", "8", "--concepts", "2",
                            "--layer", "1", "--no-bound", "--no-figures", "--output-dir", "concepts_out"]),
             report=main(["report", "org/crate", "--dataset", "digits", "--max-images", "8",
                          "--sections", "summary", "srr", "-o", "report_out/report.html"]),
@@ -248,7 +248,7 @@ def test_commands_take_hub_ids_over_http(hub, folders, tmp_path):
     assert _numbers(hub_srr) == _numbers(local_srr) and _numbers(hub_srr)
     hub_s, local_s = out["schatten"]
     assert [r["schatten_bound"] for r in hub_s] == [r["schatten_bound"] for r in local_s] and len(hub_s) == 2
-    assert out["concepts"] == 0 and (tmp_path / "concepts_out" / "concepts.json").is_file()
+    assert out["concepts"] == 0 and (tmp_path / "concepts_out" / "concept_fidelity.json").is_file()
     assert out["report"] == 0 and "org/crate" in (tmp_path / "report_out" / "report.json").read_text()
     assert {"config.json", "model.safetensors"} <= set(hub.downloads("org/bert"))
 

@@ -141,7 +141,7 @@ def test_report_numbers_are_the_models_predictions_on_64_test_images(main_job):
     report = json.loads((out / "report.json").read_text())
     sections = report["sections"]
     assert {k: s["status"] for k, s in sections.items()} == dict.fromkeys(
-        ("summary", "srr", "schatten", "concepts", "attention", "ledger"), "ok"
+        ("summary", "srr", "schatten", "concept_fidelity", "attention_svm", "objective_ledger"), "ok"
     )
     model, processor = _reload(out)
     x_test, y_test = _test_split()

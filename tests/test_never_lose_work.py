@@ -69,7 +69,7 @@ def test_cli_report_into_a_model_folder_named_config_refuses_and_keeps_the_model
     [
         (["srr", "M", "--dataset", "digits", "--output-dir", "N"], "already holds another run's"),
         (["schatten", "M", "--output-dir", "N"], "already holds another run's"),
-        (["concepts", "M", "--dataset", "digits", "--output-dir", "N"], "already holds another run's"),
+        (["concept-fidelity", "M", "--dataset", "digits", "--output-dir", "N"], "already holds another run's"),
         (
             ["attention-svm", "M", "--layer", "1", "--dataset", "digits", "--output-dir", "N"],
             "already holds another run's",
@@ -78,7 +78,7 @@ def test_cli_report_into_a_model_folder_named_config_refuses_and_keeps_the_model
         (["report", "M", "--dataset", "digits", "-o", "page.txt"], "--output: expected a file name ending in .html"),
         (["srr", "M", "--dataset", "digits", "--output_dir", "old"], "srr.json"),  # the underscore spelling too
     ],
-    ids=["srr", "schatten", "concepts", "attention-svm", "report", "report-suffix", "srr-old-results"],
+    ids=["srr", "schatten", "concept-fidelity", "attention-svm", "report", "report-suffix", "srr-old-results"],
 )
 def test_cli_commands_refuse_before_loading_the_model(tmp_path, capsys, argv, named):
     _fill(tmp_path / "M", "config.json", "model.safetensors")  # not a loadable model: refusal comes first

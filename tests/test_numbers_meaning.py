@@ -110,7 +110,7 @@ def test_headline_boxes_carry_counts_intervals_and_labels():
             },
         ),  # fmt: skip
         Section(
-            "concepts",
+            "concept_fidelity",
             "Concepts",
             numbers={
                 "kl": 1.5,

@@ -187,14 +187,16 @@ def test_cli_writes_the_ledger(tmp_path, capsys):
     from hf_tdiag.models.crate_alpha import CrateAlphaImageProcessor
 
     CrateAlphaImageProcessor.for_config(model.config).save_pretrained(tmp_path / "model")
-    rc = cli_main(["ledger", str(tmp_path / "model"), "--dataset", "digits", "--max-samples", "8",
+    rc = cli_main(["objective-ledger", str(tmp_path / "model"), "--dataset", "digits", "--max-samples", "8",
                    "--output-dir", str(tmp_path / "out")])  # fmt: skip
     assert rc == 0
     text = capsys.readouterr().out
     assert "INCREASES" in text and "steps increase their objective" in text
-    data = json.loads((tmp_path / "out" / "ledger.json").read_text())
+    data = json.loads((tmp_path / "out" / "objective_ledger.json").read_text())
     assert data["family"] == "crate-alpha" and data["num_samples"] == 8 and len(data["steps"]) == 12
-    assert (tmp_path / "out" / "ledger.png").stat().st_size > 0 and (tmp_path / "out" / "ledger.csv").is_file()
+    assert (tmp_path / "out" / "objective_ledger.png").stat().st_size > 0 and (
+        tmp_path / "out" / "objective_ledger.csv"
+    ).is_file()
 
 
 def test_evaluate_module_reports_the_diagnostics_numbers():

@@ -11,7 +11,7 @@ import torch
 from decoder_models import build
 from transformers import ViTConfig, ViTForImageClassification
 
-from hf_tdiag.diagnostics.concepts.constants import certified_constants, estimate_constants
+from hf_tdiag.diagnostics.concept_fidelity.constants import certified_constants, estimate_constants
 from hf_tdiag.probes.attention_heads import head_weights
 from hf_tdiag.probes.block_matrices import encoder_weights
 from hf_tdiag.probes.concept_decoder import capture_block_kwargs

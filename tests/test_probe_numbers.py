@@ -26,8 +26,8 @@ from transformers import (
 )
 
 from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
-from hf_tdiag.diagnostics.concepts import compare_concepts
-from hf_tdiag.diagnostics.concepts.constants import alpha_constants
+from hf_tdiag.diagnostics.concept_fidelity import compare_concepts
+from hf_tdiag.diagnostics.concept_fidelity.constants import alpha_constants
 from hf_tdiag.diagnostics.schatten import SchattenReport, schatten_bounds
 from hf_tdiag.diagnostics.srr import batch_srr_values, layer_srr
 from hf_tdiag.models.crate import CrateConfig, CrateForImageClassification

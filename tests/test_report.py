@@ -203,7 +203,7 @@ def test_report_on_crate_matches_direct_api_calls(crate_dir, crate_report):
     assert report.section("schatten").numbers["schatten_bound"] == pytest.approx(bounds.schatten_bound, rel=1e-12)
     assert report.section("schatten").numbers["edelman_bound"] == pytest.approx(bounds.edelman_bound, rel=1e-12)
 
-    concepts = report.section("concepts").numbers
+    concepts = report.section("concept_fidelity").numbers
     direct = hf_tdiag.concept_fidelity(loaded.model, pv, concepts["layer"], 8, bounds=False, progress=False)
     assert concepts["layer"] == 2 and concepts["n_concepts"] == 8  # defaults: middle layer of 4, NUM_CONCEPTS
     for key in ("delta_rec", "delta_gram", "kl"):
@@ -213,10 +213,10 @@ def test_report_on_crate_matches_direct_api_calls(crate_dir, crate_report):
 
     with torch.no_grad():
         attn = loaded.model(pixel_values=pv[:1], output_attentions=True).attentions
-    cls = np.asarray(report.section("attention").numbers["cls_attention_first_input"])
+    cls = np.asarray(report.section("attention_svm").numbers["cls_attention_first_input"])
     np.testing.assert_allclose(cls[-1, 0].reshape(-1), attn[-1][0, 0, 0, 1:].numpy(), rtol=1e-6)
     diag = hf_tdiag.attention_svm_diagnostic(loaded.model, pv, 4, 0, max_queries=64)  # default: the last block
-    svm = report.section("attention").numbers["attention_svm"]
+    svm = report.section("attention_svm").numbers["attention_svm"]
     assert svm["layer"] == 4 and svm["head"] == 0 and svm["num_queries"] == 64
     assert svm["correlation"] == pytest.approx(diag.correlation, rel=1e-9)
     assert svm["one_hot_fraction_all"] == pytest.approx(diag.one_hot_fraction_all)
@@ -239,10 +239,10 @@ def test_report_files_are_self_contained(crate_report, tmp_path):
 
 
 def test_report_without_inputs_skips_input_sections(crate_dir):
-    report = build_report(crate_dir, sections=["summary", "srr", "concepts", "attention"], progress=False)
+    report = build_report(crate_dir, sections=["summary", "srr", "concept_fidelity", "attention_svm"], progress=False)
     status = {s.key: s.status for s in report.sections}
     assert status["summary"] == "ok"
-    for key in ("srr", "concepts", "attention"):
+    for key in ("srr", "concept_fidelity", "attention_svm"):
         assert status[key] == "skipped" and "input" in report.section(key).note
 
 
@@ -279,7 +279,7 @@ def test_report_argument_errors(crate_dir, tmp_path):
         build_report(
             crate_dir,
             images=_digits(2)[0],
-            sections=["attention"],
+            sections=["attention_svm"],
             options=ReportOptions(attention_layer=99),
             progress=False,
         )
@@ -330,13 +330,13 @@ def test_report_command_with_texts_on_bert(tmp_path):
         "summary": "ok",
         "srr": "ok",
         "schatten": "ok",
-        "concepts": "skipped",
-        "attention": "ok",
-        "ledger": "skipped",  # BERT has no white-box blocks
+        "concept_fidelity": "skipped",
+        "attention_svm": "ok",
+        "objective_ledger": "skipped",  # BERT has no white-box blocks
     }
     assert data["summary"]["numbers"]["num_inputs"] == 3  # the blank line is dropped
     assert data["srr"]["numbers"]["num_samples"] == 3
-    assert data["attention"]["numbers"]["attention_svm"]["head"] == 1
+    assert data["attention_svm"]["numbers"]["attention_svm"]["head"] == 1
     assert main(["report", str(model_dir), "--images", str(tmp_path), "-o", str(out)]) == 1  # no images there
 
 
@@ -347,12 +347,12 @@ def test_failing_figure_keeps_numbers_and_marks_error(crate_dir, monkeypatch):
         raise ValueError("cannot draw this")
 
     monkeypatch.setattr(viz_attention_svm, "plot_head_diagnostic", broken)
-    report = build_report(crate_dir, images=_digits(3)[0], sections=["attention"], progress=False)
-    section = report.section("attention")
+    report = build_report(crate_dir, images=_digits(3)[0], sections=["attention_svm"], progress=False)
+    section = report.section("attention_svm")
     assert section.status == "error" and "cannot draw this" in section.note
     assert "attention_svm" in section.numbers and section.tables  # the computed numbers survive
     assert len(section.figures) == 2  # the attention maps drawn before the failure
-    assert "attention" in report.errors
+    assert "attention_svm" in report.errors
 
 
 def test_preset_matplotlib_backend_is_never_switched(tmp_path):
@@ -368,7 +368,7 @@ matplotlib.use("svg")
 import evaluate, hf_tdiag
 evaluate.load(hf_tdiag.metric_path("srr"))
 import hf_tdiag.report, hf_tdiag.viz, hf_tdiag.viz.images, hf_tdiag.viz.attention_maps, hf_tdiag.viz.study, hf_tdiag.viz.schatten
-import hf_tdiag.viz.concepts, hf_tdiag.viz.attention_svm
+import hf_tdiag.viz.concept_fidelity, hf_tdiag.viz.attention_svm
 import numpy as np, sys
 hf_tdiag.viz.figure_to_png(hf_tdiag.viz.images.predictions_figure([np.zeros((4, 4))], ["a"], [0.5]))
 assert matplotlib.get_backend() == "svg", matplotlib.get_backend()

@@ -47,9 +47,9 @@ def test_report_on_a_text_crate(clm_dir, tmp_path):
     data = json.loads((out / "report.json").read_text())
     sections = data["sections"]
     assert {k: s["status"] for k, s in sections.items()} == {
-        "summary": "ok", "srr": "ok", "schatten": "ok", "concepts": "skipped", "attention": "ok", "ledger": "ok"
+        "summary": "ok", "srr": "ok", "schatten": "ok", "concept_fidelity": "skipped", "attention_svm": "ok", "objective_ledger": "ok"
     }  # fmt: skip
-    assert "does not cover text CRATE models" in sections["concepts"]["note"]
+    assert "does not cover text CRATE models" in sections["concept_fidelity"]["note"]
     model = AutoModelForCausalLM.from_pretrained(clm_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(clm_dir)
     batch = tokenizer(LINES, padding=True, return_tensors="pt")
@@ -64,7 +64,7 @@ def test_report_on_a_text_crate(clm_dir, tmp_path):
     assert numbers["next_token_perplexity"] == pytest.approx(math.exp(nll / count), rel=1e-5)
     assert numbers["causal"] is True and numbers["num_kv_heads"] == 2
     ledger = hf_tdiag.objective_ledger(model, dict(batch))
-    steps = sections["ledger"]["numbers"]["objective_ledger"]["steps"]
+    steps = sections["objective_ledger"]["numbers"]["objective_ledger"]["steps"]
     assert [(s["layer"], s["step"]) for s in steps] == [(s.layer, s.step) for s in ledger.steps]
     assert [s["before"] for s in steps] == pytest.approx([s.before for s in ledger.steps], rel=1e-5)
     srr = hf_tdiag.layer_srr(model, dict(batch), progress=False)

@@ -34,8 +34,10 @@ def test_report_on_a_decoder(tmp_path, texts_file, family):
     assert main(["report", path, "--texts", str(texts_file), "-o", str(out), "--concepts", "3"]) == 0
     data = json.loads(out.with_suffix(".json").read_text())["sections"]
     # every section runs on a decoder; the objective ledger is for white-box models only and says so
-    assert {k: v["status"] for k, v in data.items()} == {k: "skipped" if k == "ledger" else "ok" for k in SECTION_ORDER}
-    assert "white-box" in data["ledger"]["note"] or "CRATE" in data["ledger"]["note"]
+    assert {k: v["status"] for k, v in data.items()} == {
+        k: "skipped" if k == "objective_ledger" else "ok" for k in SECTION_ORDER
+    }
+    assert "white-box" in data["objective_ledger"]["note"] or "CRATE" in data["objective_ledger"]["note"]
 
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
     tok = char_tokenizer()
@@ -58,9 +60,9 @@ def test_report_on_a_decoder(tmp_path, texts_file, family):
     assert srr["summary"]["srr_last_layer"] == pytest.approx(direct.summary()["srr_last_layer"], rel=1e-5)
     assert srr["settings"]["causal"] is True
 
-    concepts = data["concepts"]["numbers"]
+    concepts = data["concept_fidelity"]["numbers"]
     assert concepts["family"] == ("llama" if family == "llama" else "gpt2") and concepts["modality"] == "text"
     assert "bound_certified" not in concepts and concepts["bound_estimated"] > 0
     assert concepts["head"] == {"fitted": False}  # the LM head, not a fitted one
-    assert len(data["concepts"]["figures"]) == 2
-    assert data["attention"]["numbers"]["attention_svm"]["causal"] is True
+    assert len(data["concept_fidelity"]["figures"]) == 2
+    assert data["attention_svm"]["numbers"]["attention_svm"]["causal"] is True

@@ -22,8 +22,8 @@ def _pixels(n=5):
 
 
 def _section(model, x):
-    report = build_report(model, ReportInputs(x, description="noise"), sections=["ledger"], progress=False)
-    return report.section("ledger")
+    report = build_report(model, ReportInputs(x, description="noise"), sections=["objective_ledger"], progress=False)
+    return report.section("objective_ledger")
 
 
 @pytest.mark.parametrize("family", ["crate-alpha", "tost"])

@@ -12,7 +12,7 @@ import torch
 from hf_tdiag.report.html import Section, Table, format_value, headline, render_html, table_formatter
 from hf_tdiag.viz import SRR_TERM_LABELS, figure_to_png, new_figure
 from hf_tdiag.viz.attention_maps import attention_heads_figure
-from hf_tdiag.viz.concepts import KL_BOUND_MATH
+from hf_tdiag.viz.concept_fidelity import KL_BOUND_MATH
 from hf_tdiag.viz.schatten import _title_name
 
 pytestmark = pytest.mark.slow

@@ -300,11 +300,15 @@ def test_a_failing_model_is_logged_and_the_scan_goes_on(zoo, images, tmp_path, c
 def test_a_diagnostic_that_fails_for_one_model_keeps_the_models_others(zoo, images, tmp_path):
     # the ledger measures white-box models only: the ViT's ledger fails, its Schatten and the CRATE's ledger do not
     result = scan(
-        [zoo["crate1"], zoo["vit16"]], ["ledger", "schatten"], images, output_dir=tmp_path / "s", progress=False
+        [zoo["crate1"], zoo["vit16"]],
+        ["objective-ledger", "schatten"],
+        images,
+        output_dir=tmp_path / "s",
+        progress=False,
     )
-    assert [(f["model"], f["diagnostic"]) for f in result.failures] == [(zoo["vit16"], "ledger")]
+    assert [(f["model"], f["diagnostic"]) for f in result.failures] == [(zoo["vit16"], "objective_ledger")]
     assert set(result.table[result.table["diagnostic"] == "schatten"]["model"]) == {zoo["crate1"], zoo["vit16"]}
-    assert set(result.table[result.table["diagnostic"] == "ledger"]["model"]) == {zoo["crate1"]}
+    assert set(result.table[result.table["diagnostic"] == "objective_ledger"]["model"]) == {zoo["crate1"]}
 
 
 def test_cli_prefixed_settings_flags(zoo, tmp_path, capsys):
@@ -435,12 +439,12 @@ def test_bad_arguments_name_the_input(zoo, tmp_path):
         scan(zoo["crate1"], ["sr"], output_dir=tmp_path / "s")
     # a registered diagnostic without a scan rule (token_snr needs labels) is refused before anything runs, as is
     # its name on the command line, which names the command to run instead
-    with pytest.raises(ValueError, match="diagnostics: a scan runs srr, schatten, concepts, attention_svm, ledger; "
+    with pytest.raises(ValueError, match="diagnostics: a scan runs srr, schatten, concept_fidelity, attention_svm, objective_ledger; "
                                          "not token_snr"):  # fmt: skip
         scan(zoo["crate1"], ["srr", "token_snr"], output_dir=tmp_path / "s")
     with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
         main(["scan", zoo["crate1"], "--diagnostics", "token_snr", "--output-dir", str(tmp_path / "s")])
-    assert "'token_snr': a scan runs srr, schatten, concepts, attention_svm, ledger" in err.getvalue()
+    assert "'token_snr': a scan runs srr, schatten, concept_fidelity, attention_svm, objective_ledger" in err.getvalue()
     assert "hf-tdiag token-snr per model" in err.getvalue()
     with pytest.raises(ValueError, match="settings: given for \\['srr'\\], which the scan does not run"):
         scan(zoo["crate1"], ["schatten"], settings={"srr": SRRSettings()}, output_dir=tmp_path / "s")

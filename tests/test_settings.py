@@ -9,28 +9,28 @@ import pytest
 
 from hf_tdiag.diagnostics.settings import (
     AttentionSVMSettings,
-    ConceptSettings,
-    LedgerSettings,
+    ConceptFidelitySettings,
+    ObjectiveLedgerSettings,
     SchattenSettings,
     SRRSettings,
     resolve,
 )
 
-ALL = (SRRSettings, SchattenSettings, ConceptSettings, AttentionSVMSettings, LedgerSettings)
+ALL = (SRRSettings, SchattenSettings, ConceptFidelitySettings, AttentionSVMSettings, ObjectiveLedgerSettings)
 
 
 def _diagnostics():
     from hf_tdiag.diagnostics.attention_svm import attention_svm_diagnostic
-    from hf_tdiag.diagnostics.concepts import concept_fidelity
+    from hf_tdiag.diagnostics.concept_fidelity import concept_fidelity
     from hf_tdiag.diagnostics.objective_ledger import objective_ledger
     from hf_tdiag.diagnostics.schatten import schatten_bounds
     from hf_tdiag.diagnostics.srr import layer_srr
 
     return {
         SRRSettings: layer_srr,
-        LedgerSettings: objective_ledger,
+        ObjectiveLedgerSettings: objective_ledger,
         SchattenSettings: schatten_bounds,
-        ConceptSettings: concept_fidelity,
+        ConceptFidelitySettings: concept_fidelity,
         AttentionSVMSettings: attention_svm_diagnostic,
     }
 
@@ -63,9 +63,9 @@ FLAGS = [
     ("schatten", SchattenSettings, "L_phi", "--l-phi"),
     ("schatten", SchattenSettings, "rank_tol", "--rank-tol"),
     ("schatten", SchattenSettings, "num_workers", "--num-workers"),
-    ("concepts", ConceptSettings, "n_concepts", "--concepts"),
-    ("concepts", ConceptSettings, "power_iters", "--power-iters"),
-    ("concepts", ConceptSettings, "batch_size", "--batch-size"),
+    ("concept-fidelity", ConceptFidelitySettings, "n_concepts", "--concepts"),
+    ("concept-fidelity", ConceptFidelitySettings, "power_iters", "--power-iters"),
+    ("concept-fidelity", ConceptFidelitySettings, "batch_size", "--batch-size"),
     ("attention-svm", AttentionSVMSettings, "max_queries", "--max-queries"),
     ("attention-svm", AttentionSVMSettings, "one_hot_threshold", "--one-hot-threshold"),
     ("attention-svm", AttentionSVMSettings, "norm", "--norm"),
@@ -92,7 +92,7 @@ def test_switches_turn_a_setting_to_its_other_value():
     assert (args.include_mid, args.apply_layernorm, args.lam) == (False, True, 0.5)
     args = parse(["srr", "m", "--images", "d"])
     assert (args.include_mid, args.apply_layernorm) == (SRRSettings.include_mid, SRRSettings.apply_layernorm)
-    assert parse(["concepts", "m", "--images", "d", "--no-bound"]).bounds is False
+    assert parse(["concept-fidelity", "m", "--images", "d", "--no-bound"]).bounds is False
 
 
 def test_evaluate_modules_take_every_setting_and_spell_no_default_of_their_own():
@@ -102,8 +102,8 @@ def test_evaluate_modules_take_every_setting_and_spell_no_default_of_their_own()
     from hf_tdiag.metrics.objective_ledger.objective_ledger import ObjectiveLedger
     from hf_tdiag.metrics.srr.srr import SRR
 
-    modules = ((SRR, SRRSettings), (AttentionSVM, AttentionSVMSettings), (ConceptFidelity, ConceptSettings),
-               (ObjectiveLedger, LedgerSettings))  # fmt: skip
+    modules = ((SRR, SRRSettings), (AttentionSVM, AttentionSVMSettings), (ConceptFidelity, ConceptFidelitySettings),
+               (ObjectiveLedger, ObjectiveLedgerSettings))  # fmt: skip
     for module, cls in modules:
         params = inspect.signature(module._compute).parameters
         assert not set(params) & set(cls.defaults()), module.__name__  # no second default for a setting
@@ -120,7 +120,7 @@ def test_evaluate_modules_take_every_setting_and_spell_no_default_of_their_own()
         (SRRSettings, {"batch_size": 0}, "batch_size:"),
         (SchattenSettings, {"rank_tol": 1.0}, "rank_tol:"),
         (SchattenSettings, {"svd_method": "gram"}, "svd_method: expected one of"),
-        (ConceptSettings, {"n_concepts": 0}, "n_concepts:"),
+        (ConceptFidelitySettings, {"n_concepts": 0}, "n_concepts:"),
         (AttentionSVMSettings, {"one_hot_threshold": 1.5}, r"one_hot_threshold: expected a finite number in \(0, 1\]"),
         (AttentionSVMSettings, {"norm": "l1"}, "norm: expected one of"),
     ],
@@ -168,7 +168,7 @@ def test_list_flags_take_commas_or_spaces_alike_and_check_names_before_loading(c
     from hf_tdiag.cli import build_parser, main
 
     parse = build_parser().parse_args
-    base = ["concepts", "m", "--images", "d"]
+    base = ["concept-fidelity", "m", "--images", "d"]
     assert flatten(parse([*base, "--layers", "1,3", "5"]).layers) == [1, 3, 5]
     assert flatten(parse([*base, "--gram-weight", "0,1"]).gram_weight) == [0.0, 1.0]
     assert flatten(parse([*base, "--gram-weight", "0", "1"]).gram_weight) == [0.0, 1.0]
@@ -187,9 +187,12 @@ def test_space_widgets_and_handlers_take_their_defaults_from_the_settings():
 
     demo = build_demo()
     by_label = {getattr(b, "label", None): b for b in demo.blocks.values()}
-    assert by_label["Concepts"].value == ConceptSettings().n_concepts
+    assert by_label["Concepts"].value == ConceptFidelitySettings().n_concepts
     (l_phi,) = [b for label, b in by_label.items() if label and label.startswith("L_φ")]
     assert l_phi.value == SchattenSettings().L_phi
     assert str(SchattenSettings().L_phi) in l_phi.label
-    assert inspect.signature(handlers.concepts_tab).parameters["n_concepts"].default == ConceptSettings().n_concepts
+    assert (
+        inspect.signature(handlers.concepts_tab).parameters["n_concepts"].default
+        == ConceptFidelitySettings().n_concepts
+    )
     assert inspect.signature(handlers.bounds_tab).parameters["L_phi"].default == SchattenSettings().L_phi

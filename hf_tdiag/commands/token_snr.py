@@ -59,7 +59,7 @@ def _labelled_inputs(args, loaded) -> tuple[list, list[int]]:
     from hf_tdiag.inputs import load_images
 
     if args.texts is not None:
-        from hf_tdiag.commands.concepts import read_texts
+        from hf_tdiag.commands.concept_fidelity import read_texts
 
         if loaded.modality != "text" or loaded.processor is None:
             raise ValueError(f"texts: {loaded.source!r} is not a text model with a tokenizer in its folder")

@@ -35,7 +35,7 @@ from ..measures.sparse_coding import lasso_objective
 from ..measures.token_statistics import variational_compression_rate
 from .entry import diagnostic_entry
 from .report import BOOL, FLOAT, INT, STR, ReportContract, typed_frame
-from .settings import LedgerSettings
+from .settings import ObjectiveLedgerSettings
 
 __all__ = ["FAMILY_BLOCKS", "LedgerStep", "ObjectiveLedgerReport", "objective_ledger"]
 
@@ -327,8 +327,8 @@ def _forward_states(model, family: str, pixels: torch.Tensor) -> list[tuple]:
     return [(hidden[i], mid[i], hidden[i + 1], pis[i]) for i in range(len(mid))]
 
 
-@diagnostic_entry(LedgerSettings)
-def objective_ledger(model, inputs, *, settings: LedgerSettings) -> ObjectiveLedgerReport:
+@diagnostic_entry(ObjectiveLedgerSettings)
+def objective_ledger(model, inputs, *, settings: ObjectiveLedgerSettings) -> ObjectiveLedgerReport:
     """The objective ledger of a white-box ``model`` (CRATE, CRATE-α, CRATE-MAE, ToST, AoT with MSSA, text CRATE) on
     ``inputs``.
 

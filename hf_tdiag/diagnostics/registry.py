@@ -10,7 +10,7 @@ edit a new option needs. Torch-free: the command line reads it to build ``--help
 Examples:
     >>> from hf_tdiag.diagnostics.registry import DIAGNOSTICS, diagnostic, module_options
     >>> sorted(DIAGNOSTICS)
-    ['attention_svm', 'concepts', 'ledger', 'schatten', 'srr', 'token_snr']
+    ['attention_svm', 'concept_fidelity', 'objective_ledger', 'schatten', 'srr', 'token_snr']
     >>> spec = diagnostic("srr")
     >>> spec.command, spec.metric, spec.settings.__name__, spec.inputs
     ('srr', 'srr', 'SRRSettings', ('images', 'texts', 'pixel_values'))
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from .settings import (
     AttentionSVMSettings,
-    ConceptSettings,
-    LedgerSettings,
+    ConceptFidelitySettings,
+    ObjectiveLedgerSettings,
     SchattenSettings,
     SRRSettings,
     TokenSNRSettings,
@@ -129,18 +129,18 @@ DIAGNOSTICS: dict[str, Diagnostic] = {
             ("return_report",),
         ),
         Diagnostic(
-            "concepts",
+            "concept_fidelity",
             "Concept fidelity",
-            ConceptSettings,
-            "hf_tdiag.diagnostics.concepts.fidelity:concept_fidelity",
-            "hf_tdiag.diagnostics.concepts.report:ConceptFidelityReport",
+            ConceptFidelitySettings,
+            "hf_tdiag.diagnostics.concept_fidelity.fidelity:concept_fidelity",
+            "hf_tdiag.diagnostics.concept_fidelity.report:ConceptFidelityReport",
             ("images", "texts", "pixel_values"),
             "concept_fidelity",
             (
                 "layer",
                 "layers",
                 "gram_weight",
-                "concepts",
+                "concept_fidelity",
                 "max_iter",
                 "refine_iter",
                 "labels",
@@ -162,9 +162,9 @@ DIAGNOSTICS: dict[str, Diagnostic] = {
             threads="small",  # active-set and Newton steps on small dense systems
         ),
         Diagnostic(
-            "ledger",
+            "objective_ledger",
             "Objective ledger",
-            LedgerSettings,
+            ObjectiveLedgerSettings,
             "hf_tdiag.diagnostics.objective_ledger:objective_ledger",
             "hf_tdiag.diagnostics.objective_ledger:ObjectiveLedgerReport",
             ("images", "texts", "pixel_values"),

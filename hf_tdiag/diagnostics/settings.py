@@ -273,16 +273,16 @@ class SchattenSettings(_Settings):
 
 
 @dataclass(frozen=True)
-class ConceptSettings(_Settings):
+class ConceptFidelitySettings(_Settings):
     """Semi-NMF concept fidelity with its KL bound (:func:`hf_tdiag.concept_fidelity`).
 
     Examples:
-        >>> from hf_tdiag import ConceptSettings
-        >>> ConceptSettings().n_concepts, ConceptSettings(n_concepts=4).replace(bounds=False).to_dict()["bounds"]
+        >>> from hf_tdiag import ConceptFidelitySettings
+        >>> ConceptFidelitySettings().n_concepts, ConceptFidelitySettings(n_concepts=4).replace(bounds=False).to_dict()["bounds"]
         (8, False)
     """
 
-    diagnostic: ClassVar[str] = "concepts"
+    diagnostic: ClassVar[str] = "concept_fidelity"
 
     n_concepts: int = setting(8, "Semi-NMF concepts k fitted on the layer's token activations", bounds=POSITIVE_INT,
                               flag="--concepts", aliases=("--n-concepts",),
@@ -327,20 +327,20 @@ class AttentionSVMSettings(_Settings):
 
 
 @dataclass(frozen=True)
-class LedgerSettings(_Settings):
+class ObjectiveLedgerSettings(_Settings):
     """The objective ledger of a white-box model (:func:`hf_tdiag.objective_ledger`).
 
     Examples:
-        >>> from hf_tdiag import LedgerSettings, SRRSettings
-        >>> LedgerSettings().eps == SRRSettings().eps, LedgerSettings(tolerance=0).tolerance
+        >>> from hf_tdiag import ObjectiveLedgerSettings, SRRSettings
+        >>> ObjectiveLedgerSettings().eps == SRRSettings().eps, ObjectiveLedgerSettings(tolerance=0).tolerance
         (True, 0.0)
-        >>> LedgerSettings(tolerance=-1)
+        >>> ObjectiveLedgerSettings(tolerance=-1)
         Traceback (most recent call last):
             ...
         ValueError: tolerance: expected a finite number >= 0, got -1
     """
 
-    diagnostic: ClassVar[str] = "ledger"
+    diagnostic: ClassVar[str] = "objective_ledger"
 
     eps: float = setting(SRRSettings.eps, "ε of Rᶜ in the attention steps' objective", bounds=POSITIVE)
     tolerance: float = setting(1e-6, "relative increase that counts as increasing", bounds=NON_NEGATIVE)
@@ -398,9 +398,9 @@ def resolve(cls, settings=None, overrides: dict[str, Any] | None = None):
 SETTINGS_CLASSES = (
     SRRSettings,
     SchattenSettings,
-    ConceptSettings,
+    ConceptFidelitySettings,
     AttentionSVMSettings,
-    LedgerSettings,
+    ObjectiveLedgerSettings,
     TokenSNRSettings,
 )
 
@@ -409,9 +409,9 @@ __all__ = [
     "Field",
     "SRRSettings",
     "SchattenSettings",
-    "ConceptSettings",
+    "ConceptFidelitySettings",
     "AttentionSVMSettings",
-    "LedgerSettings",
+    "ObjectiveLedgerSettings",
     "TokenSNRSettings",
     "SETTINGS_CLASSES",
     "resolve",

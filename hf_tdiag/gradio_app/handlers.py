@@ -29,7 +29,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from hf_tdiag._validation import block_number, whole_number
-from hf_tdiag.diagnostics.settings import ConceptSettings, SchattenSettings
+from hf_tdiag.diagnostics.settings import ConceptFidelitySettings, SchattenSettings
 from hf_tdiag.gradio_app.settings_controls import takes_settings
 from hf_tdiag.inputs import UserInputError, open_image
 from hf_tdiag.loading import HUB_ID, LoadedModel, load_hub_model, load_model, pixel_values_for
@@ -380,7 +380,7 @@ def bounds_tab(model, settings, progress=gr.Progress(track_tqdm=True)):
 
 
 @user_errors
-@takes_settings(ConceptSettings)
+@takes_settings(ConceptFidelitySettings)
 def concepts_tab(
     model,
     image_path,

@@ -13,7 +13,7 @@ import types
 
 import gradio as gr
 
-from hf_tdiag.diagnostics.settings import ConceptSettings, SchattenSettings
+from hf_tdiag.diagnostics.settings import ConceptFidelitySettings, SchattenSettings
 from hf_tdiag.gradio_app import handlers as H
 from hf_tdiag.gradio_app.placeholders import placeholder_figure as _ph
 from hf_tdiag.gradio_app.settings_controls import settings_controls
@@ -196,7 +196,7 @@ def build_demo(default_model: str = "") -> gr.Blocks:
                 with gr.Row():
                     with gr.Column(scale=1):
                         concept_image = _image_input("Image (optional) for the concepts", "concepts-image")
-                        concept_settings = settings_controls(ConceptSettings)
+                        concept_settings = settings_controls(ConceptFidelitySettings)
                         concept_layer = gr.Number(
                             value=-1, precision=0, label="Layer ℓ: output of block ℓ, 0 = embeddings (-1 = middle)"
                         )

@@ -10,7 +10,7 @@ float64 copies for Jacobians.
 * :func:`float64_block`, :func:`float64_readout` — float64 copies to differentiate.
 
 No constant is computed here: the formulas are :mod:`hf_tdiag.measures.concepts` (``certified``, ``chain``,
-``alpha``), composed by :mod:`hf_tdiag.diagnostics.concepts.constants`.
+``alpha``), composed by :mod:`hf_tdiag.diagnostics.concept_fidelity.constants`.
 """
 
 from __future__ import annotations

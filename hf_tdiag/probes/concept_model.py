@@ -65,7 +65,7 @@ class ConceptModel:
 
     @property
     def certified(self) -> bool:
-        """Whether the certified constants of :mod:`hf_tdiag.diagnostics.concepts.constants` cover this family."""
+        """Whether the certified constants of :mod:`hf_tdiag.diagnostics.concept_fidelity.constants` cover this family."""
         return True
 
     def block_forward(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:

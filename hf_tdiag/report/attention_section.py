@@ -21,14 +21,14 @@ from .section_tools import _add_figures, _arch, _forward, _skip
 logger = logging.getLogger("hf_tdiag.report.report")
 
 
-def section_attention(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
+def section_attention_svm(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
     title = "Attention maps and attention-as-SVM"
     if inputs is None:
-        return _skip("attention", title, "needs inputs: attention maps are computed on the inputs")
+        return _skip("attention_svm", title, "needs inputs: attention maps are computed on the inputs")
     arch = _arch(loaded)
     layer = arch.num_layers if options.attention_layer is None else options.attention_layer
     layer = block_number(layer, arch.num_layers, "attention_layer")
-    section = Section("attention", title)
+    section = Section("attention_svm", title)
     _, attn = _forward(
         loaded,
         ReportInputs(

@@ -13,7 +13,7 @@ import hf_tdiag
 from hf_tdiag.loading import LoadedModel
 
 from .._meaning import concept_bound_flags, concept_intervals
-from ..viz.concepts import token_codes_figure
+from ..viz.concept_fidelity import token_codes_figure
 from .html import Section, Table
 from .options import ReportInputs, ReportOptions
 from .section_tools import _TITLES, _add_figures, _arch, _skip
@@ -107,18 +107,22 @@ def _default_concept_layer(num_layers: int) -> int:
     return max(1, num_layers // 2)
 
 
-def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
-    title = _TITLES["concepts"]
+def section_concept_fidelity(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
+    title = _TITLES["concept_fidelity"]
     if _arch(loaded).family == "crate_text":
         from hf_tdiag.probes.families.crate_text import CONCEPTS_REFUSAL
 
-        return _skip("concepts", title, CONCEPTS_REFUSAL.removeprefix("model: "))
+        return _skip("concept_fidelity", title, CONCEPTS_REFUSAL.removeprefix("model: "))
     if inputs is not None and inputs.texts and _arch(loaded).causal:
         return decoder_concepts_section(loaded, inputs, options)
     if inputs is None or loaded.modality != "image":
-        return _skip("concepts", title, "needs image inputs: concepts are fitted on a layer's patch-token activations")
+        return _skip(
+            "concept_fidelity", title, "needs image inputs: concepts are fitted on a layer's patch-token activations"
+        )
     if not loaded.is_classifier:
-        return _skip("concepts", title, "needs an image classifier (the bound is about the classifier's output)")
+        return _skip(
+            "concept_fidelity", title, "needs an image classifier (the bound is about the classifier's output)"
+        )
     num_layers = int(loaded.config.num_hidden_layers)
     layer = _default_concept_layer(num_layers) if options.concept_layer is None else int(options.concept_layer)
     result = hf_tdiag.concept_fidelity(
@@ -135,7 +139,7 @@ def section_concepts(loaded: LoadedModel, inputs: ReportInputs | None, options: 
     flags = concept_bound_flags(result, num_classes(loaded, result))
     rows = fidelity_rows(result, flags)
     section = Section(
-        "concepts",
+        "concept_fidelity",
         title,
         summary=(
             f"Semi-NMF with {result['n_concepts']} concepts of the patch tokens after block {layer} "
@@ -173,8 +177,8 @@ def decoder_concepts_section(loaded: LoadedModel, inputs: ReportInputs, options:
     flags = concept_bound_flags(result, num_classes(loaded, result))
     rows = fidelity_rows(result, flags)
     section = Section(
-        "concepts",
-        _TITLES["concepts"],
+        "concept_fidelity",
+        _TITLES["concept_fidelity"],
         summary=(
             f"Semi-NMF with {result['n_concepts']} concepts of the token states after block {layer} "
             f"({result['n_images']} texts × {result['n_tokens']} tokens × {result['hidden_size']} dims; every text cut "
@@ -201,7 +205,7 @@ def decoder_concepts_section(loaded: LoadedModel, inputs: ReportInputs, options:
                 (f"Concept codes of the first text's tokens after block {layer}", token_codes_figure(tokens, codes))
             )
         if "bound_estimated" in result.get("per_image", {}):
-            from hf_tdiag.viz import concepts as VC
+            from hf_tdiag.viz import concept_fidelity as VC
 
             out.append(
                 (
@@ -262,7 +266,7 @@ def shown_concepts_note(codes, shown: list[int]) -> str:
 
 def concept_plots(loaded: LoadedModel, pixel_values: torch.Tensor, codes, result: dict) -> list[tuple[str, Any]]:
     """(caption, matplotlib figure) pairs: concept heatmaps, top-activating patches, KL vs bound (if computed)."""
-    from hf_tdiag.viz import concepts as VC
+    from hf_tdiag.viz import concept_fidelity as VC
 
     out = []
     if codes is not None:

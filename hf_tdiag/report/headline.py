@@ -21,12 +21,12 @@ HEADLINE = (
     ("srr", "SRR, mean over blocks", ("summary", "srr_mean_over_layers"), "number"),
     ("schatten", "B_Schatten (Schatten proxy)", ("schatten_bound",), "number"),
     ("schatten", "B_Edelman", ("edelman_bound",), "number"),
-    ("concepts", "concept KL (mean)", ("kl",), "number"),
-    ("concepts", "KL bound, certified", ("bound_certified",), "number"),
-    ("concepts", "KL bound, estimated", ("bound_estimated",), "number"),
-    ("concepts", "top-1 agreement with concepts", ("top1_agreement",), "percent"),
-    ("attention", "corr(W_h, W_mm)", ("attention_svm", "correlation"), "number"),
-    ("attention", "margin ratio (≤ 1)", ("attention_svm", "margin_ratio"), "number"),
+    ("concept_fidelity", "concept KL (mean)", ("kl",), "number"),
+    ("concept_fidelity", "KL bound, certified", ("bound_certified",), "number"),
+    ("concept_fidelity", "KL bound, estimated", ("bound_estimated",), "number"),
+    ("concept_fidelity", "top-1 agreement with concepts", ("top1_agreement",), "percent"),
+    ("attention_svm", "corr(W_h, W_mm)", ("attention_svm", "correlation"), "number"),
+    ("attention_svm", "margin ratio (≤ 1)", ("attention_svm", "margin_ratio"), "number"),
 )
 
 
@@ -44,13 +44,13 @@ def _count(key: str, name: str, numbers: dict) -> str:
     if key == "schatten":
         n = len(numbers.get("matrices") or [])
         return f"from the weights of {n:,} matrices (no inputs)" if n else "from the weights (no inputs)"
-    if key == "concepts":
+    if key == "concept_fidelity":
         n, unit = numbers.get("n_images"), "texts" if numbers.get("modality") == "text" else "images"
         count = f"n = {n:,} {unit}" if n is not None else ""
         if name == "bound_estimated":
             return "local estimates of its constants, not a proven bound" + (f"; {count}" if count else "")
         return count
-    if key == "attention":
+    if key == "attention_svm":
         queries, n = (numbers.get("attention_svm") or {}).get("num_queries"), numbers.get("num_inputs")
         return f"{queries:,} queries of {n:,} inputs, one head" if queries is not None and n is not None else ""
     return ""

@@ -44,22 +44,24 @@ def ledger_tables(report) -> list[Table]:
     return [head, Table("Objective ledger per block and step", columns, rows)]
 
 
-def section_ledger(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
+def section_objective_ledger(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
     from hf_tdiag.diagnostics.objective_ledger import objective_ledger
 
-    title = _TITLES["ledger"]
+    title = _TITLES["objective_ledger"]
     if inputs is None:
-        return _skip("ledger", title, "needs inputs: each step's objective is measured on the inputs' token states")
+        return _skip(
+            "objective_ledger", title, "needs inputs: each step's objective is measured on the inputs' token states"
+        )
     try:
         report = objective_ledger(loaded.model, inputs.batch, eps=options.srr_eps, batch_size=LEDGER_BATCH)
     except ValueError as err:
         if _has_whitebox_blocks(loaded.model):
             raise
-        return _skip("ledger", title, f"not a white-box model: {err}")
+        return _skip("objective_ledger", title, f"not a white-box model: {err}")
     increasing = report.increasing_steps()
     flagged = ", ".join(f"block {layer} {step}" for layer, step in increasing) or "none"
     section = Section(
-        "ledger",
+        "objective_ledger",
         title,
         summary=(
             f"For every block of this {report.family} model, the objective each step was derived to decrease, "
@@ -80,4 +82,4 @@ def section_ledger(loaded: LoadedModel, inputs: ReportInputs | None, options: Re
     return section
 
 
-__all__ = ["LEDGER_BATCH", "ledger_tables", "section_ledger"]
+__all__ = ["LEDGER_BATCH", "ledger_tables", "section_objective_ledger"]

@@ -56,14 +56,14 @@ class ReportOptions:
         from ..probes.describe import describe
 
         names = names or {}
-        wanted = set(sections) if sections is not None else {"concepts", "attention"}
-        if not wanted & {"concepts", "attention"}:
+        wanted = set(sections) if sections is not None else {"concept_fidelity", "attention_svm"}
+        if not wanted & {"concept_fidelity", "attention_svm"}:
             return
         try:
             arch = describe(model)
         except (ValueError, TypeError, NotImplementedError):
             return  # an architecture the probes do not read: its sections say so themselves
-        if "concepts" in wanted:
+        if "concept_fidelity" in wanted:
             name = names.get("concept_layer", "concept_layer")
             if self.concept_layer is not None:
                 block_number(self.concept_layer, arch.num_layers, name, embeddings=True)
@@ -73,7 +73,7 @@ class ReportOptions:
                     f"{name}: expected at most {arch.hidden_size} concepts (the model's {arch.hidden_size}-dimensional "
                     f"tokens), got {self.n_concepts}"
                 )
-        if "attention" in wanted:
+        if "attention_svm" in wanted:
             if self.attention_layer is not None:
                 block_number(self.attention_layer, arch.num_layers, names.get("attention_layer", "attention_layer"))
             integer(self.attention_head, names.get("attention_head", "attention_head"), low=0, high=arch.num_heads)

@@ -37,10 +37,10 @@ from .._defaults import REPORT_SECTIONS
 from .._meaning import degenerate_reason, mean_interval, wilson_interval
 from .._progress import tqdm
 from ..viz import images
-from .attention_section import section_attention
-from .concept_section import _default_concept_layer, section_concepts
+from .attention_section import section_attention_svm
+from .concept_section import _default_concept_layer, section_concept_fidelity
 from .html import Figure, Section, Table, dumps, render_html, to_jsonable
-from .ledger_section import section_ledger
+from .ledger_section import section_objective_ledger
 from .options import ReportInputs, ReportOptions
 from .section_tools import _TITLES, _add_figures, _arch, _forward, _png, _skip
 
@@ -334,9 +334,9 @@ SECTIONS: dict[str, SectionFn] = {
     "summary": section_summary,
     "srr": section_srr,
     "schatten": section_schatten,
-    "concepts": section_concepts,
-    "attention": section_attention,
-    "ledger": section_ledger,
+    "concept_fidelity": section_concept_fidelity,
+    "attention_svm": section_attention_svm,
+    "objective_ledger": section_objective_ledger,
 }
 
 
@@ -358,7 +358,7 @@ def build_report(
 
     Inputs come either as a prepared :class:`ReportInputs` or as ``images`` (PIL images, with optional ``labels``)
     which are run through the model's image processor. ``sections`` selects a subset of
-    ``("summary", "srr", "schatten", "concepts", "attention", "ledger")``.
+    ``("summary", "srr", "schatten", "concept_fidelity", "attention_svm", "objective_ledger")``.
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     options = options or ReportOptions()

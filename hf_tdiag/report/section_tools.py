@@ -70,7 +70,7 @@ _TITLES = {
     "summary": "Model and predictions",
     "srr": "Sparse rate reduction per layer",
     "schatten": "Generalization-bound proxies (spectrum-adaptive Schatten vs Edelman)",
-    "concepts": "Concept fidelity",
-    "attention": "Attention maps and attention-as-SVM",
-    "ledger": "Objective ledger of the white-box blocks",
+    "concept_fidelity": "Concept fidelity",
+    "attention_svm": "Attention maps and attention-as-SVM",
+    "objective_ledger": "Objective ledger of the white-box blocks",
 }

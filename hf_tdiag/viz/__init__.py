@@ -8,7 +8,7 @@ save them with :func:`save_figure` (or ``fig.savefig``).
   (mean ± std over samples), several models / settings on one figure.
 
 One submodule per capability: :mod:`hf_tdiag.viz.schatten` (bound proxies, spectra,
-optimal p), :mod:`hf_tdiag.viz.concepts` (concept heatmaps, KL vs bound),
+optimal p), :mod:`hf_tdiag.viz.concept_fidelity` (concept heatmaps, KL vs bound),
 :mod:`hf_tdiag.viz.attention_svm` (correlation curves, head diagnostic) and
 :mod:`hf_tdiag.viz.study` (measure-vs-gap scatter plots).
 """

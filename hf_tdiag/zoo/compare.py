@@ -24,8 +24,8 @@ FOLDER_FILES = ("trainer_state.json", "all_results.json")
 HEADLINE = {
     "srr": ("srr_mean_over_layers", "srr_last_layer"),
     "schatten": ("schatten_bound", "edelman_bound"),
-    "ledger": ("fraction_decreasing", "mean_relative_change"),
-    "concepts": ("kl", "delta_rec_rel"),
+    "objective_ledger": ("fraction_decreasing", "mean_relative_change"),
+    "concept_fidelity": ("kl", "delta_rec_rel"),
     "attention_svm": ("correlation", "margin_ratio"),
 }
 

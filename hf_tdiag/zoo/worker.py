@@ -23,7 +23,7 @@ from .cache import SCAN_VERSION, read_entry, write_entry
 
 #: the diagnostics a scan runs, each with its rule in :func:`run_diagnostic` (token_snr needs each input's label,
 #: which a scan's inputs do not carry: run ``hf-tdiag token-snr`` per model)
-SCANNED = ("srr", "schatten", "concepts", "attention_svm", "ledger")
+SCANNED = ("srr", "schatten", "concept_fidelity", "attention_svm", "objective_ledger")
 
 # a model at least this large is collected at once when the worker drops it (a full gc.collect costs ~0.4 s with
 # torch, transformers and pandas loaded: more than measuring a tiny model; smaller ones go with reference counting)
@@ -102,9 +102,9 @@ def run_diagnostic(name: str, loaded, items: list, settings, *, folder: str | No
         raise ValueError(f"inputs: {name} measures {loaded.modality}s; the scan was given none (inputs=)")
     if name == "srr":
         return fn(loaded.model, encoded_batches(loaded, items, settings.batch_size), settings=settings, progress=False)
-    if name == "ledger":
+    if name == "objective_ledger":
         return fn(loaded.model, encoded_batches(loaded, items, settings.batch_size), settings=settings)
-    if name == "concepts":
+    if name == "concept_fidelity":
         layer = int(loaded.model.config.num_hidden_layers) // 2
         if loaded.modality == "text":
             return fn(loaded.model, list(items), layer, settings=settings, tokenizer=loaded.processor, progress=False)

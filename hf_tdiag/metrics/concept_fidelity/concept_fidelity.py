@@ -6,13 +6,13 @@ Thin wrapper over :func:`hf_tdiag.concept_fidelity` (probes) and :mod:`hf_tdiag.
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.measures.concepts import SemiNMF
-from hf_tdiag.diagnostics.concepts import concept_fidelity
-from hf_tdiag.diagnostics.concepts.estimator import as_estimator
-from hf_tdiag.diagnostics.concepts.estimator import check_one_count
+from hf_tdiag.diagnostics.concept_fidelity import concept_fidelity
+from hf_tdiag.diagnostics.concept_fidelity.estimator import as_estimator
+from hf_tdiag.diagnostics.concept_fidelity.estimator import check_one_count
 from hf_tdiag._validation import positive_int
 from hf_tdiag.loading import load_model
 from hf_tdiag.metrics.combining import flat_scalars
-from hf_tdiag.diagnostics.settings import ConceptSettings
+from hf_tdiag.diagnostics.settings import ConceptFidelitySettings
 from hf_tdiag.diagnostics.settings import resolve
 from hf_tdiag.diagnostics.registry import diagnostic
 
@@ -63,8 +63,8 @@ Args:
         dictionary, or anything with fit/transform/inverse_transform); not together with n_concepts.
     max_iter (`int`, default 200), refine_iter (`int`, default 100): Semi-NMF MU and Gram-refinement iterations.
     labels (texts, optional): the labels the linear head is fitted on; progress (`bool`, default True).
-    The settings (hf_tdiag.ConceptSettings; n_concepts is k, at most min(inputs * N, d)), each a keyword:
-""" + diagnostic("concepts").keywords_doc() + """
+    The settings (hf_tdiag.ConceptFidelitySettings; n_concepts is k, at most min(inputs * N, d)), each a keyword:
+""" + diagnostic("concept_fidelity").keywords_doc() + """
     return_report (`bool`, default False): also return the full report as `report` (per-input lists, the fit's
         history, the constants; with `layers` one report per layer); return_per_image (`bool`, default True):
         keep the per-input lists in it.
@@ -140,7 +140,7 @@ class ConceptFidelity(ModelInputsMixin, evaluate.Measurement):
         **settings,
     ):
         check_one_count(concepts, settings)
-        s = resolve(ConceptSettings, None, settings)  # validated before the model is loaded
+        s = resolve(ConceptFidelitySettings, None, settings)  # validated before the model is loaded
         estimator = _estimator(s.n_concepts if concepts is None else concepts, gram_weight, max_iter, refine_iter)
         if layer is None and layers is None:
             raise ValueError(

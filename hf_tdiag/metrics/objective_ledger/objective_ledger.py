@@ -6,7 +6,7 @@ Thin wrapper over :func:`hf_tdiag.diagnostics.objective_ledger.objective_ledger`
 import evaluate
 from hf_tdiag.metrics.model_inputs import ModelInputsMixin
 from hf_tdiag.diagnostics.objective_ledger import objective_ledger
-from hf_tdiag.diagnostics.settings import LedgerSettings
+from hf_tdiag.diagnostics.settings import ObjectiveLedgerSettings
 from hf_tdiag.diagnostics.settings import resolve
 from hf_tdiag.diagnostics.registry import diagnostic
 
@@ -38,8 +38,8 @@ _KWARGS_DESCRIPTION = """
 Args:
     model: a white-box Transformers model object, a local folder (save_pretrained) or a Hub id.
     images: PIL images; or pixel_values: a tensor (B, C, H, W) already processed for the model.
-    The settings (hf_tdiag.LedgerSettings), each a keyword:
-""" + diagnostic("ledger").keywords_doc() + """
+    The settings (hf_tdiag.ObjectiveLedgerSettings), each a keyword:
+""" + diagnostic("objective_ledger").keywords_doc() + """
     return_report (`bool`, default False): also return the full report as `report`.
 Returns:
     `num_steps`, `num_increasing_steps`, `fraction_decreasing`, `mean_relative_change`, and for every step
@@ -79,7 +79,7 @@ class ObjectiveLedger(ModelInputsMixin, evaluate.Measurement):
         return_report=False,
         **settings,
     ):
-        s = resolve(LedgerSettings, None, settings)  # validated before the model is loaded
+        s = resolve(ObjectiveLedgerSettings, None, settings)  # validated before the model is loaded
         loaded, inputs = self._model_and_inputs(model, inputs, pixel_values, batch_size=s.batch_size)
         report = objective_ledger(loaded.model, inputs, settings=s)
         out = dict(report.summary())

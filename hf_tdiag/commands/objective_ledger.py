@@ -1,4 +1,4 @@
-"""``hf-tdiag ledger MODEL --images DIR | --dataset NAME | --texts FILE``: the objective each block of a white-box
+"""``hf-tdiag objective-ledger MODEL --images DIR | --dataset NAME | --texts FILE``: the objective each block of a white-box
 model was derived to decrease, before and after each of its steps (``--texts``: a text CRATE, one text per line)."""
 
 from __future__ import annotations
@@ -20,31 +20,34 @@ from .._cli_args import (
     positive_int,
     settings_from_args,
 )
-from ..diagnostics.settings import LedgerSettings
+from ..diagnostics.registry import diagnostic
+from ..diagnostics.settings import ObjectiveLedgerSettings
+
+SPEC = diagnostic("objective_ledger")
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "ledger",
+        SPEC.command,
         help="objective ledger of a white-box model (CRATE, CRATE-α, CRATE-MAE, ToST): does each step decrease "
         "the objective it was derived from?",
         description=plain(
             "For every block, measure the objective of each step before and after it on the given images: "
             "Rc(Z; U) across MSSA, the LASSO objective across each ISTA step (CRATE's one, CRATE-α's two), ToST's "
             "variational compression objective across TSSA; flag the steps that increase theirs. Writes "
-            "ledger.json, ledger.csv and ledger.png. Models that are not white-box are refused. " + INPUTS_HELP
+            "objective_ledger.json, .csv and .png. Models that are not white-box are refused. " + INPUTS_HELP
         ),
     )
     p.add_argument("model", metavar="MODEL", help="a local model folder (save_pretrained) or a Hub id")
     add_input_flags(p)
     p.add_argument("--max-length", type=positive_int, default=128, help="token limit for --texts (default 128)")
-    add_settings_flags(p, LedgerSettings)
+    add_settings_flags(p, ObjectiveLedgerSettings)
     add_device_flag(p)
     add_threads_flag(p)
     add_output_dir(
         p,
-        default_output_dir("ledger"),
-        f"where ledger.json, ledger.csv and ledger.png go (default {default_output_dir('ledger')})",
+        default_output_dir(SPEC.command),
+        f"where objective_ledger.json, .csv and .png go (default {default_output_dir(SPEC.command)})",
     )
     add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
@@ -62,7 +65,11 @@ def run(args: argparse.Namespace) -> int:
     from hf_tdiag.viz import save_figure
 
     default_inputs(args, [args.model])
-    claim_args(args, ["ledger.json", "ledger.csv", "ledger.png"], inputs=[args.model, args.images, args.texts])
+    claim_args(
+        args,
+        ["objective_ledger.json", "objective_ledger.csv", "objective_ledger.png"],
+        inputs=[args.model, args.images, args.texts],
+    )
     if args.images is not None and not os.path.isdir(args.images):
         raise ValueError(f"images: expected a folder, got {args.images!r}")
     loaded = load_model(args.model, eager_attention=False, trust_remote_code=args.trust_remote_code)
@@ -70,11 +77,11 @@ def run(args: argparse.Namespace) -> int:
     loaded.model.to(device)
     batches, _ = flag_batches(args, loaded)
     with torch_threads(model_threads(args.threads, loaded.model, device)):
-        report = objective_ledger(loaded.model, batches, settings=settings_from_args(LedgerSettings, args))
-    json_path = os.path.join(args.output_dir, "ledger.json")
+        report = objective_ledger(loaded.model, batches, settings=settings_from_args(ObjectiveLedgerSettings, args))
+    json_path = os.path.join(args.output_dir, "objective_ledger.json")
     report.to_json(json_path)
-    csv_path = write_text(os.path.join(args.output_dir, "ledger.csv"), report.to_pandas().to_csv(index=False))
-    png_path = save_figure(report.plot(), os.path.join(args.output_dir, "ledger.png"))
+    csv_path = write_text(os.path.join(args.output_dir, "objective_ledger.csv"), report.to_pandas().to_csv(index=False))
+    png_path = save_figure(report.plot(), os.path.join(args.output_dir, "objective_ledger.png"))
     print(f"{'block':>5} {'step':<7} {'objective':<9} {'before':>12} {'after':>12} {'change':>12}")
     for s in report.steps:
         flag = "  INCREASES" if s.increased else ""

@@ -9,7 +9,7 @@ from ..._caller_state import module_modes, restore_modes
 from ..._progress import tqdm
 from ...measures.concepts import fidelity_errors, kl_divergence
 from ...probes.concept_model import ConceptModel, LayerActivations, suffix_runner
-from ..settings import ConceptSettings
+from ..settings import ConceptFidelitySettings
 from .bound import add_bounds, to_list
 from .estimator import as_estimator, reconstruction
 from .report import ConceptFidelityReport
@@ -69,15 +69,15 @@ def fidelity_at_layer(
     layer: int,
     concepts,
     *,
-    bounds: bool = ConceptSettings.bounds,
-    power_iters: int = ConceptSettings.power_iters,
-    max_images_for_constants: int = ConceptSettings.max_images_for_constants,
-    batch_size: int = ConceptSettings.batch_size,
+    bounds: bool = ConceptFidelitySettings.bounds,
+    power_iters: int = ConceptFidelitySettings.power_iters,
+    max_images_for_constants: int = ConceptFidelitySettings.max_images_for_constants,
+    batch_size: int = ConceptFidelitySettings.batch_size,
     return_tensors: bool = False,
     progress: bool = True,
 ) -> ConceptFidelityReport:
-    """The report of :func:`~hf_tdiag.diagnostics.concepts.concept_fidelity` for activations already taken at layer
-    ℓ; ``concepts`` an int or an estimator (:mod:`~hf_tdiag.diagnostics.concepts.estimator`)."""
+    """The report of :func:`~hf_tdiag.diagnostics.concept_fidelity.concept_fidelity` for activations already taken at layer
+    ℓ; ``concepts`` an int or an estimator (:mod:`~hf_tdiag.diagnostics.concept_fidelity.estimator`)."""
     A = acts.patches
     est = as_estimator(concepts)
     codes, A_hat = reconstruction(est, A)

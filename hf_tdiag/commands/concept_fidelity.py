@@ -1,4 +1,4 @@
-"""``hf-tdiag concepts MODEL --layer L`` (or ``--layers all``): Semi-NMF concepts, their fidelity, and the KL bound."""
+"""``hf-tdiag concept-fidelity MODEL --layer L`` (or ``--layers all``): Semi-NMF concepts, their fidelity, and the KL bound."""
 
 from __future__ import annotations
 
@@ -23,7 +23,10 @@ from .._cli_args import (
     positive_int,
     settings_from_args,
 )
-from ..diagnostics.settings import ConceptSettings
+from ..diagnostics.registry import diagnostic
+from ..diagnostics.settings import ConceptFidelitySettings
+
+SPEC = diagnostic("concept_fidelity")
 
 
 def _write_results(output_dir: str, json_name: str, out: dict, table: str) -> None:
@@ -38,7 +41,7 @@ def _write_results(output_dir: str, json_name: str, out: dict, table: str) -> No
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "concepts",
+        SPEC.command,
         help="concept fidelity of Semi-NMF concepts (plain / Gram-aligned / classifier-supervised) and the KL bound",
         description=plain(
             "Fit Semi-NMF concepts A ~ U W^T to the layer-l concept-token activations (hidden_states[l]; an image's "
@@ -56,7 +59,7 @@ def register(subparsers) -> None:
     add_input_flags(p)
     add_settings_flags(
         p,
-        ConceptSettings,
+        ConceptFidelitySettings,
         overrides={
             "max_tokens": dict(
                 help="texts: cut every text to this many tokens (default: the shortest text's count); a text "
@@ -69,8 +72,9 @@ def register(subparsers) -> None:
     p.add_argument("--no-figures", action="store_true", help="write only the JSON and the table")
     add_output_dir(
         p,
-        default_output_dir("concepts"),
-        f"where concepts.json (or sweep.json), table.txt and figures go (default {default_output_dir('concepts')})",
+        default_output_dir(SPEC.command),
+        f"where concept_fidelity.json (or sweep.json), table.txt and figures go (default "
+        f"{default_output_dir(SPEC.command)})",
     )
     add_trust_remote_code_flag(p)
     p.set_defaults(func=run)
@@ -186,7 +190,7 @@ def read_texts(path, limit=None) -> tuple[list[str], list[str] | None]:
 
 def _inputs(args, loaded):
     """(model inputs, {source, count, kind}, extra concept_fidelity kwargs, pixel values for figures or None)."""
-    cs = settings_from_args(ConceptSettings, args)
+    cs = settings_from_args(ConceptFidelitySettings, args)
 
     if loaded.modality == "text":
         if not args.texts:
@@ -237,11 +241,11 @@ def _describe(source: dict) -> str:
 
 
 def _run_sweep(args, model, inputs, opts, source, threads) -> int:
-    cs = settings_from_args(ConceptSettings, args)
+    cs = settings_from_args(ConceptFidelitySettings, args)
     from hf_tdiag._threads import torch_threads
-    from hf_tdiag.diagnostics.concepts import concept_fidelity
+    from hf_tdiag.diagnostics.concept_fidelity import concept_fidelity
     from hf_tdiag.measures.concepts import SemiNMF
-    from hf_tdiag.viz.concepts import plot_layer_sweep, save_figure
+    from hf_tdiag.viz.concept_fidelity import plot_layer_sweep, save_figure
 
     layers = _parse_layers(args.layers, int(model.config.num_hidden_layers))
     mu = float(args.gram_weight[0])
@@ -276,11 +280,11 @@ def _run_sweep(args, model, inputs, opts, source, threads) -> int:
 
 
 def _figures(args, model, pixels, out, estimators, layer, threads):
-    cs = settings_from_args(ConceptSettings, args)
+    cs = settings_from_args(ConceptFidelitySettings, args)
     from hf_tdiag._threads import torch_threads
-    from hf_tdiag.diagnostics.concepts.compare import mu_sweep_rows
+    from hf_tdiag.diagnostics.concept_fidelity.compare import mu_sweep_rows
     from hf_tdiag.probes.concept_model import layer_activations
-    from hf_tdiag.viz.concepts import (
+    from hf_tdiag.viz.concept_fidelity import (
         plot_concept_heatmaps,
         plot_kl_vs_bound,
         plot_mu_sweep,
@@ -313,7 +317,7 @@ def _figures(args, model, pixels, out, estimators, layer, threads):
 
 
 def run(args: argparse.Namespace) -> int:
-    cs = settings_from_args(ConceptSettings, args)
+    cs = settings_from_args(ConceptFidelitySettings, args)
     args.gram_weight, args.layers = flatten(args.gram_weight), flatten(args.layers)
     if any(mu < 0 for mu in args.gram_weight):
         raise ValueError(f"--gram-weight: expected values >= 0, got {args.gram_weight}")
@@ -322,14 +326,14 @@ def run(args: argparse.Namespace) -> int:
     default_inputs(args, [args.model])
     claim_args(
         args,
-        ["sweep.json" if args.layers is not None else "concepts.json", "table.txt"],
+        ["sweep.json" if args.layers is not None else "concept_fidelity.json", "table.txt"],
         inputs=[args.model, getattr(args, "images", None), getattr(args, "texts", None)],
         stale=["sweep.png", "heatmaps.png", "top_patches.png", "kl_vs_bound.png", "mu_sweep.png"],
     )
     import torch
 
     from hf_tdiag._threads import model_threads, torch_threads
-    from hf_tdiag.diagnostics.concepts import compare_concepts
+    from hf_tdiag.diagnostics.concept_fidelity import compare_concepts
     from hf_tdiag.loading import load_model
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -361,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
         )
     estimators = out.pop("estimators")
     out.update(model=args.model, inputs=source)
-    _write_results(args.output_dir, "concepts.json", out, format_table(out["table"]))
+    _write_results(args.output_dir, "concept_fidelity.json", out, format_table(out["table"]))
     for label, run in out["runs"].items():  # a bound that says nothing is labelled where it is shown
         for bound, reason in run.vacuous_reasons().items():
             print(f"{label}: {bound} is {reason}")

@@ -12,9 +12,9 @@ Definitions used throughout (docs/guide/concepts.md; the bound's derivation in `
   The empirical KL compares ``σ(g(A))`` with ``σ(g(Â))``, ``Â`` replacing the concept tokens.
 * **the bound** ``KL ≤ ½ (‖W_c‖_op L_readout)² L_block^{2 L_suf} (√N δ_rec + α‖G‖_F δ_gram)²`` is reported twice,
   never mixed: ``bound_certified`` with the upper-bound constants of
-  :func:`~hf_tdiag.diagnostics.concepts.constants.certified_constants` (plus ``bound_certified_chain``, the tighter
+  :func:`~hf_tdiag.diagnostics.concept_fidelity.constants.certified_constants` (plus ``bound_certified_chain``, the tighter
   ``½(‖W_c‖ Δ)²`` it relaxes, ``Δ`` the certified move of the head's input), and ``bound_estimated`` with the local estimates of
-  :func:`~hf_tdiag.diagnostics.concepts.constants.estimate_constants`.
+  :func:`~hf_tdiag.diagnostics.concept_fidelity.constants.estimate_constants`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import functools
 from ..._caller_state import keeps_modes
 from ...probes.concept_model import check_layer, concept_model_parts, layer_activations
 from ..entry import diagnostic_entry
-from ..settings import ConceptSettings
+from ..settings import ConceptFidelitySettings
 from .estimator import check_one_count
 from .inputs import prepare_inputs
 from .layer import fidelity_at_layer
@@ -34,7 +34,7 @@ from .sweep import layer_sweep, sweep_layers
 __all__ = ["DEFAULT_N_CONCEPTS", "concept_fidelity", "concept_fidelity_sweep"]
 
 #: the number of concepts k every entry point (Python API, evaluate module, CLI, recipe) uses by default
-DEFAULT_N_CONCEPTS = ConceptSettings.n_concepts
+DEFAULT_N_CONCEPTS = ConceptFidelitySettings.n_concepts
 
 
 def _one_count(entry):
@@ -48,7 +48,7 @@ def _one_count(entry):
     return checked
 
 
-def _options(s: ConceptSettings, return_tensors: bool, progress: bool) -> dict:
+def _options(s: ConceptFidelitySettings, return_tensors: bool, progress: bool) -> dict:
     """The keywords of :func:`fidelity_at_layer` from the settings."""
     return {
         "bounds": s.bounds,
@@ -62,14 +62,14 @@ def _options(s: ConceptSettings, return_tensors: bool, progress: bool) -> dict:
 
 @keeps_modes  # the probes reset every submodule to the top module's flag
 @_one_count
-@diagnostic_entry(ConceptSettings)
+@diagnostic_entry(ConceptFidelitySettings)
 def concept_fidelity(
     model,
     inputs,
     layer: int | None = None,
     concepts=None,
     *,
-    settings: ConceptSettings,
+    settings: ConceptFidelitySettings,
     layers=None,
     tokenizer=None,
     labels=None,
@@ -89,16 +89,16 @@ def concept_fidelity(
     with ``transform``/``inverse_transform`` (and ``fit_transform`` or ``fit``, used when it is not fitted yet), such
     as a fitted or unfitted :class:`~hf_tdiag.measures.concepts.SemiNMF`, ``SemiNMF.from_components(W)`` for a
     dictionary ``W`` (k, d), or :class:`~hf_tdiag.measures.concepts.Reconstruction` for a fixed map ``A -> Â``
-    (:mod:`~hf_tdiag.diagnostics.concepts.estimator`). ``concepts=None``: ``settings.n_concepts`` plain Semi-NMF
+    (:mod:`~hf_tdiag.diagnostics.concept_fidelity.estimator`). ``concepts=None``: ``settings.n_concepts`` plain Semi-NMF
     concepts; ``concepts=`` with the keyword ``n_concepts=`` is refused, with a settings object it wins (the report's
     ``n_concepts`` is the k used).
 
-    Returns a :class:`~hf_tdiag.diagnostics.concepts.ConceptFidelityReport` (``return_tensors``: with the tensors
+    Returns a :class:`~hf_tdiag.diagnostics.concept_fidelity.ConceptFidelityReport` (``return_tensors``: with the tensors
     behind the numbers as ``report.tensors``) of per-input lists and means: ``delta_rec`` (absolute and relative),
     ``delta_gram``, ``gram_norm``, the lemma check, the empirical ``kl``, ``top1_agreement``; with ``bounds``
     ``bound_certified``, ``bound_certified_chain``, ``bound_estimated``, their
     terms, ``frac_kl_below_bound_certified``/``_estimated`` and ``constants_certified``/``constants_estimated``.
-    ``settings``: a :class:`~hf_tdiag.diagnostics.settings.ConceptSettings` holding these keywords (a keyword given
+    ``settings``: a :class:`~hf_tdiag.diagnostics.settings.ConceptFidelitySettings` holding these keywords (a keyword given
     replaces the object's value).
 
     Examples:

@@ -1,4 +1,4 @@
-"""The report :func:`~hf_tdiag.diagnostics.concepts.concept_fidelity` returns: one layer's fidelity numbers, or
+"""The report :func:`~hf_tdiag.diagnostics.concept_fidelity.concept_fidelity` returns: one layer's fidelity numbers, or
 (``layers=``) a sweep holding one such report per layer.
 
 It keeps mapping access (``report["kl"]``, ``report["per_image"]["kl"]``) beside the shared contract
@@ -146,7 +146,7 @@ class ConceptFidelityReport(dict, ReportContract):
 
     def plot(self, kind: str = "estimated"):
         """One layer: per-input KL against the ``kind`` bound; a sweep: KL and bounds per layer."""
-        from ...viz.concepts import plot_kl_vs_bound, plot_layer_sweep
+        from ...viz.concept_fidelity import plot_kl_vs_bound, plot_layer_sweep
 
         if self.is_sweep:
             return plot_layer_sweep(self)

@@ -1,5 +1,5 @@
 """Plain, Gram-aligned and classifier-supervised concepts at one layer, side by side (:func:`compare_concepts`):
-each fitted on the same activations and scored with :func:`~hf_tdiag.diagnostics.concepts.layer.fidelity_at_layer`."""
+each fitted on the same activations and scored with :func:`~hf_tdiag.diagnostics.concept_fidelity.layer.fidelity_at_layer`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from ..._caller_state import module_modes, restore_modes
 from ...measures.concepts import ClassifierSupervisedSemiNMF, SemiNMF, match_concepts
 from ...probes.concept_model import ConceptModel, check_layer, layer_activations, suffix_runner
-from ..settings import ConceptSettings
+from ..settings import ConceptFidelitySettings
 from .estimator import ACCEPTED, as_estimator, is_fitted
 from .fidelity import DEFAULT_N_CONCEPTS
 from .inputs import prepare_inputs
@@ -163,17 +163,17 @@ def compare_concepts(
     max_iter: int = 200,
     refine_iter: int = 100,
     supervised_iter: int = 100,
-    bounds: bool = ConceptSettings.bounds,
-    power_iters: int = ConceptSettings.power_iters,
-    max_images_for_constants: int = ConceptSettings.max_images_for_constants,
-    batch_size: int = ConceptSettings.batch_size,
+    bounds: bool = ConceptFidelitySettings.bounds,
+    power_iters: int = ConceptFidelitySettings.power_iters,
+    max_images_for_constants: int = ConceptFidelitySettings.max_images_for_constants,
+    batch_size: int = ConceptFidelitySettings.batch_size,
     progress: bool = True,
     **input_options,
 ) -> dict:
     """Plain / Gram-aligned (each μ in ``gram_weights``) / classifier-supervised concepts at layer ℓ, side by side.
 
     ``concepts``: the number of concepts k of every fit (an int), or a concept estimator
-    (:mod:`~hf_tdiag.diagnostics.concepts.estimator`; fitted here if it is not) scored beside them as the run
+    (:mod:`~hf_tdiag.diagnostics.concept_fidelity.estimator`; fitted here if it is not) scored beside them as the run
     ``"given"``, its ``n_concepts`` the k of the other fits.
 
     Returns ``runs`` (label -> :func:`concept_fidelity` report, plus fit time and loss history),
@@ -211,7 +211,7 @@ def compare_concepts(
 
 def mu_sweep_rows(runs) -> list[dict]:
     """The Gram-weight sweep of :func:`compare_concepts`' ``runs`` (every run but the supervised one): μ,
-    δ_gram, the KL and δ_rec/‖A‖, one dict per run, as :func:`hf_tdiag.viz.concepts.plot_mu_sweep` draws them."""
+    δ_gram, the KL and δ_rec/‖A‖, one dict per run, as :func:`hf_tdiag.viz.concept_fidelity.plot_mu_sweep` draws them."""
     keys = ("gram_weight", "delta_gram", "kl", "delta_rec_rel")
     return [{key: run[key] for key in keys} for label, run in runs.items() if label != "supervised"]
 
