@@ -222,7 +222,7 @@ def _sweep_one(name, model, inputs, args, **kwargs):
     import torch
 
     from hf_tdiag._threads import model_threads
-    from hf_tdiag.diagnostics.concepts import concept_fidelity
+    from hf_tdiag.diagnostics.concept_fidelity import concept_fidelity
     from hf_tdiag.measures.concepts import SemiNMF
 
     est = SemiNMF(
@@ -245,10 +245,10 @@ def run_sweep(args) -> int:
     import torch
 
     from hf_tdiag._atomic import write_json, write_text
-    from hf_tdiag.commands.concepts import _json_ready, format_sweep_table
+    from hf_tdiag.commands.concept_fidelity import _json_ready, format_sweep_table
     from hf_tdiag.loading import load_model, pixel_values_for
     from hf_tdiag.probes.concept_text import builtin_texts
-    from hf_tdiag.viz.concepts import plot_layer_sweep, save_figure
+    from hf_tdiag.viz.concept_fidelity import plot_layer_sweep, save_figure
 
     crate, vit, images, source = _models_and_images(args)
     results = {}
@@ -295,7 +295,7 @@ def _compare_one(args, spec, images):
     import torch
 
     from hf_tdiag._threads import model_threads
-    from hf_tdiag.diagnostics.concepts import compare_concepts
+    from hf_tdiag.diagnostics.concept_fidelity import compare_concepts
     from hf_tdiag.loading import load_model, pixel_values_for
 
     loaded = load_model(spec, eager_attention=False)
@@ -325,9 +325,9 @@ def _compare_one(args, spec, images):
 
 def _compare_figures(name, out, estimators, model, pixels, layer, folder) -> None:
     """Heatmaps and top patches of the Gram fit with the smallest δ_gram, KL vs bound, the μ sweep."""
-    from hf_tdiag.diagnostics.concepts.compare import mu_sweep_rows
+    from hf_tdiag.diagnostics.concept_fidelity.compare import mu_sweep_rows
     from hf_tdiag.probes.concept_model import layer_activations
-    from hf_tdiag.viz.concepts import (
+    from hf_tdiag.viz.concept_fidelity import (
         plot_concept_heatmaps,
         plot_kl_vs_bound,
         plot_mu_sweep,
@@ -358,7 +358,7 @@ def _compare_figures(name, out, estimators, model, pixels, layer, folder) -> Non
 
 def _compare_markdown(name, spec, out, layer, folder) -> list[str]:
     """The results.md section of one model: its table and the constants of the first fit."""
-    from hf_tdiag.commands.concepts import format_table
+    from hf_tdiag.commands.concept_fidelity import format_table
 
     first = "plain" if "plain" in out["runs"] else next(iter(out["runs"]))  # --gram-weight may leave out 0
     c, ce = out["runs"][first]["constants_certified"], out["runs"][first]["constants_estimated"]
@@ -375,7 +375,7 @@ def _compare_markdown(name, spec, out, layer, folder) -> list[str]:
 def run_compare(args) -> int:
     """Plain / Gram-aligned / supervised concepts at one layer of the digits CRATE and ViT."""
     from hf_tdiag._atomic import write_json, write_text
-    from hf_tdiag.commands.concepts import _json_ready, format_table
+    from hf_tdiag.commands.concept_fidelity import _json_ready, format_table
 
     crate, vit, images, source = _models_and_images(args)
     results = {}

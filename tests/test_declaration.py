@@ -40,7 +40,7 @@ out["help"] = text.getvalue()
 out["signature"] = inspect.signature(hf_tdiag.schatten_bounds).parameters["probe_knob"].default
 import evaluate, torch
 from hf_tdiag import CrateConfig, CrateForImageClassification
-module = evaluate.load(hf_tdiag.metric_path("schatten_bound"))
+module = evaluate.load(hf_tdiag.metric_path("schatten"))
 model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10))
 out["computed"] = module.compute(model=model, probe_knob=5)["schatten_bound"]
 for bad in ({"probe_knob": 0}, {"probe_knobs": 5}):
@@ -78,7 +78,7 @@ def test_a_field_added_to_a_settings_class_reaches_every_surface(tmp_path):
     assert out["signature"] == 3
     assert out["computed"] > 0  # the evaluate module accepts the keyword and runs with it...
     assert out["refused"][0].startswith("probe_knob: expected a positive integer, got 0")  # ...validated as declared
-    assert out["refused"][1].startswith("schatten_bound: unknown argument(s) ['probe_knobs']")  # a misspelling is not
+    assert out["refused"][1].startswith("schatten: unknown argument(s) ['probe_knobs']")  # a misspelling is not
     assert "Probe knob" in out["space_labels"] and out["space_handler"] == 3
     row = next(line for line in out["docs"].splitlines() if line.startswith("| `probe_knob`"))
     assert "`--probe-knob`" in row and "a knob only this test declares" in row and "Probe knob" in row

@@ -17,7 +17,7 @@ from hf_tdiag.metrics.combining import MODULE_OPTIONS, compute_options, route_op
 
 pytestmark = pytest.mark.slow
 
-NAMES = ("srr", "schatten_bound", "concept_fidelity", "attention_svm")
+NAMES = ("srr", "schatten", "concept_fidelity", "attention_svm")
 CF = dict(n_concepts=3, max_iter=10, refine_iter=5, power_iters=2)
 
 
@@ -58,8 +58,8 @@ def test_combine_routes_each_modules_keywords_and_matches_the_api(setup):
     assert out["srr_Rc_mean_over_layers"] == pytest.approx(srr.summary()["Rc_mean_over_layers"], rel=1e-9)
     assert out["srr_num_samples"] == 6
     bounds = hf_tdiag.schatten_bounds(model)
-    assert out["schatten_bound_schatten_bound"] == pytest.approx(bounds.schatten_bound, rel=1e-12)
-    assert out["schatten_bound_edelman_bound"] == pytest.approx(bounds.edelman_bound, rel=1e-12)
+    assert out["schatten_schatten_bound"] == pytest.approx(bounds.schatten_bound, rel=1e-12)
+    assert out["schatten_edelman_bound"] == pytest.approx(bounds.edelman_bound, rel=1e-12)
     torch.manual_seed(0)
     cf = hf_tdiag.concept_fidelity(
         model, pixels, 1, SemiNMF(3, max_iter=10, refine_iter=5), power_iters=2, progress=False
@@ -78,7 +78,7 @@ def test_default_output_is_flat_and_the_report_is_behind_the_flag(setup):
     model, images, pixels, modules = setup
     runs = {
         "srr": dict(model=model, images=images, progress=False),
-        "schatten_bound": dict(models=[model]),
+        "schatten": dict(models=[model]),
         "concept_fidelity": dict(model=model, pixel_values=pixels, layer=2, progress=False, **CF),
         "attention_svm": dict(model=model, pixel_values=pixels, layer=1, head=0, max_queries=6),
     }
@@ -130,7 +130,7 @@ def test_keywords_are_checked_outside_combine(setup):
     model, _, pixels, modules = setup
     with pytest.raises(TypeError, match=r"srr: unknown argument\(s\) \['layer'\]"):
         modules["srr"].compute(model=model, pixel_values=pixels, layer=1)
-    with pytest.raises(TypeError, match=r"schatten_bound: unknown argument\(s\) \['bogus'\]"):
+    with pytest.raises(TypeError, match=r"schatten: unknown argument\(s\) \['bogus'\]"):
         modules["schatten_bound"].compute(models=[model], bogus=1)
     # a module's own option under its prefix wins over the plain one; the others' prefixed options are skipped
     routed = route_options("srr", {"eps": 0.1, "srr_eps": 0.3, "attention_svm_head": 2}, in_combine=False)
@@ -167,7 +167,7 @@ def _combined_run(modules, model, **inputs):
 
 def test_add_and_add_batch_through_combine_store_the_shared_inputs_column(setup):
     """The model-running modules share the feature name ``inputs``, so ``combine.add_batch(inputs=...)`` /
-    ``combine.add(inputs=...)`` store the same images in each; schatten_bound stores nothing (it reads weights).
+    ``combine.add(inputs=...)`` store the same images in each; schatten stores nothing (it reads weights).
     The numbers equal those of ``combine.compute(images=...)``."""
     model, images, pixels, modules = setup
     combined, options = _combined_run(modules, model)
@@ -194,13 +194,13 @@ def test_combine_add_batch_takes_the_feature_name_not_images(setup):
         combined.add_batch(images=images[:2])
 
 
-def test_schatten_bound_keeps_added_models_for_the_next_compute(setup):
+def test_schatten_keeps_added_models_for_the_next_compute(setup):
     model, _, _, modules = setup
     metric = modules["schatten_bound"]
     metric.add(model=model)
     out = metric.compute()
     assert out["schatten_bound"] == pytest.approx(hf_tdiag.schatten_bounds(model).schatten_bound, rel=1e-12)
-    with pytest.raises(ValueError, match="schatten_bound: no models; pass models="):
+    with pytest.raises(ValueError, match="schatten: no models; pass models="):
         metric.compute()  # the added model was used once
-    with pytest.raises(TypeError, match="schatten_bound: add_batch takes models="):
+    with pytest.raises(TypeError, match="schatten: add_batch takes models="):
         metric.add_batch(inputs=[1])

@@ -242,7 +242,7 @@ def test_evaluate_modules_output_the_labels(tiny_crate):
     assert "bound_estimated_vacuous_reason" not in out and out["n_images"] == 6 and out["num_classes"] == 10
 
     model, _ = report_inputs(tiny_crate, [])
-    out = evaluate.load(hf_tdiag.metric_path("schatten_bound")).compute(model=model)
+    out = evaluate.load(hf_tdiag.metric_path("schatten")).compute(model=model)
     report = hf_tdiag.schatten_bounds(model)
     assert out["schatten_degenerate"] is report.degenerate
     assert out.get("schatten_degenerate_reason") == report.summary().get("schatten_degenerate_reason")

@@ -1,4 +1,4 @@
-"""The schatten_bound evaluate module, the `hf-tdiag schatten` command, the miniatures recipe and its figures."""
+"""The schatten evaluate module, the `hf-tdiag schatten` command, the miniatures recipe and its figures."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def miniatures(tmp_path_factory):
 def test_metric_on_folders_objects_and_add_batch(miniatures):
     folder = str(miniatures / "bert_uncased_L-2_H-128_A-2")
     direct = hf_tdiag.schatten_bounds(folder)
-    metric = evaluate.load(hf_tdiag.metric_path("schatten_bound"))
+    metric = evaluate.load(hf_tdiag.metric_path("schatten"))
     out = metric.compute(models=[folder], return_report=True)  # one model: scalars, the full report on request
     assert out["schatten_bound"] == pytest.approx(direct.schatten_bound, rel=1e-12)
     assert out["edelman_bound"] == pytest.approx(direct.edelman_bound, rel=1e-12)

