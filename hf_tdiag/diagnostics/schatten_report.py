@@ -153,6 +153,15 @@ class SchattenReport(ReportContract):
         """Σ_W c(W, p) + √L with one p for every matrix, at each p in ``ps`` (B_Schatten is never larger than any of them)."""
         return np.sum(list(self.type_contributions(ps).values()), axis=0) + math.sqrt(self.num_layers)
 
+    def matrix_rows(self, no_head: str = "") -> list[list]:
+        """One row per matrix: layer, head (``no_head`` for a whole-layer matrix), type, rank, ‖W‖₂, stable rank,
+        p_opt, min_p c(W, p) and κ↓ (the factor on γα_ℓL at which a larger p would win)."""
+        return [
+            [m.layer, no_head if m.head is None else m.head, m.type, m.rank, m.spectral_norm, m.stable_rank, m.p_opt,
+             m.min_contribution, m.flip_factor_down]
+            for m in self.matrices
+        ]  # fmt: skip
+
     def breakdown_tables(self, ps=(0.0, 0.5, 1.0, 2.0)) -> dict[str, tuple[list[str], list[list]]]:
         """What differs between models when p_opt is uninformative: name -> (headers, rows).
 

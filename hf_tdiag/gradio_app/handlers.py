@@ -310,21 +310,7 @@ def _bounds_report(loaded: LoadedModel, settings: SchattenSettings):
 
 
 def _bounds_table(report) -> list[list]:
-    rows = [
-        [
-            m.layer,
-            "" if m.head is None else m.head,
-            m.type,
-            m.rank,
-            m.spectral_norm,
-            m.stable_rank,
-            m.p_opt,
-            m.min_contribution,
-            m.flip_factor_down,
-        ]
-        for m in report.matrices
-    ]
-    return _formatted(rows)
+    return _formatted(report.matrix_rows(no_head=""))
 
 
 BOUNDS_COLUMNS = [

@@ -107,6 +107,28 @@ def _default_concept_layer(num_layers: int) -> int:
     return max(1, num_layers // 2)
 
 
+def _concept_layer(num_layers: int, options: ReportOptions) -> int:
+    """The layer the options name, else the middle block."""
+    return _default_concept_layer(num_layers) if options.concept_layer is None else int(options.concept_layer)
+
+
+def _fit(loaded: LoadedModel, data, layer: int, options: ReportOptions, **extra):
+    """Concepts of ``data`` at ``layer`` with the report's settings: (result, flags on the bounds, table rows)."""
+    result = hf_tdiag.concept_fidelity(
+        loaded.model,
+        data,
+        layer,
+        options.n_concepts,
+        power_iters=options.concept_power_iters,
+        max_images_for_constants=options.concept_constant_images,
+        return_tensors=True,
+        progress=False,
+        **extra,
+    )
+    flags = concept_bound_flags(result, num_classes(loaded, result))
+    return result, flags, fidelity_rows(result, flags)
+
+
 def section_concept_fidelity(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
     title = _TITLES["concept_fidelity"]
     if _arch(loaded).family == "crate_text":
@@ -123,21 +145,9 @@ def section_concept_fidelity(loaded: LoadedModel, inputs: ReportInputs | None, o
         return _skip(
             "concept_fidelity", title, "needs an image classifier (the bound is about the classifier's output)"
         )
-    num_layers = int(loaded.config.num_hidden_layers)
-    layer = _default_concept_layer(num_layers) if options.concept_layer is None else int(options.concept_layer)
-    result = hf_tdiag.concept_fidelity(
-        loaded.model,
-        inputs.batch,
-        layer,
-        options.n_concepts,
-        power_iters=options.concept_power_iters,
-        max_images_for_constants=options.concept_constant_images,
-        return_tensors=True,
-        progress=False,
-    )
+    layer = _concept_layer(int(loaded.config.num_hidden_layers), options)
+    result, flags, rows = _fit(loaded, inputs.batch, layer, options)
     tensors = result.tensors
-    flags = concept_bound_flags(result, num_classes(loaded, result))
-    rows = fidelity_rows(result, flags)
     section = Section(
         "concept_fidelity",
         title,
@@ -160,22 +170,9 @@ def section_concept_fidelity(loaded: LoadedModel, inputs: ReportInputs | None, o
 
 def decoder_concepts_section(loaded: LoadedModel, inputs: ReportInputs, options: ReportOptions) -> Section:
     """Concepts of a decoder LLM's token states on the report's texts (see :mod:`hf_tdiag.probes.concept_decoder`)."""
-    num_layers = int(_arch(loaded).num_layers)
-    layer = _default_concept_layer(num_layers) if options.concept_layer is None else int(options.concept_layer)
-    result = hf_tdiag.concept_fidelity(
-        loaded.model,
-        list(inputs.texts),
-        layer,
-        options.n_concepts,
-        tokenizer=loaded.processor,
-        power_iters=options.concept_power_iters,
-        max_images_for_constants=options.concept_constant_images,
-        return_tensors=True,
-        progress=False,
-    )
+    layer = _concept_layer(int(_arch(loaded).num_layers), options)
+    result, flags, rows = _fit(loaded, list(inputs.texts), layer, options, tokenizer=loaded.processor)
     tensors = result.tensors
-    flags = concept_bound_flags(result, num_classes(loaded, result))
-    rows = fidelity_rows(result, flags)
     section = Section(
         "concept_fidelity",
         _TITLES["concept_fidelity"],

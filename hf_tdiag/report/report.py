@@ -275,20 +275,7 @@ def srr_intervals(report) -> dict[str, list[float]]:
 
 def section_schatten(loaded: LoadedModel, inputs: ReportInputs | None, options: ReportOptions) -> Section:
     report = hf_tdiag.schatten_bounds(loaded.model, L_phi=options.L_phi)
-    rows = [
-        [
-            m.layer,
-            "—" if m.head is None else m.head,
-            m.type,
-            m.rank,
-            m.spectral_norm,
-            m.stable_rank,
-            m.p_opt,
-            m.min_contribution,
-            m.flip_factor_down,
-        ]
-        for m in report.matrices
-    ]
+    rows = report.matrix_rows(no_head="—")
     note = report.degenerate_note()
     breakdown = report.breakdown_tables()
     section = Section(
