@@ -33,6 +33,6 @@ def test_importing_the_package_does_not_import_the_heavy_parts():
 def test_metric_path_lists_the_bundled_modules():
     with pytest.raises(
         ValueError,
-        match=r"unknown metric 'nope'; available: \['attention_svm', 'concept_fidelity', 'objective_ledger', 'schatten_bound', 'srr', 'token_snr'\]",
+        match=r"unknown metric 'nope'; available: \['attention_svm', 'concept_fidelity', 'objective_ledger', 'schatten', 'srr', 'token_snr'\]",
     ):
         hf_tdiag.metric_path("nope")
