@@ -8,7 +8,10 @@ Two levels:
   accelerator, and passes other iterables through; :func:`split` and :func:`concat` cut and join one batch;
 * raw inputs — PIL images or strings — for a loaded model: :func:`encoded_batches` streams them through the model's
   image processor or tokenizer chunk by chunk (texts: padded on the right, truncated to ``max_length``, checked to
-  fit the model's positions before any work).
+  fit the model's positions before any work);
+* a ``datasets`` ``Dataset`` or ``IterableDataset`` whose columns are model inputs (a processor mapped over it):
+  :func:`dataset_batches` reads its model-input columns as a DataLoader of dict batches (every diagnostic's entry
+  calls it, so a dataset is accepted wherever batches are).
 """
 
 from __future__ import annotations
@@ -95,6 +98,39 @@ def iter_batches(inputs, batch_size: int, accelerator=None) -> Iterable:
     return inputs
 
 
+#: the columns of a ``datasets`` object that are passed to the model (others, such as labels or raw images, are not)
+MODEL_INPUT_COLUMNS = ("pixel_values", "input_ids", "attention_mask", "token_type_ids", "position_ids", "concept_mask")
+
+
+def is_dataset(obj) -> bool:
+    """``obj`` is a ``datasets`` ``Dataset`` or ``IterableDataset`` (checked without importing ``datasets``)."""
+    return type(obj).__module__.partition(".")[0] == "datasets" and hasattr(obj, "with_format")
+
+
+def _stack_rows(rows: list) -> dict:
+    try:
+        return torch.utils.data.default_collate(rows)
+    except RuntimeError as err:
+        raise ValueError(
+            "inputs: the dataset's rows differ in shape and cannot form one batch; pad the texts to one length "
+            "(tokenizer(..., padding='max_length', max_length=N)) or resize the images to one size"
+        ) from err
+
+
+def dataset_batches(dataset, batch_size: int) -> torch.utils.data.DataLoader:
+    """The model-input columns (:data:`MODEL_INPUT_COLUMNS`) of a ``datasets`` object as a DataLoader of dict
+    batches of ``batch_size`` rows, in order; a dataset without ``pixel_values`` or ``input_ids`` is refused."""
+    names = dataset.column_names
+    columns = None if names is None else [c for c in names if c in MODEL_INPUT_COLUMNS]
+    if columns is not None and not {"pixel_values", "input_ids"} & set(columns):
+        raise ValueError(
+            f"inputs: the dataset's columns {list(names)} hold no model inputs (pixel_values or input_ids); map the "
+            "model's processor over it first, e.g. dataset.map(lambda b: processor(b['image']), batched=True)"
+        )
+    rows = (dataset if columns is None else dataset.select_columns(columns)).with_format("torch")
+    return torch.utils.data.DataLoader(rows, batch_size=batch_size, shuffle=False, collate_fn=_stack_rows)
+
+
 def encoded_batches(loaded, items: Sequence, batch_size: int, *, tokenizer=None, max_length: int = 128,
                     name: str = "inputs", hint: str = "pass --max-length {limit}, or shorter texts"):  # fmt: skip
     """Raw ``items`` (PIL images, or strings) for ``loaded`` (:class:`hf_tdiag.loading.LoadedModel`), converted one
@@ -129,4 +165,13 @@ def encoded_batches(loaded, items: Sequence, batch_size: int, *, tokenizer=None,
     return LazyBatches(items, batch_size, lambda chunk: pixel_values_for(list(chunk), loaded))
 
 
-__all__ = ["concat", "encoded_batches", "iter_batches", "rows", "split"]
+__all__ = [
+    "MODEL_INPUT_COLUMNS",
+    "concat",
+    "dataset_batches",
+    "encoded_batches",
+    "is_dataset",
+    "iter_batches",
+    "rows",
+    "split",
+]

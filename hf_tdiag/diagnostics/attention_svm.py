@@ -41,6 +41,7 @@ from torch import nn
 from .._caller_state import module_modes, restore_modes
 from .._model_limits import check_token_count
 from .._validation import block_number, check_block_outputs
+from ..batching import concat
 from ..measures.attention_svm import AttSVMResult, att_svm_self, matrix_correlation
 from ..probes.attention_heads import HeadWeights, head_weights, num_blocks
 from ..probes.token_states import forward_kwargs
@@ -237,7 +238,7 @@ def attention_svm_diagnostic(
     l-th transformer block, whose input is ``hidden_states[l-1]``) on a batch of ``inputs``.
 
     ``inputs``: pixel values / input ids (tensor) or a dict batch (``attention_mask``
-    marks padding for text models). ``queries``: ``"all"`` tokens, ``"cls"`` (position 0)
+    marks padding for text models); a DataLoader (or a ``datasets`` object) is read whole as one batch. ``queries``: ``"all"`` tokens, ``"cls"`` (position 0)
     or a list of positions; at most ``max_queries`` are sampled (seeded) for the SVM
     (``None`` or 0: all, as ``--max-queries 0`` on the command line). Decoder heads (GPT-2, Llama-style) get the causal Att-SVM.
     ``include_bias``: augment queries with a constant 1 so the query bias's key-dependent
@@ -258,6 +259,8 @@ def attention_svm_diagnostic(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a Transformers model (torch.nn.Module), got {type(model).__name__}")
     s = settings
+    if isinstance(inputs, torch.utils.data.DataLoader):  # e.g. a datasets object's batches: one batch of them all
+        inputs = concat(list(inputs))
     hw = head_weights(model, block_index(model, layer), head)
     ids = inputs.get("input_ids") if hasattr(inputs, "get") else None
     if isinstance(ids, torch.Tensor) and ids.ndim == 2:  # before the model's own size mismatch

@@ -50,6 +50,22 @@ def _threads_kind(cls: type[_Settings]) -> str:
     return kinds.pop()
 
 
+def _dataset_inputs(args: tuple, kwargs: dict, settings: _Settings) -> tuple[tuple, dict]:
+    """A ``datasets`` object given as the inputs (second argument, or ``inputs=``) replaced by a DataLoader of its
+    model-input columns (:func:`hf_tdiag.batching.dataset_batches`), in batches of the settings' ``batch_size``."""
+    given = args[1] if len(args) > 1 else kwargs.get("inputs")
+    if type(given).__module__.partition(".")[0] != "datasets":
+        return args, kwargs
+    from ..batching import dataset_batches, is_dataset
+
+    if not is_dataset(given):
+        return args, kwargs
+    batches = dataset_batches(given, int(getattr(settings, "batch_size", 64)))
+    if len(args) > 1:
+        return (args[0], batches, *args[2:]), kwargs
+    return args, {**kwargs, "inputs": batches}
+
+
 def diagnostic_entry(cls: type[_Settings]):
     """Decorator: ``impl(..., *, settings: cls, ...)`` -> the public diagnostic taking ``settings=None`` and the
     fields of ``cls`` as keywords."""
@@ -71,6 +87,7 @@ def diagnostic_entry(cls: type[_Settings]):
                     f"other options: {options}"
                 )
             resolved = resolve(cls, settings, overrides)
+            args, kwargs = _dataset_inputs(args, kwargs, resolved)
             with measure_threads(kind):
                 return impl(*args, settings=resolved, **kwargs)
 
