@@ -233,6 +233,39 @@ def generate_mutants(work: Path, modules: list[str], env: dict) -> None:
         raise SystemExit(f"mutation: mutmut wrote no mutants for {missing}; see {work / 'mutmut.log'}")
 
 
+def run_mutmut(cmd: list[str], work: Path, env: dict, tool: dict, tests: list[str]) -> None:
+    """Run mutmut (log in ``work/mutmut.log``); if its stats step fails, name the failing tests and stop.
+
+    mutmut runs the selected tests once, unmutated, in a forked child whose output it swallows: a test that fails
+    there (one that fails or behaves differently under mutmut's trampoline, or in the ``mutants/`` copy) stops the
+    whole run with only "failed to collect stats. runner returned 1". The same tests are then run the same way (in
+    ``mutants/``, ``MUTANT_UNDER_TEST=stats``) with their report in ``work/stats_failure.log``, and the failing test
+    ids are printed: deselect them in ``[tool.mutmut] pytest_add_cli_args`` with the reason, or fix them.
+    """
+    with open(work / "mutmut.log", "w") as log:
+        subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if "failed to collect stats" not in (work / "mutmut.log").read_text(encoding="utf-8", errors="replace"):
+        return
+    args = [*tool.get("mutmut", {}).get("pytest_add_cli_args", []), "-q", "-rfE", *tests]
+    report = subprocess.run(
+        [sys.executable, "-m", "pytest", *args],
+        cwd=work / "mutants",
+        env={**env, "MUTANT_UNDER_TEST": "stats", "PY_IGNORE_IMPORTMISMATCH": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    (work / "stats_failure.log").write_text(report.stdout + report.stderr, encoding="utf-8")
+    failing = [line for line in report.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    if not failing:
+        failing = [f"none when rerun (pytest exit {report.returncode}): an intermittent failure; run it again"]
+    raise SystemExit(
+        f"mutation: mutmut's stats run (the unmutated tests) failed in {work}; failing there:\n  "
+        + "\n  ".join(failing)
+        + f"\nfull report: {work / 'stats_failure.log'}"
+    )
+
+
 def sample_of(codes: dict[str, int | None], size: int, seed: int) -> list[str]:
     """``size`` of the unchecked mutants, drawn uniformly (fixed seed), for an estimate of the kill rate."""
     unchecked = sorted(k for k, v in codes.items() if v is None)
@@ -279,8 +312,7 @@ def run_group(
                 print("   every mutant has a verdict; nothing to sample", flush=True)
             cmd = cmd + names if names else []
         if cmd:
-            with open(work / "mutmut.log", "w") as log:
-                subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+            run_mutmut(cmd, work, env, tool, tests)
     rows = []
     for module in modules:
         t = tally(results_of(work, module), equivalents())
@@ -325,8 +357,7 @@ def recheck_group(modules: list[str], tool: dict, work: Path, jobs: int, recorde
         if lost:  # the module changed since the run that recorded them: its mutants are numbered anew
             print(f"   not generated again (source changed?): {' '.join(lost)}", flush=True)
         cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)] + [n for n in names if n in codes]
-        with open(work / "mutmut.log", "w") as log:
-            subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+        run_mutmut(cmd, work, env, tool, tests)
     codes = {k: v for m in modules for k, v in results_of(work, m).items()} if names else {}
     return [rechecked_row(recorded[m], codes, equivalent) for m in modules]
 

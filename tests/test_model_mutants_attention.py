@@ -1,7 +1,8 @@
 """Each family's ``eager_attention_forward`` called as the attention interface calls it, against a float64 softmax
 attention written here: an additive mask, a boolean mask (text CRATE), a mask longer than the keys (text CRATE's
 static cache), the dtype of the output, and the default dropout of 0 in training (mutation survivors of the five
-modeling files, whose blocks never pass a mask or leave the dropout out)."""
+modeling files, whose blocks never pass a mask or leave the dropout out); and each model's attention modules
+declaring whether they are causal, as the probes read it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 
 import pytest
 import torch
+from model_cases import BY_NAME, CASES
 from torch import nn
 
 from hf_tdiag.models.crate import modeling_crate
@@ -16,6 +18,7 @@ from hf_tdiag.models.crate_alpha import modeling_crate_alpha
 from hf_tdiag.models.crate_mae import modeling_crate_mae
 from hf_tdiag.models.crate_text import modeling_crate_text_blocks
 from hf_tdiag.models.tost import modeling_tost
+from hf_tdiag.probes.describe import is_causal
 
 FUNCTIONS = {
     "crate": modeling_crate.eager_attention_forward,
@@ -110,3 +113,12 @@ def test_a_dropout_rate_is_not_applied_in_eval(family):
     ref_out, ref_probs = _reference(q, k, v, 0.5)
     torch.testing.assert_close(probs, ref_probs, rtol=0, atol=1e-6)
     torch.testing.assert_close(out, ref_out, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_each_attention_declares_whether_it_is_causal(name):
+    """The attention modules' ``is_causal`` is what hf-tdiag's probes (``probes.describe.is_causal``) and
+    transformers' sdpa/flash interfaces (when no ``is_causal`` is passed) read: True only for a causal text model."""
+    case = BY_NAME[name]
+    model = case.build()
+    assert is_causal(model) is case.causal

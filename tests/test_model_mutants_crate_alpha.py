@@ -132,3 +132,43 @@ def test_one_label_is_a_regression_head_with_the_squared_error():
     assert out.logits.shape == (2, 1)
     torch.testing.assert_close(out.logits, pooled @ model.classifier.weight.t() + model.classifier.bias)
     torch.testing.assert_close(out.loss, ((out.logits.squeeze(-1) - target) ** 2).mean())
+
+
+@pytest.mark.parametrize("field", ["image_size", "patch_size"])
+def test_a_size_set_wrong_after_the_config_was_built_is_named_by_the_model(field):
+    """A config attribute changed after construction is checked again when the model is built: the message names it."""
+    config = _config()
+    setattr(config, field, "eight")
+    with pytest.raises(TypeError, match=rf"^{field}: expected an int or a \(height, width\) pair of ints, got 'eight'"):
+        CrateAlphaModel(config)
+
+
+def _layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+
+
+def test_the_block_normalizes_with_the_configured_epsilon():
+    """z½ = z + MSSA(LN1 z), z⁺ = z½ + code(LN2 z½), both LayerNorms at layer_norm_eps (0.37, far from torch's 1e-5)."""
+    torch.manual_seed(0)
+    layer = CrateAlphaModel(_config(layer_norm_eps=0.37)).eval().encoder.layer[0]
+    z = 0.3 * torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))  # small spread: eps matters
+    with torch.no_grad():
+        out, mid = layer(z)
+        ln1, ln2 = layer.layernorm_before, layer.layernorm_after
+        want_mid = z + layer.attention(_layernorm(z, ln1.weight, ln1.bias, 0.37))[0]
+        want_out = want_mid + layer.sparse_coding(_layernorm(want_mid, ln2.weight, ln2.bias, 0.37))
+    torch.testing.assert_close(mid, want_mid, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)
+
+
+def test_a_non_square_patch_makes_a_rows_by_columns_grid():
+    """patch (2, 4) on an 8x8 image: a 4 x 2 grid, 8 patch tokens (rows from the patch height, columns from its width)."""
+    torch.manual_seed(0)
+    model = CrateAlphaModel(_config(patch_size=(2, 4))).eval()
+    assert model.embeddings.grid_size == (4, 2)
+    x = _pixels()
+    with torch.no_grad():
+        out = model(x)
+    assert out.last_hidden_state.shape == (2, 1 + 8, 16)

@@ -82,3 +82,24 @@ def test_recheck_moves_each_recorded_survivor_to_its_new_verdict(mutation):
     assert (row["survived"], row["no_tests"], row["survivors"]) == (1, 0, ["b.f_4"])
     assert (row["generated"], row["not_checked"]) == (20, 6)  # the other counts stand
     assert mutation.score(row) == f"{100 * 12 / 13:.1f}"  # (11 + 1) / (20 - 1 - 6)
+
+
+def test_a_failing_stats_run_names_the_failing_test(mutation, tmp_path):
+    """mutmut swallows its stats run's output: the script reruns the selection as mutmut does (in mutants/, with
+    MUTANT_UNDER_TEST=stats) and names the test that fails only there."""
+    (tmp_path / "mutants").mkdir()
+    (tmp_path / "mutants" / "test_pair.py").write_text(
+        "import os\n\n"
+        "def test_plain():\n    assert True\n\n"
+        "def test_only_unmutated():\n    assert os.environ['MUTANT_UNDER_TEST'] != 'stats'\n"
+    )
+    fake_mutmut = [mutation.sys.executable, "-c", "print('failed to collect stats. runner returned 1')"]
+    tool = {"mutmut": {"pytest_add_cli_args": ["-p", "no:cacheprovider"]}}
+    env = {k: v for k, v in mutation.os.environ.items() if k != "PYTEST_ADDOPTS"}
+    with pytest.raises(SystemExit) as stop:
+        mutation.run_mutmut(fake_mutmut, tmp_path, env, tool, ["test_pair.py"])
+    message = str(stop.value)
+    assert "test_pair.py::test_only_unmutated" in message and "test_plain" not in message
+    assert "test_only_unmutated" in (tmp_path / "stats_failure.log").read_text()
+    # a run without the failure message returns quietly
+    mutation.run_mutmut([mutation.sys.executable, "-c", "print('done')"], tmp_path, env, tool, ["test_pair.py"])

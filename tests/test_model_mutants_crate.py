@@ -1,0 +1,58 @@
+"""CRATE (vision) beyond tests/test_crate_blocks.py and tests/test_model_equations_crate.py: what the sampled mutation
+run of modeling_crate.py found untested — the attention dropout in training — against a computation written here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_tdiag.models.crate import CrateConfig, CrateModel
+
+
+def _config(**kw) -> CrateConfig:
+    fields = dict(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1,
+                  num_attention_heads=2, num_labels=3, attn_implementation="eager")  # fmt: skip
+    return CrateConfig(**{**fields, **kw})
+
+
+def test_attention_dropout_drops_probabilities_in_training_only():
+    """MSSA in training: out_proj(dropout(softmax(w wᵀ/√p)) w) with the same dropout draw; in eval no dropout."""
+    torch.manual_seed(0)
+    model = CrateModel(_config(attention_probs_dropout_prob=0.5))
+    mssa = model.encoder.layer[0].attention
+    h = 3 * torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        mssa.eval()
+        ref, probs = mssa(h, output_attentions=True)
+        mssa.train()
+        torch.manual_seed(3)
+        train, _ = mssa(h, output_attentions=True)
+    w = (h.double() @ mssa.qkv.weight.double().T).view(2, 5, 2, 8).transpose(1, 2)
+    want_probs = (w @ w.transpose(-1, -2) / 8**0.5).softmax(-1)
+    torch.testing.assert_close(probs.double(), want_probs, rtol=1e-5, atol=1e-6)
+
+    def out_proj(p):
+        heads = (p.double() @ w).transpose(1, 2).reshape(2, 5, 16)
+        return heads @ mssa.out_proj.weight.double().T + mssa.out_proj.bias.double()
+
+    torch.manual_seed(3)
+    dropped = F.dropout(probs, p=0.5, training=True)  # the same draw on the eval probabilities
+    torch.testing.assert_close(train.double(), out_proj(dropped), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ref.double(), out_proj(want_probs), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(train, ref)
+
+
+def test_the_embeddings_alone_refuse_another_resolution_unless_asked_to_interpolate():
+    """CrateEmbeddings called directly keeps the model's contract: a 12x12 image on an 8x8 model is refused (the
+    message names the switch), and with interpolate_pos_encoding=True it gets the resized positions."""
+    torch.manual_seed(0)
+    embeddings = CrateModel(_config()).eval().embeddings
+    x = torch.randn(1, 1, 12, 12, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="12x12.*interpolate_pos_encoding=True"):
+            embeddings(x)
+        out = embeddings(x, interpolate_pos_encoding=True)
+        tokens = embeddings.patch_embeddings(x)
+        want = torch.cat((embeddings.cls_token, tokens), dim=1) + embeddings.interpolate_pos_encoding(12, 12)
+    torch.testing.assert_close(out, want)

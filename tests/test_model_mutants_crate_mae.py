@@ -1,0 +1,65 @@
+"""CRATE-MAE beyond tests/test_crate_mae.py's equations: what the sampled mutation run of modeling_crate_mae.py found
+untested — the embeddings' default mask token — against a computation written here."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_tdiag.models.crate_mae import CrateMAEConfig
+from hf_tdiag.models.crate_mae.modeling_crate_mae import CrateMAEEmbeddings, sincos_position_embedding
+
+
+def _config() -> CrateMAEConfig:
+    return CrateMAEConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=8, num_hidden_layers=1,
+                          num_attention_heads=2, decoder_num_hidden_layers=1, decoder_num_attention_heads=2)  # fmt: skip
+
+
+def test_the_embeddings_alone_carry_a_mask_token_and_put_it_in_the_masked_patches():
+    """By default (the pre-training encoder's) the embeddings hold a mask token: a masked patch's token is the mask
+    token plus its position, an unmasked one the patch projection plus its position (CLS first)."""
+    torch.manual_seed(0)
+    emb = CrateMAEEmbeddings(_config())
+    assert emb.mask_token is not None
+    with torch.no_grad():
+        emb.mask_token.copy_(torch.randn(1, 1, 8))
+        emb.cls_token.copy_(torch.randn(1, 1, 8))
+        emb.position_embeddings.copy_(sincos_position_embedding(8, 2))
+        x = torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+        mask = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+        out = emb(x, mask)
+    pos = emb.position_embeddings[0]
+    # the patches row by row: patch (r, c) is x[..., 4r:4r+4, 4c:4c+4], projected by the 4x4 convolution
+    for i, (r, c) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+        patch = x[0, 0, 4 * r : 4 * r + 4, 4 * c : 4 * c + 4]
+        projected = (emb.projection.weight[:, 0] * patch).sum((-1, -2)) + emb.projection.bias
+        token = emb.mask_token[0, 0] if mask[0, i] else projected
+        torch.testing.assert_close(out[0, 1 + i], token + pos[1 + i], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[0, 0], emb.cls_token[0, 0] + pos[0])
+
+
+def test_the_normalized_pixel_loss_standardizes_each_target_patch():
+    """norm_pix_loss (MAE's option): each target patch minus its mean over its p·p·C pixels, divided by
+    sqrt(unbiased variance + 1e-6); the loss is the mean squared error over the masked patches only."""
+    from hf_tdiag.models.crate_mae import CrateMAEForPreTraining
+
+    config = _config()
+    config.norm_pix_loss = True
+    torch.manual_seed(0)
+    model = CrateMAEForPreTraining(config).eval()
+    g = torch.Generator().manual_seed(2)
+    pixels = 2 + 3 * torch.randn(2, 1, 8, 8, generator=g, dtype=torch.float64)  # mean 2: the centring matters
+    pred = torch.randn(2, 4, 16, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    total, count = 0.0, 0
+    for b in range(2):
+        for i, (r, c) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+            if not mask[b, i]:
+                continue
+            patch = [float(v) for v in pixels[b, 0, 4 * r : 4 * r + 4, 4 * c : 4 * c + 4].flatten()]
+            mean = sum(patch) / 16
+            var = sum((v - mean) ** 2 for v in patch) / 15
+            target = [(v - mean) / (var + 1e-6) ** 0.5 for v in patch]
+            total += sum((float(pred[b, i, j]) - target[j]) ** 2 for j in range(16)) / 16
+            count += 1
+    loss = model.forward_loss(pixels, pred, mask)
+    assert abs(float(loss) - total / count) < 1e-10

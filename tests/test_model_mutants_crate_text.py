@@ -1,0 +1,144 @@
+"""Text CRATE beyond the equations of tests/test_model_equations_text.py: what the sampled mutation run of
+modeling_crate_text_blocks.py and modeling_crate_text.py found untested — the pooled token of each kind of mask, the
+causal mask the block builds for two tokens, the attention dropout in training — each against a computation written
+here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_tdiag.models.crate_text import CrateTextConfig, CrateTextModel
+from hf_tdiag.models.crate_text.modeling_crate_text_blocks import pooled_token
+
+V = 19
+
+
+def _config(preset: str = "crate-gpt-12l", **kw) -> CrateTextConfig:
+    sizes = dict(vocab_size=V, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=16,
+                 pad_token_id=0, attn_implementation="eager")  # fmt: skip
+    return CrateTextConfig.from_preset(preset, **{**sizes, **kw})
+
+
+def test_the_pooled_token_is_the_first_or_the_last_attended_one():
+    hidden = torch.arange(3 * 4 * 2, dtype=torch.float32).reshape(3, 4, 2)
+    torch.testing.assert_close(pooled_token(hidden, None, causal=False), hidden[:, 0])
+    torch.testing.assert_close(pooled_token(hidden, None, causal=True), hidden[:, 3])
+    # a 4-D (already expanded) mask says nothing about padding: the last token
+    torch.testing.assert_close(pooled_token(hidden, torch.zeros(3, 1, 4, 4), causal=True), hidden[:, 3])
+    # a 2-D mask over 2 cached + 4 new tokens: its last 4 columns; right padding ends early, left padding does not
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 0, 1, 1, 1], [0, 0, 1, 1, 1, 0]])
+    last = [1, 3, 2]  # by hand: the last 1 among each row's last 4 columns
+    want = torch.stack([hidden[b, last[b]] for b in range(3)])
+    torch.testing.assert_close(pooled_token(hidden, mask, causal=True), want)
+
+
+def _by_hand(mssa, h: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+    """MSSA written out: w = U^T z per head, causal softmax(w w^T / sqrt(p)) (or the probabilities given), out_proj."""
+    batch, n, _ = h.shape
+    k, p = mssa.num_heads, mssa.head_dim
+    w = (h.double() @ mssa.qkv.weight.double().T).view(batch, n, k, p).transpose(1, 2)
+    if probs is None:
+        scores = w @ w.transpose(-1, -2) / p**0.5
+        future = torch.ones(n, n, dtype=torch.bool).triu(1)
+        probs = scores.masked_fill(future, float("-inf")).softmax(-1)
+    heads = (probs.double() @ w).transpose(1, 2).reshape(batch, n, k * p)
+    return heads @ mssa.out_proj.weight.double().T + mssa.out_proj.bias.double()
+
+
+@pytest.mark.parametrize("tokens", [2, 3])
+def test_the_block_masks_the_future_itself_from_two_tokens_on(tokens):
+    """The eager path with no padding mask: the block's own causal mask, from the shortest sequence it matters for."""
+    torch.manual_seed(0)
+    model = CrateTextModel(_config(attention_bias=True)).eval()
+    mssa = model.layer[0].attention
+    h = 3 * torch.randn(2, tokens, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out, probs = mssa(h, output_attentions=True)
+    assert float(probs[:, :, 0, 1:].abs().max()) == 0.0  # the first token sees only itself
+    torch.testing.assert_close(out.double(), _by_hand(mssa, h), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_dropout_drops_probabilities_in_training_only():
+    torch.manual_seed(0)
+    model = CrateTextModel(_config(attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.0, attention_bias=True))
+    mssa = model.layer[0].attention
+    h = 3 * torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        mssa.eval()
+        ref, probs = mssa(h, output_attentions=True)
+        mssa.train()
+        torch.manual_seed(3)
+        train, _ = mssa(h, output_attentions=True)
+    torch.manual_seed(3)
+    dropped = F.dropout(probs, p=0.5, training=True)  # the same draw on the eval probabilities
+    torch.testing.assert_close(train.double(), _by_hand(mssa, h, dropped), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ref.double(), _by_hand(mssa, h), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(train, ref)
+
+
+def test_a_causal_models_heads_without_a_cache_output_build_none(monkeypatch):
+    """A head that returns no cache (sequence classification of a decoder) runs its base model without one, even when
+    the caller (a Trainer, a pipeline) passes use_cache=True; the causal LM builds one (the counter works)."""
+    from hf_tdiag.models.crate_text import CrateTextForCausalLM, CrateTextForSequenceClassification, modeling_crate_text
+
+    built = []
+
+    class Counted(modeling_crate_text.DynamicCache):
+        def __init__(self, *args, **kwargs):
+            built.append(self)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_crate_text, "DynamicCache", Counted)
+    ids = torch.randint(1, V, (2, 4), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    config = _config(num_labels=3, use_cache=True)
+    with torch.no_grad():
+        CrateTextForSequenceClassification(config).eval()(input_ids=ids, use_cache=True)
+        assert built == []
+        CrateTextForSequenceClassification(config).eval()(input_ids=ids)
+        assert built == []
+        CrateTextForCausalLM(config).eval()(input_ids=ids, use_cache=True)
+    assert len(built) == 1
+
+
+@pytest.mark.parametrize("head", ["masked-lm", "token-classification"])
+def test_an_option_passed_as_none_falls_back_to_the_config(head):
+    """transformers' convention: output_hidden_states=None means the config's value (here True): the heads pass only
+    the options given (not None) to the base model, whose output capturing reads an explicit None as 'no'."""
+    from hf_tdiag.models.crate_text import CrateTextForMaskedLM, CrateTextForTokenClassification
+
+    cls = CrateTextForMaskedLM if head == "masked-lm" else CrateTextForTokenClassification
+    torch.manual_seed(0)
+    model = cls(_config("crate-bert-base", num_labels=3, output_hidden_states=True, num_hidden_layers=2)).eval()
+    ids = torch.randint(1, V, (2, 4), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=None)
+    assert out.hidden_states is not None and len(out.hidden_states) == 3  # Z^0 and the two blocks' outputs
+
+
+@pytest.mark.parametrize("preset", ["crate-lm-12l", "crate-bert-base"])
+def test_the_equations_hold_at_epsilons_far_from_layernorms_default(preset):
+    """Every LayerNorm takes its epsilon from the config (layer_norm_eps for the blocks and the final norm,
+    head_layer_norm_eps for the embedding and LM-head norms): at 0.3 and 0.2 (not torch's 1e-5) the logits are still
+    the token-by-token reference's."""
+    from crate_text_reference import reference_forward
+
+    from hf_tdiag.models.crate_text import CrateTextForCausalLM, CrateTextForMaskedLM
+
+    cls = CrateTextForCausalLM if preset == "crate-lm-12l" else CrateTextForMaskedLM
+    extra = {"ista_dictionary_size": 16} if preset == "crate-lm-12l" else {}
+    config = _config(preset, layer_norm_eps=0.3, head_layer_norm_eps=0.2, num_hidden_layers=2, **extra)
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # weights far from the 0.02-std start, so that every term is visible
+        for name, param in model.named_parameters():
+            param.copy_(
+                (1 if "norm" in name and name.endswith("weight") else 0) + 0.5 * torch.randn(param.shape, generator=g)
+            )
+    ids = torch.randint(1, V, (2, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits if config.is_decoder else model(input_ids=ids).logits
+    torch.testing.assert_close(logits.double(), reference_forward(model, ids)["logits"], rtol=1e-4, atol=1e-4)

@@ -1,0 +1,93 @@
+"""ToST beyond tests/test_tost.py's equations: what the sampled mutation run of modeling_tost.py found untested —
+the Fourier position features computed in float64 for a float64 model and cast to a bfloat16 model's dtype, the causal
+second moment's constant, the subspaces ``U_k`` read from the projection — against computations written here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hf_tdiag.models.tost import TostConfig, TostModel, token_statistics_attention
+from hf_tdiag.models.tost.modeling_tost import TostPositionEncoding
+
+
+def _features(height: int, width: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """``(2·dim, H, W)`` in float64: row features then column features, each ``sin(t/T^(2⌊i/2⌋/dim))`` at even ``i``
+    and ``cos`` at odd ``i``, where ``t`` is the 1-based row (column) index over ``H`` (``W``), times 2π."""
+    out = torch.zeros(2 * dim, height, width, dtype=torch.float64)
+    for r in range(height):
+        for c in range(width):
+            for axis, t in enumerate(((r + 1) / (height + 1e-6), (c + 1) / (width + 1e-6))):
+                for i in range(dim):
+                    angle = t * 2 * math.pi / temperature ** (2 * (i // 2) / dim)
+                    out[axis * dim + i, r, c] = math.sin(angle) if i % 2 == 0 else math.cos(angle)
+    return out
+
+
+def _encoding(dtype: torch.dtype) -> TostPositionEncoding:
+    config = TostConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=8, num_hidden_layers=1,
+                        num_attention_heads=2, position_hidden_dim=6)  # fmt: skip
+    torch.manual_seed(0)
+    return TostPositionEncoding(config).to(dtype)
+
+
+def _expected(enc: TostPositionEncoding, height: int, width: int) -> torch.Tensor:
+    weight = enc.token_projection.weight.double()[:, :, 0, 0]
+    feats = _features(height, width, enc.hidden_dim).reshape(2 * enc.hidden_dim, -1)  # patches row by row
+    return (weight @ feats).T + enc.token_projection.bias.double()  # (H·W, d)
+
+
+def test_a_float64_model_gets_the_features_in_float64():
+    enc = _encoding(torch.float64)
+    with torch.no_grad():
+        pos = enc(2, 3, 5)
+    assert pos.dtype == torch.float64 and pos.shape == (2, 15, 8)
+    torch.testing.assert_close(pos[0], _expected(enc, 3, 5), rtol=1e-12, atol=1e-12)  # float32 features: ~1e-7 off
+    torch.testing.assert_close(pos[1], pos[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_features_take_the_models_dtype(dtype):
+    enc = _encoding(dtype)
+    with torch.no_grad():
+        pos = enc(1, 3, 5)
+    assert pos.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(pos[0].double(), _expected(enc, 3, 5), rtol=tol, atol=tol)
+
+
+def test_the_causal_second_moment_divides_by_the_membership_sum_plus_1e_8():
+    """s_k(t) = Σ_{n<=t} Π_k(n) w_k(n)² / (Σ_{n<=t} Π_k(n) + 1e-8), the authors' constant, in float64 by loops; a
+    large temperature on one head makes that head's membership tiny (about 1e-7), where the constant matters."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1, 2, 5, 3, generator=g, dtype=torch.float64)
+    tau = torch.tensor([[8.0], [0.0]], dtype=torch.float64)
+    out, pi = token_statistics_attention(w, tau, causal=True)
+    for k in range(2):
+        for t in range(5):
+            weight = sum(float(pi[0, k, n]) for n in range(t + 1))
+            for i in range(3):
+                second = sum(float(pi[0, k, n]) * float(w[0, k, n, i]) ** 2 for n in range(t + 1)) / (weight + 1e-8)
+                want = -float(pi[0, k, t]) * float(w[0, k, t, i]) / (1 + second)
+                assert abs(float(out[0, k, t, i]) - want) <= 1e-12 * max(1.0, abs(want))
+    assert float(pi[0, 1].min()) < 1e-5  # the regime where +1e-8 and -1e-8 differ
+
+
+def test_the_subspaces_are_the_projection_rows_of_each_head():
+    """U has shape (K, d, p): U_k's columns are rows k·p … (k+1)·p − 1 of qkv.weight, so U_kᵀ x + b_k is the head's w."""
+    config = TostConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=8, num_hidden_layers=1,
+                        num_attention_heads=2, qkv_bias=True)  # fmt: skip
+    torch.manual_seed(0)
+    tssa = TostModel(config).layer[0].attention
+    u = tssa.subspaces()
+    assert u.shape == (2, 8, 4)
+    for k in range(2):
+        for j in range(4):
+            torch.testing.assert_close(u[k, :, j], tssa.qkv.weight[4 * k + j])
+    x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        w = tssa.head_projections(x)
+        for k in range(2):
+            torch.testing.assert_close(w[0, k], x[0] @ u[k] + tssa.qkv.bias[4 * k : 4 * k + 4])
