@@ -88,6 +88,7 @@ RESULT_PATTERNS = (
     "attention_svm.json",
     "attention_svm_l*_h*.png",
     "study.json",
+    "pretrain_results.json",
 )
 # what a training run writes into its folder besides the model files (removed with --overwrite-output-dir)
 TRAIN_PATTERNS = (

@@ -41,13 +41,6 @@ def test_resumed_run_equals_uninterrupted_and_backbone_loads_with_automodel(tmp_
         assert json.load(fh)["steps"] == 4
 
 
-def test_a_folder_with_files_is_refused_without_resume(tmp_path):
-    (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(ValueError, match="not empty"):
-        pretrain(_settings(tmp_path))
-    assert (tmp_path / "notes.txt").read_text() == "mine"
-
-
 def test_flags_are_hyphenated_and_checked(tmp_path):
     s = parse_settings(["--output-dir", str(tmp_path), "--objective", "dino", "--local-scale", "0.2", "0.5"])
     assert (s.objective, s.local_scale, s.eps) == ("dino", (0.2, 0.5), pytest.approx(0.5**0.5))
