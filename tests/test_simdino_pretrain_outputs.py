@@ -16,6 +16,7 @@ from script_files import REPO, folder_bytes
 from hf_tdiag._outputs import MANIFEST_NAME, FolderInUseError, OutputExistsError, check_not_in_use, read_manifest
 from hf_tdiag.cli import main as cli_main
 from hf_tdiag.training.simdino import pretrain
+from hf_tdiag.training.simdino.outputs import BACKBONE_DIR, RESULTS_FILE
 
 TINY = dict(
     objective="dino", backbone="vit-digits", max_train_steps=2, batch_size=16, warmup_steps=1, n_local=1,
@@ -46,6 +47,7 @@ def test_a_rerun_with_overwrite_removes_only_what_the_earlier_run_wrote(tmp_path
     folder = tmp_path / "run"
     _write(folder, "notes.txt", "mine, there before the first run")  # a user's file never blocks a run
     first = pretrain(dict(TINY, output_dir=str(folder), checkpointing_steps=1))
+    assert (RESULTS_FILE, BACKBONE_DIR) == ("pretrain_results.json", "backbone")
     assert sorted(os.listdir(folder)) == sorted(
         [MANIFEST_NAME, "notes.txt", "backbone", "checkpoint-1", "pretrain_results.json"]
     )
