@@ -13,10 +13,18 @@ import time
 import pytest
 from script_files import REPO, folder_bytes
 
-from hf_tdiag._outputs import MANIFEST_NAME, FolderInUseError, OutputExistsError, check_not_in_use, read_manifest
+from hf_tdiag._outputs import (
+    MANIFEST_NAME,
+    FolderInUseError,
+    ForeignFilesError,
+    OutputExistsError,
+    check_not_in_use,
+    read_manifest,
+)
 from hf_tdiag.cli import main as cli_main
 from hf_tdiag.training.simdino import pretrain
-from hf_tdiag.training.simdino.outputs import BACKBONE_DIR, RESULTS_FILE
+from hf_tdiag.training.simdino.args import PretrainSettings
+from hf_tdiag.training.simdino.outputs import BACKBONE_DIR, RESULTS_FILE, claim_pretrain_dir
 
 TINY = dict(
     objective="dino", backbone="vit-digits", max_train_steps=2, batch_size=16, warmup_steps=1, n_local=1,
@@ -74,6 +82,21 @@ def test_a_rerun_with_overwrite_removes_only_what_the_earlier_run_wrote(tmp_path
         assert after[name] == before[name]
     second = json.loads((folder / "pretrain_results.json").read_text())
     assert second["settings"]["seed"] == 1 and second["losses"] != first["losses"]
+    # continuing from this run's backbone into its own folder would replace the input: refused, even with the flag
+    before = folder_bytes(folder)
+    with pytest.raises(ValueError, match="would replace the input"):
+        pretrain(dict(TINY, output_dir=str(folder), backbone=str(folder / "backbone"), overwrite_output_dir=True))
+    assert folder_bytes(folder) == before
+
+
+def test_a_users_backbone_folder_is_never_replaced(tmp_path):
+    folder = tmp_path / "run"
+    _write(folder, "backbone/README.md", "my own model, not a pretraining's")
+    before = folder_bytes(folder)
+    for overwrite in (False, True):
+        with pytest.raises(ForeignFilesError, match="backbone, which no hf-tdiag run recorded writing"):
+            pretrain(dict(TINY, output_dir=str(folder), overwrite_output_dir=overwrite))
+        assert folder_bytes(folder) == before and not (folder / MANIFEST_NAME).exists()
 
 
 HOLDER_FLAGS = dict(TINY, max_train_steps=10**6, objective="simdino")  # runs until killed
@@ -99,6 +122,10 @@ def test_a_second_run_into_a_folder_a_running_pretraining_holds_is_refused(tmp_p
         for extra in ([], ["--overwrite-output-dir"]):
             code = cli_main(["pretrain", "--output-dir", str(folder), *_flags(TINY), *extra])
             assert "in use by another running hf-tdiag job" in _one_line_error(capsys, code)
+        assert folder_bytes(folder) == before
+        # the other processes of a distributed run only check the folder: their main process holds it
+        settings = PretrainSettings(**TINY, output_dir=str(folder), overwrite_output_dir=True)
+        assert claim_pretrain_dir(settings, is_main=False) is None
         assert folder_bytes(folder) == before
         assert first.poll() is None  # the first run goes on
     finally:

@@ -21,7 +21,7 @@ def _inside(path: str, folder: str) -> bool:
     return os.path.dirname(os.path.abspath(os.path.normpath(path))) == os.path.abspath(folder)
 
 
-def claim_pretrain_dir(s: PretrainSettings, *, is_main: bool = True) -> str | None:
+def claim_pretrain_dir(s: PretrainSettings, *, is_main: bool) -> str | None:
     """Hold ``s.output_dir`` for this run (the other processes of a distributed run only check it); return the
     checkpoint to resume from (None for a fresh run: no ``--resume-from-checkpoint``, or ``latest`` in a folder
     without a checkpoint)."""
@@ -42,8 +42,7 @@ def claim_pretrain_dir(s: PretrainSettings, *, is_main: bool = True) -> str | No
         PRETRAIN_OUTPUTS,
         overwrite=bool(s.overwrite_output_dir),
         inputs=[p for p in (s.backbone, path) if p is not None and os.path.isdir(p)],
-        stale=("checkpoint-*",),
-        records=PRETRAIN_RECORDS,
+        stale=("checkpoint-*",),  # with PRETRAIN_OUTPUTS: PRETRAIN_RECORDS, the run's record
         remove=is_main,
         check_lock=is_main,
     )
