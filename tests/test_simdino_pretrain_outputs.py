@@ -89,6 +89,11 @@ def test_a_rerun_with_overwrite_removes_only_what_the_earlier_run_wrote(tmp_path
     assert folder_bytes(folder) == before
 
 
+def test_overwrite_must_be_a_bool(tmp_path):
+    with pytest.raises(TypeError, match="overwrite_output_dir: expected True or False, got 'yes'"):
+        PretrainSettings(output_dir=str(tmp_path), overwrite_output_dir="yes")
+
+
 def test_a_users_backbone_folder_is_never_replaced(tmp_path):
     folder = tmp_path / "run"
     _write(folder, "backbone/README.md", "my own model, not a pretraining's")

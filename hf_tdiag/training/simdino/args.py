@@ -70,6 +70,8 @@ class PretrainSettings:
     def __post_init__(self):
         if not self.output_dir or not isinstance(self.output_dir, (str, os.PathLike)):
             raise ValueError(f"output_dir: expected a folder path, got {self.output_dir!r}")
+        if not isinstance(self.overwrite_output_dir, bool):
+            raise TypeError(f"overwrite_output_dir: expected True or False, got {self.overwrite_output_dir!r}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective: expected one of {list(OBJECTIVES)}, got {self.objective!r}")
         if self.expansion not in ("mean", "student"):
