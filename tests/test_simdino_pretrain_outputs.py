@@ -61,6 +61,9 @@ def test_a_rerun_with_overwrite_removes_only_what_the_earlier_run_wrote(tmp_path
     )
     (record,) = read_manifest(str(folder))[0]
     assert sorted(record["written"]) == ["backbone", "checkpoint-1", "pretrain_results.json"]
+    # resuming in the folder continues that run there (its outputs are not another run's): no flag needed
+    resumed = pretrain(dict(TINY, output_dir=str(folder), checkpointing_steps=1, resume_from_checkpoint="latest"))
+    assert resumed["resumed_from"] == str(folder / "checkpoint-1") and resumed["losses"] == first["losses"]
     _write(folder, "later.txt", "mine, added after it")
     _write(folder, "checkpoint-7/keep.txt", "mine, under a name a run writes")
     before = folder_bytes(folder)
