@@ -50,6 +50,16 @@ def test_flags_are_hyphenated_and_checked(tmp_path):
         PretrainSettings(output_dir=str(tmp_path), max_train_steps=5, warmup_steps=6)
 
 
+def test_teacher_temperature_warms_up_linearly_then_holds(tmp_path):
+    """DINO's teacher temperature: linear from --warmup-teacher-temp to --teacher-temp over the warmup steps (both
+    ends included), then constant: 0.02 + 0.02 * i / 2 for i = 0, 1, 2."""
+    from hf_tdiag.training.simdino.pretrain import _schedules
+
+    s = PretrainSettings(output_dir=str(tmp_path), objective="dino", max_train_steps=5, warmup_steps=0,
+                         warmup_teacher_temp=0.02, teacher_temp=0.04, warmup_teacher_temp_steps=3)  # fmt: skip
+    assert _schedules(s).teacher_temp == pytest.approx([0.02, 0.03, 0.04, 0.04, 0.04], abs=1e-15)
+
+
 def test_effective_rank_of_collapsed_and_spread_features():
     from hf_tdiag.training.simdino.pretrain import effective_rank
 

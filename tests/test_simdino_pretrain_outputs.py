@@ -54,16 +54,18 @@ def _write(folder, name: str, text: str) -> None:
 def test_a_rerun_with_overwrite_removes_only_what_the_earlier_run_wrote(tmp_path, capsys):
     folder = tmp_path / "run"
     _write(folder, "notes.txt", "mine, there before the first run")  # a user's file never blocks a run
-    first = pretrain(dict(TINY, output_dir=str(folder), checkpointing_steps=1))
+    # SimDINO, 3 steps, a checkpoint after steps 1 and 2 of which the last one is kept
+    kept = dict(TINY, objective="simdino", max_train_steps=3, checkpointing_steps=1, checkpoints_total_limit=1)
+    first = pretrain(dict(kept, output_dir=str(folder)))
     assert (RESULTS_FILE, BACKBONE_DIR) == ("pretrain_results.json", "backbone")
     assert sorted(os.listdir(folder)) == sorted(
-        [MANIFEST_NAME, "notes.txt", "backbone", "checkpoint-1", "pretrain_results.json"]
+        [MANIFEST_NAME, "notes.txt", "backbone", "checkpoint-2", "pretrain_results.json"]
     )
     (record,) = read_manifest(str(folder))[0]
-    assert sorted(record["written"]) == ["backbone", "checkpoint-1", "pretrain_results.json"]
+    assert sorted(record["written"]) == ["backbone", "checkpoint-2", "pretrain_results.json"]
     # resuming in the folder continues that run there (its outputs are not another run's): no flag needed
-    resumed = pretrain(dict(TINY, output_dir=str(folder), checkpointing_steps=1, resume_from_checkpoint="latest"))
-    assert resumed["resumed_from"] == str(folder / "checkpoint-1") and resumed["losses"] == first["losses"]
+    resumed = pretrain(dict(kept, output_dir=str(folder), resume_from_checkpoint="latest"))
+    assert resumed["resumed_from"] == str(folder / "checkpoint-2") and resumed["losses"] == first["losses"]
     _write(folder, "later.txt", "mine, added after it")
     _write(folder, "checkpoint-7/keep.txt", "mine, under a name a run writes")
     before = folder_bytes(folder)
@@ -79,7 +81,7 @@ def test_a_rerun_with_overwrite_removes_only_what_the_earlier_run_wrote(tmp_path
     assert code == 0
     assert sorted(os.listdir(folder)) == sorted(
         [MANIFEST_NAME, "notes.txt", "later.txt", "checkpoint-7", "backbone", "pretrain_results.json"]
-    )  # checkpoint-1 (the first run's, unlisted by the second) removed; checkpoint-7 (the user's) kept
+    )  # checkpoint-2 (the first run's, unlisted by the second) removed; checkpoint-7 (the user's) kept
     after = folder_bytes(folder)
     for name in ("notes.txt", "later.txt", "checkpoint-7/keep.txt"):
         assert after[name] == before[name]
