@@ -68,6 +68,8 @@ def test_effective_rank_of_collapsed_and_spread_features():
     # centred rows ±e_1, ±e_2, ±e_3 (equal singular values): exp(entropy) of three equal shares = 3
     cube = torch.cat([torch.eye(3), -torch.eye(3)])
     assert effective_rank(cube) == pytest.approx(3.0, abs=1e-9)
+    # the rank is of the centred features, whatever their offset and scale (singular values summing to far below 1)
+    assert effective_rank(1e-3 * cube + 5.0) == pytest.approx(3.0, abs=1e-9)
     skew = torch.cat([torch.diag(torch.tensor([2.0, 1.0])), -torch.diag(torch.tensor([2.0, 1.0]))])
     p = torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)
     assert effective_rank(skew) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), abs=1e-9)
