@@ -90,6 +90,7 @@ RESULT_PATTERNS = (
     "objective_ledger.*",
     "token_snr.*",
     "study.json",
+    "pretrain_results.json",
 )
 # what a training run writes into its folder besides the model files (removed with --overwrite-output-dir)
 TRAIN_PATTERNS = (
@@ -486,6 +487,44 @@ def _foreign_error(
     )
 
 
+def _remove_earlier_outputs(
+    folder: str,
+    writes: Sequence[str],
+    stale: Sequence[str],
+    protected: set[str],
+    owned: set[str],
+    model_output: bool,
+    into_input: bool,
+    notify: Callable[[str], None] | None,
+) -> list[str]:
+    """With the overwrite flag: remove the earlier runs' files this run replaces (``writes``, ``stale`` patterns, a
+    model run's checkpoints) that a manifest lists (``owned``), never an input (``protected``); say what was
+    removed, what earlier runs left beside them and what was kept as no run's. Returns the names removed."""
+    candidates = (*stale, *writes)
+    names = sorted(
+        n
+        for n in os.listdir(folder)
+        if (_matches(n, candidates) or (model_output and CHECKPOINT_RE.match(n))) and n not in protected
+    )
+    owned_here = {n for n in names if n in owned}
+    owned_here |= {
+        w for w in writes if w not in names and _top(w) in owned and os.path.lexists(os.path.join(folder, w))
+    }
+    kept = [n for n in names if n not in owned]
+    removed = []
+    for name in sorted(owned_here):
+        _remove(folder, name)
+        removed.append(name)
+    left = [] if into_input else [n for n in recognised_entries(folder) if n not in writes and n not in protected]
+    if notify is not None and removed:
+        notify(f"{OVERWRITE_FLAG}: removed the previous run's {_short(removed)} from {folder}")
+    if notify is not None and left:
+        notify(f"{OVERWRITE_FLAG}: left in {folder} from earlier runs (not written by this one): {_short(left)}")
+    if notify is not None and kept:
+        notify(f"{OVERWRITE_FLAG}: kept {_short(kept)} in {folder}: no hf-tdiag run recorded writing them")
+    return removed
+
+
 def claim_output_dir(
     folder: str | os.PathLike,
     writes: Sequence[str] = (),
@@ -535,40 +574,19 @@ def claim_output_dir(
     if foreign:
         raise _foreign_error(folder, foreign, read_manifest(folder)[1], what, model_output)
     existing = sorted(clashes if into_input else (set(recognised_entries(folder)) | clashes) - protected)
-    removed: list[str] = []
     if existing and not overwrite:
         raise OutputExistsError(
             f"{what}: {folder!r} already holds another run's model, checkpoints or results ({_short(existing)}); "
             f"pass {OVERWRITE_FLAG} to replace them, or choose another folder"
         )
     if not remove:
-        return removed
+        return []
     check_writable(folder, what)
     patterns = (*writes, *(records or stale), *((*TRAIN_PATTERNS, "checkpoint-*") if model_output else ()))
     hold_output_dir(folder, patterns, what)
-    if existing or clashes:
-        candidates = (*stale, *writes)
-        names = sorted(
-            n
-            for n in os.listdir(folder)
-            if (_matches(n, candidates) or (model_output and CHECKPOINT_RE.match(n))) and n not in protected
-        )
-        owned_here = {n for n in names if n in owned}
-        owned_here |= {
-            w for w in writes if w not in names and _top(w) in owned and os.path.lexists(os.path.join(folder, w))
-        }
-        kept = [n for n in names if n not in owned]
-        for name in sorted(owned_here):
-            _remove(folder, name)
-            removed.append(name)
-        left = [] if into_input else [n for n in recognised_entries(folder) if n not in writes and n not in protected]
-        if notify is not None and removed:
-            notify(f"{OVERWRITE_FLAG}: removed the previous run's {_short(removed)} from {folder}")
-        if notify is not None and left:
-            notify(f"{OVERWRITE_FLAG}: left in {folder} from earlier runs (not written by this one): {_short(left)}")
-        if notify is not None and kept:
-            notify(f"{OVERWRITE_FLAG}: kept {_short(kept)} in {folder}: no hf-tdiag run recorded writing them")
-    return removed
+    if not (existing or clashes):
+        return []
+    return _remove_earlier_outputs(folder, writes, stale, protected, owned, model_output, into_input, notify)
 
 
 def claim_args(

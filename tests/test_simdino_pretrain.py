@@ -41,13 +41,6 @@ def test_resumed_run_equals_uninterrupted_and_backbone_loads_with_automodel(tmp_
         assert json.load(fh)["steps"] == 4
 
 
-def test_a_folder_with_files_is_refused_without_resume(tmp_path):
-    (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(ValueError, match="not empty"):
-        pretrain(_settings(tmp_path))
-    assert (tmp_path / "notes.txt").read_text() == "mine"
-
-
 def test_flags_are_hyphenated_and_checked(tmp_path):
     s = parse_settings(["--output-dir", str(tmp_path), "--objective", "dino", "--local-scale", "0.2", "0.5"])
     assert (s.objective, s.local_scale, s.eps) == ("dino", (0.2, 0.5), pytest.approx(0.5**0.5))
@@ -55,6 +48,16 @@ def test_flags_are_hyphenated_and_checked(tmp_path):
         PretrainSettings(output_dir=str(tmp_path), objective="byol")
     with pytest.raises(ValueError, match="warmup_steps"):
         PretrainSettings(output_dir=str(tmp_path), max_train_steps=5, warmup_steps=6)
+
+
+def test_teacher_temperature_warms_up_linearly_then_holds(tmp_path):
+    """DINO's teacher temperature: linear from --warmup-teacher-temp to --teacher-temp over the warmup steps (both
+    ends included), then constant: 0.02 + 0.02 * i / 2 for i = 0, 1, 2."""
+    from hf_tdiag.training.simdino.pretrain import _schedules
+
+    s = PretrainSettings(output_dir=str(tmp_path), objective="dino", max_train_steps=5, warmup_steps=0,
+                         warmup_teacher_temp=0.02, teacher_temp=0.04, warmup_teacher_temp_steps=3)  # fmt: skip
+    assert _schedules(s).teacher_temp == pytest.approx([0.02, 0.03, 0.04, 0.04, 0.04], abs=1e-15)
 
 
 def test_effective_rank_of_collapsed_and_spread_features():
@@ -65,6 +68,8 @@ def test_effective_rank_of_collapsed_and_spread_features():
     # centred rows ±e_1, ±e_2, ±e_3 (equal singular values): exp(entropy) of three equal shares = 3
     cube = torch.cat([torch.eye(3), -torch.eye(3)])
     assert effective_rank(cube) == pytest.approx(3.0, abs=1e-9)
+    # the rank is of the centred features, whatever their offset and scale (singular values summing to far below 1)
+    assert effective_rank(1e-3 * cube + 5.0) == pytest.approx(3.0, abs=1e-9)
     skew = torch.cat([torch.diag(torch.tensor([2.0, 1.0])), -torch.diag(torch.tensor([2.0, 1.0]))])
     p = torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)
     assert effective_rank(skew) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), abs=1e-9)

@@ -168,6 +168,61 @@ def _register(arch, captured, norms, want_mid, linears):
     return hooks
 
 
+def _source_linears(arch: Description, projection_source: str | None) -> list[nn.Linear]:
+    """Each block's ``projection_source`` linear, whose forward a hook reads; none without a source, or when layers
+    share one (weight-tied: whose projection a hook saw is ambiguous)."""
+    if projection_source is None:
+        return []
+    check_source(projection_source)
+    linears = [layer_projection(arch, i, projection_source) for i in range(arch.num_layers)]
+    return linears if len({id(m) for m in linears}) == len(linears) else []
+
+
+def _check_captured(captured: dict, norms: list, kwargs: dict) -> None:
+    """The captured block states are finite, and every block (and its LayerNorm, when applied) ran."""
+    check_block_outputs([captured["input"][0], *captured["output"]], kwargs, start=0)
+    missing = [
+        i + 1
+        for i in range(len(norms))
+        if captured["output"][i] is None or (norms[i] is not None and captured["normed"][i] is None)
+    ]
+    if missing:
+        raise ValueError(f"model: the forward pass did not run blocks {missing}; cannot read their token states")
+
+
+def _block_states(model: nn.Module, captured: dict, norms: list, want_mid: bool):
+    """``(inputs, outputs, mids)`` of every block, each through the block's LayerNorm when one is applied (the
+    inputs' normalised form is the one its forward computed; mids None unless ``want_mid``)."""
+    L = len(norms)
+    norm = [(lambda z, n=n: n(z)) if n is not None else (lambda z: z) for n in norms]
+    inputs = [captured["normed"][i] if norms[i] is not None else captured["input"][i] for i in range(L)]
+    with runnable(model, *[n for n in norms if n is not None]):  # offloaded blocks: their norms' weights
+        outputs = [norm[i](captured["output"][i]) for i in range(L)]
+        mid_states = [norm[i](captured["mid"][i]) for i in range(L)] if want_mid else None
+    return inputs, outputs, mid_states
+
+
+def _projections(model: nn.Module, arch: Description, captured: dict, linears: list, inputs: list):
+    """``(source_outputs, projections)``: each source linear's output as heads, bias removed, and the same where its
+    input is exactly the measured block input (else None)."""
+    L = arch.num_layers
+    source_outputs, projections = [None] * L, [None] * L
+    for i, got in enumerate(captured["source"]):
+        if got is not None:
+            with readable(model, linears[i]):  # an offloaded linear's bias
+                source_outputs[i] = _heads(got[1], linears[i], arch.layers[i].head_dim)
+            projections[i] = source_outputs[i] if got[0] is inputs[i] else None
+    return source_outputs, projections
+
+
+def _token_mask(kwargs: dict, inputs: list) -> torch.Tensor | None:
+    """The batch's (B, N) attention mask as bool, when it is one per token of the block states."""
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape == inputs[0].shape[:2]:
+        return mask.bool()
+    return None
+
+
 def token_states(
     model: nn.Module,
     batch,
@@ -185,58 +240,29 @@ def token_states(
     ``grad=False`` runs under ``torch.no_grad()``.
     """
     arch = arch or describe(model)
-    if projection_source is not None:
-        check_source(projection_source)
-    L = arch.num_layers
-    captured = {key: [None] * L for key in ("input", "output", "mid", "normed", "source")}
+    linears = _source_linears(arch, projection_source)
+    captured = {key: [None] * arch.num_layers for key in ("input", "output", "mid", "normed", "source")}
     want_mid = mid and arch.family == "crate"
     norms = [h.attention_norm if apply_layernorm else None for h in arch.layers]
-    linears = [layer_projection(arch, i, projection_source) for i in range(L)] if projection_source else []
-    if len({id(m) for m in linears}) != len(linears):
-        linears = []  # weight-tied layers: whose projection a hook saw is ambiguous
     hooks = _register(arch, captured, norms, want_mid, linears)
     try:
         kwargs = forward_kwargs(arch.base_model, batch)
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
             arch.base_model(**kwargs)
-            check_block_outputs([captured["input"][0], *captured["output"]], kwargs, start=0)
-            missing = [
-                i + 1
-                for i in range(L)
-                if captured["output"][i] is None or (norms[i] is not None and captured["normed"][i] is None)
-            ]
-            if missing:
-                raise ValueError(
-                    f"model: the forward pass did not run blocks {missing}; cannot read their token states"
-                )
-            norm = [(lambda z, n=n: n(z)) if n is not None else (lambda z: z) for n in norms]
-            inputs = [captured["normed"][i] if norms[i] is not None else captured["input"][i] for i in range(L)]
-            with runnable(model, *[n for n in norms if n is not None]):  # offloaded blocks: their norms' weights
-                outputs = [norm[i](captured["output"][i]) for i in range(L)]
-                mid_states = [norm[i](captured["mid"][i]) for i in range(L)] if want_mid else None
+            _check_captured(captured, norms, kwargs)
+            inputs, outputs, mid_states = _block_states(model, captured, norms, want_mid)
     finally:
         for h in hooks:
             h.remove()
-
     source_outputs = projections = None
     if projection_source:
-        source_outputs, projections = [None] * L, [None] * L
-        for i, got in enumerate(captured["source"]):
-            if got is not None:
-                with readable(model, linears[i]):  # an offloaded linear's bias
-                    source_outputs[i] = _heads(got[1], linears[i], arch.layers[i].head_dim)
-                projections[i] = source_outputs[i] if got[0] is inputs[i] else None
-
-    mask = kwargs.get("attention_mask")
-    token_mask = None
-    if isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape == inputs[0].shape[:2]:
-        token_mask = mask.bool()
+        source_outputs, projections = _projections(model, arch, captured, linears, inputs)
     return TokenStates(
         block_inputs=inputs,
         mid_states=mid_states,
         block_outputs=outputs,
         projections=projections,
-        token_mask=token_mask,
+        token_mask=_token_mask(kwargs, inputs),
         layernorm_applied=any(n is not None for n in norms),
         source_outputs=source_outputs,
         causal=arch.causal,

@@ -34,39 +34,49 @@ def build_model_and_processor(args, raw):
     id2label = dict(enumerate(check_unique_labels(raw.labels, "labels (the dataset's class names)")))
     label2id = {name: i for i, name in id2label.items()}
     if args.model_name_or_path:
-        from transformers import AutoModelForImageClassification
-
-        from ..loading import load_config, load_image_processor, load_pretrained
-
-        trust, flag = bool(args.trust_remote_code), "model_name_or_path"
-        config = load_config(args.model_name_or_path, trust_remote_code=trust, name=flag)
-        check_trainable(config, flag)  # CRATE, CRATE-α, ToST or AoT
-        names = ("pooling", "hidden_dropout_prob")
-        overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None and hasattr(config, k)}
-        if args.variant is not None:
-            if config.model_type != "crate":
-                raise ValueError(
-                    f"variant: --variant chooses CRATE's MSSA output matrix; {config.model_type!r} has none"
-                )
-            overrides["variant"] = args.variant
-        config.update({"num_labels": len(raw.labels), "id2label": id2label, "label2id": label2id, **overrides})
-        model = load_pretrained(
-            args.model_name_or_path,
-            AutoModelForImageClassification,
-            config=config,
-            trust_remote_code=trust,
-            name=flag,
-            ignore_mismatched_sizes=args.ignore_mismatched_sizes,
-        )
-        processor = load_image_processor(args.model_name_or_path, trust_remote_code=trust)
-        if processor is None:
-            crate = model.config.model_type == "crate"
-            processor = CrateImageProcessor.for_config(model.config) if crate else family_processor(model.config)
-        return model, processor, None
+        return (*_load_pretrained(args, raw, id2label, label2id), None)
     preset = args.preset or default_preset(raw)
     family = family_of_preset(preset)  # CRATE-α, ToST and AoT presets build those families (training/families.py)
     if family is not None:
         return build_family_model(family, preset, args, raw, id2label, label2id)
+    return (*_new_crate(preset, args, raw, id2label, label2id), preset)
+
+
+def _load_pretrained(args, raw, id2label: dict, label2id: dict):
+    """``(model, processor)``: the trainable checkpoint of ``--model_name_or_path`` with a classifier for the data's
+    labels (the flags that apply override its config), and its saved image processor or its family's."""
+    from transformers import AutoModelForImageClassification
+
+    from ..loading import load_config, load_image_processor, load_pretrained
+
+    trust, flag = bool(args.trust_remote_code), "model_name_or_path"
+    config = load_config(args.model_name_or_path, trust_remote_code=trust, name=flag)
+    check_trainable(config, flag)  # CRATE, CRATE-α, ToST or AoT
+    names = ("pooling", "hidden_dropout_prob")
+    overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None and hasattr(config, k)}
+    if args.variant is not None:
+        if config.model_type != "crate":
+            raise ValueError(f"variant: --variant chooses CRATE's MSSA output matrix; {config.model_type!r} has none")
+        overrides["variant"] = args.variant
+    config.update({"num_labels": len(raw.labels), "id2label": id2label, "label2id": label2id, **overrides})
+    model = load_pretrained(
+        args.model_name_or_path,
+        AutoModelForImageClassification,
+        config=config,
+        trust_remote_code=trust,
+        name=flag,
+        ignore_mismatched_sizes=args.ignore_mismatched_sizes,
+    )
+    processor = load_image_processor(args.model_name_or_path, trust_remote_code=trust)
+    if processor is None:
+        crate = model.config.model_type == "crate"
+        processor = CrateImageProcessor.for_config(model.config) if crate else family_processor(model.config)
+    return model, processor
+
+
+def _new_crate(preset: str, args, raw, id2label: dict, label2id: dict):
+    """``(model, processor)``: a new CRATE classifier of the CRATE ``preset`` with the size flags given, its size
+    checked against the memory before it is allocated."""
     if preset not in CRATE_PRESETS:
         raise ValueError(
             f"preset: expected one of {list(CRATE_PRESETS)} or a CRATE-α / ToST / AoT preset, got {preset!r}"
@@ -87,9 +97,7 @@ def build_model_and_processor(args, raw):
         **overrides,
     )
     check_training_size(CrateForImageClassification, config, args.per_device_train_batch_size)  # before allocating
-    model = CrateForImageClassification(config)
-    processor = CrateImageProcessor.for_config(config)
-    return model, processor, preset
+    return CrateForImageClassification(config), CrateImageProcessor.for_config(config)
 
 
 def image_size_of(config) -> tuple[int, int]:

@@ -448,30 +448,11 @@ def build_family_card(
     model_type = getattr(config, "model_type", "")
     name, description, reference, tag = FAMILIES.get(model_type, (model_type, "a model.", "", model_type))
     preset = matching_preset(config)
-    labels = [config.id2label[i] for i in sorted(config.id2label)] if auto_class in PIPELINE_TAGS else []
-    labels = labels if any(str(label) != f"LABEL_{i}" for i, label in enumerate(labels)) else []
-    if results is not None and args is not None:
-        model_name = f"{name} {('(' + preset + ') ') if preset else ''}on {_public(raw.dataset_id)}"
-        data = _card_data(tag, model_name, results, args, raw)
-        data.tags = ["white-box-transformer", PROJECT_TAG, tag]
-        data.pipeline_tag = PIPELINE_TAGS.get(auto_class)
-        base_model = _base_model(args)
-        command, dataset_name, eval_split = _command(args), _public(raw.name), raw.eval_split
-    else:
-        model_name = f"{name}{(' (' + preset + ')') if preset else ''}"
-        data = ModelCardData(
-            model_name=model_name,
-            library_name="transformers",
-            license="apache-2.0",
-            pipeline_tag=PIPELINE_TAGS.get(auto_class),
-            tags=["white-box-transformer", PROJECT_TAG, tag],
-            base_model=base_model,
-        )
-        command = dataset_name = eval_split = None
+    labels = _class_labels(config, auto_class)
+    data, training = _family_card_record(name, preset, tag, auto_class, base_model, results, args, raw)
     return ModelCard.from_template(
         data,
         template_path=template_path(FAMILY_TEMPLATE_NAME),
-        model_name=model_name,
         family_name=name,
         family_description=description,
         reference=reference,
@@ -484,14 +465,41 @@ def build_family_card(
         num_parameters=f"{num_parameters:,}",
         labels=", ".join(str(label) for label in labels[:20]) + (" …" if len(labels) > 20 else ""),
         num_labels=len(labels),
-        base_model=base_model,
-        derived_from=None if base_model else derived_from,
+        derived_from=None if training["base_model"] else derived_from,
         weights_changed=weights_changed,
         results=results,
-        dataset_name=dataset_name,
-        eval_split=eval_split,
-        command=command,
+        **training,
     )
+
+
+def _class_labels(config, auto_class: str) -> list:
+    """The class names a classifier's card lists: none for a base model, or when they are the default ``LABEL_i``."""
+    labels = [config.id2label[i] for i in sorted(config.id2label)] if auto_class in PIPELINE_TAGS else []
+    return labels if any(str(label) != f"LABEL_{i}" for i, label in enumerate(labels)) else []
+
+
+def _family_card_record(name, preset, tag, auto_class, base_model, results, args, raw) -> tuple[ModelCardData, dict]:
+    """The card's metadata and what its text says of the model's origin: with a trainer's ``results`` and ``args``,
+    the data, the reproduce command and the metrics (the base model the training started from); without them, the
+    given ``base_model`` and no training record."""
+    if results is not None and args is not None:
+        model_name = f"{name} {('(' + preset + ') ') if preset else ''}on {_public(raw.dataset_id)}"
+        data = _card_data(tag, model_name, results, args, raw)
+        data.tags = ["white-box-transformer", PROJECT_TAG, tag]
+        data.pipeline_tag = PIPELINE_TAGS.get(auto_class)
+        return data, {"model_name": model_name, "base_model": _base_model(args), "command": _command(args),
+                      "dataset_name": _public(raw.name), "eval_split": raw.eval_split}  # fmt: skip
+    model_name = f"{name}{(' (' + preset + ')') if preset else ''}"
+    data = ModelCardData(
+        model_name=model_name,
+        library_name="transformers",
+        license="apache-2.0",
+        pipeline_tag=PIPELINE_TAGS.get(auto_class),
+        tags=["white-box-transformer", PROJECT_TAG, tag],
+        base_model=base_model,
+    )
+    return data, {"model_name": model_name, "base_model": base_model, "command": None, "dataset_name": None,
+                  "eval_split": None}  # fmt: skip
 
 
 def training_card(run, results: dict, repo_id: str | None = None) -> ModelCard:

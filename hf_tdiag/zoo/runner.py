@@ -230,6 +230,65 @@ def _compare(scan_dir, measures, meta, hparams, figures: bool):
     return rows, paths
 
 
+def _checked_output_dir(output_dir, jobs, threads, max_samples) -> str:
+    """The scan folder as a string, after the counts are checked (before anything is read or written)."""
+    positive_int(jobs, "jobs")
+    positive_int(threads, "threads", allow_none=True)
+    positive_int(max_samples, "max_samples", allow_none=True)
+    if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir).strip():
+        raise ValueError(f"output_dir: expected a folder path, got {output_dir!r}")
+    return os.fspath(output_dir)
+
+
+class _Collector:
+    """The executor's ``on_done``: gathers each model's measured keys, failures and worker peak memory."""
+
+    def __init__(self, failures: list[dict], progress: bool):
+        self.failures, self.progress = failures, progress
+        self.measured: list[str] = []
+        self.worker_peaks: list[float] = []
+
+    def __call__(self, spec, result, failure) -> None:
+        if failure is not None:
+            self.failures.append({"model": spec["model"], "diagnostic": None, "error": failure["error"],
+                                  "traceback": failure["traceback"]})  # fmt: skip
+            return
+        self.measured.extend(result["measured"])
+        if result.get("peak_rss_mb") is not None:
+            self.worker_peaks.append(result["peak_rss_mb"])
+        self.failures.extend({"model": spec["model"], **f} for f in result["failed"])
+        if self.progress:
+            print(f"scan: {spec['model']}: {len(result['measured'])} measured, {len(result['failed'])} failed")
+
+
+def _write_tables(scan_dir: str, pairs, meta, hparams: list[str], figures: bool):
+    """``(table, measures, correlation rows, paths)``: the table of every (model, key) pair's cached entry, written
+    with the measures and the correlations (and their figures)."""
+    from .._atomic import write_csv
+    from .table import build_table, measures_frame, write_table
+
+    entries = [(m, e) for m, k in pairs if (e := read_entry(scan_dir, k)) is not None]
+    table, measures = build_table(entries), measures_frame(entries)
+    paths = write_table(table, scan_dir)
+    paths["measures"] = write_csv(os.path.join(scan_dir, "measures.csv"), measures.to_dict("records"))
+    rows, more = _compare(scan_dir, measures, meta, hparams, figures)
+    paths.update(more)
+    return table, measures, rows, paths
+
+
+def _write_summary(scan_dir: str, summary: dict, failures: list[dict], push_to_hub: str | None) -> dict[str, str]:
+    """Write ``scan.json`` and ``failures.json`` (and push the table when asked); their paths."""
+    from .._atomic import write_json
+
+    paths = {"summary": write_json(os.path.join(scan_dir, "scan.json"), summary, sort_keys=True)}
+    paths["failures"] = write_json(os.path.join(scan_dir, "failures.json"), failures)
+    if push_to_hub:
+        from .hub import push_scan
+
+        paths["hub"] = push_scan(push_to_hub, scan_dir, summary)
+    return paths
+
+
 def scan(
     models,
     diagnostics,
@@ -268,19 +327,12 @@ def scan(
     (one per headline measure, :data:`hf_tdiag.zoo.compare.HEADLINE`; ``figures=False``: none). A rerun measures only
     what the cache lacks; a model or diagnostic that fails is logged in ``failures`` and the others go on.
     """
-    from .._atomic import write_csv, write_json
     from ..study.executors import get_executor
     from .inputs import resolve_inputs
     from .models import expand_models
-    from .table import build_table, measures_frame, write_table
     from .worker import measure_model
 
-    positive_int(jobs, "jobs")
-    positive_int(threads, "threads", allow_none=True)
-    positive_int(max_samples, "max_samples", allow_none=True)
-    if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir).strip():
-        raise ValueError(f"output_dir: expected a folder path, got {output_dir!r}")
-    output_dir = os.fspath(output_dir)
+    output_dir = _checked_output_dir(output_dir, jobs, threads, max_samples)
     names = _diagnostics(diagnostics)
     settings = _settings(names, settings)
     run_all = get_executor(executor)
@@ -292,36 +344,12 @@ def scan(
     prints = _fingerprints(models, output_dir, trust_remote_code, failures)
     meta = _metadata(metadata, list(hparams), models, prints)
     specs, pairs, cached, digests = _plan(models, prints, names, settings, inputs, output_dir, trust_remote_code)
-    measured: list[str] = []
-    worker_peaks: list[float] = []
-
-    def on_done(spec, result, failure):
-        if failure is not None:
-            failures.append({"model": spec["model"], "diagnostic": None, "error": failure["error"],
-                             "traceback": failure["traceback"]})  # fmt: skip
-            return
-        measured.extend(result["measured"])
-        if result.get("peak_rss_mb") is not None:
-            worker_peaks.append(result["peak_rss_mb"])
-        failures.extend({"model": spec["model"], **f} for f in result["failed"])
-        if progress:
-            print(f"scan: {spec['model']}: {len(result['measured'])} measured, {len(result['failed'])} failed")
-
+    done = _Collector(failures, progress)
     if specs:
-        run_all(specs, jobs=jobs, threads=threads, on_done=on_done, task=measure_model,
+        run_all(specs, jobs=jobs, threads=threads, on_done=done, task=measure_model,
                 **_executor_options(executor, executor_options, prints))  # fmt: skip
-    entries = [(m, e) for m, k in pairs if (e := read_entry(output_dir, k)) is not None]
-    table, measures = build_table(entries), measures_frame(entries)
-    paths = write_table(table, output_dir)
-    paths["measures"] = write_csv(os.path.join(output_dir, "measures.csv"), measures.to_dict("records"))
-    rows, more = _compare(output_dir, measures, meta, list(hparams), figures)
-    paths.update(more)
-    summary = _summary(models, prints, names, settings, digests, inputs, failures, measured, cached)
-    summary["worker_peak_rss_mb"] = max(worker_peaks, default=None)
-    paths["summary"] = write_json(os.path.join(output_dir, "scan.json"), summary, sort_keys=True)
-    paths["failures"] = write_json(os.path.join(output_dir, "failures.json"), failures)
-    if push_to_hub:
-        from .hub import push_scan
-
-        paths["hub"] = push_scan(push_to_hub, output_dir, summary)
-    return ScanResult(table, measures, rows, failures, measured, cached, paths, summary)
+    table, measures, rows, paths = _write_tables(output_dir, pairs, meta, list(hparams), figures)
+    summary = _summary(models, prints, names, settings, digests, inputs, failures, done.measured, cached)
+    summary["worker_peak_rss_mb"] = max(done.worker_peaks, default=None)
+    paths.update(_write_summary(output_dir, summary, failures, push_to_hub))
+    return ScanResult(table, measures, rows, failures, done.measured, cached, paths, summary)

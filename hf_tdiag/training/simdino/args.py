@@ -21,6 +21,12 @@ def _h(text: str, default=MISSING):
 @dataclass
 class PretrainSettings:
     output_dir: str = _h("Folder for checkpoints, the pretrained backbone (backbone/) and pretrain_results.json.")
+    overwrite_output_dir: bool = _h(
+        "Replace an earlier run's backbone, results and checkpoints in --output-dir (only files an hf-tdiag run "
+        "recorded writing there; a user's files stay); default: refuse such a folder. Resuming from a checkpoint of "
+        "the folder needs no flag.",
+        False,
+    )
     objective: str = _h("simdino (coding-rate loss) or dino (centring + sharpening + prototypes).", "simdino")
     backbone: str = _h(
         "crate-digits, vit-digits (ViT of matched size) or a local Transformers model folder.", "crate-digits"
@@ -64,6 +70,8 @@ class PretrainSettings:
     def __post_init__(self):
         if not self.output_dir or not isinstance(self.output_dir, (str, os.PathLike)):
             raise ValueError(f"output_dir: expected a folder path, got {self.output_dir!r}")
+        if not isinstance(self.overwrite_output_dir, bool):
+            raise TypeError(f"overwrite_output_dir: expected True or False, got {self.overwrite_output_dir!r}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective: expected one of {list(OBJECTIVES)}, got {self.objective!r}")
         if self.expansion not in ("mean", "student"):
@@ -114,6 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs["default"] = f.default
         if isinstance(f.default, tuple):
             kwargs.update(nargs=2, type=float, metavar=("LOW", "HIGH"))
+        elif f.default is False:  # a switch, off unless given (--overwrite-output-dir)
+            kwargs["action"] = "store_true"
         elif isinstance(f.default, bool):
             kwargs["type"] = _bool
         elif isinstance(f.default, int):
