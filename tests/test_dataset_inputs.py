@@ -147,3 +147,83 @@ def test_a_text_model_path_and_strings_equal_the_tokenizers_batches():
     ]
     by_hand = hf_tdiag.layer_srr(model, batches, progress=False).to_pandas()
     assert hf_tdiag.layer_srr(path, texts, batch_size=3, progress=False).to_pandas().equals(by_hand)
+
+
+# ---------------------------------------------------------------- the pieces, directly
+
+
+def test_is_dataset_reads_the_objects_package_not_its_methods():
+    class Lookalike:  # has the method, not the package
+        def with_format(self, kind):
+            return self
+
+    Deep = type("Deep", (Lookalike,), {"__module__": "datasets.formatting.deep"})
+    assert not is_dataset(Lookalike()) and is_dataset(Deep())
+
+
+def test_a_dataset_with_unknown_columns_is_read_whole():
+    import numpy as np
+
+    def rows():
+        for i in range(5):
+            yield {"pixel_values": np.full((1, 2, 2), float(i), dtype=np.float32)}
+
+    streamed = datasets.IterableDataset.from_generator(rows)
+    assert streamed.column_names is None  # no features declared: nothing to select, every column is read
+    got = torch.cat([b["pixel_values"] for b in dataset_batches(streamed, 2)])
+    assert torch.equal(got[:, 0, 0, 0], torch.arange(5.0))
+
+
+def test_raw_items_are_lists_of_images_or_strings():
+    from PIL import Image
+
+    from hf_tdiag.batching import raw_items
+
+    image = Image.new("L", (4, 4))
+    assert raw_items(["one text"]) == ["one text"] and raw_items((image,)) == [image]
+    assert raw_items([]) is None and raw_items([torch.zeros(2)]) is None and raw_items("a text") is None
+
+
+def test_model_and_inputs_passes_what_it_is_given_to_the_loader_and_the_encoder(monkeypatch):
+    import hf_tdiag.batching as B
+    import hf_tdiag.loading as L
+
+    calls = {}
+
+    class Loaded:
+        model, processor, modality = "the model", "its tokenizer", "text"
+
+    def fake_load(spec, *, eager_attention=True, trust_remote_code=False):
+        calls["load"] = (spec, eager_attention, trust_remote_code)
+        return Loaded()
+
+    def fake_encode(loaded, items, batch_size, *, tokenizer=None, **kwargs):
+        calls["encode"] = (items, batch_size, tokenizer)
+        return "batches"
+
+    monkeypatch.setattr(L, "load_model", fake_load)
+    monkeypatch.setattr(B, "encoded_batches", fake_encode)
+    texts = ["a", "b", "c"]
+    from pathlib import Path
+
+    assert B.model_and_inputs(Path("some/folder"), texts, 2) == ("the model", "batches", "its tokenizer")
+    assert calls["load"] == ("some/folder", False, False) and isinstance(calls["load"][0], str)
+    assert calls["encode"] == (texts, 2, None)
+    assert B.model_and_inputs("some/folder", texts, 3, tokenizer="mine", trust_remote_code=True)[2] == "mine"
+    assert calls["load"][2] is True and calls["encode"] == (texts, 3, "mine")
+    calls.clear()
+    model = torch.nn.Linear(2, 2)
+    assert B.model_and_inputs(model, texts, 2, encode_texts=False) == (model, texts, None)  # strings left as given
+    assert calls == {}  # nothing loaded for a model object with prepared or unencoded inputs
+
+
+def test_split_and_rows_cut_per_sample_tensors_and_repeat_scalars():
+    from hf_tdiag.batching import iter_batches, rows, split
+
+    batch = {"x": torch.arange(8.0).reshape(4, 2), "labels": torch.tensor([0, 1, 2, 3]), "scale": torch.tensor(2.0)}
+    first, second = split(batch, 2)
+    assert torch.equal(first["labels"], torch.tensor([0, 1])) and torch.equal(second["x"], batch["x"][2:])
+    assert first["scale"] is batch["scale"] and second["scale"] is batch["scale"]
+    assert rows({"scale": torch.tensor(1.0), "labels": torch.tensor([5, 6, 7])}) == 3
+    with pytest.raises(ValueError, match="pixel_values: contains NaN"):
+        iter_batches(torch.full((2, 1, 2, 2), float("nan")), 2)
