@@ -35,7 +35,8 @@ INPUTS_SECTION = (
     "the repository's own code runs only with ``trust_remote_code=True``); the inputs are model inputs (a tensor, a "
     "dict batch, a DataLoader or an iterable of batches), a ``datasets`` object whose columns are model inputs "
     "(``pixel_values`` or ``input_ids``: its other columns are left out), or raw PIL images or strings, which the "
-    "model's processor or tokenizer encodes ``batch_size`` at a time (:func:`hf_tdiag.batching.model_and_inputs`)."
+    "model's processor or tokenizer (``tokenizer=`` where none is saved beside it) encodes ``batch_size`` at a time "
+    "(:func:`hf_tdiag.batching.model_and_inputs`)."
 )
 
 
