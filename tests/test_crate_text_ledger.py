@@ -124,8 +124,8 @@ def test_text_ledger_inputs_are_checked_and_the_model_left_as_found():
     ids = _batch()["input_ids"]
     report = objective_ledger(model, ids)  # bare ids: every token is real
     assert model.training and report.num_samples == 3
-    with pytest.raises(TypeError, match="tokenize them first"):
-        objective_ledger(model, ["some text"])
+    with pytest.raises(ValueError, match="tokenizer: no tokenizer found .*; pass tokenizer="):
+        objective_ledger(model, ["some text"])  # strings are encoded by the model's tokenizer: here there is none
     with pytest.raises(ValueError, match="input_ids"):
         objective_ledger(model, {"pixel_values": torch.zeros(1, 1, 8, 8)})
 

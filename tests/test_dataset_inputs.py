@@ -11,6 +11,20 @@ from hf_tdiag import CrateConfig, CrateForImageClassification
 from hf_tdiag.batching import dataset_batches, is_dataset
 
 
+def same(a, b) -> bool:
+    """Two report tables hold the same rows: labels equal, numbers equal to float32 summation order (1e-6 relative;
+    the diagnostics' thread count follows the machine's idle cores, and float32 sums in another order differ at
+    1e-8)."""
+    import numpy as np
+
+    if list(a.columns) != list(b.columns) or len(a) != len(b):
+        return False
+    numeric = a.select_dtypes("number").columns
+    other = [c for c in a.columns if c not in numeric]
+    x, y = (t[numeric].to_numpy(dtype=float) for t in (a, b))
+    return a[other].equals(b[other]) and np.allclose(x, y, rtol=1e-6, atol=1e-9, equal_nan=True)
+
+
 @pytest.fixture(scope="module")
 def setup():
     torch.manual_seed(0)
@@ -36,7 +50,7 @@ def test_srr_ledger_and_token_snr_equal_the_tensor_run(setup):
     model, x, y, ds = setup
     a = hf_tdiag.layer_srr(model, x, progress=False).to_pandas()
     b = hf_tdiag.layer_srr(model, ds, batch_size=4, progress=False).to_pandas()
-    assert a.equals(b)
+    assert same(a, b) and not same(a, a.assign(R=a["R"] * (1 + 1e-4))) and not same(a, a.iloc[1:])
     # the same batches (4 + 2 samples) as the tensor cut by batch_size: the sums are taken in the same order
     assert (
         hf_tdiag.objective_ledger(model, ds, batch_size=4)
@@ -44,7 +58,7 @@ def test_srr_ledger_and_token_snr_equal_the_tensor_run(setup):
         .equals(hf_tdiag.objective_ledger(model, x, batch_size=4).to_pandas())
     )
     snr = hf_tdiag.token_snr(model, x, y, batch_size=4).to_pandas()
-    assert hf_tdiag.token_snr(model, ds, y, batch_size=4).to_pandas().equals(snr)
+    assert same(hf_tdiag.token_snr(model, ds, y, batch_size=4).to_pandas(), snr)
 
 
 def test_attention_svm_and_concepts_read_the_whole_dataset(setup):
@@ -94,10 +108,10 @@ def saved(tmp_path_factory):
 def test_a_model_path_and_raw_images_give_the_numbers_of_the_loaded_model_on_its_processor_output(saved):
     folder, model, images, pixels = saved
     by_hand = hf_tdiag.layer_srr(model, pixels, batch_size=4, progress=False).to_pandas()
-    assert hf_tdiag.layer_srr(str(folder), images, batch_size=4, progress=False).to_pandas().equals(by_hand)
-    assert hf_tdiag.layer_srr(folder, images, batch_size=4, progress=False).to_pandas().equals(by_hand)  # PathLike
+    assert same(hf_tdiag.layer_srr(str(folder), images, batch_size=4, progress=False).to_pandas(), by_hand)
+    assert same(hf_tdiag.layer_srr(folder, images, batch_size=4, progress=False).to_pandas(), by_hand)  # PathLike
     ledger = hf_tdiag.objective_ledger(model, pixels, batch_size=4).to_pandas()
-    assert hf_tdiag.objective_ledger(str(folder), images, batch_size=4).to_pandas().equals(ledger)
+    assert same(hf_tdiag.objective_ledger(str(folder), images, batch_size=4).to_pandas(), ledger)
     svm = hf_tdiag.attention_svm_diagnostic(model, pixels, 1, 0, max_queries=4).summary()
     again = hf_tdiag.attention_svm_diagnostic(str(folder), images, 1, 0, max_queries=4).summary()
     for summary in (svm, again):
@@ -113,7 +127,7 @@ def test_a_model_object_with_raw_images_is_left_in_its_mode(saved):
         assert model.training and all(m.training for m in model.modules())
     finally:
         model.eval()
-    assert got.equals(hf_tdiag.layer_srr(model, pixels, batch_size=4, progress=False).to_pandas())
+    assert same(got, hf_tdiag.layer_srr(model, pixels, batch_size=4, progress=False).to_pandas())
 
 
 def test_the_signature_offers_trust_remote_code_only_where_inputs_are_measured():
@@ -146,7 +160,7 @@ def test_a_text_model_path_and_strings_equal_the_tokenizers_batches():
         for i in range(0, len(texts), 3)
     ]
     by_hand = hf_tdiag.layer_srr(model, batches, progress=False).to_pandas()
-    assert hf_tdiag.layer_srr(path, texts, batch_size=3, progress=False).to_pandas().equals(by_hand)
+    assert same(hf_tdiag.layer_srr(path, texts, batch_size=3, progress=False).to_pandas(), by_hand)
 
 
 # ---------------------------------------------------------------- the pieces, directly
@@ -244,6 +258,6 @@ def test_strings_for_a_model_object_use_the_tokenizer_given(saved):
     texts = ["a white-box transformer", "sparse rate reduction"]
     by_hand = hf_tdiag.layer_srr(model, dict(tokenizer(texts, padding=True, return_tensors="pt")), progress=False)
     got = hf_tdiag.layer_srr(model, texts, tokenizer=tokenizer, progress=False)
-    assert got.to_pandas().equals(by_hand.to_pandas())
+    assert same(got.to_pandas(), by_hand.to_pandas())
     with pytest.raises(ValueError, match="tokenizer: no tokenizer found"):
         hf_tdiag.layer_srr(model, texts, progress=False)

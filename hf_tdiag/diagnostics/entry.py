@@ -104,6 +104,32 @@ def _model_and_inputs(impl_params, args: tuple, kwargs: dict, settings: _Setting
     return tuple(args), kwargs, modes
 
 
+def _public_signature(impl, cls: type[_Settings], entry_only: list[str]) -> inspect.Signature:
+    """The implementation's signature with ``settings=None``, every settings field as a keyword-only parameter with
+    its default, and the entry's own keywords (``entry_only``)."""
+    params = []
+    for p in inspect.signature(impl).parameters.values():
+        if p.name != "settings":
+            params.append(p)
+            continue
+        params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f"{cls.__name__} | None"))
+        params += [
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=f.default,
+                annotation=f.type | None if f.optional else f.type,
+            )
+            for f in cls.fields()
+        ]
+    params += [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None if name == "tokenizer" else False)
+        for name in entry_only
+    ]
+    params.sort(key=lambda p: p.kind)  # **kwargs of the implementation stays last
+    return inspect.Signature(params, return_annotation=inspect.signature(impl).return_annotation)
+
+
 def diagnostic_entry(cls: type[_Settings]):
     """Decorator: ``impl(..., *, settings: cls, ...)`` -> the public diagnostic taking ``settings=None`` and the
     fields of ``cls`` as keywords."""
@@ -140,30 +166,7 @@ def diagnostic_entry(cls: type[_Settings]):
                 if modes is not None:
                     restore_modes(modes)
 
-        params = []
-        for p in inspect.signature(impl).parameters.values():
-            if p.name == "settings":
-                params.append(
-                    p.replace(kind=inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f"{cls.__name__} | None")
-                )
-                params += [
-                    inspect.Parameter(
-                        f.name,
-                        inspect.Parameter.KEYWORD_ONLY,
-                        default=f.default,
-                        annotation=f.type | None if f.optional else f.type,
-                    )
-                    for f in cls.fields()
-                ]
-            else:
-                params.append(p)
-        if takes_inputs:
-            params += [
-                inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None if name == "tokenizer" else False)
-                for name in entry_only
-            ]
-        params.sort(key=lambda p: p.kind)  # **kwargs of the implementation stays last
-        entry.__signature__ = inspect.Signature(params, return_annotation=inspect.signature(impl).return_annotation)
+        entry.__signature__ = _public_signature(impl, cls, entry_only)
         entry.__doc__ = _with_settings_section(impl.__doc__, cls, takes_inputs)
         entry.settings_class = cls
         return entry
