@@ -140,6 +140,14 @@ def sync_checkout(work: Path) -> None:
         for path in sorted((work / folder).rglob("*")) if (work / folder).is_dir() else []:
             if path.is_file() and path not in wanted and "__pycache__" not in path.parts:
                 path.unlink()
+        # mutmut copies the sources into mutants/ but never removes one: a module deleted or renamed in the checkout
+        # would stay importable there (and break the clean test run, e.g. a command package importing every module)
+        copies = work / "mutants" / folder
+        for path in sorted(copies.rglob("*")) if copies.is_dir() else []:
+            original = work / path.relative_to(work / "mutants")
+            own = original.with_suffix("").suffix == ".py"  # mutmut's own x.py.meta (verdicts), x.py.spans
+            if path.is_file() and not own and "__pycache__" not in path.parts and not original.exists():
+                path.unlink()
 
 
 def keep_verdicts_when_tests_were_added(work: Path, tests: list[str]) -> None:
