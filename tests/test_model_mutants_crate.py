@@ -1,5 +1,6 @@
 """CRATE (vision) beyond tests/test_crate_blocks.py and tests/test_model_equations_crate.py: what the sampled mutation
-run of modeling_crate.py found untested — the attention dropout in training — against a computation written here."""
+run of modeling_crate.py found untested — the attention dropout in training; the second sample: a size field set wrong
+after the config was built, the one-label regression head — against computations written here."""
 
 from __future__ import annotations
 
@@ -56,3 +57,28 @@ def test_the_embeddings_alone_refuse_another_resolution_unless_asked_to_interpol
         tokens = embeddings.patch_embeddings(x)
         want = torch.cat((embeddings.cls_token, tokens), dim=1) + embeddings.interpolate_pos_encoding(12, 12)
     torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize("field", ["image_size", "patch_size"])
+def test_a_size_set_wrong_after_the_config_was_built_is_named_by_the_model(field):
+    """A config attribute changed after construction is checked again when the model is built: the message names it."""
+    config = _config()
+    setattr(config, field, "eight")
+    with pytest.raises(TypeError, match=rf"^{field}: expected an int or a \(height, width\) pair of ints, got 'eight'"):
+        CrateModel(config)
+
+
+def test_one_label_is_a_regression_head_with_the_squared_error():
+    """num_labels=1: a linear head to one output (not the identity), logits = W·LN(pooled) + b, loss the MSE."""
+    from hf_tdiag.models.crate import CrateForImageClassification
+
+    torch.manual_seed(0)
+    model = CrateForImageClassification(_config(num_labels=1)).eval()
+    x = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    target = torch.tensor([0.5, -1.0])
+    with torch.no_grad():
+        out = model(x, labels=target)
+        pooled = model.classifier_norm(model.crate(x).pooler_output)
+    assert out.logits.shape == (2, 1)
+    torch.testing.assert_close(out.logits, pooled @ model.classifier.weight.t() + model.classifier.bias)
+    torch.testing.assert_close(out.loss, ((out.logits.squeeze(-1) - target) ** 2).mean())
