@@ -1,6 +1,7 @@
 """CRATE (vision) beyond tests/test_crate_blocks.py and tests/test_model_equations_crate.py: what the sampled mutation
 run of modeling_crate.py found untested — the attention dropout in training; the second sample: a size field set wrong
-after the config was built, the one-label regression head, the output dropout, the block's LayerNorm epsilon — against computations written here."""
+after the config was built, the one-label regression head, the output dropout, the block's LayerNorm epsilon —
+against computations written here."""
 
 from __future__ import annotations
 
