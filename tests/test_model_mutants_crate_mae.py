@@ -1,6 +1,6 @@
 """CRATE-MAE beyond tests/test_crate_mae.py's equations: what the sampled mutation run of modeling_crate_mae.py found
-untested — the embeddings' default mask token; the second sample: the embeddings' own shape check, the decoder block's
-LayerNorm epsilon — against computations written here."""
+untested — the embeddings' default mask token; the second sample: the embeddings' own shape check, the fixed positions,
+both blocks' LayerNorm epsilon — against computations written here."""
 
 from __future__ import annotations
 
@@ -96,3 +96,28 @@ def test_the_decoder_block_normalizes_with_the_configured_epsilon():
         y = _layernorm(x, 0.37) @ layer.dictionary.weight.T  # the LayerNorms start at weight 1, bias 0
         want = y - layer.attention(_layernorm(y, 0.37))[0]
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_position_embeddings_are_fixed():
+    """MAE's sine-cosine positions are a constant, not a parameter to train: no gradient, and out of the trainable
+    parameters (the CLS token, beside them, is trained)."""
+    emb = CrateMAEEmbeddings(_config())
+    assert emb.position_embeddings.requires_grad is False
+    trainable = {name for name, p in emb.named_parameters() if p.requires_grad}
+    assert "position_embeddings" not in trainable and "cls_token" in trainable
+
+
+def test_the_encoder_block_normalizes_with_the_configured_epsilon():
+    """Z½ = Z + MSSA(LN1 Z), Z⁺ = ISTA(LN2 Z½), both LayerNorms at layer_norm_eps (0.37), written out here."""
+    from hf_tdiag.models.crate_mae.modeling_crate_mae import CrateMAEEncoderLayer
+
+    config = CrateMAEConfig(**{**_config().to_dict(), "layer_norm_eps": 0.37})
+    torch.manual_seed(0)
+    layer = CrateMAEEncoderLayer(config).eval()
+    z = 0.3 * torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out, mid = layer(z)
+        want_mid = z + layer.attention(_layernorm(z, 0.37))[0]
+        want_out = layer.ista(_layernorm(want_mid, 0.37))
+    torch.testing.assert_close(mid, want_mid, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)

@@ -1,7 +1,7 @@
 """Text CRATE beyond the equations of tests/test_model_equations_text.py: what the sampled mutation run of
 modeling_crate_text_blocks.py and modeling_crate_text.py found untested — the pooled token of each kind of mask, the
 causal mask the block builds for two tokens, the attention dropout in training; the second sample: the heads' label
-count, a single token type, attention maps under sdpa, a fresh model not checkpointing, generate's default-length
+count, a single token type, attention maps under sdpa, the block's causal mask in float64, a fresh model not checkpointing, generate's default-length
 warning — each against a computation written here."""
 
 from __future__ import annotations
@@ -213,3 +213,16 @@ def test_generate_keeps_transformers_warning_about_the_default_max_length():
         warnings.simplefilter("always")
         model.generate(ids, do_sample=False, pad_token_id=0, max_new_tokens=2)
     assert not [w for w in caught if "model-agnostic default" in str(w.message)]
+
+
+def test_the_blocks_own_causal_mask_works_in_float64():
+    """A float64 model: the mask the block builds (eager, no padding mask) is in the model's dtype, its −∞ stand-in
+    float64's smallest number; the outputs are the masked attention written out."""
+    torch.manual_seed(0)
+    model = CrateTextModel(_config(attention_bias=True)).double().eval()
+    mssa = model.layer[0].attention
+    h = 3 * torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with torch.no_grad():
+        out, probs = mssa(h, output_attentions=True)
+    assert probs.dtype == torch.float64 and float(probs[:, :, 0, 1:].abs().max()) == 0.0
+    torch.testing.assert_close(out, _by_hand(mssa, h), rtol=1e-9, atol=1e-9)
