@@ -140,6 +140,14 @@ def sync_checkout(work: Path) -> None:
         for path in sorted((work / folder).rglob("*")) if (work / folder).is_dir() else []:
             if path.is_file() and path not in wanted and "__pycache__" not in path.parts:
                 path.unlink()
+        # mutmut copies the sources into mutants/ but never removes one: a module deleted or renamed in the checkout
+        # would stay importable there (and break the clean test run, e.g. a command package importing every module)
+        copies = work / "mutants" / folder
+        for path in sorted(copies.rglob("*")) if copies.is_dir() else []:
+            original = work / path.relative_to(work / "mutants")
+            own = original.with_suffix("").suffix == ".py"  # mutmut's own x.py.meta (verdicts), x.py.spans
+            if path.is_file() and not own and "__pycache__" not in path.parts and not original.exists():
+                path.unlink()
 
 
 def keep_verdicts_when_tests_were_added(work: Path, tests: list[str]) -> None:
@@ -234,7 +242,7 @@ def generate_mutants(work: Path, modules: list[str], env: dict) -> None:
 
 
 def run_mutmut(cmd: list[str], work: Path, env: dict, tool: dict, tests: list[str]) -> None:
-    """Run mutmut (log in ``work/mutmut.log``); if its stats step fails, name the failing tests and stop.
+    """Run mutmut (log in ``work/mutmut.log``); if its stats or clean-test step fails, name the failing tests, stop.
 
     mutmut runs the selected tests once, unmutated, in a forked child whose output it swallows: a test that fails
     there (one that fails or behaves differently under mutmut's trampoline, or in the ``mutants/`` copy) stops the
@@ -244,7 +252,8 @@ def run_mutmut(cmd: list[str], work: Path, env: dict, tool: dict, tests: list[st
     """
     with open(work / "mutmut.log", "w") as log:
         subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
-    if "failed to collect stats" not in (work / "mutmut.log").read_text(encoding="utf-8", errors="replace"):
+    logged = (work / "mutmut.log").read_text(encoding="utf-8", errors="replace")
+    if "failed to collect stats" not in logged and "Failed to run clean test" not in logged:
         return
     args = [*tool.get("mutmut", {}).get("pytest_add_cli_args", []), "-q", "-rfE", *tests]
     report = subprocess.run(
@@ -260,7 +269,7 @@ def run_mutmut(cmd: list[str], work: Path, env: dict, tool: dict, tests: list[st
     if not failing:
         failing = [f"none when rerun (pytest exit {report.returncode}): an intermittent failure; run it again"]
     raise SystemExit(
-        f"mutation: mutmut's stats run (the unmutated tests) failed in {work}; failing there:\n  "
+        f"mutation: mutmut's stats or clean-test run (the unmutated tests) failed in {work}; failing there:\n  "
         + "\n  ".join(failing)
         + f"\nfull report: {work / 'stats_failure.log'}"
     )

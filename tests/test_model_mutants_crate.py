@@ -1,5 +1,7 @@
 """CRATE (vision) beyond tests/test_crate_blocks.py and tests/test_model_equations_crate.py: what the sampled mutation
-run of modeling_crate.py found untested — the attention dropout in training — against a computation written here."""
+run of modeling_crate.py found untested — the attention dropout in training; the second sample: a size field set wrong
+after the config was built, the one-label regression head, the output dropout, the block's LayerNorm epsilon —
+against computations written here."""
 
 from __future__ import annotations
 
@@ -56,3 +58,64 @@ def test_the_embeddings_alone_refuse_another_resolution_unless_asked_to_interpol
         tokens = embeddings.patch_embeddings(x)
         want = torch.cat((embeddings.cls_token, tokens), dim=1) + embeddings.interpolate_pos_encoding(12, 12)
     torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize("field", ["image_size", "patch_size"])
+def test_a_size_set_wrong_after_the_config_was_built_is_named_by_the_model(field):
+    """A config attribute changed after construction is checked again when the model is built: the message names it."""
+    config = _config()
+    setattr(config, field, "eight")
+    with pytest.raises(TypeError, match=rf"^{field}: expected an int or a \(height, width\) pair of ints, got 'eight'"):
+        CrateModel(config)
+
+
+def test_one_label_is_a_regression_head_with_the_squared_error():
+    """num_labels=1: a linear head to one output (not the identity), logits = W·LN(pooled) + b, loss the MSE."""
+    from hf_tdiag.models.crate import CrateForImageClassification
+
+    torch.manual_seed(0)
+    model = CrateForImageClassification(_config(num_labels=1)).eval()
+    x = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    target = torch.tensor([0.5, -1.0])
+    with torch.no_grad():
+        out = model(x, labels=target)
+        pooled = model.classifier_norm(model.crate(x).pooler_output)
+    assert out.logits.shape == (2, 1)
+    torch.testing.assert_close(out.logits, pooled @ model.classifier.weight.t() + model.classifier.bias)
+    torch.testing.assert_close(out.loss, ((out.logits.squeeze(-1) - target) ** 2).mean())
+
+
+def test_the_attention_output_drops_in_training_only():
+    """hidden_dropout_prob on MSSA's output: in training each entry is 0 or the eval output / (1 − p), the same draw
+    as F.dropout on the eval output; in eval nothing is dropped."""
+    torch.manual_seed(0)
+    mssa = CrateModel(_config(hidden_dropout_prob=0.5)).encoder.layer[0].attention
+    h = 3 * torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        mssa.eval()
+        ref, _ = mssa(h)
+        mssa.train()
+        torch.manual_seed(3)
+        train, _ = mssa(h)
+    torch.manual_seed(3)
+    torch.testing.assert_close(train, F.dropout(ref, p=0.5, training=True))
+    assert not torch.allclose(train, ref)
+
+
+def _layernorm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    centred = x - x.mean(-1, keepdim=True)
+    return centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+
+def test_the_block_normalizes_with_the_configured_epsilon():
+    """Z½ = Z + MSSA(LN1 Z), Z⁺ = ISTA(LN2 Z½), both LayerNorms at layer_norm_eps (0.37, far from torch's 1e-5),
+    written out here on inputs of small spread (where the epsilon matters); the LayerNorms start at weight 1, bias 0."""
+    torch.manual_seed(0)
+    layer = CrateModel(_config(layer_norm_eps=0.37)).eval().encoder.layer[0]
+    z = 0.3 * torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out, mid = layer(z)
+        want_mid = z + layer.attention(_layernorm(z, 0.37))[0]
+        want_out = layer.ista(_layernorm(want_mid, 0.37))
+    torch.testing.assert_close(mid, want_mid, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)

@@ -1,6 +1,6 @@
 """CRATE-α beyond the converter's equations (tests/test_crate_alpha.py): what the full mutation run of
 modeling_crate_alpha.py found untested — the head's attributes, dropout in training, mean pooling, the head without
-labels, the loss — each against a computation written here."""
+labels, the loss (the second sample: a fresh model not checkpointing) — each against a computation written here."""
 
 from __future__ import annotations
 
@@ -172,3 +172,11 @@ def test_a_non_square_patch_makes_a_rows_by_columns_grid():
     with torch.no_grad():
         out = model(x)
     assert out.last_hidden_state.shape == (2, 1 + 8, 16)
+
+
+def test_a_fresh_model_does_not_checkpoint_until_asked():
+    """Activation checkpointing is off in a new model (the Trainer and transformers read it) until enabled."""
+    model = CrateAlphaModel(_config())
+    assert model.is_activation_checkpointing is False
+    model.activation_checkpointing_enable()
+    assert model.is_activation_checkpointing is True

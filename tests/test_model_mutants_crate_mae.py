@@ -1,8 +1,10 @@
 """CRATE-MAE beyond tests/test_crate_mae.py's equations: what the sampled mutation run of modeling_crate_mae.py found
-untested — the embeddings' default mask token — against a computation written here."""
+untested — the embeddings' default mask token; the second sample: the embeddings' own shape check, the fixed positions,
+both blocks' LayerNorm epsilon — against computations written here."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hf_tdiag.models.crate_mae import CrateMAEConfig
@@ -63,3 +65,59 @@ def test_the_normalized_pixel_loss_standardizes_each_target_patch():
             count += 1
     loss = model.forward_loss(pixels, pred, mask)
     assert abs(float(loss) - total / count) < 1e-10
+
+
+def test_the_embeddings_alone_refuse_an_image_of_another_size():
+    """CrateMAEEmbeddings called directly checks the whole shape, not only the number of dimensions: a 4-D 12x12
+    image on an 8x8 model is refused with the expected shape named."""
+    emb = CrateMAEEmbeddings(_config())
+    with pytest.raises(ValueError, match=r"\(batch, 1, 8, 8\), got \(1, 1, 12, 12\)"):
+        emb(torch.zeros(1, 1, 12, 12))
+    with pytest.raises(ValueError, match=r"\(batch, 1, 8, 8\), got \(1, 2, 8, 8\)"):
+        emb(torch.zeros(1, 2, 8, 8))
+
+
+def _layernorm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    centred = x - x.mean(-1, keepdim=True)
+    return centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+
+def test_the_decoder_block_normalizes_with_the_configured_epsilon():
+    """The decoder block y = D·LN1(x), x⁺ = y − MSSA(LN2 y), both LayerNorms at layer_norm_eps (0.37, far from
+    torch's 1e-5): LN and D written out here, on inputs of small spread (where the epsilon matters)."""
+    from hf_tdiag.models.crate_mae.modeling_crate_mae import CrateMAEDecoderLayer
+
+    config = CrateMAEConfig(**{**_config().to_dict(), "layer_norm_eps": 0.37})
+    torch.manual_seed(0)
+    layer = CrateMAEDecoderLayer(config).eval()
+    x = 0.3 * torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = layer(x)
+        y = _layernorm(x, 0.37) @ layer.dictionary.weight.T  # the LayerNorms start at weight 1, bias 0
+        want = y - layer.attention(_layernorm(y, 0.37))[0]
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_position_embeddings_are_fixed():
+    """MAE's sine-cosine positions are a constant, not a parameter to train: no gradient, and out of the trainable
+    parameters (the CLS token, beside them, is trained)."""
+    emb = CrateMAEEmbeddings(_config())
+    assert emb.position_embeddings.requires_grad is False
+    trainable = {name for name, p in emb.named_parameters() if p.requires_grad}
+    assert "position_embeddings" not in trainable and "cls_token" in trainable
+
+
+def test_the_encoder_block_normalizes_with_the_configured_epsilon():
+    """Z½ = Z + MSSA(LN1 Z), Z⁺ = ISTA(LN2 Z½), both LayerNorms at layer_norm_eps (0.37), written out here."""
+    from hf_tdiag.models.crate_mae.modeling_crate_mae import CrateMAEEncoderLayer
+
+    config = CrateMAEConfig(**{**_config().to_dict(), "layer_norm_eps": 0.37})
+    torch.manual_seed(0)
+    layer = CrateMAEEncoderLayer(config).eval()
+    z = 0.3 * torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out, mid = layer(z)
+        want_mid = z + layer.attention(_layernorm(z, 0.37))[0]
+        want_out = layer.ista(_layernorm(want_mid, 0.37))
+    torch.testing.assert_close(mid, want_mid, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)

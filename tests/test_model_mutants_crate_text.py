@@ -1,7 +1,8 @@
 """Text CRATE beyond the equations of tests/test_model_equations_text.py: what the sampled mutation run of
 modeling_crate_text_blocks.py and modeling_crate_text.py found untested — the pooled token of each kind of mask, the
-causal mask the block builds for two tokens, the attention dropout in training — each against a computation written
-here."""
+causal mask the block builds for two tokens, the attention dropout in training; the second sample: the heads' label
+count, a single token type, attention maps under sdpa, the block's causal mask in float64, a fresh model not checkpointing, generate's default-length
+warning — each against a computation written here."""
 
 from __future__ import annotations
 
@@ -142,3 +143,86 @@ def test_the_equations_hold_at_epsilons_far_from_layernorms_default(preset):
     with torch.no_grad():
         logits = model(input_ids=ids, use_cache=False).logits if config.is_decoder else model(input_ids=ids).logits
     torch.testing.assert_close(logits.double(), reference_forward(model, ids)["logits"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("head", ["sequence-classification", "token-classification"])
+def test_the_classification_heads_carry_their_label_count(head):
+    """transformers' convention (pipelines and the Trainer read it): a classification head's num_labels."""
+    from hf_tdiag.models.crate_text import CrateTextForSequenceClassification, CrateTextForTokenClassification
+
+    cls = CrateTextForSequenceClassification if head == "sequence-classification" else CrateTextForTokenClassification
+    assert cls(_config("crate-bert-base", num_labels=7)).num_labels == 7
+
+
+def test_a_single_token_type_adds_its_embedding_to_every_token():
+    """type_vocab_size=1 (one segment, as some BERT-shaped checkpoints have) still carries the token-type embedding:
+    each token's embedding is its word row + its position row + the one type row (no LayerNorm in crate-gpt)."""
+    from hf_tdiag.models.crate_text.modeling_crate_text_blocks import CrateTextEmbeddings
+
+    torch.manual_seed(0)
+    emb = CrateTextEmbeddings(_config(type_vocab_size=1)).eval()
+    assert emb.token_type_embeddings is not None and emb.token_type_embeddings.weight.shape == (1, 8)
+    ids = torch.tensor([[3, 1, 4], [1, 5, 9]])
+    with torch.no_grad():
+        emb.token_type_embeddings.weight.copy_(torch.randn(1, 8))
+        words = emb.word_embeddings.weight[ids]
+        out = emb(words, torch.arange(3).expand(2, 3))
+        want = words + emb.position_embeddings.weight[:3] + emb.token_type_embeddings.weight[0]
+    torch.testing.assert_close(out, want)
+
+
+def test_attention_maps_under_sdpa_are_the_eager_ones():
+    """output_attentions=True on an sdpa model: each block takes the eager path for that call, so the maps exist
+    (sdpa returns none) and equal an eager model's, padding mask included, and so do the hidden states."""
+    torch.manual_seed(0)
+    sdpa = CrateTextModel(_config(num_hidden_layers=2, attn_implementation="sdpa")).eval()
+    eager = CrateTextModel(_config(num_hidden_layers=2)).eval()
+    eager.load_state_dict(sdpa.state_dict())
+    ids = torch.randint(1, V, (2, 5), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    with torch.no_grad():
+        got = sdpa(input_ids=ids, attention_mask=mask, output_attentions=True)
+        want = eager(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert len(got.attentions) == 2 and all(a is not None for a in got.attentions)
+    for a, b in zip(got.attentions, want.attentions, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert float(got.attentions[0][1, :, :, 3:].abs().max()) == 0.0  # the padding is never attended
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=1e-5, atol=1e-5)
+
+
+def test_a_fresh_model_does_not_checkpoint_until_asked():
+    model = CrateTextModel(_config())
+    assert model.is_activation_checkpointing is False
+    model.activation_checkpointing_enable()
+    assert model.is_activation_checkpointing is True
+
+
+def test_generate_keeps_transformers_warning_about_the_default_max_length():
+    """The causal LM's own length check passes transformers' has_default_max_length on: generating without
+    max_new_tokens warns about the model-agnostic default max_length (20), with max_new_tokens it does not."""
+    import warnings
+
+    from hf_tdiag.models.crate_text import CrateTextForCausalLM
+
+    torch.manual_seed(0)
+    model = CrateTextForCausalLM(_config(max_position_embeddings=32)).eval()
+    ids = torch.randint(1, V, (1, 3), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="model-agnostic default `max_length`"):
+        model.generate(ids, do_sample=False, pad_token_id=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.generate(ids, do_sample=False, pad_token_id=0, max_new_tokens=2)
+    assert not [w for w in caught if "model-agnostic default" in str(w.message)]
+
+
+def test_the_blocks_own_causal_mask_works_in_float64():
+    """A float64 model: the mask the block builds (eager, no padding mask) is in the model's dtype, its −∞ stand-in
+    float64's smallest number; the outputs are the masked attention written out."""
+    torch.manual_seed(0)
+    model = CrateTextModel(_config(attention_bias=True)).double().eval()
+    mssa = model.layer[0].attention
+    h = 3 * torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with torch.no_grad():
+        out, probs = mssa(h, output_attentions=True)
+    assert probs.dtype == torch.float64 and float(probs[:, :, 0, 1:].abs().max()) == 0.0
+    torch.testing.assert_close(out, _by_hand(mssa, h), rtol=1e-9, atol=1e-9)

@@ -1,6 +1,7 @@
 """ToST beyond tests/test_tost.py's equations: what the sampled mutation run of modeling_tost.py found untested —
 the Fourier position features computed in float64 for a float64 model and cast to a bfloat16 model's dtype, the causal
-second moment's constant, the subspaces ``U_k`` read from the projection — against computations written here."""
+second moment's constant, the subspaces ``U_k`` read from the projection; the second sample: TSSA's dropout of the gain in
+training — against computations written here."""
 
 from __future__ import annotations
 
@@ -91,3 +92,34 @@ def test_the_subspaces_are_the_projection_rows_of_each_head():
         w = tssa.head_projections(x)
         for k in range(2):
             torch.testing.assert_close(w[0, k], x[0] @ u[k] + tssa.qkv.bias[4 * k : 4 * k + 4])
+
+
+def test_tssa_drops_the_gain_in_training_only():
+    """TSSA in training applies its attention dropout to the gain 1/(1+s) (written out here: squared projections
+    normalised over tokens, Π = softmax over heads, s = Π-weighted second moment), the same draw; in eval no dropout."""
+    config = TostConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=8, num_hidden_layers=1,
+                        num_attention_heads=2, attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    tssa = TostModel(config).layer[0].attention
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        tssa.eval()
+        ref, _ = tssa(x)
+        tssa.train()
+        torch.manual_seed(3)
+        train, _ = tssa(x)
+        w = tssa.qkv(x).view(2, 5, 2, 4).transpose(1, 2)  # (B, K, N, p)
+        normed = (w * w) / (w * w).sum(dim=-2, keepdim=True)
+        pi = torch.softmax(normed.sum(-1) * tssa.temp, dim=1)
+        second = ((pi / pi.sum(-1, keepdim=True)).unsqueeze(-1) * w * w).sum(-2, keepdim=True)
+        gain = 1 / (1 + second)
+        torch.manual_seed(3)
+        dropped = torch.nn.functional.dropout(gain, p=0.5, training=True)
+
+        def out(g):
+            heads = -(w * pi.unsqueeze(-1)) * g
+            return tssa.out_proj(heads.transpose(1, 2).reshape(2, 5, 8))
+
+        torch.testing.assert_close(ref, out(gain), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(train, out(dropped), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(train, ref)

@@ -103,3 +103,32 @@ def test_a_failing_stats_run_names_the_failing_test(mutation, tmp_path):
     assert "test_only_unmutated" in (tmp_path / "stats_failure.log").read_text()
     # a run without the failure message returns quietly
     mutation.run_mutmut([mutation.sys.executable, "-c", "print('done')"], tmp_path, env, tool, ["test_pair.py"])
+
+
+def test_a_failing_clean_test_run_names_the_failing_test_too(mutation, tmp_path):
+    """mutmut's other unmutated run ("Failed to run clean test") stops a run the same way: named, not silent."""
+    (tmp_path / "mutants").mkdir()
+    (tmp_path / "mutants" / "test_one.py").write_text("def test_broken():\n    assert False\n")
+    fake_mutmut = [mutation.sys.executable, "-c", "print('Failed to run clean test')"]
+    tool = {"mutmut": {"pytest_add_cli_args": ["-p", "no:cacheprovider"]}}
+    env = {k: v for k, v in mutation.os.environ.items() if k != "PYTEST_ADDOPTS"}
+    with pytest.raises(SystemExit, match="test_one.py::test_broken"):
+        mutation.run_mutmut(fake_mutmut, tmp_path, env, tool, ["test_one.py"])
+
+
+def test_the_sync_removes_from_mutants_the_sources_the_checkout_no_longer_has(mutation, tmp_path, monkeypatch):
+    """mutmut copies sources into mutants/ but never deletes one: a module renamed in the checkout is removed there
+    (mutmut's own x.py.meta files stay, the module still in the checkout stays)."""
+    repo = tmp_path / "repo"
+    (repo / "hf_tdiag").mkdir(parents=True)
+    (repo / "hf_tdiag" / "kept.py").write_text("x = 1\n")
+    mutation.subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    work = tmp_path / "work"
+    copies = work / "mutants" / "hf_tdiag"
+    copies.mkdir(parents=True)
+    for name in ("kept.py", "kept.py.meta", "gone.py", "gone.py.meta", "notes.md"):
+        (copies / name).write_text("")
+    monkeypatch.setattr(mutation, "ROOT", repo)
+    mutation.sync_checkout(work)
+    assert sorted(p.name for p in copies.iterdir()) == ["gone.py.meta", "kept.py", "kept.py.meta"]
+    assert (work / "hf_tdiag" / "kept.py").read_text() == "x = 1\n"
