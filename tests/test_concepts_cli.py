@@ -1,4 +1,4 @@
-"""concept_fidelity evaluate module, `hf-tdiag concepts`, compare_concepts and the figures."""
+"""concept_fidelity evaluate module, `hf-tdiag concept-fidelity`, compare_concepts and the figures."""
 
 import json
 

@@ -132,7 +132,7 @@ def test_text_ledger_inputs_are_checked_and_the_model_left_as_found():
 
 @pytest.mark.slow
 def test_ledger_cli_on_texts(tmp_path, capsys):
-    """``hf-tdiag ledger MODEL --texts FILE``: the written ledger is objective_ledger's on the tokenized lines."""
+    """``hf-tdiag objective-ledger MODEL --texts FILE``: the written ledger is objective_ledger's on the tokenized lines."""
     import json
     from pydoc_data.topics import topics
 

@@ -37,7 +37,9 @@ def kwargs_description(path: Path) -> str:
 
 
 def test_every_bundled_module_is_found():
-    assert {"srr", "schatten_bound", "concept_fidelity", "attention_svm"} <= {p.stem for p in MODULES}
+    assert {"srr", "schatten", "concept_fidelity", "attention_svm", "objective_ledger", "token_snr"} <= {
+        p.stem for p in MODULES
+    }
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.stem)

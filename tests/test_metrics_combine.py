@@ -116,7 +116,7 @@ def test_models_keep_the_train_eval_mode_they_were_given(setup):
     assert any(before) and not all(before)
     modules["srr"].compute(model=model, pixel_values=pixels, progress=False)
     assert [m.training for m in model.modules()] == before
-    modules["schatten_bound"].compute(models=[model])
+    modules["schatten"].compute(models=[model])
     assert [m.training for m in model.modules()] == before
     modules["concept_fidelity"].compute(model=model, pixel_values=pixels, layer=1, progress=False, **CF)
     assert [m.training for m in model.modules()] == before
@@ -131,7 +131,7 @@ def test_keywords_are_checked_outside_combine(setup):
     with pytest.raises(TypeError, match=r"srr: unknown argument\(s\) \['layer'\]"):
         modules["srr"].compute(model=model, pixel_values=pixels, layer=1)
     with pytest.raises(TypeError, match=r"schatten: unknown argument\(s\) \['bogus'\]"):
-        modules["schatten_bound"].compute(models=[model], bogus=1)
+        modules["schatten"].compute(models=[model], bogus=1)
     # a module's own option under its prefix wins over the plain one; the others' prefixed options are skipped
     routed = route_options("srr", {"eps": 0.1, "srr_eps": 0.3, "attention_svm_head": 2}, in_combine=False)
     assert routed == {"eps": 0.3}
@@ -196,7 +196,7 @@ def test_combine_add_batch_takes_the_feature_name_not_images(setup):
 
 def test_schatten_keeps_added_models_for_the_next_compute(setup):
     model, _, _, modules = setup
-    metric = modules["schatten_bound"]
+    metric = modules["schatten"]
     metric.add(model=model)
     out = metric.compute()
     assert out["schatten_bound"] == pytest.approx(hf_tdiag.schatten_bounds(model).schatten_bound, rel=1e-12)

@@ -44,8 +44,8 @@ def test_headline_box_comes_first_with_the_key_numbers_of_sections_that_ran():
         Section("summary", "Model", numbers={"accuracy": 0.953}),
         Section("srr", "SRR", numbers={"summary": {"srr_last_layer": 33.3, "srr_mean_over_layers": 21.8}}),
         Section("schatten", "Bounds", numbers={"schatten_bound": 1282.0, "edelman_bound": 3.32712e6}),
-        Section("concepts", "Concepts", status="skipped", note="needs images", numbers={"kl": 1.0}),
-        Section("attention", "Attention", numbers={"attention_svm": {"correlation": 0.036, "margin_ratio": 0.011}}),
+        Section("concept_fidelity", "Concepts", status="skipped", note="needs images", numbers={"kl": 1.0}),
+        Section("attention_svm", "Attention", numbers={"attention_svm": {"correlation": 0.036, "margin_ratio": 0.011}}),
     ]
     boxes = headline(sections)
     assert [(b["label"], b["value"]) for b in boxes] == [
