@@ -379,11 +379,11 @@ def test_sweep_equals_separate_single_layer_runs():
         )
         rep = sweep["per_layer"][layer]
         for key in ("delta_rec", "delta_gram", "kl", "bound_certified", "bound_certified_chain", "bound_estimated"):
-            assert rep["per_image"][key] == single["per_image"][key], (layer, key)
+            # two runs: the thread count follows the idle cores, so float32 sums may run in another order
+            assert rep["per_image"][key] == pytest.approx(single["per_image"][key], rel=1e-6, abs=1e-9), (layer, key)
         row = sweep["table"][layer]
-        assert (
-            row["layer"] == layer and row["kl"] == single["kl"] and row["bound_certified"] == single["bound_certified"]
-        )
+        assert row["layer"] == layer and row["kl"] == pytest.approx(single["kl"], rel=1e-6, abs=1e-9)
+        assert row["bound_certified"] == pytest.approx(single["bound_certified"], rel=1e-6, abs=1e-9)
     # the last layer with CLS pooling: the head's input is untouched, KL and the chain are exactly 0
     assert sweep["per_layer"][2]["kl"] == 0.0 and sweep["per_layer"][2]["bound_certified_chain"] == 0.0
     assert concept_fidelity(model, X, concepts=3, layers=[1], bounds=False, progress=False)["layers"] == [1]

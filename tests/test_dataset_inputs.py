@@ -71,7 +71,10 @@ def test_attention_svm_and_concepts_read_the_whole_dataset(setup):
     c1 = hf_tdiag.concept_fidelity(model, x, 1, 3, bounds=False, progress=False, batch_size=4)
     torch.manual_seed(1)
     c2 = hf_tdiag.concept_fidelity(model, ds, 1, 3, bounds=False, progress=False, batch_size=4)
-    assert c1["n_images"] == c2["n_images"] == 6 and c1["kl"] == c2["kl"] and c1["delta_rec"] == c2["delta_rec"]
+    assert c1["n_images"] == c2["n_images"] == 6
+    # two runs: the thread count follows the idle cores, so float32 sums may run in another order
+    assert c1["kl"] == pytest.approx(c2["kl"], rel=1e-6, abs=1e-9)
+    assert c1["delta_rec"] == pytest.approx(c2["delta_rec"], rel=1e-6, abs=1e-9)
 
 
 def test_a_dataset_without_model_inputs_or_with_ragged_rows_is_refused(setup):
