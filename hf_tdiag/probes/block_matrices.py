@@ -9,8 +9,10 @@ CRATE-α: Q = K = V = ``attention.qkv`` by head, W_O = ``attention.out_proj``; i
 ``x ↦ Dᵀx``) and its decoder ``D₁`` (role ``sparse_decoder``) that of the second (``D₁`` (d, r·d) of ``a ↦ D₁a``).
 Decoders are read through their :class:`~hf_tdiag.probes.decoders.DecoderLayout` instead (``describe(model).decoder``).
 
-Everything returned is a detached view of the model's parameters in PyTorch ``(out, in)`` layout (no copies, no
-dtype or device change); per-head splits are reshapes only.
+A block with layer scales (``z + γ ⊙ f(z)``: DINOv2, BEiT; :meth:`~hf_tdiag.probes.describe.BlockHandles.layer_scale`)
+applies ``diag(γ₁) W_O`` and ``diag(γ₂) W_out``: those products are what is returned for ``attn_output`` and
+``ffn_out`` (new tensors). Everything else is a detached view of the model's parameters in PyTorch ``(out, in)``
+layout (no copies, no dtype or device change); per-head splits are reshapes only.
 """
 
 from __future__ import annotations
@@ -83,6 +85,16 @@ def _w(linear: nn.Module) -> torch.Tensor:
     return linear.weight.detach()
 
 
+def _scaled(h: BlockHandles, branch: str, weight: torch.Tensor, names: dict, role: str) -> torch.Tensor:
+    """``diag(γ) W``: the last matrix of a residual branch with its layer scale γ folded in (``W`` where none)."""
+    gamma = h.layer_scale(branch)
+    if gamma is None:
+        return weight
+    own = next(n for n, p in h.block.named_parameters() if p is gamma)
+    names[role] = f"{h.path}.{own} ⊙ {names[role]}"
+    return gamma.detach()[:, None] * weight
+
+
 def _sparse_layer(h: BlockHandles, names: dict) -> LayerWeights:
     """CRATE-α's block: ``Dᵀ`` as ``ffn_in`` (the weight of ``x ↦ Dᵀx``), ``D₁`` as ``ffn_out``."""
     D, D1 = h.sparse_coding_weights()
@@ -129,9 +141,9 @@ def _layer(desc: Description, h: BlockHandles) -> LayerWeights:
         query=_w(h.query),
         key=_w(h.key),
         value=_w(h.value),
-        attn_output=h.output_weight().detach(),
+        attn_output=_scaled(h, "attention", h.output_weight().detach(), names, "attn_output"),
         ffn_in=_w(h.ista if ista else h.ffn_in),
-        ffn_out=None if ista else _w(h.ffn_out),
+        ffn_out=None if ista else _scaled(h, "ffn", _w(h.ffn_out), names, "ffn_out"),
         names=names,
     )
 

@@ -3,7 +3,8 @@ float64 copies for Jacobians.
 
 * :func:`block_pieces` — a block's two norms (parameters, and their inputs/outputs on the data states ``Z``, read
   with forward hooks), its attention weights in ``nn.Linear`` layout and its residual branch (an MLP, CRATE's ISTA
-  dictionary or CRATE-α's sparse coding); weights copied in float64 (an offloaded block's read from its store);
+  dictionary or CRATE-α's sparse coding); weights copied in float64 (an offloaded block's read from its store), a
+  layer scale ``γ`` folded into its branch's last matrix (``diag(γ) W_O``, ``diag(γ) W_out``);
 * :func:`attention_pieces` — the attention input and value/output heads of block ℓ+1, for ``α``;
 * :func:`readout_pieces`, :func:`head_weight` — the readout's norm or pooler weight, the head's ``W_c``;
 * :func:`suffix_outputs` — the suffix blocks run on ``Ẑ`` (the realised ratios' numerators);
@@ -38,6 +39,12 @@ __all__ = [
 def _f64(t: torch.Tensor | None) -> torch.Tensor | None:
     """A float64 copy (its own storage: an offloaded weight goes back to meta after reading)."""
     return None if t is None else t.detach().to(torch.float64, copy=True)
+
+
+def _branch_output(h, branch: str, weight: torch.Tensor) -> torch.Tensor:
+    """The last matrix of a residual branch in float64 with the block's layer scale folded in: ``diag(γ) W``."""
+    gamma = h.layer_scale(branch)
+    return _f64(weight) if gamma is None else _f64(gamma)[:, None] * _f64(weight)
 
 
 def _norm(module) -> Norm:
@@ -76,7 +83,7 @@ def _attention_weights(h) -> dict:
         "W_q": _f64(h.query.weight),
         "W_k": _f64(h.key.weight),
         "W_v": _f64(h.value.weight),
-        "W_o": _f64(W_o),
+        "W_o": _branch_output(h, "attention", W_o),
         "b_q": _f64(h.query.bias),
         "b_k": _f64(h.key.bias),
         "num_heads": h.num_heads,
@@ -108,7 +115,7 @@ def _branch(cm: ConceptModel, h, post_norm: bool) -> tuple:
     sparse = None if post_norm else h.sparse_coding_weights()
     if sparse is not None:
         return "sparse", tuple(_f64(w) for w in sparse), h.sparse_dictionary.step_size, None
-    return "mlp", (_f64(h.ffn_in.weight), _f64(h.ffn_out.weight)), None, cm.model.config.hidden_act
+    return "mlp", (_f64(h.ffn_in.weight), _branch_output(h, "ffn", h.ffn_out.weight)), None, cm.model.config.hidden_act
 
 
 def block_pieces(cm: ConceptModel, index: int, Z: torch.Tensor) -> BlockPieces:
@@ -134,7 +141,7 @@ class AttentionPieces:
 
 def _value_output_heads(h) -> list:
     p = h.head_dim
-    Wv, Wo = _f64(h.value.weight), _f64(h.output_weight())
+    Wv, Wo = _f64(h.value.weight), _branch_output(h, "attention", h.output_weight())
     return [(Wv[k * p : (k + 1) * p], Wo[:, k * p : (k + 1) * p]) for k in range(h.num_heads)]
 
 

@@ -136,6 +136,12 @@ def _image_model(model, arch, head) -> ConceptModel:
     if not isinstance(norm, nn.LayerNorm):
         raise ValueError(f"model: expected {_SUPPORTED} with a final 'layernorm'; {type(model).__name__} has none")
     num_prefix = 2 if getattr(getattr(base, "embeddings", None), "distillation_token", None) is not None else 1
+    if head.in_features != arch.hidden_size:
+        raise ValueError(
+            f"model: {type(model).__name__}'s classifier reads {head.in_features} features, not the CLS token's "
+            f"{arch.hidden_size} (a head on more than the CLS token is not supported); pass its encoder "
+            f"(model.{getattr(model, 'base_model_prefix', '') or 'base_model'}) with head=, a Linear on the CLS token"
+        )
 
     def readout(z, norm=norm):
         return norm(z[:, 0])

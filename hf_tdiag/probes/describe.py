@@ -27,6 +27,7 @@ from torch import nn
 __all__ = [
     "ROLES",
     "NORM_ROLES",
+    "LAYER_SCALES",
     "ROLE_TABLE",
     "Adapter",
     "BlockHandles",
@@ -58,6 +59,12 @@ ROLES: dict[str, str] = {
     "ffn_post_norm": "post-norm blocks: the norm of the FFN sub-layer's residual sum (the block output)",
 }
 NORM_ROLES = ("attention_norm", "ffn_norm", "attention_post_norm", "ffn_post_norm")
+#: residual branch -> the names (relative to one block) its per-channel layer scale γ (d,) goes by, in
+#: ``z + γ ⊙ f(z)``: DINOv2's ``LayerScale`` modules, BEiT's / Data2Vec's ``λ`` parameters, ToST's ``γ``
+LAYER_SCALES: dict[str, tuple[str, ...]] = {
+    "attention": ("layer_scale1.lambda1", "lambda_1", "gamma1", "ls1.gamma"),
+    "ffn": ("layer_scale2.lambda1", "lambda_2", "gamma2", "ls2.gamma"),
+}
 MATRIX_ROLES = tuple(r for r in ROLES if r not in NORM_ROLES)
 
 #: family -> role -> module names (relative to one block) accepted for that role; filled by :func:`register`
@@ -157,6 +164,17 @@ class BlockHandles:
         if self.sparse_dictionary is None or self.sparse_decoder is None:
             return None
         return self.sparse_dictionary.D, self.sparse_decoder.D1
+
+    def layer_scale(self, branch: str) -> torch.Tensor | None:
+        """The layer scale γ (d,) multiplying the output of the block's ``branch`` (``"attention"`` or ``"ffn"``)
+        residual branch, ``z + γ ⊙ f(z)`` (a parameter named as in :data:`LAYER_SCALES`); None where there is none."""
+        if branch not in LAYER_SCALES:
+            raise ValueError(f"branch: expected one of {sorted(LAYER_SCALES)}, got {branch!r}")
+        params = dict(self.block.named_parameters())
+        for name in LAYER_SCALES[branch]:
+            if name in params and params[name].ndim == 1:
+                return params[name]
+        return None
 
     def output_weight(self) -> torch.Tensor | None:
         """Attention output matrix ``(d, H*dh)`` (CRATE: the variant's effective output matrix)."""
