@@ -128,7 +128,7 @@ def sync_checkout(work: Path) -> None:
     wanted = set()
     for rel in filter(None, listed):
         src = ROOT / rel
-        if rel == "pyproject.toml" or not src.is_file() or rel.startswith(("benchmarks/results", "docs/")):
+        if rel == "pyproject.toml" or not src.is_file() or rel.startswith("benchmarks/results"):
             continue
         dst = work / rel
         wanted.add(dst)
