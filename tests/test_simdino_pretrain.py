@@ -28,7 +28,12 @@ def test_resumed_run_equals_uninterrupted_and_backbone_loads_with_automodel(tmp_
     killed = tmp_path / "killed"
     os.makedirs(killed)
     shutil.copytree(tmp_path / "whole" / "checkpoint-2", killed / "checkpoint-2")  # what the killed run left
-    resumed = pretrain(_settings(killed, resume_from_checkpoint="latest"))
+    # a resume with another training setting is refused, naming it; the folder is left free for the right one
+    with pytest.raises(ValueError, match=r"other settings \(learning_rate: 0\.001 -> 0\.002; n_local: 1 -> 2\)"):
+        pretrain(_settings(killed, resume_from_checkpoint="latest") | dict(learning_rate=2e-3, n_local=2))
+    assert sorted(os.listdir(killed)) == ["checkpoint-2"]
+    # how many checkpoints are kept may change
+    resumed = pretrain(_settings(killed, resume_from_checkpoint="latest") | dict(checkpoints_total_limit=3))
     assert resumed["resumed_from"] == str(killed / "checkpoint-2") and whole["resumed_from"] is None
     assert resumed["losses"] == whole["losses"] and resumed["history"] == whole["history"]
     assert len(whole["losses"]) == 4 and [h["step"] for h in whole["history"]] == [0, 2, 4]

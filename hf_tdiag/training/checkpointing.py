@@ -80,14 +80,22 @@ def training_settings(args) -> dict:
     return {k: _plain(v) for k, v in sorted(vars(args).items()) if k not in RESUME_MAY_CHANGE}
 
 
+def changed_values(stored: dict, now: dict, may_change=frozenset()) -> list[str]:
+    """``name: stored value -> value now`` for each key of both whose value differs, save those that ``may_change``."""
+    return [
+        f"{k}: {stored[k]!r} -> {now[k]!r}"
+        for k in sorted(stored)
+        if k in now and k not in may_change and stored[k] != now[k]
+    ]
+
+
 def changed_settings(state: dict, args) -> list[str]:
     """``name: checkpoint value -> given value`` for each stored setting ``args`` changes (empty for a checkpoint
     written before settings were stored)."""
     stored = state.get(SETTINGS_KEY)
     if not isinstance(stored, dict):
         return []
-    now = training_settings(args)
-    return [f"{k}: {stored[k]!r} -> {now[k]!r}" for k in sorted(stored) if k in now and stored[k] != now[k]]
+    return changed_values(stored, training_settings(args))
 
 
 def state_problem(path: str) -> str | None:
@@ -359,6 +367,7 @@ __all__ = [
     "SETTINGS_KEY",
     "RESUME_MAY_CHANGE",
     "changed_settings",
+    "changed_values",
     "claim_training_dir",
     "new_run_id",
     "run_id_of",

@@ -21,6 +21,29 @@ def _inside(path: str, folder: str) -> bool:
     return os.path.dirname(os.path.abspath(os.path.normpath(path))) == os.path.abspath(folder)
 
 
+# settings that may differ on resume: where and how often checkpoints are written, what is recorded along the way
+# (the held-out tracking) and after the run (the probe); every other one is part of what the checkpoint trained with
+RESUME_MAY_CHANGE = frozenset(
+    {"output_dir", "overwrite_output_dir", "resume_from_checkpoint", "checkpointing_steps",
+     "checkpoints_total_limit", "track_every", "track_samples", "probe"}
+)  # fmt: skip
+
+
+def check_resume_settings(s: PretrainSettings, path: str) -> None:
+    """Refuse to resume from the checkpoint ``path`` with settings other than those it was trained with (save
+    :data:`RESUME_MAY_CHANGE`): the restored optimizer, teacher and schedule position would mix two runs."""
+    from ..checkpointing import changed_values, read_state
+
+    stored = read_state(path).get("settings")
+    changed = changed_values(stored, s.to_dict(), RESUME_MAY_CHANGE) if isinstance(stored, dict) else []
+    if changed:
+        raise ValueError(
+            f"resume_from_checkpoint: {path!r} was trained with other settings ({'; '.join(changed)}); resume with "
+            "the same settings, or start a new run (another --output-dir, or --overwrite-output-dir without "
+            "--resume-from-checkpoint)"
+        )
+
+
 def claim_pretrain_dir(s: PretrainSettings, *, is_main: bool) -> str | None:
     """Hold ``s.output_dir`` for this run (the other processes of a distributed run only check it); return the
     checkpoint to resume from (None for a fresh run: no ``--resume-from-checkpoint``, or ``latest`` in a folder
@@ -32,6 +55,8 @@ def claim_pretrain_dir(s: PretrainSettings, *, is_main: bool) -> str | None:
     if is_main:  # a folder another job writes: say so before reading its checkpoints
         check_not_in_use(folder)
     path = resolve_checkpoint(s.resume_from_checkpoint, folder) if s.resume_from_checkpoint else None
+    if path is not None:
+        check_resume_settings(s, path)
     if path is not None and _inside(path, folder):
         if is_main:
             check_writable(folder)
@@ -49,4 +74,12 @@ def claim_pretrain_dir(s: PretrainSettings, *, is_main: bool) -> str | None:
     return path
 
 
-__all__ = ["BACKBONE_DIR", "PRETRAIN_OUTPUTS", "PRETRAIN_RECORDS", "RESULTS_FILE", "claim_pretrain_dir"]
+__all__ = [
+    "BACKBONE_DIR",
+    "PRETRAIN_OUTPUTS",
+    "PRETRAIN_RECORDS",
+    "RESULTS_FILE",
+    "RESUME_MAY_CHANGE",
+    "check_resume_settings",
+    "claim_pretrain_dir",
+]

@@ -190,10 +190,7 @@ def _resume(accelerator, s: PretrainSettings, path: str | None) -> tuple[int, li
     random states are restored; a fresh start without one."""
     if path is None:
         return 0, [], []
-    state = load_checkpoint(accelerator, path)
-    stored = state.get("settings", {}).get("objective")
-    if stored != s.objective:
-        raise ValueError(f"resume_from_checkpoint: {path!r} is a {stored!r} run, not {s.objective!r}")
+    state = load_checkpoint(accelerator, path)  # its settings were checked when the folder was claimed
     return int(state["step"]), list(state["history"]), list(state["losses"])
 
 
