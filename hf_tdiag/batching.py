@@ -147,19 +147,23 @@ def raw_items(inputs) -> list | None:
 
 
 def model_and_inputs(model, inputs, batch_size: int, *, tokenizer=None, trust_remote_code: bool = False,
-                     encode_texts: bool = True):  # fmt: skip
+                     encode_texts: bool = True, max_length: int = 128, name: str = "inputs",
+                     hint: str = "pass --max-length {limit}, or shorter texts"):  # fmt: skip
     """``(model, inputs, tokenizer)`` ready for a diagnostic: a model path (str or PathLike: a local folder or a Hub
     id) loaded (:func:`hf_tdiag.loading.load_model`; its own code only with ``trust_remote_code=True``); raw PIL
     images, or strings when ``encode_texts``, encoded ``batch_size`` at a time by the model's processor (strings by
-    ``tokenizer`` when given); a ``datasets`` object read by :func:`dataset_batches`. The tokenizer returned is
-    ``tokenizer``, else the loaded model's where one was loaded. Model objects and model inputs pass through."""
+    ``tokenizer`` when given, to ``max_length`` tokens; ``name`` and ``hint`` as in :func:`encoded_batches`); a
+    ``datasets`` object read by :func:`dataset_batches`. The tokenizer returned is ``tokenizer``, else the loaded
+    model's where one was loaded (strings left as they are without ``tokenizer``: the model's own, found from its
+    ``name_or_path`` for a model object). Model objects and model inputs pass through."""
     if is_dataset(inputs):
         inputs = dataset_batches(inputs, batch_size)
     items = raw_items(inputs)
-    if items is not None and isinstance(items[0], str) and not encode_texts:
+    kept_texts = items is not None and isinstance(items[0], str) and not encode_texts
+    if kept_texts:
         items = None
     is_path = isinstance(model, (str, os.PathLike))
-    if not is_path and items is None:
+    if not is_path and items is None and not (kept_texts and tokenizer is None):
         return model, inputs, tokenizer
     from .loading import load_model
 
@@ -167,7 +171,8 @@ def model_and_inputs(model, inputs, batch_size: int, *, tokenizer=None, trust_re
         os.fspath(model) if is_path else model, eager_attention=False, trust_remote_code=trust_remote_code
     )
     if items is not None:
-        inputs = encoded_batches(loaded, items, batch_size, tokenizer=tokenizer)
+        inputs = encoded_batches(loaded, items, batch_size, tokenizer=tokenizer, max_length=max_length, name=name,
+                                 hint=hint)  # fmt: skip
     if tokenizer is None and loaded.modality == "text":
         tokenizer = loaded.processor
     return loaded.model, inputs, tokenizer

@@ -119,6 +119,13 @@ def test_texts_round_trip_through_the_evaluate_module(tokenizer, tmp_path):
     for key in ("kl", "delta_rec", "delta_gram", "bound_certified", "bound_certified_chain", "bound_estimated"):
         assert out[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-12), key
     assert out["head"] == ref["head"] and out["modality"] == "text"
+    # a model object loaded from that folder finds its tokenizer there (its name_or_path), in both surfaces
+    by_object = BertModel.from_pretrained(tmp_path / "bert").eval()
+    options = dict(labels=labels, power_iters=3, progress=False)
+    got = cf.compute(model=by_object, texts=texts, layer=1, n_concepts=4, max_iter=30, return_report=True, **options)
+    assert got["report"]["kl"] == pytest.approx(ref["kl"], rel=1e-5, abs=1e-12)
+    direct = concept_fidelity(by_object, texts, 1, SemiNMF(4, max_iter=30), **options)
+    assert direct["kl"] == pytest.approx(ref["kl"], rel=1e-5, abs=1e-12)
     sweep = cf.compute(
         model=str(tmp_path / "bert"),
         texts=texts,

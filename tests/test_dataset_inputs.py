@@ -216,6 +216,7 @@ def test_model_and_inputs_passes_what_it_is_given_to_the_loader_and_the_encoder(
 
     def fake_encode(loaded, items, batch_size, *, tokenizer=None, **kwargs):
         calls["encode"] = (items, batch_size, tokenizer)
+        calls["encode_options"] = kwargs
         return "batches"
 
     monkeypatch.setattr(L, "load_model", fake_load)
@@ -228,10 +229,19 @@ def test_model_and_inputs_passes_what_it_is_given_to_the_loader_and_the_encoder(
     assert calls["encode"] == (texts, 2, None)
     assert B.model_and_inputs("some/folder", texts, 3, tokenizer="mine", trust_remote_code=True)[2] == "mine"
     assert calls["load"][2] is True and calls["encode"] == (texts, 3, "mine")
+    B.model_and_inputs("some/folder", texts, 3, max_length=7, name="texts", hint="shorter")
+    assert calls["encode_options"] == {"max_length": 7, "name": "texts", "hint": "shorter"}
     calls.clear()
     model = torch.nn.Linear(2, 2)
-    assert B.model_and_inputs(model, texts, 2, encode_texts=False) == (model, texts, None)  # strings left as given
-    assert calls == {}  # nothing loaded for a model object with prepared or unencoded inputs
+    # strings left as given with a tokenizer: nothing loaded for a model object with prepared or unencoded inputs
+    assert B.model_and_inputs(model, texts, 2, tokenizer="mine", encode_texts=False) == (model, texts, "mine")
+    pixels = torch.zeros(2, 2)
+    got = B.model_and_inputs(model, pixels, 2)
+    assert got[0] is model and got[1] is pixels and got[2] is None
+    assert calls == {}
+    # strings left as given without one: the model object is loaded only to find its own tokenizer
+    assert B.model_and_inputs(model, texts, 2, encode_texts=False) == ("the model", texts, "its tokenizer")
+    assert calls == {"load": (model, False, False)}
 
 
 def test_split_and_rows_cut_per_sample_tensors_and_repeat_scalars():

@@ -46,12 +46,12 @@ def test_model_and_inputs_loads_once_and_batches_lazily(tmp_path):
     model = CrateForImageClassification(CrateConfig.from_preset("crate-digits", num_labels=10, num_hidden_layers=1))
     module = evaluate.load(hf_tdiag.metric_path("srr"))
     pixels = torch.zeros(2, 1, 16, 16)
-    loaded, batch = module._model_and_inputs(model, None, pixels)
-    assert batch is pixels and loaded.model is model
+    got, batch, tokenizer = module._model_and_inputs(model, None, pixels)
+    assert batch is pixels and got is model and tokenizer is None
     images = digits_images(limit=5).images
-    _, lazy = module._model_and_inputs(model, images, None, batch_size=2)
+    _, lazy, _ = module._model_and_inputs(model, images, None, batch_size=2)
     assert isinstance(lazy, LazyBatches) and [b.shape[0] for b in lazy] == [2, 2, 1]
-    _, one = module._model_and_inputs(model, images, None)
+    _, one, _ = module._model_and_inputs(model, images, None)
     assert torch.equal(one, torch.cat(list(lazy)))
     with pytest.raises(ValueError, match="srr: no inputs; pass images=, texts=, pixel_values="):
         module._model_and_inputs(model, [], None)

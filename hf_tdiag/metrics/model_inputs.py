@@ -9,13 +9,10 @@ loads the model and turns the stored column into what it takes.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from ..batching import encoded_batches
+from ..batching import model_and_inputs
 from ..inputs import check_texts
-from ..loading import load_model
 from .combining import ABSENT, called_by_combine, compute_options, kept_modes, route_options
 
 
@@ -45,24 +42,26 @@ class ModelInputsMixin:
         options = [datasets.Features({"inputs": kinds[k]}) for k in ("texts", "images") if k in self.input_kinds]
         return options if len(options) > 1 else options[0]
 
-    def _model_and_inputs(self, model, inputs, pixel_values, *, batch_size=None, tokenizer=None, max_length=128):
-        """(loaded model, its inputs): ``pixel_values`` as given; stored images through the model's image
-        processor; stored strings through ``tokenizer`` or the model's own. ``batch_size=None`` gives one
+    def _model_and_inputs(self, model, inputs, pixel_values, *, batch_size=None, tokenizer=None, max_length=128,
+                          encode_texts=True):  # fmt: skip
+        """``(model, its inputs, tokenizer)`` by :func:`hf_tdiag.batching.model_and_inputs`: a folder or Hub id loaded;
+        ``pixel_values`` as given; stored images through the model's image processor; stored strings through
+        ``tokenizer`` or the model's own (left as strings without ``encode_texts``). ``batch_size=None`` gives one
         batch, an int a :class:`LazyBatches` that prepares each batch when it is reached."""
         if model is None:
             raise ValueError("model: expected a Transformers model, a local folder or a Hub id, got None")
-        loaded = load_model(os.fspath(model) if isinstance(model, os.PathLike) else model, eager_attention=False)
-        if pixel_values is not None:
-            return loaded, pixel_values
-        items = list(inputs) if inputs is not None else []
-        if not items:
+        items = pixel_values if pixel_values is not None else (list(inputs) if inputs is not None else [])
+        if pixel_values is None and not items:
             kinds = ", ".join(f"{k}=" for k in (*self.input_kinds, "pixel_values"))
             raise ValueError(f"{self.metric_label}: no inputs; pass {kinds}")
-        if isinstance(items[0], str) and "texts" not in self.input_kinds:
+        if pixel_values is None and isinstance(items[0], str) and "texts" not in self.input_kinds:
             raise ValueError(f"{self.metric_label}: takes images, got strings")
-        batches = encoded_batches(loaded, items, batch_size or len(items), tokenizer=tokenizer, max_length=max_length,
-                                  name="texts", hint="pass max_length={limit}, or shorter texts")  # fmt: skip
-        return loaded, (next(iter(batches)) if batch_size is None else batches)
+        model, batches, tokenizer = model_and_inputs(
+            model, items, batch_size or len(items), tokenizer=tokenizer, max_length=max_length,
+            encode_texts=encode_texts, name="texts", hint="pass max_length={limit}, or shorter texts",
+        )  # fmt: skip
+        encoded = pixel_values is None and batches is not items
+        return model, (next(iter(batches)) if encoded and batch_size is None else batches), tokenizer
 
     def add_batch(self, *, images=None, texts=None, inputs=None, **kwargs):
         """Store a batch of PIL images (``images=``) or strings (``texts=``)."""

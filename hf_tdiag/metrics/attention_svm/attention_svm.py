@@ -97,9 +97,9 @@ class AttentionSVM(ModelInputsMixin, evaluate.Measurement):
         **settings,
     ):
         s = resolve(AttentionSVMSettings, None, settings)  # validated before the model is loaded
-        loaded, batch = self._model_and_inputs(model, inputs, pixel_values, tokenizer=tokenizer, max_length=max_length)
+        model, batch, _ = self._model_and_inputs(model, inputs, pixel_values, tokenizer=tokenizer, max_length=max_length)
         diag = attention_svm_diagnostic(
-            loaded.model,
+            model,
             batch,
             layer,
             head,

@@ -10,7 +10,6 @@ from hf_tdiag.diagnostics.concept_fidelity import concept_fidelity
 from hf_tdiag.diagnostics.concept_fidelity.estimator import as_estimator
 from hf_tdiag.diagnostics.concept_fidelity.estimator import check_one_count
 from hf_tdiag._validation import positive_int
-from hf_tdiag.loading import load_model
 from hf_tdiag.metrics.combining import flat_scalars
 from hf_tdiag.diagnostics.settings import ConceptFidelitySettings
 from hf_tdiag.diagnostics.settings import resolve
@@ -107,19 +106,13 @@ class ConceptFidelity(ModelInputsMixin, evaluate.Measurement):
 
     def _load(self, model, inputs, pixel_values, tokenizer):
         """(model, its inputs, tokenizer): strings go to the probe as they are (it cuts them to a common length)."""
-        items = list(inputs) if inputs is not None and pixel_values is None else []
-        if items and isinstance(items[0], str):
-            if model is None:
-                raise ValueError("model: expected a Transformers model, a local folder or a Hub id, got None")
-            import os
-
-            loaded = load_model(os.fspath(model) if isinstance(model, os.PathLike) else model, eager_attention=False)
-            tok = tokenizer if tokenizer is not None else loaded.processor
+        model, model_inputs, tok = self._model_and_inputs(model, inputs, pixel_values, tokenizer=tokenizer,
+                                                          encode_texts=False)  # fmt: skip
+        if pixel_values is None and isinstance(model_inputs, list) and isinstance(model_inputs[0], str):
             if tok is None:
-                raise ValueError(f"tokenizer: no tokenizer found for {loaded.source!r}; pass tokenizer=")
-            return loaded.model, items, tok
-        loaded, model_inputs = self._model_and_inputs(model, inputs, pixel_values)
-        return loaded.model, model_inputs, None
+                raise ValueError("tokenizer: no tokenizer found for the model; pass tokenizer=")
+            return model, model_inputs, tok
+        return model, model_inputs, None
 
     def _compute(
         self,

@@ -80,8 +80,8 @@ class ObjectiveLedger(ModelInputsMixin, evaluate.Measurement):
         **settings,
     ):
         s = resolve(ObjectiveLedgerSettings, None, settings)  # validated before the model is loaded
-        loaded, inputs = self._model_and_inputs(model, inputs, pixel_values, batch_size=s.batch_size)
-        report = objective_ledger(loaded.model, inputs, settings=s)
+        model, inputs, _ = self._model_and_inputs(model, inputs, pixel_values, batch_size=s.batch_size)
+        report = objective_ledger(model, inputs, settings=s)
         out = dict(report.summary())
         for s in report.steps:
             out[f"{s.step}_layer_{s.layer}_change"] = s.change

@@ -95,10 +95,10 @@ class SRR(ModelInputsMixin, evaluate.Measurement):
         **settings,
     ):
         s = resolve(SRRSettings, None, settings)  # validated before the model is loaded
-        loaded, inputs = self._model_and_inputs(
+        model, inputs, _ = self._model_and_inputs(
             model, inputs, pixel_values, batch_size=s.batch_size, tokenizer=tokenizer, max_length=max_length
         )
-        report = layer_srr(loaded.model, inputs, settings=s, accelerator=accelerator, progress=progress)
+        report = layer_srr(model, inputs, settings=s, accelerator=accelerator, progress=progress)
         out = {**report.summary(), **per_layer_scalars(report.mean[report.states[0]], report.layers)}
         out["num_samples"] = int(report.num_samples)
         if return_report:

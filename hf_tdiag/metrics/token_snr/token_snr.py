@@ -82,9 +82,9 @@ class TokenSNR(ModelInputsMixin, evaluate.Measurement):
         s = resolve(TokenSNRSettings, None, settings)  # validated before the model is loaded
         if labels is None:
             raise ValueError("labels: required, one integer class per input (the SNR is measured per class)")
-        loaded, model_inputs = self._model_and_inputs(model, inputs, pixel_values, batch_size=s.batch_size,
-                                                      tokenizer=tokenizer, max_length=max_length)  # fmt: skip
-        report = token_snr(loaded.model, model_inputs, labels, settings=s)
+        model, model_inputs, _ = self._model_and_inputs(model, inputs, pixel_values, batch_size=s.batch_size,
+                                                        tokenizer=tokenizer, max_length=max_length)  # fmt: skip
+        report = token_snr(model, model_inputs, labels, settings=s)
         out = dict(report.summary())
         for layer in report.layers:
             out[f"snr_layer_{layer.layer}"] = layer.snr
