@@ -6,6 +6,8 @@
 * :func:`check_token_count` / :func:`check_texts_fit`: a sequence longer than that is refused in one line
   (``texts: text 3 has 40 tokens, but 'bert' reads at most 16 token positions (position_embeddings); pass
   --max-length 16 or shorter texts``) instead of a tensor-size mismatch deep inside the model.
+* :func:`check_batch_ids`: a batch's ``input_ids`` checked for both, its length and every id against the model's
+  vocabulary (an id outside it is an index error inside the embedding, a device-side assert on a GPU).
 * :func:`check_finite_weights`: a NaN or infinite weight is named (``model: weight
   'encoder.layer.0.attention.self.query.weight' of 'runs/x' has 3 NaN/inf entries of 256``) before a measurement
   would report it as NaN states.
@@ -54,6 +56,36 @@ def check_token_count(
             f"{name}: {count} tokens, but {_source(model)} reads at most {limit} token positions ({table}); "
             f"{hint.format(limit=limit)}"
         )
+
+
+def vocabulary_size(model: nn.Module) -> int | None:
+    """Rows of the model's input embedding (``config.vocab_size`` where it has no ``nn.Embedding`` input)."""
+    get = getattr(model, "get_input_embeddings", None)
+    try:
+        embedding = get() if callable(get) else None
+    except (NotImplementedError, AttributeError):
+        embedding = None
+    if isinstance(embedding, nn.Embedding):
+        return int(embedding.num_embeddings)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    return vocab if isinstance(vocab, int) else None
+
+
+def check_batch_ids(model: nn.Module, batch, name: str = "inputs: input_ids",
+                    hint: str = "pass max_length={limit} to the tokenizer, or shorter texts",
+                    count_name: str | None = None) -> None:  # fmt: skip
+    """A batch's ``input_ids`` ``(B, N)``, where it has them: ``N`` within the model's positions
+    (:func:`check_token_count`, its error naming ``count_name`` or ``name``) and every id within its vocabulary
+    (:func:`vocabulary_size`)."""
+    from ._validation import check_token_ids
+
+    ids = batch.get("input_ids") if hasattr(batch, "get") else None
+    if not (isinstance(ids, torch.Tensor) and ids.ndim == 2):
+        return
+    check_token_count(model, ids.shape[1], count_name or name, hint)
+    vocab = vocabulary_size(model)
+    if vocab is not None:
+        check_token_ids(ids, vocab, name)
 
 
 def check_texts_fit(

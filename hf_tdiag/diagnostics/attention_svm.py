@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from .._caller_state import module_modes, restore_modes
-from .._model_limits import check_token_count
+from .._model_limits import check_batch_ids
 from .._validation import block_number, check_block_outputs
 from ..batching import concat
 from ..measures.attention_svm import AttSVMResult, att_svm_self, matrix_correlation
@@ -270,9 +270,7 @@ def attention_svm_diagnostic(
     if _batch_iterable(inputs):  # a DataLoader, a datasets object's or encoded images' batches: one batch of all
         inputs = concat(list(inputs))
     hw = head_weights(model, block_index(model, layer), head)
-    ids = inputs.get("input_ids") if hasattr(inputs, "get") else None
-    if isinstance(ids, torch.Tensor) and ids.ndim == 2:  # before the model's own size mismatch
-        check_token_count(model, ids.shape[1], "inputs: input_ids")
+    check_batch_ids(model, inputs)  # before the model's own size mismatch or index error
     X, valid = _head_inputs(model, hw, inputs, block_index(model, layer) + 1)
     logp = _log_probs(hw, X, valid)  # (B, N, N)
     max_p, selected = logp.exp().max(-1)

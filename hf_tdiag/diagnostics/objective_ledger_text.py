@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from .._caller_state import module_modes, restore_modes
+from .._model_limits import check_batch_ids
 from ..measures.coding_rate import compression_rate
 from ..measures.sparse_coding import lasso_objective
 from .objective_ledger import OBJECTIVES, LedgerStep, ObjectiveLedgerReport, _subspaces
@@ -98,6 +99,7 @@ def text_objective_ledger(model, inputs, *, eps: float, tolerance: float) -> Obj
     try:
         with torch.no_grad():
             for batch in _token_batches(inputs):
+                check_batch_ids(model, batch)  # before the model's own size mismatch or index error
                 ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
                 keep = mask.bool()
                 if bool((keep.sum(-1) == 0).any()):

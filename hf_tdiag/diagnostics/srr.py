@@ -34,16 +34,14 @@ from __future__ import annotations
 
 import platform
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from .._caller_state import module_modes, restore_modes
-from .._model_limits import check_batch_states, check_finite_weights, check_token_count
+from .._model_limits import check_batch_ids, check_batch_states, check_finite_weights
 from .._progress import tqdm
-from .._validation import check_token_ids
 from ..batching import iter_batches
 from ..measures.coding_rate import (
     coding_rate,
@@ -158,10 +156,7 @@ def batch_srr_values(
             for u in subspaces(model, source, detach=True)
         ]
     official = measurement == "official"
-    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
-    if isinstance(ids, torch.Tensor) and ids.ndim == 2:  # before the model's own size mismatch or index error
-        check_token_count(model, ids.shape[1], "inputs: input_ids")
-        _check_ids(model, ids)
+    check_batch_ids(model, batch)  # before the model's own size mismatch or index error
     check_batch_states(model, batch, arch)
     ts = token_states(
         model,
@@ -175,12 +170,6 @@ def batch_srr_values(
     if official:
         return _official_values(ts, terms), None
     return _design_values(ts, U, terms, _states(arch, include_mid, measurement))
-
-
-def _check_ids(model, ids) -> None:
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    if isinstance(vocab, int):
-        check_token_ids(ids, vocab, "inputs: input_ids")
 
 
 def _states(arch, include_mid: bool, measurement: str) -> tuple[str, ...]:

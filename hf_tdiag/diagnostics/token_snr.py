@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from .._caller_state import module_modes, restore_modes
+from .._model_limits import check_batch_ids
 from ..batching import iter_batches
 from ..measures.token_snr import (
     centered_moments,
@@ -155,6 +156,7 @@ def token_snr(model, inputs, labels, *, settings: TokenSNRSettings) -> TokenSNRR
     try:
         with torch.no_grad():
             for batch in iter_batches(inputs, settings.batch_size):
+                check_batch_ids(model, batch)  # before the model's own size mismatch or index error
                 kwargs = forward_kwargs(model, batch)
                 hidden = getattr(model(**kwargs, output_hidden_states=True), "hidden_states", None)
                 if not hidden:

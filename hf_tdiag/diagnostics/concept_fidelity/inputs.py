@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..._model_limits import check_finite_weights, check_token_count
+from ..._model_limits import check_batch_ids, check_finite_weights
 from ...inputs import check_texts
 from ...probes.concept_model import concept_model_parts, layer_activations, pixel_values
 from ...probes.concept_text import encode_texts, fit_linear_head, pseudo_labels
@@ -20,14 +20,12 @@ def _encoded_texts(model, inputs, tokenizer, max_tokens):
         if tokenizer is None:
             raise ValueError("tokenizer: texts given as strings need the model's tokenizer (tokenizer=)")
         inputs = encode_texts(tokenizer, list(inputs), max_tokens=max_tokens)
-    ids = inputs.get("input_ids") if hasattr(inputs, "get") else None
-    if isinstance(ids, torch.Tensor) and ids.ndim == 2:
-        check_token_count(
-            model,
-            ids.shape[1],
-            "texts (every text cut to the same token count, special tokens included)",
-            "pass max_tokens (--max-tokens) of at most {limit} minus the special tokens",
-        )
+    check_batch_ids(
+        model,
+        inputs,
+        hint="pass max_tokens (--max-tokens) of at most {limit} minus the special tokens",
+        count_name="texts (every text cut to the same token count, special tokens included)",
+    )
     return inputs
 
 
