@@ -226,3 +226,40 @@ def test_the_blocks_own_causal_mask_works_in_float64():
         out, probs = mssa(h, output_attentions=True)
     assert probs.dtype == torch.float64 and float(probs[:, :, 0, 1:].abs().max()) == 0.0
     torch.testing.assert_close(out, _by_hand(mssa, h), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("preset", ["crate-gpt-12l", "crate-bert-base"])
+def test_a_registered_attention_function_gets_the_mask_its_own_mask_function_built(preset):
+    """The full run of modeling_crate_text.py: without attention maps, an implementation other than eager/sdpa (flex
+    attention's BlockMask, a registered function's mask) is given the mask its AttentionMaskInterface entry builds, not
+    the eager path's additive one; asked for maps, the call runs on the eager path with the eager mask."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    built, received = [], []
+
+    def mask_function(*args, **kwargs):
+        built.append(sdpa_mask(*args, **kwargs))
+        return built[-1]
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        received.append(attention_mask)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("hf_tdiag_test_own_mask", attention)
+    AttentionMaskInterface.register("hf_tdiag_test_own_mask", mask_function)
+    torch.manual_seed(0)
+    model = CrateTextModel(_config(preset, attn_implementation="sdpa")).eval()
+    ids = torch.randint(1, V, (2, 4), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        model.set_attn_implementation("hf_tdiag_test_own_mask")
+        got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert len(built) == 1 and len(received) == 1 and received[0] is built[0]
+        assert received[0].dtype == torch.bool  # sdpa's mask (True = attend), not the eager path's additive floats
+        torch.testing.assert_close(got, want)
+        maps = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    assert len(built) == 1 and len(received) == 1  # the eager path: neither the registered mask nor function ran
+    assert float(maps[0][1, :, 1:, 0].abs().max()) == 0.0  # the attended queries never attend the padded key
