@@ -215,3 +215,27 @@ def test_attention_maps_of_an_sdpa_model_take_the_eager_path_without_transformer
     with torch.no_grad():
         want = eager(x, output_attentions=True).attentions
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_fresh_model_does_not_checkpoint_until_asked():
+    """Activation checkpointing is off in a new model (the Trainer and transformers read it) until enabled."""
+    model = CrateModel(_config())
+    assert model.is_activation_checkpointing is False
+    model.activation_checkpointing_enable()
+    assert model.is_activation_checkpointing is True
+
+
+def test_the_variants_without_a_learned_output_matrix_have_no_out_proj():
+    """crate-c/-n/-t/-fix/-identity keep ``attention.out_proj = None`` (what hf_tdiag.diagnostics.mssa_step tests
+    before copying W into it); their MSSA step then runs: at κ = 0 the curve is R_c of Z itself."""
+    from hf_tdiag.diagnostics.mssa_step import mssa_step_compression
+    from hf_tdiag.measures.coding_rate import compression_rate
+
+    for variant in ("crate-c", "crate-n", "crate-t", "crate-fix", "crate-identity"):
+        assert CrateModel(_config(variant=variant)).encoder.layer[0].attention.out_proj is None, variant
+    out = mssa_step_compression([0.0, 0.5], variants=["crate-c"], num_tokens=6, hidden_size=4, num_heads=2, seeds=[0])
+    g = torch.Generator().manual_seed(0)  # the function's own draw for seed 0: Z first, then the basis
+    z = torch.randn(1, 6, 4, generator=g, dtype=torch.float64)
+    basis, _ = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=torch.float64))
+    u = basis.reshape(4, 2, 2).permute(1, 0, 2)
+    assert out["Rc"]["crate-c"][0][0] == pytest.approx(float(compression_rate(z, u, 0.1)[0]), rel=1e-12)
