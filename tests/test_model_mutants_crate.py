@@ -239,3 +239,24 @@ def test_the_variants_without_a_learned_output_matrix_have_no_out_proj():
     basis, _ = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=torch.float64))
     u = basis.reshape(4, 2, 2).permute(1, 0, 2)
     assert out["Rc"]["crate-c"][0][0] == pytest.approx(float(compression_rate(z, u, 0.1)[0]), rel=1e-12)
+
+
+def test_a_non_square_image_in_non_square_patches_is_patchified_channel_last_at_the_configured_epsilon():
+    """An 8x16 two-channel image in 4x2 patches: a 2 x 8 grid of 16 patches of 4·2·2 values, each flattened as
+    (row in patch, column in patch, channel), then LN, Linear, LN, both LayerNorms at layer_norm_eps (0.5) — written
+    out patch by patch."""
+    torch.manual_seed(0)
+    config = _config(image_size=(8, 16), patch_size=(4, 2), num_channels=2, layer_norm_eps=0.5)
+    patch = CrateModel(config).eval().embeddings.patch_embeddings
+    assert patch.grid_size == (2, 8) and patch.num_patches == 16
+    x = torch.randn(2, 2, 8, 16, generator=torch.Generator().manual_seed(1))
+    rows = [
+        x[:, :, 4 * r : 4 * r + 4, 2 * c : 2 * c + 2].permute(0, 2, 3, 1).reshape(2, 16)
+        for r in range(2)
+        for c in range(8)
+    ]
+    patches = torch.stack(rows, dim=1)  # (2, 16 patches, 16 values)
+    lin = patch.projection
+    want = _layernorm(_layernorm(patches, 0.5) @ lin.weight.T + lin.bias, 0.5)
+    with torch.no_grad():
+        torch.testing.assert_close(patch(x), want, rtol=1e-5, atol=1e-5)
