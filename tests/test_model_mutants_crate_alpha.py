@@ -180,3 +180,29 @@ def test_a_fresh_model_does_not_checkpoint_until_asked():
     assert model.is_activation_checkpointing is False
     model.activation_checkpointing_enable()
     assert model.is_activation_checkpointing is True
+
+
+def test_a_non_square_image_makes_a_rows_by_columns_grid():
+    """The full run: an 8 x 16 image in 4 x 4 patches is a 2 x 4 grid (rows from the image height, columns from its
+    width); the embeddings are the CLS token, then each patch's convolution in row-major order, plus the positions."""
+    torch.manual_seed(0)
+    emb = CrateAlphaModel(_config(image_size=(8, 16))).eval().embeddings
+    assert emb.grid_size == (2, 4) and emb.position_embeddings.shape == (1, 9, 16)
+    x = torch.randn(2, 1, 8, 16, generator=torch.Generator().manual_seed(1))
+    weight = emb.projection.weight.reshape(16, -1)  # (d, channels * 4 * 4)
+    patches = [x[:, :, 4 * r : 4 * r + 4, 4 * c : 4 * c + 4].reshape(2, -1) for r in range(2) for c in range(4)]
+    tokens = torch.stack([p @ weight.T + emb.projection.bias for p in patches], dim=1)
+    want = torch.cat((emb.cls_token.expand(2, 1, 16), tokens), dim=1) + emb.position_embeddings
+    with torch.no_grad():
+        torch.testing.assert_close(emb(x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_cls_token_and_the_positions_start_as_zero_mean_normals_of_the_configured_spread():
+    """_init_weights draws the CLS token and the position embeddings from N(0, initializer_range²) (truncated at ±2,
+    far out at std 0.02): their sample means sit within 4 standard errors of 0 and their spreads near 0.02."""
+    torch.manual_seed(0)
+    emb = CrateAlphaModel(_config(hidden_size=64, initializer_range=0.02)).embeddings
+    for name, param in (("cls_token", emb.cls_token), ("position_embeddings", emb.position_embeddings)):
+        values = param.detach().flatten().double()
+        assert abs(float(values.mean())) < 4 * 0.02 / values.numel() ** 0.5, name
+        assert 0.015 < float(values.std()) < 0.025, name

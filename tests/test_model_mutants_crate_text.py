@@ -226,3 +226,97 @@ def test_the_blocks_own_causal_mask_works_in_float64():
         out, probs = mssa(h, output_attentions=True)
     assert probs.dtype == torch.float64 and float(probs[:, :, 0, 1:].abs().max()) == 0.0
     torch.testing.assert_close(out, _by_hand(mssa, h), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("preset", ["crate-gpt-12l", "crate-bert-base"])
+def test_a_registered_attention_function_gets_the_mask_its_own_mask_function_built(preset):
+    """The full run of modeling_crate_text.py: without attention maps, an implementation other than eager/sdpa (flex
+    attention's BlockMask, a registered function's mask) is given the mask its AttentionMaskInterface entry builds, not
+    the eager path's additive one; asked for maps, the call runs on the eager path with the eager mask."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    built, received = [], []
+
+    def mask_function(*args, **kwargs):
+        built.append(sdpa_mask(*args, **kwargs))
+        return built[-1]
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        received.append(attention_mask)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("hf_tdiag_test_own_mask", attention)
+    AttentionMaskInterface.register("hf_tdiag_test_own_mask", mask_function)
+    torch.manual_seed(0)
+    model = CrateTextModel(_config(preset, attn_implementation="sdpa")).eval()
+    ids = torch.randint(1, V, (2, 4), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        model.set_attn_implementation("hf_tdiag_test_own_mask")
+        got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert len(built) == 1 and len(received) == 1 and received[0] is built[0]
+        assert received[0].dtype == torch.bool  # sdpa's mask (True = attend), not the eager path's additive floats
+        torch.testing.assert_close(got, want)
+        maps = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    assert len(built) == 1 and len(received) == 1  # the eager path: neither the registered mask nor function ran
+    assert float(maps[0][1, :, 1:, 0].abs().max()) == 0.0  # the attended queries never attend the padded key
+
+
+def test_an_input_longer_than_the_positions_after_the_offset_is_refused_by_its_length():
+    """The full run of modeling_crate_text_blocks.py: the length check (a shape, so compiled graphs keep it) counts
+    the position offset: with offset 2 and 16 rows, 14 tokens fit; 15 are refused naming the 14 positions, before the
+    eager-only check of the position values."""
+    from hf_tdiag.models.crate_text.modeling_crate_text_blocks import CrateTextEmbeddings
+
+    emb = CrateTextEmbeddings(_config("crate-bert-base", max_position_embeddings=16, position_offset=2)).eval()
+    with torch.no_grad():
+        assert emb(torch.zeros(1, 14, 8), torch.arange(14)[None]).shape == (1, 14, 8)
+        with pytest.raises(ValueError, match=r"^input of 15 tokens is longer than the 14 positions"):
+            emb(torch.zeros(1, 15, 8), torch.arange(15)[None])
+
+
+def test_only_the_attention_output_projection_is_initialised_at_the_depth_scaled_spread():
+    """_init_weights: every Linear is N(0, initializer_range²) (transformers' rule), except each MSSA's out_proj, at
+    initializer_range / sqrt(2 L) (CRATE-LM's depth scaling): with L = 8, 0.02 against 0.005."""
+    torch.manual_seed(0)
+    config = _config("crate-bert-base", hidden_size=64, num_attention_heads=2, num_hidden_layers=8,
+                     initializer_range=0.02, num_labels=3)  # fmt: skip
+    from hf_tdiag.models.crate_text import CrateTextForSequenceClassification
+
+    model = CrateTextForSequenceClassification(config)
+    layer = model.crate.layer[0]
+    for name, linear, std in (
+        ("qkv", layer.attention.qkv, 0.02),
+        ("out_proj", layer.attention.out_proj, 0.02 / 16**0.5),
+        ("classifier.dense", model.classifier.dense, 0.02),
+    ):
+        weight = linear.weight.detach().double()
+        assert abs(float(weight.std()) / std - 1) < 0.1, name
+        assert abs(float(weight.mean())) < 4 * std / weight.numel() ** 0.5, name
+
+
+def test_the_positions_pooling_and_causal_mask_are_built_on_the_inputs_device(monkeypatch):
+    """Tensors the text blocks make themselves (positions without a mask, the pooled token's index, the block's own
+    causal mask, the default token types) live on the input's device. Checked on the meta device, which stands in for
+    an accelerator (an op mixing it with a CPU tensor raises); the embeddings' eager-only check of position values,
+    which a meta tensor does not have, is skipped as in a compiled graph."""
+    from hf_tdiag.models.crate_text.modeling_crate_text_blocks import CrateTextEmbeddings, position_ids_from_mask
+
+    meta = torch.device("meta")
+    assert position_ids_from_mask(None, 0, 4, meta).device == meta
+    hidden = torch.zeros(2, 4, 8, device=meta)
+    assert pooled_token(hidden, torch.ones(2, 4, dtype=torch.long, device=meta), causal=True).device == meta
+    mssa = CrateTextModel(_config()).eval().layer[0].attention.to(meta)
+    with torch.no_grad():
+        out, probs = mssa(hidden, output_attentions=True)  # eager, no padding mask, 4 tokens: the block's own mask
+    assert out.device == meta and probs.device == meta and probs.shape == (2, 2, 4, 4)
+    emb = CrateTextEmbeddings(_config(type_vocab_size=2)).eval().to(meta)
+    looked_up = []  # the default token types (zeros): a meta embedding table takes CPU indices silently, a GPU's not
+    emb.token_type_embeddings.register_forward_pre_hook(lambda module, args: looked_up.append(args[0].device))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with torch.no_grad():
+        assert emb(hidden, torch.arange(4, device=meta)[None]).device == meta
+    assert looked_up == [meta]
