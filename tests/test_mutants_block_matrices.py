@@ -52,14 +52,18 @@ def test_a_crate_alpha_block_without_one_of_its_matrices_is_named(role):
 
 def _crate():
     torch.manual_seed(0)
-    cfg = CrateConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, image_size=8, patch_size=4,
-                      num_channels=1)  # fmt: skip
+    cfg = CrateConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, head_dim=3, image_size=8,
+                      patch_size=4, num_channels=1)  # fmt: skip
     return CrateModel(cfg).eval()
 
 
 def test_crate_names_its_computed_output_matrix_and_its_ista_weight():
-    model = _crate()
-    (lw,) = encoder_weights(model).layers
+    model = _crate()  # one layer, 2 heads of width 3: a projection width 6 that is not the hidden size 8
+    ew = encoder_weights(model)
+    (lw,) = ew.layers
+    assert (ew.family, ew.hidden_size, ew.num_heads, ew.head_dim, ew.intermediate_size) == ("crate", 8, 2, 3, 8)
+    qkv = model.get_submodule("encoder.layer.0.attention.qkv").weight
+    assert lw.query.shape == (6, 8) and torch.equal(ew.heads(0, "query")[1], qkv[3:6])
     attention = model.get_submodule("encoder.layer.0.attention")
     assert torch.equal(lw.attn_output, attention.output_matrix())
     assert torch.equal(lw.ffn_in, model.get_submodule("encoder.layer.0.ista").weight) and lw.ffn_out is None
