@@ -93,7 +93,10 @@ def test_the_callers_tokenizer_encodes_the_texts_not_the_models():
 
 def test_too_long_texts_are_named_inputs_by_default_and_a_callers_hint_is_shown():
     loaded = _model(_tokenizer(), positions=16)
-    with pytest.raises(ValueError, match=r"^inputs: text 2 .*pass --max-length 16, or shorter texts"):
+    with pytest.raises(
+        ValueError,
+        match=r"^inputs: text 2 \(.*\): 40 tokens, .* 16 token positions .*; pass --max-length 16, or shorter texts$",
+    ):
         encoded_batches(loaded, ["a mat", "the cat " * 20], 2, max_length=64)
-    with pytest.raises(ValueError, match=r"^inputs: text 1 .*keep texts under 16 tokens$"):
+    with pytest.raises(ValueError, match=r"^inputs: text 1 .*\); keep texts under 16 tokens$"):
         encoded_batches(loaded, ["the cat " * 20], 2, max_length=64, hint="keep texts under {limit} tokens")
