@@ -142,3 +142,54 @@ def test_a_dataset_by_position_or_keyword_reaches_the_implementation_as_batches(
         batches = list(got["inputs"])
         assert [b["pixel_values"].tolist() for b in batches] == [[[[0.0, 1.0]], [[2.0, 3.0]]], [[[4.0, 5.0]]]]
         assert all(set(b) == {"pixel_values"} for b in batches)
+
+
+class _Spy:
+    """Stands in for hf_tdiag.batching.model_and_inputs: records its arguments, returns marked objects."""
+
+    def __init__(self, tokenizer_back="loaded-tokenizer"):
+        self.calls, self.tokenizer_back = [], tokenizer_back
+
+    def __call__(self, model, inputs, batch_size, *, tokenizer=None, trust_remote_code=False, encode_texts=True):
+        self.calls.append(dict(model=model, inputs=inputs, batch_size=batch_size, tokenizer=tokenizer,
+                               trust_remote_code=trust_remote_code, encode_texts=encode_texts))  # fmt: skip
+        return "loaded-model", "encoded-inputs", self.tokenizer_back
+
+
+def test_a_model_path_and_raw_inputs_go_to_the_loader_with_the_callers_keywords(monkeypatch):
+    spy = _Spy()
+    monkeypatch.setattr("hf_tdiag.batching.model_and_inputs", spy)
+    entry = diagnostic_entry(SRRSettings)(_measures_inputs)
+    for call in (
+        lambda: entry("folder", ["a text"], batch_size=3, trust_remote_code=True, tokenizer="user-tokenizer"),
+        lambda: entry(model="folder", inputs=["a text"], batch_size=3, trust_remote_code=True, tokenizer="user-tokenizer"),
+    ):  # fmt: skip
+        got = call()
+        assert (got["model"], got["inputs"]) == ("loaded-model", "encoded-inputs")
+        assert spy.calls.pop() == dict(model="folder", inputs=["a text"], batch_size=3, tokenizer="user-tokenizer",
+                                       trust_remote_code=True, encode_texts=True)  # fmt: skip
+    entry("folder", ["a text"])
+    assert spy.calls.pop() == dict(model="folder", inputs=["a text"], batch_size=32, tokenizer=None,
+                                   trust_remote_code=False, encode_texts=True)  # fmt: skip
+
+
+def test_a_diagnostic_with_its_own_tokenizer_gets_the_strings_and_the_tokenizer(monkeypatch):
+    def own_tokenizer(model, inputs, *, settings, tokenizer=None):
+        return inputs, tokenizer
+
+    entry = diagnostic_entry(SRRSettings)(own_tokenizer)
+    spy = _Spy()
+    monkeypatch.setattr("hf_tdiag.batching.model_and_inputs", spy)
+    assert entry("folder", ["a text"], tokenizer="user-tokenizer") == ("encoded-inputs", "loaded-tokenizer")
+    assert spy.calls.pop()["tokenizer"] == "user-tokenizer"
+    assert entry("folder", ["a text"])[1] == "loaded-tokenizer"
+    assert spy.calls.pop()["encode_texts"] is False  # the implementation reads the strings itself
+    spy.tokenizer_back = None  # no tokenizer found: the implementation's own default stays
+    assert entry("folder", ["a text"])[1] is None
+
+
+def test_a_diagnostic_without_a_batch_size_setting_encodes_64_at_a_time(monkeypatch):
+    spy = _Spy()
+    monkeypatch.setattr("hf_tdiag.batching.model_and_inputs", spy)
+    diagnostic_entry(AttentionSVMSettings)(_measures_inputs)("folder", ["a text"])
+    assert spy.calls.pop()["batch_size"] == 64
