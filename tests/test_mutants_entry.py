@@ -51,6 +51,12 @@ def test_the_public_signature_is_the_implementations_with_settings_and_every_fie
     assert inspect.signature(entry) == want
     assert entry.settings_class is SchattenSettings and entry.__name__ == "_weights_only"
 
+    def positional_settings(model, settings):  # the entry takes settings= as a keyword whatever the implementation
+        return settings
+
+    params = inspect.signature(diagnostic_entry(SchattenSettings)(positional_settings)).parameters
+    assert (params["settings"].kind, params["settings"].default) == (KW, None)
+
 
 def test_the_docstring_gets_the_settings_section_before_its_examples():
     entry = diagnostic_entry(SchattenSettings)(_weights_only)
