@@ -2,8 +2,17 @@
 model's own readout (CLS, mean and last-token pooling), and CRATE-α's block is read as its sparse coding (D, D₁ and
 the step size), each against the model's own modules."""
 
+import copy
+
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    ViTConfig,
+    ViTForImageClassification,
+)
 
 from hf_tdiag import CrateConfig, CrateForImageClassification
 from hf_tdiag.models.crate_alpha import CrateAlphaConfig, CrateAlphaForImageClassification
@@ -49,3 +58,62 @@ def test_a_crate_alpha_block_is_read_as_its_sparse_coding_in_float64():
     D, D1 = pieces.branch_weights
     assert D.dtype == D1.dtype == torch.float64
     assert torch.equal(D, coder.D.double()) and torch.equal(D1, coder.D1.double())
+
+
+def _vit(dtype=torch.float32):
+    torch.manual_seed(0)
+    cfg = ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, image_size=8,
+                    patch_size=4, num_channels=1, num_labels=3)  # fmt: skip
+    model = ViTForImageClassification(cfg).to(dtype).eval()
+    with torch.no_grad():  # LayerNorms away from their (1, 0) initialisation
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.rand(p.shape, dtype=dtype))
+    return model
+
+
+def test_a_vit_block_is_read_as_pre_norm_with_its_norms_and_mlp():
+    model = _vit()
+    block = model.get_submodule("vit.layers.0")
+    pieces = block_pieces(concept_model_parts(model), 0, torch.randn(2, 5, 8))
+    assert pieces.post_norm is False and pieces.branch == "mlp" and pieces.activation == "gelu"
+    for norm, module in ((pieces.ln1, block.layernorm_before), (pieces.ln2, block.layernorm_after)):
+        assert torch.equal(norm.weight, module.weight.double()) and torch.equal(norm.bias, module.bias.double())
+    W_in, W_out = pieces.branch_weights
+    assert torch.equal(W_in, block.mlp.fc1.weight.double())
+    assert torch.equal(W_out, block.mlp.fc2.weight.double())
+    assert torch.equal(pieces.attention["W_q"], block.attention.q_proj.weight.double())
+
+
+def test_a_bert_block_is_read_as_post_norm():
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, vocab_size=11,
+                     num_labels=3)  # fmt: skip
+    pieces = block_pieces(concept_model_parts(BertForSequenceClassification(cfg).eval()), 0, torch.randn(2, 5, 8))
+    assert pieces.post_norm is True and pieces.branch == "mlp"
+
+
+def test_an_offloaded_block_is_read_as_the_block_in_memory():
+    from accelerate import cpu_offload
+
+    model = _vit()
+    Z = torch.randn(2, 5, 8)
+    want = block_pieces(concept_model_parts(model), 0, Z)
+    got = block_pieces(concept_model_parts(cpu_offload(copy.deepcopy(model), torch.device("cpu"))), 0, Z)
+    for key in ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k"):
+        assert torch.equal(got.attention[key], want.attention[key]), key
+    for a, b in zip(
+        got.branch_weights + (got.ln1.weight, got.ln2.bias), want.branch_weights + (want.ln1.weight, want.ln2.bias)
+    ):
+        assert a.device.type == "cpu" and torch.equal(a, b)  # fmt: skip
+
+
+def test_the_float64_weights_of_a_float64_model_are_copies():
+    model = _vit(torch.float64)
+    pieces = block_pieces(concept_model_parts(model), 0, torch.randn(2, 5, 8, dtype=torch.float64))
+    before = pieces.attention["W_q"].clone(), pieces.ln1.weight.clone(), pieces.branch_weights[0].clone()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.0)  # the model changes afterwards; what was read does not
+    after = pieces.attention["W_q"], pieces.ln1.weight, pieces.branch_weights[0]
+    assert all(torch.equal(a, b) for a, b in zip(after, before))
