@@ -16,7 +16,7 @@ from transformers import (
 
 from hf_tdiag import CrateConfig, CrateForImageClassification
 from hf_tdiag.models.crate_alpha import CrateAlphaConfig, CrateAlphaForImageClassification
-from hf_tdiag.probes.concept_blocks import block_pieces, float64_readout
+from hf_tdiag.probes.concept_blocks import block_pieces, float64_readout, head_weight, readout_pieces
 from hf_tdiag.probes.concept_model import concept_model_parts
 
 SMALL = dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, image_size=8, patch_size=4, num_channels=1,
@@ -89,8 +89,13 @@ def test_a_bert_block_is_read_as_post_norm():
     torch.manual_seed(0)
     cfg = BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, vocab_size=11,
                      num_labels=3)  # fmt: skip
-    pieces = block_pieces(concept_model_parts(BertForSequenceClassification(cfg).eval()), 0, torch.randn(2, 5, 8))
+    model = BertForSequenceClassification(cfg).eval()
+    cm = concept_model_parts(model)
+    pieces = block_pieces(cm, 0, torch.randn(2, 5, 8))
     assert pieces.post_norm is True and pieces.branch == "mlp"
+    readout = readout_pieces(cm)  # BERT's readout: the pooler's dense weight on the CLS token
+    assert readout.pooling == "cls" and readout.norm is None
+    assert torch.equal(readout.pooler_weight, model.get_submodule("bert.pooler.dense").weight.double())
 
 
 def test_an_offloaded_block_is_read_as_the_block_in_memory():
@@ -98,8 +103,16 @@ def test_an_offloaded_block_is_read_as_the_block_in_memory():
 
     model = _vit()
     Z = torch.randn(2, 5, 8)
-    want = block_pieces(concept_model_parts(model), 0, Z)
-    got = block_pieces(concept_model_parts(cpu_offload(copy.deepcopy(model), torch.device("cpu"))), 0, Z)
+    cm, offloaded = (
+        concept_model_parts(model),
+        concept_model_parts(cpu_offload(copy.deepcopy(model), torch.device("cpu"))),
+    )
+    want, got = block_pieces(cm, 0, Z), block_pieces(offloaded, 0, Z)
+    assert torch.equal(head_weight(offloaded), model.classifier.weight.double())
+    norm = readout_pieces(offloaded).norm  # the final LayerNorm, read from the offload store
+    assert torch.equal(norm.weight, model.vit.layernorm.weight.double()) and torch.equal(
+        norm.bias, model.vit.layernorm.bias.double()
+    )
     for key in ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k"):
         assert torch.equal(got.attention[key], want.attention[key]), key
     for a, b in zip(
