@@ -85,15 +85,21 @@ def test_a_vit_block_is_read_as_pre_norm_with_its_norms_and_mlp():
     assert torch.equal(pieces.attention["W_q"], block.attention.q_proj.weight.double())
 
 
-def test_a_bert_block_is_read_as_post_norm():
+def _bert():
     torch.manual_seed(0)
     cfg = BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, vocab_size=11,
                      num_labels=3)  # fmt: skip
-    model = BertForSequenceClassification(cfg).eval()
-    cm = concept_model_parts(model)
-    pieces = block_pieces(cm, 0, torch.randn(2, 5, 8))
+    return BertForSequenceClassification(cfg).eval()
+
+
+def test_a_bert_block_is_read_as_post_norm():
+    pieces = block_pieces(concept_model_parts(_bert()), 0, torch.randn(2, 5, 8))
     assert pieces.post_norm is True and pieces.branch == "mlp"
-    readout = readout_pieces(cm)  # BERT's readout: the pooler's dense weight on the CLS token
+
+
+def test_berts_readout_is_its_pooler_weight_on_the_cls_token():
+    model = _bert()
+    readout = readout_pieces(concept_model_parts(model))
     assert readout.pooling == "cls" and readout.norm is None
     assert torch.equal(readout.pooler_weight, model.get_submodule("bert.pooler.dense").weight.double())
 
@@ -103,22 +109,25 @@ def test_an_offloaded_block_is_read_as_the_block_in_memory():
 
     model = _vit()
     Z = torch.randn(2, 5, 8)
-    cm, offloaded = (
-        concept_model_parts(model),
-        concept_model_parts(cpu_offload(copy.deepcopy(model), torch.device("cpu"))),
-    )
-    want, got = block_pieces(cm, 0, Z), block_pieces(offloaded, 0, Z)
-    assert torch.equal(head_weight(offloaded), model.classifier.weight.double())
-    norm = readout_pieces(offloaded).norm  # the final LayerNorm, read from the offload store
-    assert torch.equal(norm.weight, model.vit.layernorm.weight.double()) and torch.equal(
-        norm.bias, model.vit.layernorm.bias.double()
-    )
+    want = block_pieces(concept_model_parts(model), 0, Z)
+    got = block_pieces(concept_model_parts(cpu_offload(copy.deepcopy(model), torch.device("cpu"))), 0, Z)
     for key in ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k"):
         assert torch.equal(got.attention[key], want.attention[key]), key
     for a, b in zip(
         got.branch_weights + (got.ln1.weight, got.ln2.bias), want.branch_weights + (want.ln1.weight, want.ln2.bias)
     ):
         assert a.device.type == "cpu" and torch.equal(a, b)  # fmt: skip
+
+
+def test_an_offloaded_models_head_and_final_norm_are_read_from_the_offload_store():
+    from accelerate import cpu_offload
+
+    model = _vit()
+    offloaded = concept_model_parts(cpu_offload(copy.deepcopy(model), torch.device("cpu")))
+    assert torch.equal(head_weight(offloaded), model.classifier.weight.double())
+    norm = readout_pieces(offloaded).norm  # the final LayerNorm, read from the offload store
+    final = model.get_submodule("vit.layernorm")
+    assert torch.equal(norm.weight, final.weight.double()) and torch.equal(norm.bias, final.bias.double())
 
 
 def test_the_float64_weights_of_a_float64_model_are_copies():
