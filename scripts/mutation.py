@@ -413,8 +413,19 @@ def tool_version() -> str:
         return "mutmut (not installed)"
 
 
+def _hand_records(path: Path, written: set[str]) -> dict:
+    """The top-level entries of an earlier summary at ``path`` that the script does not write (records added by hand:
+    a sampled run's draws, a session's notes on survivors), kept as they are."""
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in earlier.items() if k not in written} if isinstance(earlier, dict) else {}
+
+
 def write_json(path: Path, rows: list[dict]) -> None:
-    """The summary as JSON: per module (counts, killed share, survivors' names) and per package."""
+    """The summary as JSON: per module (counts, killed share, survivors' names) and per package; the earlier file's
+    other top-level entries are kept after them."""
     rows = merged_rows(path, rows)
 
     data = {
@@ -433,6 +444,7 @@ def write_json(path: Path, rows: list[dict]) -> None:
             for r in rows
         ],
     }
+    data.update(_hand_records(path, set(data)))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 

@@ -46,6 +46,11 @@ def test_json_summary_keeps_the_modules_this_run_did_not_touch(mutation, tmp_pat
     assert data["modules"][0]["killed"] == 5  # the new run replaces the module's old row
     assert data["packages"]["hf_tdiag/measures"]["killed"] == 7
     assert data["packages"]["hf_tdiag/probes"]["generated"] == 4
+    # a record added by hand beside the script's entries survives the next write, which replaces the script's own
+    path.write_text(json.dumps({**data, "run_by_hand": {"sampled": 80}, "packages": "stale"}), encoding="utf-8")
+    mutation.write_json(path, [_row("hf_tdiag/measures/c.py", 1)])
+    data = json.loads(path.read_text())
+    assert data["run_by_hand"] == {"sampled": 80} and data["packages"]["hf_tdiag/measures"]["killed"] == 6
 
 
 def test_test_selection_longest_prefix_then_names(mutation):
