@@ -15,7 +15,9 @@ Each module runs in its own scratch copy of the checkout (``$MUTATION_DIR``, def
 so nothing is written into the repository and a second run reuses mutmut's cache there. The pyproject's
 ``[tool.mutmut]`` is the base configuration; the script adds ``only_mutate = [module]`` and the module's test files
 (``[tool.hf_tdiag.mutation.tests]``, else every test file that names the module) as mutmut's test selection; mutmut
-then runs, for each mutant, only the selected tests that call the mutated function.
+then runs, for each mutant, only the selected tests that call the mutated function. That record is kept per test
+*name* from the first stats run: a check added to an existing test later is not run against mutants that test did
+not call before (put it in a new test function), and a test file outside the module's selection never runs.
 
 Survivors that cannot be killed because the mutant computes the same thing are listed with a one-line reason in
 ``scripts/mutation_equivalent.txt`` (``mutant-name  reason``) and counted as equivalent, not survived.
