@@ -121,3 +121,39 @@ def test_the_encoder_block_normalizes_with_the_configured_epsilon():
         want_out = layer.ista(_layernorm(want_mid, 0.37))
     torch.testing.assert_close(mid, want_mid, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)
+
+
+# the full run of modeling_crate_mae.py (every mutant): the survivors' tests
+
+
+def test_an_encoder_without_a_mask_token_loads_a_state_dict_that_has_none():
+    """The classifier's embeddings (no mask token) drop a pre-training checkpoint's mask token if there is one, and
+    load their own state dict, which has none, without a KeyError; the loaded values are the saved ones."""
+    torch.manual_seed(0)
+    source = CrateMAEEmbeddings(_config(), use_mask_token=False)
+    with torch.no_grad():
+        source.cls_token.copy_(torch.randn(1, 1, 8))
+    target = CrateMAEEmbeddings(_config(), use_mask_token=False)
+    state = source.state_dict()
+    assert "mask_token" not in state
+    target.load_state_dict(state)
+    torch.testing.assert_close(target.cls_token, source.cls_token, rtol=0, atol=0)
+    pretrained = CrateMAEEmbeddings(_config()).state_dict()  # with a mask token: dropped, strict loading holds
+    target.load_state_dict(pretrained)
+    assert target.mask_token is None
+
+
+def test_the_random_mask_is_drawn_on_the_requested_device():
+    """Without noise the uniform noise is drawn on the device asked for (the meta device here: a CPU draw would give a
+    CPU mask); with noise given, the N·(1 − mask_ratio) smallest entries are kept (0) and the rest masked (1)."""
+    emb = CrateMAEEmbeddings(_config()).to("meta")
+    assert emb.random_mask(2, 4, torch.device("meta")).device.type == "meta"
+    emb = CrateMAEEmbeddings(_config())
+    noise = torch.tensor([[0.9, 0.1, 0.5, 0.3], [0.2, 0.8, 0.4, 0.6]])
+    keep = int(4 * (1 - _config().mask_ratio))
+    want = torch.zeros(2, 4)
+    for b in range(2):
+        order = sorted(range(4), key=lambda i: float(noise[b, i]))
+        for i in order[keep:]:
+            want[b, i] = 1.0
+    torch.testing.assert_close(emb.random_mask(2, 4, None, noise), want, rtol=0, atol=0)
