@@ -157,3 +157,29 @@ def test_the_random_mask_is_drawn_on_the_requested_device():
         for i in order[keep:]:
             want[b, i] = 1.0
     torch.testing.assert_close(emb.random_mask(2, 4, None, noise), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("num_labels", [0, 1, 3])
+def test_the_classifier_head_is_a_linear_map_of_the_pooled_token_or_the_identity_without_labels(num_labels):
+    """``num_labels`` labels: logits = W·pooled + b, a linear map to ``num_labels`` (one label: a regression head, a
+    (d → 1) map); no labels: the head is the identity and the logits are the normalized CLS token itself. The model's
+    ``num_labels`` is the config's (transformers' heads expose it)."""
+    from hf_tdiag.models.crate_mae import CrateMAEForImageClassification
+
+    config = CrateMAEConfig(**{**_config().to_dict(), "num_labels": num_labels})
+    torch.manual_seed(0)
+    model = CrateMAEForImageClassification(config).eval()
+    assert model.num_labels == num_labels
+    pixels = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        pooled = model.crate_mae(pixels).pooler_output
+        logits = model(pixels).logits
+    if num_labels == 0:
+        assert list(model.classifier.parameters()) == []
+        torch.testing.assert_close(logits, pooled, rtol=0, atol=0)
+    else:
+        weight, bias = model.classifier.weight, model.classifier.bias
+        assert weight.shape == (num_labels, 8)
+        want = torch.stack([torch.stack([sum(pooled[b, j] * weight[i, j] for j in range(8)) + bias[i]
+                                         for i in range(num_labels)]) for b in range(2)])  # fmt: skip
+        torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-6)
