@@ -183,3 +183,22 @@ def test_the_classifier_head_is_a_linear_map_of_the_pooled_token_or_the_identity
         want = torch.stack([torch.stack([sum(pooled[b, j] * weight[i, j] for j in range(8)) + bias[i]
                                          for i in range(num_labels)]) for b in range(2)])  # fmt: skip
         torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_decoder_normalizes_at_the_final_epsilon_and_predicts_p_squared_c_pixels_per_patch():
+    """CrateMAEDecoder: its blocks, then LayerNorm at final_layer_norm_eps (0.37 here, far from torch's 1e-5, on
+    inputs of small spread), then a linear map to p·p·C = 16 pixels per patch (p = 4, C = 1: not p·2·C = 8), the CLS
+    token dropped — the blocks' output and the map written out here."""
+    from hf_tdiag.models.crate_mae.modeling_crate_mae import CrateMAEDecoder
+
+    config = CrateMAEConfig(**{**_config().to_dict(), "final_layer_norm_eps": 0.37})
+    torch.manual_seed(0)
+    decoder = CrateMAEDecoder(config).eval()
+    x = 0.3 * torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        pred = decoder(x)
+        hidden = decoder.layer[0](x)
+        want = _layernorm(hidden, 0.37) @ decoder.decoder_pred.weight.T + decoder.decoder_pred.bias
+    assert decoder.decoder_pred.weight.shape == (16, 8)
+    assert pred.shape == (2, 4, 16)
+    torch.testing.assert_close(pred, want[:, 1:], rtol=1e-5, atol=1e-6)
