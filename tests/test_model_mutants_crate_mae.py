@@ -202,3 +202,21 @@ def test_the_decoder_normalizes_at_the_final_epsilon_and_predicts_p_squared_c_pi
     assert decoder.decoder_pred.weight.shape == (16, 8)
     assert pred.shape == (2, 4, 16)
     torch.testing.assert_close(pred, want[:, 1:], rtol=1e-5, atol=1e-6)
+
+
+def test_under_autocast_the_mask_token_takes_the_patch_tokens_dtype():
+    """Under CPU bfloat16 autocast the convolution gives bfloat16 patch tokens and the mask token is cast to their
+    dtype before it replaces the masked ones: a masked token is the mask token rounded to bfloat16 (then promoted back
+    by the concatenation with the float32 CLS token), plus its position — not the float32 mask token."""
+    torch.manual_seed(0)
+    emb = CrateMAEEmbeddings(_config())
+    with torch.no_grad():
+        emb.mask_token.copy_(torch.tensor([0.1, 0.2, 0.3, 0.7, -0.9, 1.1, 1.3, -0.01]).reshape(1, 1, 8))
+        emb.position_embeddings.copy_(sincos_position_embedding(8, 2))
+        mask = torch.tensor([[0.0, 1.0, 0.0, 1.0]])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = emb(torch.randn(1, 1, 8, 8), mask)
+    rounded = emb.mask_token[0, 0].to(torch.bfloat16).float()
+    assert not torch.equal(rounded, emb.mask_token[0, 0])  # the rounding is visible
+    for i in (1, 3):
+        torch.testing.assert_close(out[0, 1 + i].float(), rounded + emb.position_embeddings[0, 1 + i], rtol=0, atol=0)
