@@ -220,3 +220,26 @@ def test_under_autocast_the_mask_token_takes_the_patch_tokens_dtype():
     assert not torch.equal(rounded, emb.mask_token[0, 0])  # the rounding is visible
     for i in (1, 3):
         torch.testing.assert_close(out[0, 1 + i].float(), rounded + emb.position_embeddings[0, 1 + i], rtol=0, atol=0)
+
+
+def test_the_linear_maps_start_xavier_uniform_with_zero_biases_and_the_dictionaries_kaiming_uniform():
+    """Every Linear but the decoder's dictionaries starts Xavier-uniform: inside ±sqrt(6 / (fan_in + fan_out)) and
+    spread over it (its largest entry beyond 3/4 of the bound; transformers' default normal of std 0.02 stays far
+    inside), with a zero bias; the dictionaries Kaiming-uniform at torch's default a = 0 (gain sqrt(2): bound sqrt(6 / fan_in))."""
+    from hf_tdiag.models.crate_mae import CrateMAEForPreTraining
+
+    torch.manual_seed(0)
+    model = CrateMAEForPreTraining(_config())
+    seen = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        fan_out, fan_in = module.weight.shape
+        kaiming = name.endswith("dictionary")
+        bound = (6 / fan_in) ** 0.5 if kaiming else (6 / (fan_in + fan_out)) ** 0.5
+        largest = float(module.weight.abs().max())
+        assert 0.75 * bound < largest <= bound, (name, largest, bound)
+        if module.bias is not None:
+            assert torch.count_nonzero(module.bias) == 0, name
+        seen += 1
+    assert seen >= 5  # qkv and out_proj of both blocks, the dictionary, the pixel map
