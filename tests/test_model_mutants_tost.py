@@ -123,3 +123,68 @@ def test_tssa_drops_the_gain_in_training_only():
         torch.testing.assert_close(ref, out(gain), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(train, out(dropped), rtol=1e-5, atol=1e-6)
     assert not torch.allclose(train, ref)
+
+
+# the full run of modeling_tost.py (every mutant): the survivors' tests
+
+
+def _config(**overrides) -> TostConfig:
+    return TostConfig(**{**dict(image_size=8, patch_size=4, num_channels=1, hidden_size=8, num_hidden_layers=1,
+                                num_attention_heads=2, position_hidden_dim=6), **overrides})  # fmt: skip
+
+
+def test_the_patch_stem_refuses_other_channels_and_sides_the_patch_does_not_divide():
+    """TostPatchEmbeddings called directly: a 4-D image of 2 channels on a 1-channel stem is refused (not left to the
+    convolution), and so is a height or a width alone that patch_size 4 does not divide (the stride-2 convolutions
+    would pad and run); each message names the shape."""
+    from hf_tdiag.models.tost.modeling_tost import TostPatchEmbeddings
+
+    stem = TostPatchEmbeddings(_config())
+    with pytest.raises(ValueError, match=r"\(batch, 1, height, width\), got \(1, 2, 8, 8\)"):
+        stem(torch.zeros(1, 2, 8, 8))
+    with pytest.raises(ValueError, match=r"spatial size \(6, 8\) must be divisible by patch_size 4"):
+        stem(torch.zeros(1, 1, 6, 8))
+    with pytest.raises(ValueError, match=r"spatial size \(8, 6\) must be divisible by patch_size 4"):
+        stem(torch.zeros(1, 1, 8, 6))
+
+
+def test_the_patch_stem_returns_a_rows_by_columns_grid_for_a_non_square_image():
+    """An 8x16 image in 4x4 patches: 2 rows by 4 columns, the tokens the stem's output feature map read row by row."""
+    from hf_tdiag.models.tost.modeling_tost import TostPatchEmbeddings
+
+    torch.manual_seed(0)
+    stem = TostPatchEmbeddings(_config()).eval()
+    pixels = torch.randn(1, 1, 8, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        tokens, grid = stem(pixels)
+        fmap = stem.proj(pixels)
+    assert grid == (2, 4)
+    assert fmap.shape == (1, 8, 2, 4)
+    for r in range(2):
+        for c in range(4):
+            torch.testing.assert_close(tokens[0, 4 * r + c], fmap[0, :, r, c], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("num_labels", [0, 1, 3])
+def test_the_classifier_head_is_a_linear_map_of_the_pooled_token_or_the_identity_without_labels(num_labels):
+    """``num_labels`` labels: logits = W·pooled + b, a (d → num_labels) map (one label: a regression head); no labels:
+    the head is the identity and the logits are the normalized CLS token itself. The model's ``num_labels`` is the
+    config's."""
+    from hf_tdiag.models.tost import TostForImageClassification
+
+    torch.manual_seed(0)
+    model = TostForImageClassification(_config(num_labels=num_labels)).eval()
+    assert model.num_labels == num_labels
+    pixels = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        pooled = model.tost(pixels).pooler_output
+        logits = model(pixels).logits
+    if num_labels == 0:
+        assert list(model.classifier.parameters()) == []
+        torch.testing.assert_close(logits, pooled, rtol=0, atol=0)
+    else:
+        weight, bias = model.classifier.weight, model.classifier.bias
+        assert weight.shape == (num_labels, 8)
+        want = torch.stack([torch.stack([sum(pooled[b, j] * weight[i, j] for j in range(8)) + bias[i]
+                                         for i in range(num_labels)]) for b in range(2)])  # fmt: skip
+        torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-6)
