@@ -188,3 +188,76 @@ def test_the_classifier_head_is_a_linear_map_of_the_pooled_token_or_the_identity
         want = torch.stack([torch.stack([sum(pooled[b, j] * weight[i, j] for j in range(8)) + bias[i]
                                          for i in range(num_labels)]) for b in range(2)])  # fmt: skip
         torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_position_features_are_built_on_the_projections_device_by_default():
+    """Without a device argument the Fourier features are built where the 1x1 projection lives (the meta device
+    here: features built on the CPU could not meet a meta weight)."""
+    enc = TostPositionEncoding(_config()).to("meta")
+    pos = enc(1, 2, 3)
+    assert pos.device.type == "meta" and pos.shape == (1, 6, 8)
+
+
+def test_a_causal_tssa_lets_no_token_see_a_later_one():
+    """config.causal: the TSSA's output at tokens 0..2 does not change when token 3 does (cumulative statistics), and
+    equals the causal formula on the head projections mapped by out_proj; the non-causal TSSA's does change."""
+    from hf_tdiag.models.tost.modeling_tost import TostTSSA
+
+    torch.manual_seed(0)
+    causal = TostTSSA(_config(causal=True)).eval()
+    x = torch.randn(1, 4, 8, generator=torch.Generator().manual_seed(1))
+    y = x.clone()
+    y[0, 3] += 1.0
+    with torch.no_grad():
+        out_x, out_y = causal(x)[0], causal(y)[0]
+        heads, _ = token_statistics_attention(causal.head_projections(x), causal.temp, causal=True)
+        want = causal.out_proj(heads.transpose(1, 2).reshape(1, 4, 8))
+    torch.testing.assert_close(out_x[0, :3], out_y[0, :3], rtol=0, atol=0)
+    torch.testing.assert_close(out_x, want, rtol=1e-6, atol=1e-6)
+    full = TostTSSA(_config()).eval()
+    full.load_state_dict(causal.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(full(x)[0][0, :3], full(y)[0][0, :3])
+
+
+def test_tssa_in_eval_applies_no_dropout_to_the_gain():
+    """attention_probs_dropout_prob = 0.5 in eval: the TSSA output is the dropout-free formula, the same on every call."""
+    from hf_tdiag.models.tost.modeling_tost import TostTSSA
+
+    torch.manual_seed(0)
+    tssa = TostTSSA(_config(attention_probs_dropout_prob=0.5)).eval()
+    x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        heads, _ = token_statistics_attention(tssa.head_projections(x), tssa.temp)
+        want = tssa.out_proj(heads.transpose(1, 2).reshape(2, 4, 8))
+        torch.testing.assert_close(tssa(x)[0], want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_class_attention_drops_its_probabilities_in_training():
+    """Eager class attention with attention_probs_dropout_prob = 0.5 in training: the CLS output is
+    proj(dropout(softmax(q₀ kᵀ / sqrt(p))) v), dropout drawn with the same seed here; the probabilities it returns are
+    undropped. In eval, no dropout."""
+    import torch.nn.functional as F
+
+    from hf_tdiag.models.tost.modeling_tost import TostClassAttention
+
+    config = _config(attention_probs_dropout_prob=0.5)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attn = TostClassAttention(config).train()
+    x = torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        q, k, v = attn.qkv(x).reshape(1, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        probs = torch.softmax(q[:, :, :1] @ k.transpose(-1, -2) / 2.0, dim=-1)  # sqrt(head_dim 4) = 2
+        torch.manual_seed(7)
+        dropped = F.dropout(probs, p=0.5, training=True)
+        want = attn.proj((dropped @ v).transpose(1, 2).reshape(1, 1, 8))
+        torch.manual_seed(7)
+        out, got_probs = attn(x)
+        assert not torch.allclose(dropped, probs)
+        torch.testing.assert_close(out[:, :1], want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out[:, 1:], x[:, 1:], rtol=0, atol=0)
+        torch.testing.assert_close(got_probs, probs, rtol=1e-5, atol=1e-6)
+        attn.eval()
+        undropped = attn.proj((probs @ v).transpose(1, 2).reshape(1, 1, 8))
+        torch.testing.assert_close(attn(x)[0][:, :1], undropped, rtol=1e-5, atol=1e-6)
