@@ -261,3 +261,21 @@ def test_the_class_attention_drops_its_probabilities_in_training():
         attn.eval()
         undropped = attn.proj((probs @ v).transpose(1, 2).reshape(1, 1, 8))
         torch.testing.assert_close(attn(x)[0][:, :1], undropped, rtol=1e-5, atol=1e-6)
+
+
+def test_the_second_moment_divides_by_the_membership_sum_plus_1e_8():
+    """Non-causal: s_k = Σ_n Π_k(n) w_k(n)² / (Σ_n Π_k(n) + 1e-8), in float64 by loops; a large temperature on one
+    head makes the other head's membership tiny (about 1e-11 per token), where the constant's sign matters."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1, 2, 5, 3, generator=g, dtype=torch.float64)
+    w[0, 0] = w[0, 0].sign()  # head 0: every token's normalized statistic 3/5, so Π_1(n) = 1/(1 + e^(40·3/5))
+    tau = torch.tensor([[40.0], [0.0]], dtype=torch.float64)
+    out, pi = token_statistics_attention(w, tau)
+    for k in range(2):
+        weight = sum(float(pi[0, k, n]) for n in range(5))
+        for i in range(3):
+            second = sum(float(pi[0, k, n]) * float(w[0, k, n, i]) ** 2 for n in range(5)) / (weight + 1e-8)
+            for t in range(5):
+                want = -float(pi[0, k, t]) * float(w[0, k, t, i]) / (1 + second)
+                assert abs(float(out[0, k, t, i]) - want) <= 1e-12 * max(1.0, abs(want))
+    assert float(pi[0, 1].sum()) < 1e-9  # the regime where +1e-8 and -1e-8 differ
