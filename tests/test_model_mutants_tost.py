@@ -279,3 +279,22 @@ def test_the_second_moment_divides_by_the_membership_sum_plus_1e_8():
                 want = -float(pi[0, k, t]) * float(w[0, k, t, i]) / (1 + second)
                 assert abs(float(out[0, k, t, i]) - want) <= 1e-12 * max(1.0, abs(want))
     assert float(pi[0, 1].sum()) < 1e-9  # the regime where +1e-8 and -1e-8 differ
+
+
+def test_the_patch_stem_is_log2_p_bias_free_3x3_stride_2_convolutions_widening_to_d():
+    """XCiT's stem for p = 4: two 3x3 convolutions of stride 2 and padding 1, without bias (BatchNorm follows each),
+    widths C = 1 → d/2 = 4 → d = 8."""
+    from hf_tdiag.models.tost.modeling_tost import TostPatchEmbeddings
+
+    convs = [m for m in TostPatchEmbeddings(_config()).modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [tuple(c.weight.shape) for c in convs] == [(4, 1, 3, 3), (8, 4, 3, 3)]
+    for conv in convs:
+        assert conv.bias is None and conv.stride == (2, 2) and conv.padding == (1, 1)
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_the_tssa_projection_has_a_bias_only_if_configured(qkv_bias):
+    """The TSSA projection U_kᵀ x + b_k carries b_k exactly when config.qkv_bias (not nn.Linear's default bias)."""
+    from hf_tdiag.models.tost.modeling_tost import TostTSSA
+
+    assert (TostTSSA(_config(qkv_bias=qkv_bias)).qkv.bias is not None) == qkv_bias
