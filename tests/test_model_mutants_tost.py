@@ -298,3 +298,43 @@ def test_the_tssa_projection_has_a_bias_only_if_configured(qkv_bias):
     from hf_tdiag.models.tost.modeling_tost import TostTSSA
 
     assert (TostTSSA(_config(qkv_bias=qkv_bias)).qkv.bias is not None) == qkv_bias
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_the_class_attention_projection_has_a_bias_only_if_configured(qkv_bias):
+    """The class attention's q, k, v map (d → 3d) carries a bias exactly when config.qkv_bias."""
+    from hf_tdiag.models.tost.modeling_tost import TostClassAttention
+
+    qkv = TostClassAttention(_config(qkv_bias=qkv_bias)).qkv
+    assert qkv.weight.shape == (24, 8) and (qkv.bias is not None) == qkv_bias
+
+
+def test_the_mlp_widens_by_mlp_ratio_and_the_cls_token_is_one_token():
+    """The MLP's hidden width is d · mlp_ratio (8 · 4 = 32, not 8 / 4); the CLS token a (1, 1, d) parameter (the
+    authors' checkpoint shape)."""
+    from hf_tdiag.models.tost.modeling_tost import TostMLP
+
+    mlp = TostMLP(_config(mlp_ratio=4.0))
+    assert mlp.fc1.weight.shape == (32, 8) and mlp.fc2.weight.shape == (8, 32)
+    assert TostModel(_config()).cls_token.shape == (1, 1, 8)
+
+
+def test_without_position_encoding_the_tokens_are_the_stems_alone():
+    """use_position_encoding=False: no position module, and the first block's input is the stem's tokens."""
+    torch.manual_seed(0)
+    model = TostModel(_config(use_position_encoding=False)).eval()
+    assert model.position_encoding is None
+    pixels = torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model.embed(pixels), model.patch_embeddings(pixels)[0], rtol=0, atol=0)
+
+
+def test_a_model_without_projection_biases_initialises_with_every_other_bias_zero():
+    """qkv_bias=False: the model builds (the initialisation skips the missing biases) and every Linear bias it has
+    starts at zero."""
+    torch.manual_seed(0)
+    model = TostModel(_config(qkv_bias=False))
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert any(m.bias is None for m in linears)
+    for m in linears:
+        assert m.bias is None or torch.count_nonzero(m.bias) == 0
