@@ -338,3 +338,11 @@ def test_a_model_without_projection_biases_initialises_with_every_other_bias_zer
     assert any(m.bias is None for m in linears)
     for m in linears:
         assert m.bias is None or torch.count_nonzero(m.bias) == 0
+
+
+def test_a_fresh_model_is_not_checkpointing_until_asked():
+    """A new TostModel reports no gradient checkpointing (transformers reads every module's flag) until enabled."""
+    model = TostModel(_config())
+    assert model.is_gradient_checkpointing is False
+    model.gradient_checkpointing_enable()
+    assert model.is_gradient_checkpointing is True
