@@ -121,3 +121,125 @@ def test_the_encoder_block_normalizes_with_the_configured_epsilon():
         want_out = layer.ista(_layernorm(want_mid, 0.37))
     torch.testing.assert_close(mid, want_mid, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)
+
+
+# the full run of modeling_crate_mae.py (every mutant): the survivors' tests
+
+
+def test_an_encoder_without_a_mask_token_loads_a_state_dict_that_has_none():
+    """The classifier's embeddings (no mask token) drop a pre-training checkpoint's mask token if there is one, and
+    load their own state dict, which has none, without a KeyError; the loaded values are the saved ones."""
+    torch.manual_seed(0)
+    source = CrateMAEEmbeddings(_config(), use_mask_token=False)
+    with torch.no_grad():
+        source.cls_token.copy_(torch.randn(1, 1, 8))
+    target = CrateMAEEmbeddings(_config(), use_mask_token=False)
+    state = source.state_dict()
+    assert "mask_token" not in state
+    target.load_state_dict(state)
+    torch.testing.assert_close(target.cls_token, source.cls_token, rtol=0, atol=0)
+    pretrained = CrateMAEEmbeddings(_config()).state_dict()  # with a mask token: dropped, strict loading holds
+    target.load_state_dict(pretrained)
+    assert target.mask_token is None
+
+
+def test_the_random_mask_is_drawn_on_the_requested_device():
+    """Without noise the uniform noise is drawn on the device asked for (the meta device here: a CPU draw would give a
+    CPU mask); with noise given, the N·(1 − mask_ratio) smallest entries are kept (0) and the rest masked (1)."""
+    emb = CrateMAEEmbeddings(_config()).to("meta")
+    assert emb.random_mask(2, 4, torch.device("meta")).device.type == "meta"
+    emb = CrateMAEEmbeddings(_config())
+    noise = torch.tensor([[0.9, 0.1, 0.5, 0.3], [0.2, 0.8, 0.4, 0.6]])
+    keep = int(4 * (1 - _config().mask_ratio))
+    want = torch.zeros(2, 4)
+    for b in range(2):
+        order = sorted(range(4), key=lambda i: float(noise[b, i]))
+        for i in order[keep:]:
+            want[b, i] = 1.0
+    torch.testing.assert_close(emb.random_mask(2, 4, None, noise), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("num_labels", [0, 1, 3])
+def test_the_classifier_head_is_a_linear_map_of_the_pooled_token_or_the_identity_without_labels(num_labels):
+    """``num_labels`` labels: logits = W·pooled + b, a linear map to ``num_labels`` (one label: a regression head, a
+    (d → 1) map); no labels: the head is the identity and the logits are the normalized CLS token itself. The model's
+    ``num_labels`` is the config's (transformers' heads expose it)."""
+    from hf_tdiag.models.crate_mae import CrateMAEForImageClassification
+
+    config = CrateMAEConfig(**{**_config().to_dict(), "num_labels": num_labels})
+    torch.manual_seed(0)
+    model = CrateMAEForImageClassification(config).eval()
+    assert model.num_labels == num_labels
+    pixels = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        pooled = model.crate_mae(pixels).pooler_output
+        logits = model(pixels).logits
+    if num_labels == 0:
+        assert list(model.classifier.parameters()) == []
+        torch.testing.assert_close(logits, pooled, rtol=0, atol=0)
+    else:
+        weight, bias = model.classifier.weight, model.classifier.bias
+        assert weight.shape == (num_labels, 8)
+        want = torch.stack([torch.stack([sum(pooled[b, j] * weight[i, j] for j in range(8)) + bias[i]
+                                         for i in range(num_labels)]) for b in range(2)])  # fmt: skip
+        torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_decoder_normalizes_at_the_final_epsilon_and_predicts_p_squared_c_pixels_per_patch():
+    """CrateMAEDecoder: its blocks, then LayerNorm at final_layer_norm_eps (0.37 here, far from torch's 1e-5, on
+    inputs of small spread), then a linear map to p·p·C = 16 pixels per patch (p = 4, C = 1: not p·2·C = 8), the CLS
+    token dropped — the blocks' output and the map written out here."""
+    from hf_tdiag.models.crate_mae.modeling_crate_mae import CrateMAEDecoder
+
+    config = CrateMAEConfig(**{**_config().to_dict(), "final_layer_norm_eps": 0.37})
+    torch.manual_seed(0)
+    decoder = CrateMAEDecoder(config).eval()
+    x = 0.3 * torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        pred = decoder(x)
+        hidden = decoder.layer[0](x)
+        want = _layernorm(hidden, 0.37) @ decoder.decoder_pred.weight.T + decoder.decoder_pred.bias
+    assert decoder.decoder_pred.weight.shape == (16, 8)
+    assert pred.shape == (2, 4, 16)
+    torch.testing.assert_close(pred, want[:, 1:], rtol=1e-5, atol=1e-6)
+
+
+def test_under_autocast_the_mask_token_takes_the_patch_tokens_dtype():
+    """Under CPU bfloat16 autocast the convolution gives bfloat16 patch tokens and the mask token is cast to their
+    dtype before it replaces the masked ones: a masked token is the mask token rounded to bfloat16 (then promoted back
+    by the concatenation with the float32 CLS token), plus its position — not the float32 mask token."""
+    torch.manual_seed(0)
+    emb = CrateMAEEmbeddings(_config())
+    with torch.no_grad():
+        emb.mask_token.copy_(torch.tensor([0.1, 0.2, 0.3, 0.7, -0.9, 1.1, 1.3, -0.01]).reshape(1, 1, 8))
+        emb.position_embeddings.copy_(sincos_position_embedding(8, 2))
+        mask = torch.tensor([[0.0, 1.0, 0.0, 1.0]])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = emb(torch.randn(1, 1, 8, 8), mask)
+    rounded = emb.mask_token[0, 0].to(torch.bfloat16).float()
+    assert not torch.equal(rounded, emb.mask_token[0, 0])  # the rounding is visible
+    for i in (1, 3):
+        torch.testing.assert_close(out[0, 1 + i].float(), rounded + emb.position_embeddings[0, 1 + i], rtol=0, atol=0)
+
+
+def test_the_linear_maps_start_xavier_uniform_with_zero_biases_and_the_dictionaries_kaiming_uniform():
+    """Every Linear but the decoder's dictionaries starts Xavier-uniform: inside ±sqrt(6 / (fan_in + fan_out)) and
+    spread over it (its largest entry beyond 3/4 of the bound; transformers' default normal of std 0.02 stays far
+    inside), with a zero bias; the dictionaries Kaiming-uniform at torch's default a = 0 (gain sqrt(2): bound sqrt(6 / fan_in))."""
+    from hf_tdiag.models.crate_mae import CrateMAEForPreTraining
+
+    torch.manual_seed(0)
+    model = CrateMAEForPreTraining(_config())
+    seen = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        fan_out, fan_in = module.weight.shape
+        kaiming = name.endswith("dictionary")
+        bound = (6 / fan_in) ** 0.5 if kaiming else (6 / (fan_in + fan_out)) ** 0.5
+        largest = float(module.weight.abs().max())
+        assert 0.75 * bound < largest <= bound, (name, largest, bound)
+        if module.bias is not None:
+            assert torch.count_nonzero(module.bias) == 0, name
+        seen += 1
+    assert seen >= 5  # qkv and out_proj of both blocks, the dictionary, the pixel map

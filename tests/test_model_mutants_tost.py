@@ -123,3 +123,226 @@ def test_tssa_drops_the_gain_in_training_only():
         torch.testing.assert_close(ref, out(gain), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(train, out(dropped), rtol=1e-5, atol=1e-6)
     assert not torch.allclose(train, ref)
+
+
+# the full run of modeling_tost.py (every mutant): the survivors' tests
+
+
+def _config(**overrides) -> TostConfig:
+    return TostConfig(**{**dict(image_size=8, patch_size=4, num_channels=1, hidden_size=8, num_hidden_layers=1,
+                                num_attention_heads=2, position_hidden_dim=6), **overrides})  # fmt: skip
+
+
+def test_the_patch_stem_refuses_other_channels_and_sides_the_patch_does_not_divide():
+    """TostPatchEmbeddings called directly: a 4-D image of 2 channels on a 1-channel stem is refused (not left to the
+    convolution), and so is a height or a width alone that patch_size 4 does not divide (the stride-2 convolutions
+    would pad and run); each message names the shape."""
+    from hf_tdiag.models.tost.modeling_tost import TostPatchEmbeddings
+
+    stem = TostPatchEmbeddings(_config())
+    with pytest.raises(ValueError, match=r"\(batch, 1, height, width\), got \(1, 2, 8, 8\)"):
+        stem(torch.zeros(1, 2, 8, 8))
+    with pytest.raises(ValueError, match=r"spatial size \(6, 8\) must be divisible by patch_size 4"):
+        stem(torch.zeros(1, 1, 6, 8))
+    with pytest.raises(ValueError, match=r"spatial size \(8, 6\) must be divisible by patch_size 4"):
+        stem(torch.zeros(1, 1, 8, 6))
+
+
+def test_the_patch_stem_returns_a_rows_by_columns_grid_for_a_non_square_image():
+    """An 8x16 image in 4x4 patches: 2 rows by 4 columns, the tokens the stem's output feature map read row by row."""
+    from hf_tdiag.models.tost.modeling_tost import TostPatchEmbeddings
+
+    torch.manual_seed(0)
+    stem = TostPatchEmbeddings(_config()).eval()
+    pixels = torch.randn(1, 1, 8, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        tokens, grid = stem(pixels)
+        fmap = stem.proj(pixels)
+    assert grid == (2, 4)
+    assert fmap.shape == (1, 8, 2, 4)
+    for r in range(2):
+        for c in range(4):
+            torch.testing.assert_close(tokens[0, 4 * r + c], fmap[0, :, r, c], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("num_labels", [0, 1, 3])
+def test_the_classifier_head_is_a_linear_map_of_the_pooled_token_or_the_identity_without_labels(num_labels):
+    """``num_labels`` labels: logits = W·pooled + b, a (d → num_labels) map (one label: a regression head); no labels:
+    the head is the identity and the logits are the normalized CLS token itself. The model's ``num_labels`` is the
+    config's."""
+    from hf_tdiag.models.tost import TostForImageClassification
+
+    torch.manual_seed(0)
+    model = TostForImageClassification(_config(num_labels=num_labels)).eval()
+    assert model.num_labels == num_labels
+    pixels = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        pooled = model.tost(pixels).pooler_output
+        logits = model(pixels).logits
+    if num_labels == 0:
+        assert list(model.classifier.parameters()) == []
+        torch.testing.assert_close(logits, pooled, rtol=0, atol=0)
+    else:
+        weight, bias = model.classifier.weight, model.classifier.bias
+        assert weight.shape == (num_labels, 8)
+        want = torch.stack([torch.stack([sum(pooled[b, j] * weight[i, j] for j in range(8)) + bias[i]
+                                         for i in range(num_labels)]) for b in range(2)])  # fmt: skip
+        torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_position_features_are_built_on_the_projections_device_by_default():
+    """Without a device argument the Fourier features are built where the 1x1 projection lives (the meta device
+    here: features built on the CPU could not meet a meta weight)."""
+    enc = TostPositionEncoding(_config()).to("meta")
+    pos = enc(1, 2, 3)
+    assert pos.device.type == "meta" and pos.shape == (1, 6, 8)
+
+
+def test_a_causal_tssa_lets_no_token_see_a_later_one():
+    """config.causal: the TSSA's output at tokens 0..2 does not change when token 3 does (cumulative statistics), and
+    equals the causal formula on the head projections mapped by out_proj; the non-causal TSSA's does change."""
+    from hf_tdiag.models.tost.modeling_tost import TostTSSA
+
+    torch.manual_seed(0)
+    causal = TostTSSA(_config(causal=True)).eval()
+    x = torch.randn(1, 4, 8, generator=torch.Generator().manual_seed(1))
+    y = x.clone()
+    y[0, 3] += 1.0
+    with torch.no_grad():
+        out_x, out_y = causal(x)[0], causal(y)[0]
+        heads, _ = token_statistics_attention(causal.head_projections(x), causal.temp, causal=True)
+        want = causal.out_proj(heads.transpose(1, 2).reshape(1, 4, 8))
+    torch.testing.assert_close(out_x[0, :3], out_y[0, :3], rtol=0, atol=0)
+    torch.testing.assert_close(out_x, want, rtol=1e-6, atol=1e-6)
+    full = TostTSSA(_config()).eval()
+    full.load_state_dict(causal.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(full(x)[0][0, :3], full(y)[0][0, :3])
+
+
+def test_tssa_in_eval_applies_no_dropout_to_the_gain():
+    """attention_probs_dropout_prob = 0.5 in eval: the TSSA output is the dropout-free formula, the same on every call."""
+    from hf_tdiag.models.tost.modeling_tost import TostTSSA
+
+    torch.manual_seed(0)
+    tssa = TostTSSA(_config(attention_probs_dropout_prob=0.5)).eval()
+    x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        heads, _ = token_statistics_attention(tssa.head_projections(x), tssa.temp)
+        want = tssa.out_proj(heads.transpose(1, 2).reshape(2, 4, 8))
+        torch.testing.assert_close(tssa(x)[0], want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_class_attention_drops_its_probabilities_in_training():
+    """Eager class attention with attention_probs_dropout_prob = 0.5 in training: the CLS output is
+    proj(dropout(softmax(q₀ kᵀ / sqrt(p))) v), dropout drawn with the same seed here; the probabilities it returns are
+    undropped. In eval, no dropout."""
+    import torch.nn.functional as F
+
+    from hf_tdiag.models.tost.modeling_tost import TostClassAttention
+
+    config = _config(attention_probs_dropout_prob=0.5)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attn = TostClassAttention(config).train()
+    x = torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        q, k, v = attn.qkv(x).reshape(1, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        probs = torch.softmax(q[:, :, :1] @ k.transpose(-1, -2) / 2.0, dim=-1)  # sqrt(head_dim 4) = 2
+        torch.manual_seed(7)
+        dropped = F.dropout(probs, p=0.5, training=True)
+        want = attn.proj((dropped @ v).transpose(1, 2).reshape(1, 1, 8))
+        torch.manual_seed(7)
+        out, got_probs = attn(x)
+        assert not torch.allclose(dropped, probs)
+        torch.testing.assert_close(out[:, :1], want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out[:, 1:], x[:, 1:], rtol=0, atol=0)
+        torch.testing.assert_close(got_probs, probs, rtol=1e-5, atol=1e-6)
+        attn.eval()
+        undropped = attn.proj((probs @ v).transpose(1, 2).reshape(1, 1, 8))
+        torch.testing.assert_close(attn(x)[0][:, :1], undropped, rtol=1e-5, atol=1e-6)
+
+
+def test_the_second_moment_divides_by_the_membership_sum_plus_1e_8():
+    """Non-causal: s_k = Σ_n Π_k(n) w_k(n)² / (Σ_n Π_k(n) + 1e-8), in float64 by loops; a large temperature on one
+    head makes the other head's membership tiny (about 1e-11 per token), where the constant's sign matters."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1, 2, 5, 3, generator=g, dtype=torch.float64)
+    w[0, 0] = w[0, 0].sign()  # head 0: every token's normalized statistic 3/5, so Π_1(n) = 1/(1 + e^(40·3/5))
+    tau = torch.tensor([[40.0], [0.0]], dtype=torch.float64)
+    out, pi = token_statistics_attention(w, tau)
+    for k in range(2):
+        weight = sum(float(pi[0, k, n]) for n in range(5))
+        for i in range(3):
+            second = sum(float(pi[0, k, n]) * float(w[0, k, n, i]) ** 2 for n in range(5)) / (weight + 1e-8)
+            for t in range(5):
+                want = -float(pi[0, k, t]) * float(w[0, k, t, i]) / (1 + second)
+                assert abs(float(out[0, k, t, i]) - want) <= 1e-12 * max(1.0, abs(want))
+    assert float(pi[0, 1].sum()) < 1e-9  # the regime where +1e-8 and -1e-8 differ
+
+
+def test_the_patch_stem_is_log2_p_bias_free_3x3_stride_2_convolutions_widening_to_d():
+    """XCiT's stem for p = 4: two 3x3 convolutions of stride 2 and padding 1, without bias (BatchNorm follows each),
+    widths C = 1 → d/2 = 4 → d = 8."""
+    from hf_tdiag.models.tost.modeling_tost import TostPatchEmbeddings
+
+    convs = [m for m in TostPatchEmbeddings(_config()).modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [tuple(c.weight.shape) for c in convs] == [(4, 1, 3, 3), (8, 4, 3, 3)]
+    for conv in convs:
+        assert conv.bias is None and conv.stride == (2, 2) and conv.padding == (1, 1)
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_the_tssa_projection_has_a_bias_only_if_configured(qkv_bias):
+    """The TSSA projection U_kᵀ x + b_k carries b_k exactly when config.qkv_bias (not nn.Linear's default bias)."""
+    from hf_tdiag.models.tost.modeling_tost import TostTSSA
+
+    assert (TostTSSA(_config(qkv_bias=qkv_bias)).qkv.bias is not None) == qkv_bias
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_the_class_attention_projection_has_a_bias_only_if_configured(qkv_bias):
+    """The class attention's q, k, v map (d → 3d) carries a bias exactly when config.qkv_bias."""
+    from hf_tdiag.models.tost.modeling_tost import TostClassAttention
+
+    qkv = TostClassAttention(_config(qkv_bias=qkv_bias)).qkv
+    assert qkv.weight.shape == (24, 8) and (qkv.bias is not None) == qkv_bias
+
+
+def test_the_mlp_widens_by_mlp_ratio_and_the_cls_token_is_one_token():
+    """The MLP's hidden width is d · mlp_ratio (8 · 4 = 32, not 8 / 4); the CLS token a (1, 1, d) parameter (the
+    authors' checkpoint shape)."""
+    from hf_tdiag.models.tost.modeling_tost import TostMLP
+
+    mlp = TostMLP(_config(mlp_ratio=4.0))
+    assert mlp.fc1.weight.shape == (32, 8) and mlp.fc2.weight.shape == (8, 32)
+    assert TostModel(_config()).cls_token.shape == (1, 1, 8)
+
+
+def test_without_position_encoding_the_tokens_are_the_stems_alone():
+    """use_position_encoding=False: no position module, and the first block's input is the stem's tokens."""
+    torch.manual_seed(0)
+    model = TostModel(_config(use_position_encoding=False)).eval()
+    assert model.position_encoding is None
+    pixels = torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model.embed(pixels), model.patch_embeddings(pixels)[0], rtol=0, atol=0)
+
+
+def test_a_model_without_projection_biases_initialises_with_every_other_bias_zero():
+    """qkv_bias=False: the model builds (the initialisation skips the missing biases) and every Linear bias it has
+    starts at zero."""
+    torch.manual_seed(0)
+    model = TostModel(_config(qkv_bias=False))
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert any(m.bias is None for m in linears)
+    for m in linears:
+        assert m.bias is None or torch.count_nonzero(m.bias) == 0
+
+
+def test_a_fresh_model_is_not_checkpointing_until_asked():
+    """A new TostModel reports no gradient checkpointing (transformers reads every module's flag) until enabled."""
+    model = TostModel(_config())
+    assert model.is_gradient_checkpointing is False
+    model.gradient_checkpointing_enable()
+    assert model.is_gradient_checkpointing is True
