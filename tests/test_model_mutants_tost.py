@@ -346,3 +346,34 @@ def test_a_fresh_model_is_not_checkpointing_until_asked():
     assert model.is_gradient_checkpointing is False
     model.gradient_checkpointing_enable()
     assert model.is_gradient_checkpointing is True
+
+
+def test_class_attention_maps_of_an_sdpa_model_take_the_eager_path_without_transformers_dispatch_warning():
+    """output_attentions=True on an sdpa model asks the interface for "eager" by name: the class-attention maps exist,
+    equal an eager model's, and transformers' warning about an attention implementation of None is not logged."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.get_logger("transformers.modeling_utils").warning_once.cache_clear()  # warning_once: once per process
+    torch.manual_seed(0)
+    sdpa = TostModel(_config(attn_implementation="sdpa")).eval()
+    eager = TostModel(_config(attn_implementation="eager")).eval()
+    eager.load_state_dict(sdpa.state_dict())
+    x = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    target = hf_logging.get_logger("transformers.modeling_utils")
+    target.addHandler(handler)
+    try:
+        with torch.no_grad():
+            got = sdpa(x, output_attentions=True).attentions
+    finally:
+        target.removeHandler(handler)
+    assert not [r for r in records if "AttentionInterface" in r.getMessage()]
+    with torch.no_grad():
+        want = eager(x, output_attentions=True).attentions
+    assert len(got) == len(want) > 0
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
